@@ -1,0 +1,279 @@
+package kubenet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	cnins "github.com/containernetworking/cni/pkg/ns"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/masq"
+)
+
+// undoStack collects the undo of each per-attachment step of ADD, run in reverse on failure.
+type undoStack []func() error
+
+func (u *undoStack) push(f func() error) { *u = append(*u, f) }
+
+func (u undoStack) run() error {
+	var errs []error
+	for i := len(u) - 1; i >= 0; i-- {
+		errs = append(errs, u[i]())
+	}
+	return errors.Join(errs...)
+}
+
+// addition holds what ADD has learned so far, step by step.
+type addition struct {
+	cfg     *Config
+	att     Attachment
+	names   Names
+	podNS   ns.NetNS
+	store   *ipam.Store
+	records Records
+	ips     []netip.Prefix // pod addresses, one per family, with the pod CIDR's prefix length
+	mtu     int
+	bridge  *netlink.Bridge
+	host    netlink.Link
+	podMAC  net.HardwareAddr
+}
+
+// Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
+// everything this call created for the attachment is removed again.
+func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Result, err error) {
+	podNS, err := openPodNS(att.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer podNS.Close()
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err != nil {
+		return nil, fmt.Errorf("address store: %w", err)
+	}
+	defer store.Close()
+
+	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir())}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			if uerr := undo.run(); uerr != nil {
+				err = fmt.Errorf("%w (and rolling back failed: %v)", err, uerr)
+			}
+		}
+	}()
+	steps := []struct {
+		name string
+		run  func(*undoStack) error
+	}{
+		{"reserve addresses", a.reserve},
+		{"bridge", a.ensureBridge},
+		{"veth", a.addVeth},
+		{"pod interface", a.configurePod},
+		{"hairpin", a.hairpin},
+		{"masquerade", a.masquerade},
+	}
+	for _, s := range steps {
+		if err := ctx.Err(); err != nil {
+			return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ADD interrupted before %s: %v", s.name, err), "")
+		}
+		if err := s.run(&undo); err != nil {
+			return nil, err
+		}
+	}
+	return a.result(), nil
+}
+
+// openPodNS opens CNI_NETNS and refuses the plugin's own namespace: configuring "the pod" there
+// would move the node's addresses and routes around.
+func openPodNS(path string) (ns.NetNS, error) {
+	if path == "" {
+		return nil, envError("CNI_NETNS is empty; ADD needs the pod's network namespace")
+	}
+	podNS, err := ns.GetNS(path)
+	if err != nil {
+		return nil, envError("CNI_NETNS %q: %v", path, err)
+	}
+	own, nsErr := cnins.CheckNetNS(path)
+	if nsErr != nil {
+		podNS.Close()
+		return nil, nsErr
+	}
+	if own {
+		podNS.Close()
+		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %q is the plugin's own network namespace", path), "")
+	}
+	return podNS, nil
+}
+
+// reserve writes the attachment record and reserves one address per family, under the
+// network's lock (the same lock file host-local uses).
+func (a *addition) reserve(undo *undoStack) error {
+	if err := a.store.Lock(); err != nil {
+		return fmt.Errorf("lock address store: %w", err)
+	}
+	defer a.store.Unlock()
+
+	existing, err := a.records.Load(a.att)
+	if err != nil {
+		return err
+	}
+	if existing != nil {
+		return types.NewError(ErrAttachmentExists,
+			fmt.Sprintf("container %q already has interface %q on network %q (addresses %v); DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, existing.IPs), "")
+	}
+	rec := &Record{
+		ContainerID:  a.att.ContainerID,
+		IfName:       a.att.IfName,
+		NetNS:        a.att.NetNS,
+		PortMappings: a.cfg.Runtime.PortMappings,
+		Bandwidth:    a.cfg.Runtime.Bandwidth,
+	}
+	if err := a.records.Save(rec); err != nil {
+		return err
+	}
+	undo.push(func() error {
+		if err := a.store.Lock(); err != nil {
+			return err
+		}
+		defer a.store.Unlock()
+		if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
+			return err
+		}
+		return a.records.Remove(a.att)
+	})
+	for i, set := range a.cfg.Ranges {
+		addr, r, err := a.store.Allocate(i, set, a.att.ContainerID, a.att.IfName)
+		if err != nil {
+			if errors.Is(err, ipam.ErrExhausted) {
+				return types.NewError(ErrNoAddresses, err.Error(), "")
+			}
+			return fmt.Errorf("reserve address: %w", err)
+		}
+		a.ips = append(a.ips, netip.PrefixFrom(addr, r.Subnet.Bits()))
+	}
+	rec.IPs = a.ips
+	return a.records.Save(rec)
+}
+
+func prefixAddrs(ps []netip.Prefix) []netip.Addr {
+	out := make([]netip.Addr, len(ps))
+	for i, p := range ps {
+		out[i] = p.Addr()
+	}
+	return out
+}
+
+// ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge.
+func (a *addition) ensureBridge(*undoStack) error {
+	a.mtu = a.cfg.MTU
+	if a.mtu == 0 {
+		a.mtu = bridge.DetectMTU(a.cfg.Bridge)
+	}
+	var v4, v6 bool
+	for _, p := range a.cfg.PodCIDRs() {
+		v4, v6 = v4 || p.Addr().Is4(), v6 || p.Addr().Is6()
+	}
+	if err := bridge.EnsureNodeSysctls(v4, v6); err != nil {
+		return err
+	}
+	br, err := bridge.Ensure(bridge.Config{
+		Name:     a.cfg.Bridge,
+		MTU:      a.mtu,
+		Gateways: a.cfg.Gateways(),
+		Promisc:  a.cfg.Hairpin.PromiscuousBridge(),
+	})
+	a.bridge = br
+	return err
+}
+
+func (a *addition) addVeth(undo *undoStack) error {
+	host, err := bridge.AddVeth(bridge.Veth{
+		HostName:  a.names.HostVeth,
+		PodIfName: a.att.IfName,
+		MTU:       a.mtu,
+		Bridge:    a.bridge,
+	}, a.podNS)
+	if errors.Is(err, bridge.ErrInterfaceExists) {
+		return types.NewError(ErrAttachmentExists, fmt.Sprintf("pod netns %q: %v", a.att.NetNS, err), "")
+	}
+	if err != nil {
+		return err
+	}
+	undo.push(func() error { return bridge.DelVeth(a.names.HostVeth) })
+	a.host = host
+	return nil
+}
+
+func (a *addition) configurePod(*undoStack) error {
+	var gws []netip.Addr
+	for _, g := range a.cfg.Gateways() {
+		gws = append(gws, g.Addr())
+	}
+	mac, err := bridge.ConfigurePod(a.podNS, bridge.Pod{IfName: a.att.IfName, Addrs: a.ips, Gateways: gws})
+	a.podMAC = mac
+	return err
+}
+
+func (a *addition) hairpin(*undoStack) error {
+	if err := hairpin.SetPort(a.cfg.Hairpin, a.host); err != nil {
+		return err
+	}
+	return hairpin.EnsureDedup(a.cfg.Hairpin, a.dedup())
+}
+
+func (a *addition) dedup() hairpin.Dedup {
+	return dedupFor(a.cfg, bridge.MAC(a.cfg.Gateways()))
+}
+
+func dedupFor(cfg *Config, mac net.HardwareAddr) hairpin.Dedup {
+	d := hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: mac, PodCIDRs: cfg.PodCIDRs()}
+	for _, g := range cfg.Gateways() {
+		d.Gateways = append(d.Gateways, g.Addr())
+	}
+	return d
+}
+
+func (a *addition) masquerade(*undoStack) error {
+	return masq.Ensure(masqConfig(a.cfg))
+}
+
+func masqConfig(cfg *Config) masq.Config {
+	return masq.Config{Network: cfg.Network, PodCIDRs: cfg.PodCIDRs(), NonMasqueradeCIDRs: cfg.NonMasqueradeCIDRs}
+}
+
+// result is the CNI result: interfaces [bridge, host veth, pod interface], every address on the
+// pod interface (index 2) with its gateway, a default route per family, and the MTU.
+func (a *addition) result() *current.Result {
+	r := &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: a.bridge.Name, Mac: bridge.MAC(a.cfg.Gateways()).String(), Mtu: a.mtu},
+			{Name: a.host.Attrs().Name, Mac: a.host.Attrs().HardwareAddr.String(), Mtu: a.mtu},
+			{Name: a.att.IfName, Mac: a.podMAC.String(), Mtu: a.mtu, Sandbox: a.att.NetNS},
+		},
+	}
+	gws := a.cfg.Gateways()
+	for i, p := range a.ips {
+		gw := gws[i].Addr()
+		r.IPs = append(r.IPs, &current.IPConfig{
+			Interface: current.Int(2),
+			Address:   *bridge.PrefixToIPNet(p),
+			Gateway:   gw.AsSlice(),
+		})
+		dst := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if gw.Is6() {
+			dst = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		r.Routes = append(r.Routes, &types.Route{Dst: *bridge.PrefixToIPNet(dst), GW: gw.AsSlice()})
+	}
+	return r
+}

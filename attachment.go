@@ -1,0 +1,131 @@
+package kubenet
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/atomicfile"
+)
+
+// Attachment identifies one pod interface on one network: what the runtime passes as
+// CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS. All host-side state is keyed by (network,
+// container ID, interface name), never by what is read back from the pod, so DEL works when the
+// pod's netns is already gone.
+type Attachment struct {
+	ContainerID string
+	IfName      string
+	NetNS       string // may be empty on DEL
+}
+
+// Names are the host-side object names derived from an attachment.
+type Names struct {
+	HostVeth string // bridge port
+	IFB      string // egress shaping device
+}
+
+// NamesFor derives the names from a hash of the attachment's key, so they are stable across
+// retries and restarts and DEL can find them without any stored state.
+func NamesFor(network string, a Attachment) Names {
+	sum := sha256.Sum256([]byte(network + "\x00" + a.ContainerID + "\x00" + a.IfName))
+	h := hex.EncodeToString(sum[:])
+	return Names{HostVeth: "veth" + h[:11], IFB: "kifb" + h[:11]}
+}
+
+// Record is what kubenet remembers of an attachment on disk. It is written before anything is
+// created (so a crashed ADD can be cleaned up by DEL or GC) and removed last by DEL.
+type Record struct {
+	ContainerID  string         `json:"containerID"`
+	IfName       string         `json:"ifName"`
+	NetNS        string         `json:"netns,omitempty"`
+	IPs          []netip.Prefix `json:"ips,omitempty"`
+	PortMappings []PortMapping  `json:"portMappings,omitempty"`
+	Bandwidth    *Bandwidth     `json:"bandwidth,omitempty"`
+}
+
+// RecordDirName is the directory, inside the network's IPAM directory, that holds the records.
+// host-local ignores subdirectories' content (it only matches files whose content is a container
+// ID), so a node can switch back and forth without confusing either plugin.
+const RecordDirName = "kubenet-attachments"
+
+// Records stores the attachment records of one network.
+type Records struct{ dir string }
+
+// NewRecords returns the record store under the network's IPAM directory.
+func NewRecords(networkDir string) Records {
+	return Records{dir: filepath.Join(networkDir, RecordDirName)}
+}
+
+func (r Records) path(a Attachment) string {
+	return filepath.Join(r.dir, a.ContainerID+"_"+a.IfName+".json")
+}
+
+// Load returns the record of a, or (nil, nil) when there is none.
+func (r Records) Load(a Attachment) (*Record, error) {
+	data, err := os.ReadFile(r.path(a))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("attachment record: %w", err)
+	}
+	var rec Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("attachment record %s: %w", r.path(a), err)
+	}
+	return &rec, nil
+}
+
+// Save writes rec atomically.
+func (r Records) Save(rec *Record) error {
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return fmt.Errorf("attachment records: %w", err)
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(r.path(Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}), data, 0o600)
+}
+
+// Remove deletes the record of a; a missing record is fine.
+func (r Records) Remove(a Attachment) error {
+	if err := os.Remove(r.path(a)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("attachment record: %w", err)
+	}
+	return nil
+}
+
+// List returns every record (for GC).
+func (r Records) List() ([]Record, error) {
+	entries, err := os.ReadDir(r.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("attachment records: %w", err)
+	}
+	var out []Record
+	for _, e := range entries {
+		if e.IsDir() || strings.HasPrefix(e.Name(), ".") || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(r.dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("attachment record %s: %w", e.Name(), err)
+		}
+		var rec Record
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return nil, fmt.Errorf("attachment record %s: %w", e.Name(), err)
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}

@@ -1,0 +1,180 @@
+// Package bridge owns the node's pod bridge and each pod's veth pair: the bridge with its gateway
+// addresses, pinned MAC and MTU; the veth with one end on the bridge and the other, renamed to
+// the pod's interface name, inside the pod's network namespace with its addresses and routes.
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Config describes the bridge of one kubenet network.
+type Config struct {
+	Name string
+	MTU  int
+	// Gateways are the bridge's addresses: the first host address of each pod CIDR with the
+	// CIDR's prefix length (10.244.1.1/24).
+	Gateways []netip.Prefix
+	Promisc  bool
+}
+
+// MAC is the address the bridge is pinned to: 0a:58 followed by the last four bytes of the first
+// gateway, as old kubenet did. A bridge otherwise takes the lowest MAC of its ports and changes
+// it as pods come and go, which makes every pod's neighbour entry for the gateway go stale.
+func MAC(gateways []netip.Prefix) net.HardwareAddr {
+	mac := net.HardwareAddr{0x0a, 0x58, 0, 0, 0, 0}
+	if len(gateways) > 0 {
+		b := gateways[0].Addr().AsSlice()
+		copy(mac[2:], b[len(b)-4:])
+	}
+	return mac
+}
+
+// Ensure creates the bridge or brings an existing one to cfg: MTU, MAC, promiscuous mode,
+// accept_ra=0, exactly the configured gateway addresses, and up. An existing bridge is adjusted in
+// place (its ifindex and ports stay). It only writes what differs, so on a configured node it costs
+// a few reads.
+func Ensure(cfg Config) (*netlink.Bridge, error) {
+	br, err := getOrCreate(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
+	}
+	if err := adjust(br, cfg); err != nil {
+		return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
+	}
+	return br, nil
+}
+
+func getOrCreate(cfg Config) (*netlink.Bridge, error) {
+	if br, err := lookup(cfg.Name); err == nil || !isNotFound(err) {
+		return br, err
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = cfg.Name
+	attrs.MTU = cfg.MTU
+	attrs.HardwareAddr = MAC(cfg.Gateways)
+	// Without an explicit queue length a bridge created over netlink can get txqueuelen 0, and a
+	// qdisc on it then drops everything (kubernetes#25092).
+	attrs.TxQLen = 1000
+	err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs})
+	if err != nil && !errors.Is(err, syscall.EEXIST) {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	// Another plugin process may have created it between our lookup and add; either way read back.
+	return lookup(cfg.Name)
+}
+
+func lookup(name string) (*netlink.Bridge, error) {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	br, ok := l.(*netlink.Bridge)
+	if !ok {
+		return nil, fmt.Errorf("%q exists and is a %s, not a bridge", name, l.Type())
+	}
+	return br, nil
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
+}
+
+func adjust(br *netlink.Bridge, cfg Config) error {
+	if cfg.MTU > 0 && br.MTU != cfg.MTU {
+		if err := netlink.LinkSetMTU(br, cfg.MTU); err != nil {
+			return fmt.Errorf("set MTU %d: %w", cfg.MTU, err)
+		}
+	}
+	if mac := MAC(cfg.Gateways); br.HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+			return fmt.Errorf("pin MAC %s: %w", mac, err)
+		}
+	}
+	if promisc := br.Promisc != 0; promisc != cfg.Promisc {
+		set := netlink.SetPromiscOff
+		if cfg.Promisc {
+			set = netlink.SetPromiscOn
+		}
+		if err := set(br); err != nil {
+			return fmt.Errorf("set promiscuous=%v: %w", cfg.Promisc, err)
+		}
+	}
+	// The bridge is a router interface for the pods; router advertisements on it must not change
+	// the node's own routes.
+	if err := ensureSysctl(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", br.Name), "0"); err != nil && !isAbsent(err) {
+		return err
+	}
+	if err := reconcileAddrs(br, cfg.Gateways); err != nil {
+		return err
+	}
+	if br.Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(br); err != nil {
+			return fmt.Errorf("set up: %w", err)
+		}
+	}
+	return nil
+}
+
+// reconcileAddrs leaves exactly the gateway addresses (plus IPv6 link-local ones) on the bridge.
+// A global address from an earlier pod CIDR would otherwise stay behind after the node's CIDR
+// changed and make every later ADD fail or route wrongly (old kubenet's stale cbr0 address bug).
+func reconcileAddrs(br *netlink.Bridge, gateways []netip.Prefix) error {
+	have, err := netlinksafe.AddrList(br, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	want := map[netip.Prefix]bool{}
+	for _, g := range gateways {
+		want[g] = false
+	}
+	for _, a := range have {
+		p, ok := toPrefix(a.IPNet)
+		if !ok || p.Addr().IsLinkLocalUnicast() {
+			continue
+		}
+		if _, keep := want[p]; keep {
+			want[p] = true
+			continue
+		}
+		if err := netlink.AddrDel(br, &a); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return fmt.Errorf("remove stale address %s: %w", p, err)
+		}
+	}
+	for _, g := range gateways {
+		if want[g] {
+			continue
+		}
+		// NODAD: the gateway must answer pods at once, not after a second of duplicate detection.
+		addr := &netlink.Addr{IPNet: PrefixToIPNet(g), Flags: unix.IFA_F_NODAD}
+		if err := netlink.AddrReplace(br, addr); err != nil {
+			return fmt.Errorf("add gateway address %s: %w", g, err)
+		}
+	}
+	return nil
+}
+
+// PrefixToIPNet converts p to a net.IPNet, keeping the host bits of the address.
+func PrefixToIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func toPrefix(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), true
+}

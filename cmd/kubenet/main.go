@@ -1,0 +1,98 @@
+// Command kubenet is the kubenet CNI plugin (`"type": "kubenet"`). It reads the CNI environment
+// and configuration, calls the core package and prints the result or error. Run without
+// CNI_COMMAND it prints its name, version and the CNI versions it supports.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/kubenet-dev/kubenet"
+)
+
+// buildVersion is stamped by the Makefile (-ldflags -X main.buildVersion=...).
+var buildVersion = "dev"
+
+// operationTimeout bounds one CNI call below the CRI's 4-minute request timeout, like kubelet's
+// 220 s for CNI calls, so a stuck kernel call fails instead of wedging the runtime.
+const operationTimeout = 220 * time.Second
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{
+		Add:    run(add),
+		Del:    run(del),
+		Check:  run(check),
+		Status: run(status),
+		GC:     run(gc),
+	}, version.PluginSupports(kubenet.SupportedVersions...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
+}
+
+// run gives each verb a context that ends at the timeout or on SIGTERM/SIGINT.
+func run(f func(context.Context, *skel.CmdArgs) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		ctx, cancel := context.WithTimeout(context.Background(), operationTimeout)
+		defer cancel()
+		ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return f(ctx, args)
+	}
+}
+
+func attachment(args *skel.CmdArgs) kubenet.Attachment {
+	return kubenet.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns}
+}
+
+func add(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, err := kubenet.ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	result, err := kubenet.Add(ctx, cfg, attachment(args))
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(result, cfg.CNIVersion)
+}
+
+func del(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, err := kubenet.ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	return kubenet.Del(ctx, cfg, attachment(args))
+}
+
+func check(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, err := kubenet.ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	return kubenet.Check(ctx, cfg, attachment(args))
+}
+
+func status(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, err := kubenet.ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	return kubenet.Status(ctx, cfg)
+}
+
+func gc(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, err := kubenet.ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	valid, err := kubenet.ParseValidAttachments(args.StdinData)
+	if err != nil {
+		return err
+	}
+	return kubenet.GC(ctx, cfg, valid)
+}

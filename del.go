@@ -1,0 +1,82 @@
+package kubenet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/ipam"
+)
+
+// Del removes every host-side trace of the attachment: host veth (and with it the pod end),
+// conntrack entries of its addresses, its reservations and its record. It needs neither the pod's
+// netns nor prevResult, and succeeds when repeated. It tries every step and reports all failures.
+func Del(ctx context.Context, cfg *Config, att Attachment) error {
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err != nil {
+		return fmt.Errorf("address store: %w", err)
+	}
+	defer store.Close()
+	records := NewRecords(store.Dir())
+	rec, err := records.Load(att)
+	if err != nil {
+		return err
+	}
+	var hint []netip.Addr
+	if rec != nil {
+		hint = prefixAddrs(rec.IPs)
+	}
+	names := NamesFor(cfg.Network, att)
+
+	var errs []error
+	errs = append(errs, bridge.DelVeth(names.HostVeth))
+	if err := ctx.Err(); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+
+	if err := store.Lock(); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("lock address store: %w", err))...)
+	}
+	released, err := store.Release(att.ContainerID, att.IfName, hint)
+	errs = append(errs, err)
+	// Forget flows of the released addresses, so a new pod that gets the same address does not
+	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues).
+	errs = append(errs, flushConntrack(append(hint, released...)))
+	if err == nil {
+		errs = append(errs, records.Remove(att))
+	}
+	errs = append(errs, store.Unlock())
+	return errors.Join(errs...)
+}
+
+// flushConntrack deletes conntrack entries whose original source or reply source is one of addrs.
+func flushConntrack(addrs []netip.Addr) error {
+	seen := map[netip.Addr]bool{}
+	var errs []error
+	for _, a := range addrs {
+		if !a.IsValid() || seen[a] {
+			continue
+		}
+		seen[a] = true
+		family := netlink.InetFamily(unix.AF_INET)
+		if a.Is6() {
+			family = unix.AF_INET6
+		}
+		var fromPod, toPod netlink.ConntrackFilter
+		if err := fromPod.AddIP(netlink.ConntrackOrigSrcIP, a.AsSlice()); err != nil {
+			return err
+		}
+		if err := toPod.AddIP(netlink.ConntrackReplySrcIP, a.AsSlice()); err != nil {
+			return err
+		}
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, &fromPod, &toPod); err != nil {
+			errs = append(errs, fmt.Errorf("conntrack entries of %s: %w", a, err))
+		}
+	}
+	return errors.Join(errs...)
+}

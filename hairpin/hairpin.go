@@ -1,0 +1,63 @@
+// Package hairpin lets a pod reach itself through an address that is translated back to it (its
+// own Service IP, or the node's address on its own hostPort). The packet then has to leave the
+// bridge through the port it came in on, which a Linux bridge only does when told to. kubelet
+// offered three modes, kept here with their names:
+//
+//   - hairpin-veth: set the hairpin flag on the pod's bridge port (the modern, cheap way);
+//   - promiscuous-bridge: put the bridge in promiscuous mode instead, and drop the duplicate
+//     frames this makes the bridge send to pods (old kubenet's ebtables KUBE-DEDUP chain, here an
+//     nftables bridge-family chain for both families);
+//   - none: neither; a pod cannot reach itself through a translated address.
+package hairpin
+
+import (
+	"fmt"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Mode is a kubelet --hairpin-mode value.
+type Mode string
+
+// The modes kubelet accepts.
+const (
+	HairpinVeth       Mode = "hairpin-veth"
+	PromiscuousBridge Mode = "promiscuous-bridge"
+	None              Mode = "none"
+)
+
+// Modes lists the valid modes, for validation messages.
+var Modes = []Mode{HairpinVeth, PromiscuousBridge, None}
+
+// Parse validates s; "" means the default, hairpin-veth.
+func Parse(s string) (Mode, error) {
+	if s == "" {
+		return HairpinVeth, nil
+	}
+	for _, m := range Modes {
+		if Mode(s) == m {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown hairpin mode %q (valid: %s, %s, %s)", s, HairpinVeth, PromiscuousBridge, None)
+}
+
+// PromiscuousBridge tells whether the bridge must be in promiscuous mode.
+func (m Mode) PromiscuousBridge() bool { return m == PromiscuousBridge }
+
+// SetPort sets or clears the hairpin flag of a pod's bridge port according to the mode.
+func SetPort(m Mode, port netlink.Link) error {
+	if err := netlink.LinkSetHairpin(port, m == HairpinVeth); err != nil {
+		return fmt.Errorf("hairpin flag on %q: %w", port.Attrs().Name, err)
+	}
+	return nil
+}
+
+// PortHairpin reads the hairpin flag of a bridge port (for CHECK and tests).
+func PortHairpin(port netlink.Link) (bool, error) {
+	info, err := netlink.LinkGetProtinfo(port)
+	if err != nil {
+		return false, fmt.Errorf("bridge port %q: %w", port.Attrs().Name, err)
+	}
+	return info.Hairpin, nil
+}

@@ -1,0 +1,199 @@
+package nettest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+
+// EchoServer answers every TCP line or UDP datagram with "<payload> from <source address>", so a
+// client learns both that it reached the server and which source address the server saw.
+type EchoServer struct {
+	Addr netip.AddrPort // the address the server listens on
+
+	mu       sync.Mutex
+	received map[string]int // UDP payload -> times received (duplicate detection)
+}
+
+// Received returns how often the UDP server has seen payload.
+func (s *EchoServer) Received(payload string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.received[payload]
+}
+
+func (s *EchoServer) count(payload string) {
+	s.mu.Lock()
+	s.received[payload]++
+	s.mu.Unlock()
+}
+
+// listenIn opens a socket inside n. The socket stays in n after the thread leaves it, so the
+// goroutines serving it may run anywhere.
+func listenIn[T any](t testing.TB, n ns.NetNS, open func() (T, error)) T {
+	t.Helper()
+	var l T
+	Do(t, n, func() error {
+		var err error
+		l, err = open()
+		return err
+	})
+	return l
+}
+
+// StartTCPEcho listens on addr (port 0 picks one) inside n until the test ends.
+func StartTCPEcho(t testing.TB, n ns.NetNS, addr netip.AddrPort) *EchoServer {
+	t.Helper()
+	l := listenIn(t, n, func() (net.Listener, error) { return net.Listen("tcp", addr.String()) })
+	t.Cleanup(func() { _ = l.Close() })
+	s := &EchoServer{Addr: netip.MustParseAddrPort(l.Addr().String()), received: map[string]int{}}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serveTCP(c)
+		}
+	}()
+	return s
+}
+
+func serveTCP(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	from := remoteIP(c.RemoteAddr())
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if _, err := fmt.Fprintf(c, "%s from %s\n", strings.TrimSpace(line), from); err != nil {
+			return
+		}
+	}
+}
+
+// StartUDPEcho listens on addr (port 0 picks one) inside n until the test ends.
+func StartUDPEcho(t testing.TB, n ns.NetNS, addr netip.AddrPort) *EchoServer {
+	t.Helper()
+	pc := listenIn(t, n, func() (net.PacketConn, error) { return net.ListenPacket("udp", addr.String()) })
+	t.Cleanup(func() { _ = pc.Close() })
+	s := &EchoServer{Addr: netip.MustParseAddrPort(pc.LocalAddr().String()), received: map[string]int{}}
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			nr, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			payload := string(buf[:nr])
+			s.count(payload)
+			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s from %s", payload, remoteIP(from))), from)
+		}
+	}()
+	return s
+}
+
+func remoteIP(a net.Addr) string {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return ap.Addr().Unmap().String()
+}
+
+// Reply is what an echo server answered.
+type Reply struct {
+	Payload string
+	From    netip.Addr // the source address the server saw
+}
+
+func parseReply(s string) (Reply, error) {
+	payload, from, ok := strings.Cut(strings.TrimSpace(s), " from ")
+	if !ok {
+		return Reply{}, fmt.Errorf("malformed echo reply %q", s)
+	}
+	a, err := netip.ParseAddr(from)
+	if err != nil {
+		return Reply{}, fmt.Errorf("malformed echo reply %q: %w", s, err)
+	}
+	return Reply{Payload: payload, From: a}, nil
+}
+
+// TCPRequest connects from inside n to dst, sends payload and returns the server's reply.
+// It fails within timeout when dst is unreachable; it never fails the test itself, so callers can
+// assert on unreachability too.
+func TCPRequest(n ns.NetNS, dst netip.AddrPort, payload string, timeout time.Duration) (Reply, error) {
+	var reply Reply
+	err := n.Do(func(ns.NetNS) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", dst.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		if _, err := io.WriteString(c, payload+"\n"); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("read reply from %s: %w", dst, err)
+		}
+		reply, err = parseReply(line)
+		return err
+	})
+	return reply, err
+}
+
+// UDPRequest sends payload from inside n to dst and waits up to timeout for the echo.
+func UDPRequest(n ns.NetNS, dst netip.AddrPort, payload string, timeout time.Duration) (Reply, error) {
+	var reply Reply
+	err := n.Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp", dst.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		if _, err := io.WriteString(c, payload); err != nil {
+			return err
+		}
+		buf := make([]byte, 64<<10)
+		nr, err := c.Read(buf)
+		if err != nil {
+			return fmt.Errorf("read reply from %s: %w", dst, err)
+		}
+		reply, err = parseReply(string(buf[:nr]))
+		return err
+	})
+	return reply, err
+}
+
+// ErrUnexpectedSource is returned by ExpectFrom when the server saw another source address.
+var ErrUnexpectedSource = errors.New("unexpected source address")
+
+// ExpectFrom checks that a request reached the server from want.
+func ExpectFrom(r Reply, err error, want netip.Addr) error {
+	if err != nil {
+		return err
+	}
+	if r.From != want {
+		return fmt.Errorf("%w: server saw %s, want %s", ErrUnexpectedSource, r.From, want)
+	}
+	return nil
+}

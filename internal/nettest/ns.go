@@ -1,0 +1,125 @@
+package nettest
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+)
+
+// RequireRoot fails the test (it does not skip it) when the process cannot create namespaces:
+// kubenet's behaviour can only be checked against the kernel, so a silent skip would hide gaps.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (network namespaces, netlink, nftables); run `make test` as root")
+	}
+}
+
+// NewNS creates a persistent network namespace with loopback up and removes it at cleanup.
+func NewNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	RequireRoot(t)
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = n.Close()
+		if err := testutils.UnmountNS(n); err != nil {
+			t.Errorf("remove netns %s: %v", n.Path(), err)
+		}
+	})
+	Do(t, n, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+	return n
+}
+
+// Do runs f inside n on a locked OS thread and fails the test on error.
+func Do(t testing.TB, n ns.NetNS, f func() error) {
+	t.Helper()
+	if err := n.Do(func(ns.NetNS) error { return f() }); err != nil {
+		t.Fatalf("in netns %s: %v", n.Path(), err)
+	}
+}
+
+// Endpoint is one end of a veth link created by Link.
+type Endpoint struct {
+	NS     ns.NetNS
+	IfName string
+	Addrs  []netip.Prefix // addresses with their prefix length, e.g. 198.18.0.1/24
+}
+
+// Link connects a and b with a veth pair, assigns the addresses (without duplicate address
+// detection, so IPv6 is usable at once) and brings both ends up.
+func Link(t testing.TB, a, b Endpoint) {
+	t.Helper()
+	tmpName := fmt.Sprintf("ktmp%x", os.Getpid()^int(randUint32()))
+	if len(tmpName) > 15 {
+		tmpName = tmpName[:15]
+	}
+	Do(t, a.NS, func() error {
+		veth := &netlink.Veth{
+			LinkAttrs:     netlink.LinkAttrs{Name: a.IfName},
+			PeerName:      tmpName,
+			PeerNamespace: netlink.NsFd(int(b.NS.Fd())),
+		}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth %s: %w", a.IfName, err)
+		}
+		return configureLink(a.IfName, a.Addrs)
+	})
+	Do(t, b.NS, func() error {
+		l, err := netlink.LinkByName(tmpName)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetName(l, b.IfName); err != nil {
+			return fmt.Errorf("rename %s to %s: %w", tmpName, b.IfName, err)
+		}
+		return configureLink(b.IfName, b.Addrs)
+	})
+}
+
+func configureLink(name string, addrs []netip.Prefix) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	for _, p := range addrs {
+		a := &netlink.Addr{IPNet: PrefixToIPNet(p), Flags: nodadFlag}
+		if err := netlink.AddrAdd(l, a); err != nil {
+			return fmt.Errorf("add %s to %s: %w", p, name, err)
+		}
+	}
+	return netlink.LinkSetUp(l)
+}
+
+// AddRoute adds dst via gw inside n.
+func AddRoute(t testing.TB, n ns.NetNS, dst netip.Prefix, gw netip.Addr) {
+	t.Helper()
+	Do(t, n, func() error {
+		r := &netlink.Route{Dst: PrefixToIPNet(dst), Gw: gw.AsSlice()}
+		if err := netlink.RouteAdd(r); err != nil {
+			return fmt.Errorf("route %s via %s: %w", dst, gw, err)
+		}
+		return nil
+	})
+}
+
+// WriteSysctl writes a /proc/sys value inside n (for example forwarding on a router namespace).
+func WriteSysctl(t testing.TB, n ns.NetNS, path, value string) {
+	t.Helper()
+	Do(t, n, func() error {
+		return os.WriteFile("/proc/sys/"+path, []byte(value), 0o644)
+	})
+}

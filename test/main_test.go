@@ -1,0 +1,30 @@
+// Package test holds kubenet's end-to-end tests: the built plugin binary driven through libcni
+// inside simulated nodes (network namespaces), asserting kernel state and real traffic.
+package test
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+)
+
+// binDir holds the plugin binary built for this test run; it is set once by TestMain before any
+// test runs and only read afterwards.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kubenet-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if binDir, err = nettest.BuildPlugin(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
