@@ -80,6 +80,8 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 		{"pod interface", a.configurePod},
 		{"hairpin", a.hairpin},
 		{"masquerade", a.masquerade},
+		{"host ports", a.hostPorts},
+		{"shaping", a.shaping},
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {

@@ -166,6 +166,9 @@ func (nc *NetConf) validate() (*Config, error) {
 	if err := validateRuntime(&c.Runtime); err != nil {
 		return nil, err
 	}
+	if err := validateBandwidth(&c.Runtime); err != nil {
+		return nil, err
+	}
 	if nc.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&nc.PluginConf); err != nil {
 			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode prevResult: %v", err), "")

@@ -34,6 +34,8 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
+	errs = append(errs, delHostPorts(cfg, att, rec, store.Dir()))
+	errs = append(errs, delShaping(cfg, att, names))
 	errs = append(errs, bridge.DelVeth(names.HostVeth))
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, err)...)
