@@ -1,0 +1,149 @@
+package ipam
+
+import (
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Names inside a network directory. Reservation files are named by their address.
+const (
+	lockName     = "lock"
+	cursorPrefix = "last_reserved_ip."
+	// tempPrefix starts with a dot so that List (and host-local, which parses names as
+	// addresses) never take a half-made file for a reservation.
+	tempPrefix = ".kubenet-"
+	lineBreak  = "\r\n" // host-local's separator between container ID and ifname
+)
+
+// owner is who a reservation file says holds its address. An empty ifname is a legacy file that
+// holds only the container ID; host-local releases those by ID alone, and so do we.
+type owner struct{ id, ifname string }
+
+// checkOwner rejects IDs and ifnames that would not read back as written (host-local trims
+// whitespace and splits on the line break) and an empty ID, which would match garbage files.
+func checkOwner(id, ifname string) error {
+	if id == "" || strings.TrimSpace(id) != id || strings.ContainsAny(id, "\r\n") {
+		return fmt.Errorf("invalid container ID %q", id)
+	}
+	if strings.TrimSpace(ifname) != ifname || strings.ContainsAny(ifname, "\r\n") {
+		return fmt.Errorf("invalid interface name %q", ifname)
+	}
+	return nil
+}
+
+func (o owner) content() []byte { return []byte(o.id + lineBreak + o.ifname) }
+
+// holds reports whether the file belongs to (id, ifname), legacy ID-only files included.
+func (o owner) holds(id, ifname string) bool {
+	return o.id == id && (o.ifname == ifname || o.ifname == "")
+}
+
+func (o owner) String() string {
+	if o.ifname == "" {
+		return "container " + o.id
+	}
+	return "container " + o.id + " " + o.ifname
+}
+
+// parseOwner reads "<id>\r\n<ifname>" or a legacy "<id>". ok is false for content that no
+// writer produces (empty, left by a crashed host-local, or more than two lines).
+func parseOwner(data []byte) (o owner, ok bool) {
+	id, ifname, _ := strings.Cut(strings.TrimSpace(string(data)), "\n")
+	o = owner{strings.TrimSpace(id), strings.TrimSpace(ifname)}
+	if o.id == "" || strings.ContainsAny(o.ifname, "\r\n") {
+		return owner{}, false
+	}
+	return o, true
+}
+
+func (s *Store) path(a netip.Addr) string { return filepath.Join(s.dir, a.String()) }
+
+// readOwner reads the reservation of a. The error wraps fs.ErrNotExist when a is free.
+func (s *Store) readOwner(a netip.Addr) (owner, bool, error) {
+	data, err := os.ReadFile(s.path(a))
+	if err != nil {
+		return owner{}, false, err
+	}
+	o, ok := parseOwner(data)
+	return o, ok, nil
+}
+
+// reservationAddr tells reservation files from everything else in the directory: the lock, the
+// cursors, temporary files, directories and names that are not canonical addresses (the
+// allocator would never look at those, so they reserve nothing).
+func reservationAddr(e fs.DirEntry) (netip.Addr, bool) {
+	name := e.Name()
+	if !e.Type().IsRegular() || strings.HasPrefix(name, ".") {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(name)
+	if err != nil || a.String() != name {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+// writeTemp writes data under a fresh temporary name in the directory and returns that path.
+// With durable, the data reaches the disk before the name can be linked anywhere.
+func (s *Store) writeTemp(kind string, data []byte, durable bool) (string, error) {
+	f, err := os.CreateTemp(s.dir, tempPrefix+kind+"-*")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(data)
+	if err == nil && durable {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+// claim makes the complete file tmp appear under a's name, or fails with an error wrapping
+// fs.ErrExist if a is taken. link(2) never replaces a name, so unlike host-local's
+// create-then-write there is no moment at which an empty reservation exists.
+func (s *Store) claim(tmp string, a netip.Addr) error {
+	return os.Link(tmp, s.path(a))
+}
+
+func cursorPath(dir string, setIndex int) string {
+	return filepath.Join(dir, cursorPrefix+strconv.Itoa(setIndex))
+}
+
+// readCursor returns the last reserved address of a set, or the zero Addr. The cursor only
+// decides where the search starts, so a missing or damaged one just restarts at the beginning.
+func (s *Store) readCursor(setIndex int) netip.Addr {
+	data, err := os.ReadFile(cursorPath(s.dir, setIndex))
+	if err != nil {
+		return netip.Addr{}
+	}
+	a, err := netip.ParseAddr(strings.TrimSpace(string(data)))
+	if err != nil {
+		return netip.Addr{}
+	}
+	return a
+}
+
+// writeCursor replaces the cursor atomically (temp + rename). It is not synced: losing it in a
+// crash costs one search from the start, not an extra fsync on every allocation.
+func (s *Store) writeCursor(setIndex int, a netip.Addr) error {
+	tmp, err := s.writeTemp("cursor", []byte(a.String()), false)
+	if err != nil {
+		return fmt.Errorf("write cursor %d: %w", setIndex, err)
+	}
+	if err := os.Rename(tmp, cursorPath(s.dir, setIndex)); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write cursor %d: %w", setIndex, err)
+	}
+	return nil
+}
