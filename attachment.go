@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/kubenet-dev/kubenet/internal/atomicfile"
 )
@@ -95,10 +96,15 @@ func (r Records) Save(rec *Record) error {
 	return atomicfile.Write(r.path(Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}), data, 0o600)
 }
 
-// Remove deletes the record of a; a missing record is fine.
+// Remove deletes the record of a; a missing record is fine. The directory goes with the last
+// record, so a drained node's data dir holds only what host-local would have (lock and cursors).
+// Callers hold the network lock, so no Save can race the directory removal.
 func (r Records) Remove(a Attachment) error {
 	if err := os.Remove(r.path(a)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("attachment record: %w", err)
+	}
+	if err := os.Remove(r.dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		return fmt.Errorf("attachment records: %w", err)
 	}
 	return nil
 }

@@ -37,9 +37,9 @@ type DedupRule struct {
 func PlanDedup(d Dedup) []DedupRule {
 	var rules []DedupRule
 	for i, cidr := range d.PodCIDRs {
+		// The source MAC alone ties the rule to this bridge: the bridge's MAC is pinned and unique
+		// (the kernel does not offer the output port's bridge name in the output hook).
 		base := []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyBRIOIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: nft.IfName(d.Bridge)},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(d.BridgeMAC)},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 12, Len: 2},

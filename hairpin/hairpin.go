@@ -4,9 +4,12 @@
 // offered three modes, kept here with their names:
 //
 //   - hairpin-veth: set the hairpin flag on the pod's bridge port (the modern, cheap way);
-//   - promiscuous-bridge: put the bridge in promiscuous mode instead, and drop the duplicate
-//     frames this makes the bridge send to pods (old kubenet's ebtables KUBE-DEDUP chain, here an
-//     nftables bridge-family chain for both families);
+//   - promiscuous-bridge: put the bridge in promiscuous mode, and drop the duplicate frames this
+//     makes the bridge send to pods (old kubenet's ebtables KUBE-DEDUP chain, here an nftables
+//     bridge-family chain for both families). Since Linux 6.8 a promiscuous bridge no longer
+//     carries a pod's translated packet back to it (Azure/AgentBaker#8426), so this mode sets the
+//     port's hairpin flag as well: the mode keeps its promiscuous bridge and dedup rules, which
+//     node tooling may look for, and pods can still reach themselves;
 //   - none: neither; a pod cannot reach itself through a translated address.
 package hairpin
 
@@ -45,9 +48,12 @@ func Parse(s string) (Mode, error) {
 // PromiscuousBridge tells whether the bridge must be in promiscuous mode.
 func (m Mode) PromiscuousBridge() bool { return m == PromiscuousBridge }
 
+// PortFlag tells whether a pod's bridge port gets the hairpin flag in mode m.
+func (m Mode) PortFlag() bool { return m == HairpinVeth || m == PromiscuousBridge }
+
 // SetPort sets or clears the hairpin flag of a pod's bridge port according to the mode.
 func SetPort(m Mode, port netlink.Link) error {
-	if err := netlink.LinkSetHairpin(port, m == HairpinVeth); err != nil {
+	if err := netlink.LinkSetHairpin(port, m.PortFlag()); err != nil {
 		return fmt.Errorf("hairpin flag on %q: %w", port.Attrs().Name, err)
 	}
 	return nil

@@ -16,7 +16,7 @@ import (
 )
 
 // ChainName is the nat/postrouting chain this package owns in the network's inet table.
-const ChainName = "masquerade"
+const ChainName = "pod-masquerade"
 
 // Config is what the SNAT rules depend on.
 type Config struct {

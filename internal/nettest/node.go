@@ -166,6 +166,8 @@ type Pod struct {
 	NS     ns.NetNS
 	RT     *libcni.RuntimeConf
 	Result *current.Result
+	// ResultVersion is the cniVersion of the result as the plugin printed it.
+	ResultVersion string
 }
 
 // NewPod makes a pod netns (not yet attached) with container ID id.
@@ -199,6 +201,7 @@ func (n *Node) Add(list *libcni.NetworkConfigList, pod *Pod) error {
 	if err != nil {
 		return err
 	}
+	pod.ResultVersion = res.Version()
 	pod.Result, err = current.NewResultFromResult(res)
 	return err
 }
