@@ -12,6 +12,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
@@ -103,6 +104,12 @@ func openPodNS(path string) (ns.NetNS, error) {
 	podNS, err := ns.GetNS(path)
 	if err != nil {
 		return nil, envError("CNI_NETNS %q: %v", path, err)
+	}
+	// ns.GetNS accepts any file on procfs (to allow /proc/<pid>/ns/net), so ask the kernel what
+	// the file really is before anything is changed on the node.
+	if kind, err := unix.IoctlRetInt(int(podNS.Fd()), unix.NS_GET_NSTYPE); err != nil || kind != unix.CLONE_NEWNET {
+		podNS.Close()
+		return nil, envError("CNI_NETNS %q is not a network namespace", path)
 	}
 	own, nsErr := cnins.CheckNetNS(path)
 	if nsErr != nil {

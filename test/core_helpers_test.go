@@ -172,3 +172,9 @@ func expectReachable(t testing.TB, src ns.NetNS, srv *nettest.EchoServer, wantFr
 }
 
 func describe(ps []netip.Prefix) string { return fmt.Sprint(ps) }
+
+func kubenetNames(p *nettest.Pod) kubenet.Names { return kubenet.NamesFor("kubenet", attachmentOf(p)) }
+
+func slicesEqual(a, b []netip.Prefix) bool {
+	return fmt.Sprint(sortedPrefixes(a)) == fmt.Sprint(sortedPrefixes(b))
+}

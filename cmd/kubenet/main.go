@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -25,6 +26,10 @@ var buildVersion = "dev"
 const operationTimeout = 220 * time.Second
 
 func main() {
+	if err := checkEnv(os.Getenv); err != nil {
+		_ = err.Print()
+		os.Exit(1)
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    run(add),
 		Del:    run(del),

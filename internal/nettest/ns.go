@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot fails the test (it does not skip it) when the process cannot create namespaces:
@@ -30,8 +31,11 @@ func NewNS(t testing.TB) ns.NetNS {
 	}
 	t.Cleanup(func() {
 		_ = n.Close()
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("remove netns %s: %v", n.Path(), err)
+		if _, err := os.Stat(n.Path()); err != nil {
+			return // the test deleted it already (DeleteNS)
+		}
+		if err := removeNS(n.Path()); err != nil {
+			t.Errorf("remove netns: %v", err)
 		}
 	})
 	Do(t, n, func() error {
@@ -122,4 +126,28 @@ func WriteSysctl(t testing.TB, n ns.NetNS, path, value string) {
 	Do(t, n, func() error {
 		return os.WriteFile("/proc/sys/"+path, []byte(value), 0o644)
 	})
+}
+
+// DeleteNS removes n's bind mount now, as a runtime does when a sandbox is gone: the namespace
+// disappears once the last link and socket in it are closed. Cleanup then skips it.
+func DeleteNS(t testing.TB, n ns.NetNS) {
+	t.Helper()
+	path := n.Path()
+	_ = n.Close()
+	if err := removeNS(path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// removeNS detaches the namespace's bind mount and removes the mount point. A lazy unmount,
+// because parallel tests create namespaces under the same shared mount and a plain unmount can
+// then fail with EBUSY while the namespace is in fact unused.
+func removeNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("remove netns %s: %w", path, err)
+	}
+	return nil
 }
