@@ -1,7 +1,6 @@
 package kubenet
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -33,13 +32,4 @@ func quote(v any) string {
 // envError is a CNI "invalid environment variables" (4) error.
 func envError(format string, args ...any) *types.Error {
 	return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(format, args...), "")
-}
-
-// withCode keeps err's CNI code if it has one and otherwise gives it code.
-func withCode(code uint, err error) error {
-	var e *types.Error
-	if errors.As(err, &e) {
-		return err
-	}
-	return types.NewError(code, err.Error(), "")
 }

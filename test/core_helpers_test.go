@@ -171,8 +171,6 @@ func expectReachable(t testing.TB, src ns.NetNS, srv *nettest.EchoServer, wantFr
 	}
 }
 
-func describe(ps []netip.Prefix) string { return fmt.Sprint(ps) }
-
 func kubenetNames(p *nettest.Pod) kubenet.Names { return kubenet.NamesFor("kubenet", attachmentOf(p)) }
 
 func slicesEqual(a, b []netip.Prefix) bool {

@@ -1,0 +1,42 @@
+# kubenet: make demo | make test | make lint | make bench | make build
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
+GO ?= go
+GOBIN ?= $(shell $(GO) env GOPATH)/bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+STATICCHECK_VERSION ?= v0.8.2
+# The whole suite runs in well under this; the bound only stops a hung kernel call.
+TEST_TIMEOUT ?= 20m
+
+.PHONY: all build deps test unit lint demo bench clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/kubenet ./cmd/kubenet
+
+deps:
+	@hack/ensure-deps.sh
+
+# Every test, unit and end-to-end. As root: the end-to-end tests make network namespaces.
+test: deps
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# Tests that need no root (pure logic).
+unit:
+	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ .
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet ./...
+	@command -v staticcheck >/dev/null 2>&1 || [ -x $(GOBIN)/staticcheck ] || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	PATH=$(GOBIN):$$PATH staticcheck ./...
+
+demo: deps build
+	$(GO) test -count=1 -run "^TestDemo$$" -v ./test/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok"
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 100x ./ipam/
+
+clean:
+	rm -rf bin
