@@ -115,10 +115,12 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		}
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
 	}
-	return nc.validate()
+	return nc.Validate()
 }
 
-func (nc *NetConf) validate() (*Config, error) {
+// Validate checks a NetConf built in code (the in-process NetworkPlugin does) exactly as
+// ParseConfig checks stdin, and returns the validated Config.
+func (nc *NetConf) Validate() (*Config, error) {
 	c := &Config{
 		Network:    nc.Name,
 		CNIVersion: nc.CNIVersion,
