@@ -6,6 +6,14 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 )
 
+// STATUS codes of CNI 1.1 that the types package does not name.
+const (
+	// ErrPluginNotAvailable: STATUS says an ADD cannot succeed now.
+	ErrPluginNotAvailable uint = 50
+	// ErrLimitedConnectivity: not available, and existing pods may have limited connectivity.
+	ErrLimitedConnectivity uint = 51
+)
+
 // kubenet's own CNI error codes (the spec reserves 100 and up for plugins).
 const (
 	// ErrAttachmentExists: ADD for a (container ID, interface) that kubenet already attached.

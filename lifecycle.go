@@ -1,7 +1,6 @@
 package kubenet
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 
@@ -26,17 +25,3 @@ func ParseValidAttachments(stdin []byte) ([]ValidAttachment, error) {
 	}
 	return append(conf.Valid, conf.Legacy...), nil
 }
-
-// errNotYet marks verbs that are not implemented yet, so they fail loudly instead of pretending.
-func errNotYet(verb string) error {
-	return types.NewError(types.ErrInternal, fmt.Sprintf("%s is not implemented in this kubenet build", verb), "")
-}
-
-// Check verifies an attachment.
-func Check(ctx context.Context, cfg *Config, att Attachment) error { return errNotYet("CHECK") }
-
-// Status reports whether an ADD can succeed.
-func Status(ctx context.Context, cfg *Config) error { return errNotYet("STATUS") }
-
-// GC removes attachments not in valid.
-func GC(ctx context.Context, cfg *Config, valid []ValidAttachment) error { return errNotYet("GC") }

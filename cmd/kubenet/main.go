@@ -85,7 +85,7 @@ func check(ctx context.Context, args *skel.CmdArgs) error {
 func status(ctx context.Context, args *skel.CmdArgs) error {
 	cfg, err := kubenet.ParseConfig(args.StdinData)
 	if err != nil {
-		return err
+		return kubenet.StatusConfigError(err)
 	}
 	return kubenet.Status(ctx, cfg)
 }

@@ -1,0 +1,64 @@
+package kubenet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/ipam"
+)
+
+// notAvailable is STATUS's "plugin not available" (50) error.
+func notAvailable(format string, args ...any) *types.Error {
+	return types.NewError(ErrPluginNotAvailable, fmt.Sprintf(format, args...), "")
+}
+
+// StatusConfigError turns a configuration that cannot be used into STATUS's answer: the node
+// is not ready (50) and the message says why (most often: no pod CIDR yet).
+func StatusConfigError(err error) error {
+	var e *types.Error
+	if errors.As(err, &e) {
+		return notAvailable("configuration: %s", e.Msg)
+	}
+	return notAvailable("configuration: %v", err)
+}
+
+// Status answers whether an ADD can succeed now: the data dir is usable, nftables answers, the
+// bridge name is free or a bridge, and every pod CIDR has a free address. containerd and CRI-O
+// poll it every few seconds, so it only reads: one directory listing per network, one netlink
+// dump, no file contents.
+func Status(ctx context.Context, cfg *Config) error {
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err != nil {
+		return notAvailable("data dir %s unusable: %v", cfg.DataDir, err)
+	}
+	defer store.Close()
+	if err := unix.Access(store.Dir(), unix.W_OK); err != nil {
+		return notAvailable("data dir %s not writable: %v", store.Dir(), err)
+	}
+	for _, set := range cfg.Ranges {
+		free, err := store.Free(set)
+		if err != nil {
+			return notAvailable("address store %s: %v", store.Dir(), err)
+		}
+		if free == 0 {
+			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
+		}
+	}
+	if l, err := netlink.LinkByName(cfg.Bridge); err == nil && l.Type() != "bridge" {
+		return notAvailable("bridge name %q is taken by a %s", cfg.Bridge, l.Type())
+	}
+	c, err := nftables.New()
+	if err == nil {
+		_, err = c.ListTablesOfFamily(nftables.TableFamilyINet)
+	}
+	if err != nil {
+		return notAvailable("nftables unusable: %v", err)
+	}
+	return ctx.Err()
+}

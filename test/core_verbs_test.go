@@ -1,0 +1,246 @@
+package test
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/masq"
+)
+
+// TestCheck: CHECK passes right after ADD, and catches each tampering with what the attachment
+// owns, naming what differs.
+func TestCheck(t *testing.T) {
+	linkOp := func(where func(*nettest.Node, *nettest.Pod) *nettest.Pod, name func(*nettest.Pod) string, op func(netlink.Link) error) func(*testing.T, *nettest.Node, *nettest.Pod) {
+		return func(t *testing.T, node *nettest.Node, pod *nettest.Pod) {
+			target := where(node, pod)
+			ns := node.NS
+			if target != nil {
+				ns = target.NS
+			}
+			nettest.Do(t, ns, func() error {
+				l, err := netlink.LinkByName(name(pod))
+				if err != nil {
+					return err
+				}
+				return op(l)
+			})
+		}
+	}
+	onNode := func(*nettest.Node, *nettest.Pod) *nettest.Pod { return nil }
+	inPod := func(_ *nettest.Node, p *nettest.Pod) *nettest.Pod { return p }
+	hostVeth := func(p *nettest.Pod) string { return kubenetNames(p).HostVeth }
+	named := func(n string) func(*nettest.Pod) string { return func(*nettest.Pod) string { return n } }
+
+	cases := []struct {
+		name    string
+		tamper  func(*testing.T, *nettest.Node, *nettest.Pod)
+		wantErr string // "" = CHECK passes
+	}{
+		{"untouched", func(*testing.T, *nettest.Node, *nettest.Pod) {}, ""},
+		{"reservation removed", func(t *testing.T, node *nettest.Node, pod *nettest.Pod) {
+			if err := os.Remove(filepath.Join(node.DataDir(), "kubenet", pod.IPs()[0].String())); err != nil {
+				t.Fatal(err)
+			}
+		}, "not reserved"},
+		{"pod address removed", linkOp(inPod, named("eth0"), func(l netlink.Link) error {
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+			for _, a := range addrs {
+				if !a.IP.IsLinkLocalUnicast() {
+					return netlink.AddrDel(l, &a)
+				}
+			}
+			return err
+		}), "lacks address"},
+		{"pod default route removed", linkOp(inPod, named("eth0"), func(l netlink.Link) error {
+			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: nettest.PrefixToIPNet(netip.MustParsePrefix("0.0.0.0/0"))})
+		}), "default route"},
+		{"pod MTU changed", linkOp(inPod, named("eth0"), func(l netlink.Link) error { return netlink.LinkSetMTU(l, 1400) }), "MTU"},
+		{"host veth off the bridge", linkOp(onNode, hostVeth, netlink.LinkSetNoMaster), "not on bridge"},
+		{"hairpin flag cleared", linkOp(onNode, hostVeth, func(l netlink.Link) error { return netlink.LinkSetHairpin(l, false) }), "hairpin"},
+		{"host veth deleted", linkOp(onNode, hostVeth, netlink.LinkDel), "host veth"},
+		{"bridge made promiscuous", linkOp(onNode, named("cbr0"), netlink.SetPromiscOn), "promiscuous"},
+		{"bridge gateway removed", linkOp(onNode, named("cbr0"), func(l netlink.Link) error {
+			return netlink.AddrDel(l, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.MustParsePrefix("10.244.1.1/24"))})
+		}), "gateway address 10.244.1.1/24"},
+		{"SNAT rule deleted", func(t *testing.T, node *nettest.Node, _ *nettest.Pod) {
+			out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "inet", "kubenet-kubenet", masq.ChainName)
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "SNAT to the node") {
+					fields := strings.Fields(line)
+					handle := fields[len(fields)-1]
+					nettest.Run(t, node.NS, "nft", "delete", "rule", "inet", "kubenet-kubenet", masq.ChainName, "handle", handle)
+					return
+				}
+			}
+			t.Fatalf("no masquerade rule to delete in:\n%s", out)
+		}, "rules"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			node := nettest.NewNode(t, binDir)
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+			pod := node.NewPod(t, "checked")
+			node.MustAdd(t, list, pod)
+			tc.tamper(t, node, pod)
+			err := node.Check(list, pod)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("CHECK failed on an intact attachment: %v", err)
+			case tc.wantErr != "" && err == nil:
+				t.Errorf("CHECK passed after %s", tc.name)
+			case tc.wantErr != "" && !strings.Contains(err.Error(), tc.wantErr):
+				t.Errorf("CHECK error %q does not say %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestCheckNeedsPrevResultAndVersion: CHECK without prevResult fails clearly; CHECK for a config
+// older than 0.4.0 is refused with code 1.
+func TestCheckNeedsPrevResultAndVersion(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	pod := node.NewPod(t, "prev")
+	conf := map[string]any{"cniVersion": "1.0.0", "name": "kubenet", "type": "kubenet",
+		"podCIDRs": []string{"10.244.1.0/24"}, "dataDir": node.DataDir()}
+	env := map[string]string{"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "prev", "CNI_NETNS": pod.NS.Path(),
+		"CNI_IFNAME": "eth0", "CNI_PATH": binDir}
+	for _, tc := range []struct {
+		version  string
+		wantCode uint
+		wantMsg  string
+	}{{"1.0.0", types.ErrInvalidNetworkConfig, "prevResult"}, {"0.3.1", types.ErrIncompatibleCNIVersion, "CHECK"}} {
+		conf["cniVersion"] = tc.version
+		stdin, _ := json.Marshal(conf)
+		run, err := node.ExecPlugin(binDir, env, stdin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.Err == nil || run.Err.Code != tc.wantCode || !strings.Contains(run.Err.Msg+run.Err.Details, tc.wantMsg) {
+			t.Errorf("CHECK with cniVersion %s: %+v, want code %d naming %q", tc.version, run.Err, tc.wantCode, tc.wantMsg)
+		}
+	}
+}
+
+// TestStatus: STATUS is 0 when an ADD can succeed and 50 with the reason when it cannot.
+func TestStatus(t *testing.T) {
+	cases := []struct {
+		name    string
+		conf    nettest.NetConf
+		prepare func(*testing.T, *nettest.Node)
+		wantMsg string // "" = ready
+	}{
+		{"ready", nettest.NetConf{PodCIDRs: dualStack()}, nil, ""},
+		{"no pod CIDR", nettest.NetConf{}, nil, "podCIDRs"},
+		{"pool exhausted", nettest.NetConf{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/30")}},
+			func(t *testing.T, node *nettest.Node) {
+				list := node.ConfList(t, nettest.NetConf{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/30")}})
+				node.MustAdd(t, list, node.NewPod(t, "only"))
+			}, "no free address in pod CIDR 10.244.1.0/30"},
+		{"data dir unusable", nettest.NetConf{PodCIDRs: dualStack()}, func(t *testing.T, node *nettest.Node) {
+			if err := os.WriteFile(node.DataDir(), []byte("a file, not a dir"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "data dir"},
+		{"bridge name taken", nettest.NetConf{PodCIDRs: dualStack()}, func(t *testing.T, node *nettest.Node) {
+			nettest.Do(t, node.NS, func() error {
+				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cbr0"}, PeerName: "cbr0peer"})
+			})
+		}, `bridge name "cbr0" is taken`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			node := nettest.NewNode(t, binDir)
+			if tc.prepare != nil {
+				tc.prepare(t, node)
+			}
+			err := node.Status(node.ConfList(t, tc.conf))
+			switch {
+			case tc.wantMsg == "" && err != nil:
+				t.Errorf("STATUS failed on a ready node: %v", err)
+			case tc.wantMsg != "" && err == nil:
+				t.Errorf("STATUS ready, want not available: %s", tc.wantMsg)
+			case tc.wantMsg != "" && (cniCode(err) != kubenet.ErrPluginNotAvailable || !strings.Contains(err.Error(), tc.wantMsg)):
+				t.Errorf("STATUS = %v (code %d), want code 50 naming %q", err, cniCode(err), tc.wantMsg)
+			}
+		})
+	}
+}
+
+// TestGC: GC through libcni removes every attachment not in the valid list — also when libcni
+// has no cached result to synthesize a DEL from — plus reservations without a record, and keeps
+// the valid pods working, the lock and cursors, and other networks' files.
+func TestGC(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+	keep, gone1, gone2 := node.NewPod(t, "keep"), node.NewPod(t, "gone-1"), node.NewPod(t, "gone-2")
+	for _, p := range []*nettest.Pod{keep, gone1, gone2} {
+		node.MustAdd(t, list, p)
+	}
+	// Only GC itself, not libcni's synthesized DELs, may clean up gone-2.
+	if err := os.Remove(filepath.Join(node.Dir, "cache", "results", "kubenet-gone-2-eth0")); err != nil {
+		t.Fatal(err)
+	}
+	netDir := filepath.Join(node.DataDir(), "kubenet")
+	orphan := filepath.Join(netDir, "10.244.1.200")
+	other := filepath.Join(node.DataDir(), "other-net", "10.244.1.201")
+	for path, content := range map[string]string{orphan: "host-local-era\r\neth0", other: "someone\r\neth0"} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := node.GC(list, []types.GCAttachment{{ContainerID: "keep", IfName: "eth0"}}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	for _, p := range []*nettest.Pod{gone1, gone2} {
+		assertNoResidue(t, node, "kubenet", attachmentOf(p), p.IPs())
+	}
+	if _, err := os.Stat(orphan); err == nil {
+		t.Error("GC kept a reservation that no valid attachment holds")
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("GC touched another network's reservation: %v", err)
+	}
+	if err := node.Check(list, keep); err != nil {
+		t.Errorf("the valid pod no longer passes CHECK after GC: %v", err)
+	}
+	peer := nettest.StartTCPEcho(t, keep.NS, netip.AddrPortFrom(keep.IPs()[0], 8080))
+	expectReachable(t, node.NS, peer, gatewayOf(nettest.PodCIDR4))
+
+	if err := node.GC(list, nil); err != nil {
+		t.Fatalf("GC with an empty list: %v", err)
+	}
+	assertNoResidue(t, node, "kubenet", attachmentOf(keep), keep.IPs())
+	files := dataDirFiles(t, node)
+	for _, want := range []string{"kubenet/lock", "kubenet/last_reserved_ip.0", "kubenet/last_reserved_ip.1", "other-net/10.244.1.201"} {
+		if !contains(files, want) {
+			t.Errorf("GC removed %s; data dir now %v", want, files)
+		}
+	}
+	if left := stateFiles(t, node); len(left) != 1 {
+		t.Errorf("after GC with an empty list the data dir holds %v, want only the other network's file", left)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
