@@ -71,10 +71,27 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 			}
 		}
 	}()
-	steps := []struct {
-		name string
-		run  func(*undoStack) error
-	}{
+	for _, s := range a.steps() {
+		if err := ctx.Err(); err != nil {
+			return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ADD interrupted before %s: %v", s.name, err), "")
+		}
+		crashPoint("before " + s.name)
+		if err := s.run(&undo); err != nil {
+			return nil, err
+		}
+	}
+	crashPoint("before result")
+	return a.result(), nil
+}
+
+type step struct {
+	name string
+	run  func(*undoStack) error
+}
+
+// steps are ADD's steps in order: the pod's story.
+func (a *addition) steps() []step {
+	return []step{
 		{"reserve addresses", a.reserve},
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
@@ -84,15 +101,20 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 		{"host ports", a.hostPorts},
 		{"shaping", a.shaping},
 	}
-	for _, s := range steps {
-		if err := ctx.Err(); err != nil {
-			return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ADD interrupted before %s: %v", s.name, err), "")
-		}
-		if err := s.run(&undo); err != nil {
-			return nil, err
+}
+
+// CrashPoints names every place where a binary built with -tags kubenet_crashtest kills itself
+// when KUBENET_CRASH_AT names it, in the order ADD passes them. The crash-safety test walks them
+// all: whatever instruction a real crash hits lies between two of them.
+func CrashPoints() []string {
+	var out []string
+	for _, s := range (&addition{}).steps() {
+		out = append(out, "before "+s.name)
+		if s.name == "reserve addresses" {
+			out = append(out, "record written", "address 0 reserved", "address 1 reserved")
 		}
 	}
-	return a.result(), nil
+	return append(out, "before result")
 }
 
 // openPodNS opens CNI_NETNS and refuses the plugin's own namespace: configuring "the pod" there
@@ -149,6 +171,7 @@ func (a *addition) reserve(undo *undoStack) error {
 	if err := a.records.Save(rec); err != nil {
 		return err
 	}
+	crashPoint("record written")
 	undo.push(func() error {
 		if err := a.store.Lock(); err != nil {
 			return err
@@ -168,6 +191,7 @@ func (a *addition) reserve(undo *undoStack) error {
 			return fmt.Errorf("reserve address: %w", err)
 		}
 		a.ips = append(a.ips, netip.PrefixFrom(addr, r.Subnet.Bits()))
+		crashPoint(fmt.Sprintf("address %d reserved", i))
 	}
 	rec.IPs = a.ips
 	return a.records.Save(rec)
