@@ -63,7 +63,8 @@ func delShaping(cfg *Config, att Attachment, names Names) error {
 	return shaping.Remove(names.HostVeth, names.IFB)
 }
 
-// checkShaping verifies the attachment's qdiscs and ifb (CHECK).
+// checkShaping verifies the attachment's qdiscs and ifb (CHECK) against the limits its record
+// holds: those are what ADD applied, after resolving capability and annotations.
 func checkShaping(cfg *Config, att Attachment, names Names, rec *Record) error {
-	return nil
+	return shaping.Check(names.HostVeth, names.IFB, rec.Bandwidth.limits())
 }

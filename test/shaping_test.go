@@ -231,6 +231,56 @@ func TestShapingFailedAdd(t *testing.T) {
 	auditRolledBack(t, node, bad)
 }
 
+// TestShapingCheck: CHECK passes on a shaped pod and fails, naming the piece, once the qdiscs or
+// the ifb are not what ADD left.
+func TestShapingCheck(t *testing.T) {
+	node, list := dualStackNode(t)
+	cases := []struct {
+		name   string
+		tamper func(veth, ifb netlink.Link) error
+		want   string
+	}{
+		{"ifb deleted", func(_, ifb netlink.Link) error { return netlink.LinkDel(ifb) }, "is missing"},
+		{"ifb down", func(_, ifb netlink.Link) error { return netlink.LinkSetDown(ifb) }, "is down"},
+		{"ingress tbf changed", func(veth, _ netlink.Link) error {
+			return netlink.QdiscReplace(&netlink.Tbf{
+				QdiscAttrs: netlink.QdiscAttrs{LinkIndex: veth.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
+				Rate:       slowRate / 4, Limit: 100_000, Buffer: 100_000,
+			})
+		}, "tbf on"},
+		{"redirect removed", func(veth, _ netlink.Link) error {
+			return netlink.QdiscDel(&netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{
+				LinkIndex: veth.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}})
+		}, "no filter"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pod := node.NewPod(t, fmt.Sprintf("checked-%d", i))
+			pod.RT.CapabilityArgs = map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{
+				shaping.IngressAnnotation: "10M", shaping.EgressAnnotation: "20M"}}
+			node.MustAdd(t, list, pod)
+			if err := node.Check(list, pod); err != nil {
+				t.Fatalf("CHECK right after ADD: %v", err)
+			}
+			names := kubenetNames(pod)
+			nettest.Do(t, node.NS, func() error {
+				veth, err := netlink.LinkByName(names.HostVeth)
+				if err != nil {
+					return err
+				}
+				ifb, err := netlink.LinkByName(names.IFB)
+				if err != nil {
+					return err
+				}
+				return c.tamper(veth, ifb)
+			})
+			if err := node.Check(list, pod); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("CHECK after tampering = %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
 // dualStackNode is a node with an IPv4 and an IPv6 pod CIDR and its conflist.
 func dualStackNode(t *testing.T) (*nettest.Node, *libcni.NetworkConfigList) {
 	t.Helper()
