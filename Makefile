@@ -8,7 +8,7 @@ STATICCHECK_VERSION ?= v0.8.2
 # The whole suite runs in well under this; the bound only stops a hung kernel call.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all build deps test unit lint demo bench clean
+.PHONY: all build deps test unit lint fuzz demo bench clean
 
 all: build
 
@@ -25,6 +25,14 @@ test: deps
 # Tests that need no root (pure logic).
 unit:
 	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ .
+
+# Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := .:FuzzParseConfig .:FuzzRuntimeConfig .:FuzzParseCNIArgs ./shaping:FuzzParseRate
+fuzz:
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi

@@ -165,6 +165,7 @@ func (a *addition) reserve(undo *undoStack) error {
 		ContainerID:  a.att.ContainerID,
 		IfName:       a.att.IfName,
 		NetNS:        a.att.NetNS,
+		Pod:          a.att.Pod,
 		PortMappings: a.cfg.Runtime.PortMappings,
 		Bandwidth:    a.cfg.Runtime.Bandwidth,
 	}

@@ -24,6 +24,7 @@ type Attachment struct {
 	ContainerID string
 	IfName      string
 	NetNS       string // may be empty on DEL
+	Pod         string // "namespace/name" from CNI_ARGS, for operators; optional
 }
 
 // Names are the host-side object names derived from an attachment.
@@ -46,6 +47,7 @@ type Record struct {
 	ContainerID  string         `json:"containerID"`
 	IfName       string         `json:"ifName"`
 	NetNS        string         `json:"netns,omitempty"`
+	Pod          string         `json:"pod,omitempty"`
 	IPs          []netip.Prefix `json:"ips,omitempty"`
 	PortMappings []PortMapping  `json:"portMappings,omitempty"`
 	Bandwidth    *Bandwidth     `json:"bandwidth,omitempty"`

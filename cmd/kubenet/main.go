@@ -50,8 +50,12 @@ func run(f func(context.Context, *skel.CmdArgs) error) func(*skel.CmdArgs) error
 	}
 }
 
-func attachment(args *skel.CmdArgs) kubenet.Attachment {
-	return kubenet.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns}
+func attachment(args *skel.CmdArgs) (kubenet.Attachment, error) {
+	pod, err := kubenet.ParseCNIArgs(args.Args)
+	if err != nil {
+		return kubenet.Attachment{}, err
+	}
+	return kubenet.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()}, nil
 }
 
 func add(ctx context.Context, args *skel.CmdArgs) error {
@@ -59,7 +63,11 @@ func add(ctx context.Context, args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	result, err := kubenet.Add(ctx, cfg, attachment(args))
+	att, err := attachment(args)
+	if err != nil {
+		return err
+	}
+	result, err := kubenet.Add(ctx, cfg, att)
 	if err != nil {
 		return err
 	}
@@ -71,7 +79,11 @@ func del(ctx context.Context, args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	return kubenet.Del(ctx, cfg, attachment(args))
+	att, err := attachment(args)
+	if err != nil {
+		return err
+	}
+	return kubenet.Del(ctx, cfg, att)
 }
 
 func check(ctx context.Context, args *skel.CmdArgs) error {
@@ -79,7 +91,11 @@ func check(ctx context.Context, args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	return kubenet.Check(ctx, cfg, attachment(args))
+	att, err := attachment(args)
+	if err != nil {
+		return err
+	}
+	return kubenet.Check(ctx, cfg, att)
 }
 
 func status(ctx context.Context, args *skel.CmdArgs) error {
