@@ -1,13 +1,126 @@
 package kubenet
 
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/ipam"
+)
+
 // hostPorts programs the attachment's port mappings (a.cfg.Runtime.PortMappings) for its
-// addresses (a.ips) and pushes their removal onto undo.
+// addresses (a.ips) and pushes their removal onto undo. The conflict check, the reservation and
+// the nftables transaction happen under the network lock, so two pods racing for one hostPort
+// cannot both get it.
 func (a *addition) hostPorts(undo *undoStack) error {
+	if len(a.cfg.Runtime.PortMappings) == 0 {
+		return nil
+	}
+	entries, err := hostport.Plan(toMappings(a.cfg.Runtime.PortMappings), prefixAddrs(a.ips))
+	var dup *hostport.DuplicateError
+	if errors.As(err, &dup) {
+		return configError("runtimeConfig.portMappings", dup.Key.String(), "mapped twice, to %s and to %s", dup.First, dup.Second)
+	}
+	if err != nil {
+		return configError("runtimeConfig.portMappings", fmt.Sprint(a.cfg.Runtime.PortMappings), "%v", err)
+	}
+	hp := hostportConfig(a.cfg, a.store.Dir())
+	owner := ownerOf(a.att)
+	if err := a.store.Lock(); err != nil {
+		return fmt.Errorf("lock address store: %w", err)
+	}
+	err = hostport.Add(hp, owner, entries)
+	if uerr := a.store.Unlock(); err == nil {
+		err = uerr
+	}
+	var conflict *hostport.ConflictError
+	if errors.As(err, &conflict) {
+		return types.NewError(ErrPortConflict, conflict.Error(), "")
+	}
+	if err != nil {
+		return fmt.Errorf("host ports: %w", err)
+	}
+	undo.push(func() error {
+		if err := a.store.Lock(); err != nil {
+			return err
+		}
+		defer a.store.Unlock()
+		return hostport.Remove(hp, owner, hostport.KeysOf(entries))
+	})
 	return nil
 }
 
 // delHostPorts removes every host-port rule of the attachment. rec may be nil (no record on disk)
-// and cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL).
+// and cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings are the
+// union of both; without pod addresses every family of the network is tried. Only reservations
+// this attachment holds are removed, so trying too many keys is harmless.
 func delHostPorts(cfg *Config, att Attachment, rec *Record, networkDir string) error {
+	mappings := cfg.Runtime.PortMappings
+	var families []bool
+	if rec != nil {
+		mappings = append(append([]PortMapping{}, mappings...), rec.PortMappings...)
+		for _, p := range rec.IPs {
+			families = append(families, p.Addr().Is6())
+		}
+	}
+	if len(mappings) == 0 {
+		return nil
+	}
+	for _, p := range cfg.PodCIDRs() {
+		families = append(families, p.Addr().Is6())
+	}
+	store, err := ipam.Open(filepath.Dir(networkDir), filepath.Base(networkDir))
+	if err != nil {
+		return fmt.Errorf("host ports: %w", err)
+	}
+	defer store.Close()
+	if err := store.Lock(); err != nil {
+		return fmt.Errorf("host ports: lock address store: %w", err)
+	}
+	err = hostport.Remove(hostportConfig(cfg, networkDir), ownerOf(att), hostport.Keys(toMappings(mappings), families))
+	if uerr := store.Unlock(); err == nil {
+		err = uerr
+	}
+	if err != nil {
+		return fmt.Errorf("host ports: %w", err)
+	}
+	return nil
+}
+
+func hostportConfig(cfg *Config, networkDir string) hostport.Config {
+	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs()}
+}
+
+func ownerOf(att Attachment) hostport.Owner {
+	return hostport.Owner{ContainerID: att.ContainerID, IfName: att.IfName}
+}
+
+// toMappings converts validated mappings (validateRuntime checked ranges, protocol and hostIP).
+func toMappings(pms []PortMapping) []hostport.Mapping {
+	out := make([]hostport.Mapping, 0, len(pms))
+	for _, pm := range pms {
+		m := hostport.Mapping{HostPort: uint16(pm.HostPort), ContainerPort: uint16(pm.ContainerPort), Protocol: pm.Protocol}
+		if pm.HostIP != "" {
+			m.HostIP, _ = netip.ParseAddr(pm.HostIP)
+		}
+		if m.Protocol == "" {
+			m.Protocol = "tcp"
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// checkHostPorts verifies the attachment's host-port rules (CHECK).
+func checkHostPorts(cfg *Config, att Attachment, rec *Record) error {
+	return nil
+}
+
+// gcHostPorts removes host-port state of attachments not in valid (GC).
+func gcHostPorts(cfg *Config, valid []ValidAttachment) error {
 	return nil
 }

@@ -1,0 +1,145 @@
+package hostport
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+)
+
+// Check verifies that owner's entries are in place: reserved in the index, present in the
+// kernel maps with the right destination, and the fixed rules as planned. It reads the maps
+// (CHECK may cost what the node holds; ADD and DEL may not) and changes nothing.
+func Check(cfg Config, owner Owner, entries []Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	ix := NewIndex(cfg.Dir)
+	for _, e := range entries {
+		r, ok, err := ix.Lookup(e.Key)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return fmt.Errorf("%s is not reserved", e.Key)
+		case r.Owner != owner:
+			return fmt.Errorf("%s is held by container %q interface %q, not by this attachment", e.Key, r.Owner.ContainerID, r.Owner.IfName)
+		case r.Entry != e:
+			return fmt.Errorf("%s is reserved for %s, want %s", e.Key, r.Entry, e)
+		}
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	kernel, err := listElements(c, cfg.Network)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !slices.ContainsFunc(kernel, func(r Reservation) bool { return r.Entry == e && r.Owner == owner }) {
+			return fmt.Errorf("%s: no element in nftables map %s of network %q", e, mapName(e.Key), cfg.Network)
+		}
+	}
+	return checkRules(c, cfg)
+}
+
+// checkRules compares the fixed chains with Rules by comment and count, which is what an
+// operator or another tool would change.
+func checkRules(c *nftables.Conn, cfg Config) error {
+	table := nft.InetTable(cfg.Network)
+	want := map[string][]string{}
+	for _, r := range Rules(cfg.PodCIDRs) {
+		want[r.Chain] = append(want[r.Chain], r.Comment)
+	}
+	for _, ch := range chains(table) {
+		got, err := c.GetRules(table, ch)
+		if err != nil {
+			return fmt.Errorf("hostport chain %s of network %q: %w", ch.Name, cfg.Network, err)
+		}
+		var comments []string
+		for _, r := range got {
+			comments = append(comments, nft.RuleComment(r))
+		}
+		if !slices.Equal(comments, want[ch.Name]) {
+			return fmt.Errorf("hostport chain %s of network %q has rules %q, want %q", ch.Name, cfg.Network, comments, want[ch.Name])
+		}
+	}
+	return nil
+}
+
+// listElements returns the elements of the network's maps; missing maps are empty. Owner is
+// read from the element comment (zero when the element has none).
+func listElements(c *nftables.Conn, network string) ([]Reservation, error) {
+	table := nft.InetTable(network)
+	var out []Reservation
+	for _, name := range []string{MapIPv4, MapIPv4Addr, MapIPv6, MapIPv6Addr} {
+		s, err := c.GetSetByName(table, name)
+		if err != nil {
+			continue // no such map (yet): nothing in it
+		}
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("hostport map %s of network %q: %w", name, network, err)
+		}
+		for _, el := range els {
+			e, ok := decodeElement(name, el)
+			if !ok {
+				continue
+			}
+			id, ifName, _ := strings.Cut(el.Comment, "/")
+			out = append(out, Reservation{Entry: e, Owner: Owner{ContainerID: id, IfName: ifName}})
+		}
+	}
+	return out, nil
+}
+
+// List returns what the network holds: the index's reservations and the kernel's elements.
+// In a consistent state both list the same reservations.
+func List(cfg Config) (index, kernel []Reservation, err error) {
+	if index, err = NewIndex(cfg.Dir).All(); err != nil {
+		return nil, nil, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, nil, fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	kernel, err = listElements(c, cfg.Network)
+	return index, kernel, err
+}
+
+// GC removes every reservation and map element whose owner keep rejects, and returns them. An
+// element that carries no owner comment was not made by kubenet and stays.
+func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
+	index, kernel, err := List(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var stale, staleIndex []Reservation
+	for i, r := range append(index, kernel...) {
+		if r.Owner.ContainerID == "" || keep(r.Owner) || slices.Contains(stale, r) {
+			continue
+		}
+		stale = append(stale, r)
+		if i < len(index) {
+			// Only files found as stale are removed: a kernel element left behind by X must not
+			// take the file of Y, who holds the key now.
+			staleIndex = append(staleIndex, r)
+		}
+	}
+	if len(stale) == 0 {
+		return nil, nil
+	}
+	if err := uninstall(cfg.Network, stale); err != nil {
+		return nil, err
+	}
+	var entries []Entry
+	for _, r := range stale {
+		entries = append(entries, r.Entry)
+	}
+	return stale, errors.Join(flushUDP(entries), NewIndex(cfg.Dir).remove(staleIndex))
+}

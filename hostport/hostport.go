@@ -1,0 +1,288 @@
+// Package hostport maps a node's host ports to pods (the portMappings capability): DNAT of
+// traffic addressed to a local address of the node, for TCP, UDP and SCTP, IPv4 and IPv6, on one
+// hostIP or on any local address; reachable from other hosts, from the node itself, from
+// 127.0.0.1 on the node, and from pods of the node including the target pod itself.
+//
+// Layout, in the network's inet table (see rules.go for the names):
+//
+//   - four maps (per family: by protocol . port, and by hostIP . protocol . port) whose values are
+//     pod address . container port. A pod's mappings are map elements, so ADD and DEL are one
+//     netlink transaction whose size depends on that pod's mappings only: no per-pod chain, no
+//     rewrite of anything that grows with the node's pods;
+//   - a fixed set of rules (at most 16, from the node's pod CIDRs): nat prerouting and output
+//     chains that jump to the DNAT chain only for `fib daddr type local` (never for traffic that
+//     merely passes the node, cf. GHSA-jv3w-x3r3-g6rm); the DNAT chain, which marks connections
+//     that need SNAT with the bit Mark; a postrouting chain that masquerades marked packets; and,
+//     with IPv4, a filter that drops 127.0.0.0/8 packets not from lo, because localhost access
+//     needs route_localnet=1 on the bridge (plugins#729).
+//
+// Reservations are also kept on disk (Index), one file per key, so a conflicting mapping is
+// refused without reading other attachments' state, and DEL knows what an attachment holds
+// without its netns, its pod address or prevResult.
+//
+// Every function that changes state expects the caller to hold the network's lock (the IPAM
+// store lock), which makes the conflict check and the reservation one atomic step.
+package hostport
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+)
+
+// Config is what the host-port rules of one network depend on.
+type Config struct {
+	Network  string         // CNI network name: selects the nftables table
+	Dir      string         // the network's data directory; the index lives below it
+	Bridge   string         // gets route_localnet=1 for localhost access (IPv4)
+	PodCIDRs []netip.Prefix // the node's pod CIDRs: their sources get SNAT on hostPorts
+}
+
+func (c Config) hasIPv4() bool {
+	for _, p := range c.PodCIDRs {
+		if p.Addr().Is4() {
+			return true
+		}
+	}
+	return false
+}
+
+// Add reserves entries for owner and installs them, in one nftables transaction that also
+// (re)writes the fixed rules, then clears stale UDP conntrack entries of the new ports. A
+// conflict returns a *ConflictError and changes nothing; any other failure undoes what Add did.
+// No entries: nothing is touched at all.
+func Add(cfg Config, owner Owner, entries []Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	ix := NewIndex(cfg.Dir)
+	if err := ix.Reserve(owner, entries); err != nil {
+		return err
+	}
+	if err := install(cfg, owner, entries); err != nil {
+		return errors.Join(err, ix.Release(owner, KeysOf(entries)))
+	}
+	// After the rules are in place, so no new stale entry can appear: a client that kept
+	// sending to the port before (to nobody, or to an old pod) would otherwise stay pinned to
+	// that entry for as long as it keeps sending (kubernetes#58336, plugins#123).
+	if err := flushUDP(entries); err != nil {
+		return errors.Join(err, Remove(cfg, owner, KeysOf(entries)))
+	}
+	return nil
+}
+
+func install(cfg Config, owner Owner, entries []Entry) error {
+	if cfg.hasIPv4() {
+		if err := enableRouteLocalnet(cfg.Bridge); err != nil {
+			return err
+		}
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	table := c.AddTable(nft.InetTable(cfg.Network))
+	var families []bool
+	for _, p := range cfg.PodCIDRs {
+		families = append(families, p.Addr().Is6())
+	}
+	sets, err := ensureMaps(c, table, families)
+	if err != nil {
+		return err
+	}
+	byName := map[string]*nftables.Chain{}
+	for _, ch := range chains(table) {
+		byName[ch.Name] = c.AddChain(ch)
+		c.FlushChain(byName[ch.Name])
+	}
+	for _, r := range Rules(cfg.PodCIDRs) {
+		c.AddRule(&nftables.Rule{Table: table, Chain: byName[r.Chain], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
+	}
+	if err := addElements(c, sets, owner, entries); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("hostport rules for network %q: %w", cfg.Network, err)
+	}
+	return nil
+}
+
+// ensureMaps adds (creates if missing) both maps of each family and returns them by name.
+func ensureMaps(c *nftables.Conn, table *nftables.Table, families []bool) (map[string]*nftables.Set, error) {
+	sets := map[string]*nftables.Set{}
+	for _, is6 := range families {
+		anyMap, addrMap := mapNames(is6)
+		for _, name := range []string{anyMap, addrMap} {
+			s := mapSet(table, name)
+			if err := c.AddSet(s, nil); err != nil {
+				return nil, fmt.Errorf("hostport map %s: %w", name, err)
+			}
+			sets[name] = s
+		}
+	}
+	return sets, nil
+}
+
+func addElements(c *nftables.Conn, sets map[string]*nftables.Set, owner Owner, entries []Entry) error {
+	for _, e := range entries {
+		s, ok := sets[mapName(e.Key)]
+		if !ok {
+			return fmt.Errorf("%s: the network has no pod CIDR of that family", e)
+		}
+		if err := c.SetAddElements(s, []nftables.SetElement{element(Reservation{Entry: e, Owner: owner})}); err != nil {
+			return fmt.Errorf("hostport map element %s: %w", e, err)
+		}
+	}
+	return nil
+}
+
+// Remove deletes owner's reservations among keys: map elements, UDP conntrack entries and index
+// files. Keys that another attachment holds now, or nobody, are left alone, so a repeated or late
+// DEL never removes someone else's mapping. It needs neither the pod's netns nor its address.
+func Remove(cfg Config, owner Owner, keys []Key) error {
+	ix := NewIndex(cfg.Dir)
+	owned, err := ix.Owned(owner, keys)
+	if err != nil || len(owned) == 0 {
+		return err
+	}
+	if err := uninstall(cfg.Network, owned); err != nil {
+		return err
+	}
+	var entries []Entry
+	for _, r := range owned {
+		entries = append(entries, r.Entry)
+	}
+	return errors.Join(flushUDP(entries), ix.remove(owned))
+}
+
+// uninstall deletes the elements of rs in one transaction. Each element is first added with the
+// value the index recorded and then deleted: adding an identical element is a no-op, so the
+// transaction succeeds whether or not the element is still there (an ADD that crashed before
+// its transaction, or a DEL that crashed after it), where a bare delete would fail as a whole.
+func uninstall(network string, rs []Reservation) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	table := c.AddTable(nft.InetTable(network))
+	sets := map[string]*nftables.Set{}
+	for _, r := range rs {
+		name := mapName(r.Key)
+		s, ok := sets[name]
+		if !ok {
+			s = mapSet(table, name)
+			if err := c.AddSet(s, nil); err != nil {
+				return fmt.Errorf("hostport map %s: %w", name, err)
+			}
+			sets[name] = s
+		}
+		el := []nftables.SetElement{element(r)}
+		if err := c.SetAddElements(s, el); err != nil {
+			return fmt.Errorf("hostport map element %s: %w", r.Entry, err)
+		}
+		if err := c.SetDeleteElements(s, el); err != nil {
+			return fmt.Errorf("hostport map element %s: %w", r.Entry, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove hostports of network %q: %w", network, err)
+	}
+	return nil
+}
+
+// enableRouteLocalnet lets the bridge route packets whose source or destination is in
+// 127.0.0.0/8: the node's connection to 127.0.0.1:hostPort leaves through the bridge (before
+// postrouting masquerades it) and its replies come back to 127.0.0.1. ChainLocalnet drops such
+// packets from anywhere but lo.
+func enableRouteLocalnet(bridge string) error {
+	path := filepath.Join("/proc/sys/net/ipv4/conf", bridge, "route_localnet")
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("sysctl %s: %w", path, err)
+	}
+	if len(cur) > 0 && cur[0] == '1' {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=1: %w", path, err)
+	}
+	return nil
+}
+
+// staleUDP matches UDP conntrack entries whose original destination is one of the hostPorts of
+// entries on a local address (for a specific hostIP: that address). Entries of other
+// destinations that happen to use the same port (the node's own DNS lookups to port 53, say)
+// are none of our business and stay.
+type staleUDP struct {
+	keys  []Key
+	local map[netip.Addr]bool
+}
+
+func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	if flow.Forward.Protocol != unix.IPPROTO_UDP {
+		return false
+	}
+	dst, ok := netip.AddrFromSlice(flow.Forward.DstIP)
+	if !ok {
+		return false
+	}
+	dst = dst.Unmap()
+	for _, k := range f.keys {
+		if k.HostPort != flow.Forward.DstPort || k.Is6() != dst.Is6() {
+			continue
+		}
+		if k.Any() && (f.local[dst] || dst.IsLoopback()) || dst == k.HostIP {
+			return true
+		}
+	}
+	return false
+}
+
+// flushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
+// netlink; no conntrack binary needed).
+func flushUDP(entries []Entry) error {
+	byFamily := map[bool][]Key{}
+	for _, e := range entries {
+		if e.Protocol == "udp" {
+			byFamily[e.Is6()] = append(byFamily[e.Is6()], e.Key)
+		}
+	}
+	var errs []error
+	for is6, keys := range byFamily {
+		family := netlink.FAMILY_V4
+		if is6 {
+			family = netlink.FAMILY_V6
+		}
+		local, err := localAddrs(family)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(family), staleUDP{keys: keys, local: local}); err != nil {
+			errs = append(errs, fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func localAddrs(family int) (map[netip.Addr]bool, error) {
+	addrs, err := netlink.AddrList(nil, family)
+	if err != nil {
+		return nil, fmt.Errorf("list local addresses: %w", err)
+	}
+	out := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out[ip.Unmap()] = true
+		}
+	}
+	return out, nil
+}

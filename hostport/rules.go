@@ -1,0 +1,314 @@
+package hostport
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+)
+
+// Objects this package owns in the network's inet table (nft.InetTable). Nothing else touches
+// them, and they touch nothing of anyone else's (no KUBE-MARK-MASQ, no shared chain).
+const (
+	// ChainPrerouting (nat, prerouting, dstnat) and ChainOutput (nat, output, dstnat) send
+	// packets addressed to a local address of the node to ChainDNAT; nothing else reaches it.
+	ChainPrerouting = "hostport-prerouting"
+	ChainOutput     = "hostport-output"
+	// ChainDNAT (regular chain) looks the packet up in the maps and DNATs it to the pod.
+	ChainDNAT = "hostport-dnat"
+	// ChainMasquerade (nat, postrouting, srcnat-10) masquerades what ChainDNAT marked.
+	ChainMasquerade = "hostport-masquerade"
+	// ChainLocalnet (filter, prerouting, mangle) drops 127.0.0.0/8 traffic that does not come
+	// from the loopback device; route_localnet on the bridge would otherwise accept it.
+	ChainLocalnet = "hostport-localnet"
+
+	// The maps, one pair per family: "<map>" is keyed by protocol . port (any local address of
+	// the family), "<map>-addr" by hostIP . protocol . port; both give pod address . port.
+	MapIPv4     = "hostports-ipv4"
+	MapIPv4Addr = "hostports-ipv4-addr"
+	MapIPv6     = "hostports-ipv6"
+	MapIPv6Addr = "hostports-ipv6-addr"
+)
+
+// Mark is the one packet-mark bit this package uses. ChainDNAT ORs it into the mark of the
+// first packet of a hostPort connection that needs SNAT (a pod reaching a hostPort of its own
+// node, itself included, and connections from 127.0.0.0/8); ChainMasquerade masquerades those
+// packets and clears the bit again. No other bit of the mark is read or changed. 0x1000 is clear
+// of kube-proxy (0x4000, 0x8000), the portmap plugin (0x2000), Calico (0xffff0000) and Cilium
+// (0x0f00).
+const Mark uint32 = 0x1000
+
+// Where "localhost access" comes from. Only IPv4's is translated (see Rules).
+var (
+	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
+	loopback6 = netip.MustParsePrefix("::1/128")
+)
+
+// Rule is one planned rule of one chain, with a comment that says why it exists.
+type Rule struct {
+	Chain   string
+	Comment string
+	Exprs   []expr.Any
+}
+
+// Registers. nftables has 16 32-bit registers (8..23, the first four overlaying the 128-bit
+// register 1); a concatenation takes consecutive ones, each component padded to 32 bits.
+const (
+	reg1    = 1  // 128-bit register 1, for single matches
+	reg32   = 8  // NFT_REG32_00: start of the lookup key and of the looked-up data
+	regMark = 16 // NFT_REG32_08 (= 128-bit register 3): free of an IPv6 key or data
+)
+
+func addrLen(is6 bool) uint32 {
+	if is6 {
+		return 16
+	}
+	return 4
+}
+
+// mapNames returns the (any address, specific address) maps of a family.
+func mapNames(is6 bool) (anyAddr, addr string) {
+	if is6 {
+		return MapIPv6, MapIPv6Addr
+	}
+	return MapIPv4, MapIPv4Addr
+}
+
+// mapName returns the map that holds k.
+func mapName(k Key) string {
+	anyAddr, addr := mapNames(k.Is6())
+	if k.Any() {
+		return anyAddr
+	}
+	return addr
+}
+
+func addrType(is6 bool) nftables.SetDatatype {
+	if is6 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
+}
+
+// mapSet returns the definition of a map; table is the network's inet table.
+func mapSet(table *nftables.Table, name string) *nftables.Set {
+	is6 := name == MapIPv6 || name == MapIPv6Addr
+	key := []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}
+	if name == MapIPv4Addr || name == MapIPv6Addr {
+		key = append([]nftables.SetDatatype{addrType(is6)}, key...)
+	}
+	return &nftables.Set{
+		Table:    table,
+		Name:     name,
+		IsMap:    true,
+		KeyType:  nftables.MustConcatSetType(key...),
+		DataType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetService),
+	}
+}
+
+// pad4 pads b with zeros to a multiple of 4 bytes, as concatenation components are.
+func pad4(b []byte) []byte {
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// elementKey encodes k as its map's key: [hostIP .] protocol . port.
+func elementKey(k Key) []byte {
+	proto, _ := protoNumber(k.Protocol)
+	var b []byte
+	if !k.Any() {
+		b = append(b, k.HostIP.AsSlice()...)
+	}
+	b = append(b, pad4([]byte{proto})...)
+	return append(b, pad4(binaryutil.BigEndian.PutUint16(k.HostPort))...)
+}
+
+// elementValue encodes the destination: pod address . container port.
+func elementValue(e Entry) []byte {
+	return append(e.PodIP.AsSlice(), pad4(binaryutil.BigEndian.PutUint16(e.ContainerPort))...)
+}
+
+// element is the map element of a reservation; its comment names the owner, so the kernel
+// state alone says whose an element is (nft list shows it; GC reads it).
+func element(r Reservation) nftables.SetElement {
+	return nftables.SetElement{Key: elementKey(r.Key), Val: elementValue(r.Entry), Comment: r.Owner.String()}
+}
+
+// decodeElement is the inverse of element for one map.
+func decodeElement(mapName string, el nftables.SetElement) (Entry, bool) {
+	is6 := mapName == MapIPv6 || mapName == MapIPv6Addr
+	n := int(addrLen(is6))
+	k := el.Key
+	hostIP := unspecified(is6)
+	if mapName == MapIPv4Addr || mapName == MapIPv6Addr {
+		if len(k) < n {
+			return Entry{}, false
+		}
+		hostIP, _ = netip.AddrFromSlice(k[:n])
+		k = k[n:]
+	}
+	if len(k) != 8 || len(el.Val) != n+4 {
+		return Entry{}, false
+	}
+	var protocol string
+	for _, p := range Protocols {
+		if num, _ := protoNumber(p); num == k[0] {
+			protocol = p
+		}
+	}
+	podIP, _ := netip.AddrFromSlice(el.Val[:n])
+	return Entry{
+		Key:           Key{Protocol: protocol, HostPort: binaryutil.BigEndian.Uint16(k[4:6]), HostIP: hostIP},
+		PodIP:         podIP,
+		ContainerPort: binaryutil.BigEndian.Uint16(el.Val[n : n+2]),
+	}, protocol != ""
+}
+
+// chains returns the definitions of the chains; table is the network's inet table.
+func chains(table *nftables.Table) []*nftables.Chain {
+	mangle := nftables.ChainPriorityMangle
+	srcnat := *nftables.ChainPriorityNATSource - 10 // ahead of other srcnat chains, as portmap puts its MASQ first
+	return []*nftables.Chain{
+		{Name: ChainDNAT, Table: table},
+		{Name: ChainPrerouting, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest},
+		{Name: ChainOutput, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest},
+		{Name: ChainMasquerade, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: &srcnat},
+		{Name: ChainLocalnet, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: mangle},
+	}
+}
+
+// Rules returns the fixed rules of every chain for the node's pod CIDRs, in order. Their number
+// depends only on the configuration (at most 16), never on pods or ports: mappings live in the
+// maps. Pure, so the plan is tested without a kernel.
+func Rules(podCIDRs []netip.Prefix) []Rule {
+	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: ChainDNAT}
+	rules := []Rule{
+		{Chain: ChainPrerouting, Comment: "hostPorts: only traffic to a local address of the node", Exprs: append(nft.MatchLocalDestination(false), jump)},
+		{Chain: ChainOutput, Comment: "hostPorts: only traffic to a local address of the node", Exprs: append(nft.MatchLocalDestination(false), jump)},
+	}
+	hasV4 := false
+	for _, pod := range podCIDRs {
+		is6 := pod.Addr().Is6()
+		hasV4 = hasV4 || !is6
+		sources := []struct {
+			name string
+			from *netip.Prefix
+			mark bool
+		}{
+			{"from pods of this node (SNAT so replies come back through the node)", &pod, true},
+			{"from localhost (SNAT: 127.0.0.0/8 cannot leave the node)", &loopback4, true},
+			{"from anywhere else (client address kept)", nil, false},
+		}
+		if is6 {
+			// IPv6 has no route_localnet: neither ::1 nor its replies cross a non-loopback
+			// device, so a translated connection from ::1 could only hang. Left alone, it
+			// is refused at once (or reaches a listener of the node's own).
+			rules = append(rules, Rule{
+				Chain:   ChainDNAT,
+				Comment: "hostPorts: ::1 is not translated (IPv6 cannot route it off lo)",
+				Exprs:   append(nft.MatchFamily(pod.Addr()), append(nft.MatchPrefix(nft.Source, loopback6, false), &expr.Verdict{Kind: expr.VerdictReturn})...),
+			})
+		}
+		anyMap, addrMap := mapNames(is6)
+		for _, m := range []struct {
+			name     string
+			specific bool
+		}{{addrMap, true}, {anyMap, false}} {
+			for _, s := range sources {
+				if s.from == &loopback4 && is6 {
+					continue // see the ::1 rule above
+				}
+				rules = append(rules, Rule{
+					Chain:   ChainDNAT,
+					Comment: fmt.Sprintf("hostPorts in %s %s", m.name, s.name),
+					Exprs:   dnatExprs(pod.Addr(), m.name, m.specific, s.from, s.mark),
+				})
+			}
+		}
+	}
+	rules = append(rules, Rule{
+		Chain:   ChainMasquerade,
+		Comment: fmt.Sprintf("hostPort connections marked 0x%x: clear the bit and masquerade", Mark),
+		Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(Mark), Xor: native(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^Mark), Xor: native(0)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+			&expr.Masq{},
+		},
+	})
+	if hasV4 {
+		for _, d := range []struct {
+			dir  nft.Direction
+			name string
+		}{{nft.Source, "from"}, {nft.Destination, "to"}} {
+			exprs := append(nft.MatchFamily(loopback4.Addr()),
+				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: nft.IfName("lo")})
+			exprs = append(exprs, nft.MatchPrefix(d.dir, loopback4, false)...)
+			rules = append(rules, Rule{
+				Chain:   ChainLocalnet,
+				Comment: fmt.Sprintf("drop packets %s 127.0.0.0/8 that did not arrive on lo (route_localnet is on for localhost hostPorts)", d.name),
+				Exprs:   append(exprs, &expr.Verdict{Kind: expr.VerdictDrop}),
+			})
+		}
+	}
+	return rules
+}
+
+// dnatExprs builds: [family] [saddr in from] key-lookup in mapName into the data registers,
+// [mark |= Mark], dnat to the looked-up address and port. A lookup miss ends the rule before
+// the mark is touched, so only translated connections are marked.
+func dnatExprs(family netip.Addr, mapName string, specific bool, from *netip.Prefix, mark bool) []expr.Any {
+	is6 := family.Is6()
+	exprs := nft.MatchFamily(family)
+	if from != nil {
+		exprs = append(exprs, nft.MatchPrefix(nft.Source, *from, false)...)
+	}
+	reg := uint32(reg32)
+	if specific {
+		off := uint32(16)
+		if is6 {
+			off = 24
+		}
+		exprs = append(exprs, &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: addrLen(is6)})
+		reg += addrLen(is6) / 4
+	}
+	exprs = append(exprs,
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
+		&expr.Payload{DestRegister: reg + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: reg32, DestRegister: reg32, IsDestRegSet: true, SetName: mapName},
+	)
+	if mark {
+		exprs = append(exprs,
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: regMark},
+			&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4, Mask: native(^Mark), Xor: native(Mark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: regMark},
+		)
+	}
+	nfproto := uint32(unix.NFPROTO_IPV4)
+	if is6 {
+		nfproto = unix.NFPROTO_IPV6
+	}
+	return append(exprs, &expr.NAT{
+		Type:        expr.NATTypeDestNAT,
+		Family:      nfproto,
+		RegAddrMin:  reg32,
+		RegAddrMax:  reg32,
+		RegProtoMin: reg32 + addrLen(is6)/4,
+		RegProtoMax: reg32 + addrLen(is6)/4,
+		Specified:   true,
+	})
+}
+
+// native encodes v in host byte order, the order of the packet mark in a register.
+func native(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
