@@ -1,0 +1,206 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	core "github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/network"
+	"github.com/kubenet-dev/kubenet/network/cni"
+	"github.com/kubenet-dev/kubenet/network/kubenet"
+)
+
+// options are all flags. Global and per-command flags share one set so that they may appear
+// before or after the command and its arguments, as kubectl users expect.
+type options struct {
+	// kubelet's flags
+	plugin   string
+	confDir  string
+	binDirs  string
+	cacheDir string
+	hairpin  string
+	nonMasq  string
+	mtu      int
+	podCIDR  string
+	// kubenet's own
+	dataDir   string
+	network   string
+	bridge    string
+	nodeNetns string
+	logLevel  string
+	// per command
+	netns       string
+	id          string
+	ports       portList
+	annotations annotationList
+	json        bool
+}
+
+const usageText = `Usage:
+  kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]...
+  kubenetctl [flags] teardown NAMESPACE NAME --netns PATH
+  kubenetctl [flags] status NAMESPACE NAME --netns PATH [--json]
+  kubenetctl [flags] ready
+
+setup attaches the pod sandbox whose network namespace is PATH and prints its IPs (on failure it
+tears down what was done, as the kubelet shim does); teardown removes it (PATH may be gone);
+status prints the pod's IPs; ready fails with the reason while the plugin cannot set up pods.
+The sandbox ID is derived from PATH unless --id is given. Exit status: 0 ok, 1 failed, 2 usage.
+
+Flags:
+`
+
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kubenetctl", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(out, usageText)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.plugin, "network-plugin", kubenet.PluginName, `network plugin: "kubenet", "cni", or "" for none`)
+	fs.StringVar(&o.confDir, "cni-conf-dir", cni.DefaultConfDir, "CNI configuration directory (--network-plugin=cni)")
+	fs.StringVar(&o.binDirs, "cni-bin-dir", cni.DefaultBinDir, "comma-separated CNI plugin directories (--network-plugin=cni)")
+	fs.StringVar(&o.cacheDir, "cni-cache-dir", cni.DefaultCacheDir, "libcni cache directory (--network-plugin=cni)")
+	fs.StringVar(&o.hairpin, "hairpin-mode", string(kubenet.DefaultHairpinMode), `how a pod reaches itself through a Service: "hairpin-veth", "promiscuous-bridge" or "none" (kubenet)`)
+	fs.StringVar(&o.nonMasq, "non-masquerade-cidr", kubenet.DefaultNonMasqueradeCIDR, "comma-separated destinations that pod traffic reaches without SNAT (kubenet)")
+	fs.IntVar(&o.mtu, "network-plugin-mtu", network.UseDefaultMTU, "pod MTU; 0 detects it from the node's default-route links (kubenet)")
+	fs.StringVar(&o.podCIDR, "pod-cidr", "", "the node's pod CIDR(s), comma-separated, one per family (sent as the pod-cidr-change event)")
+	fs.StringVar(&o.dataDir, "kubenet-data-dir", core.DefaultDataDir, "kubenet's address and attachment state directory (kubenet)")
+	fs.StringVar(&o.network, "kubenet-network", kubenet.DefaultNetwork, "kubenet's network name (kubenet)")
+	fs.StringVar(&o.bridge, "kubenet-bridge", core.DefaultBridge, "kubenet's bridge (kubenet)")
+	fs.StringVar(&o.nodeNetns, "node-netns", "", "the node's network namespace, when kubenetctl does not run in it")
+	fs.StringVar(&o.logLevel, "log-level", "error", "log level on stderr: debug, info, warn or error")
+	fs.StringVar(&o.netns, "netns", "", "the pod sandbox's network namespace (setup, teardown, status)")
+	fs.StringVar(&o.id, "id", "", "the pod sandbox ID (default: derived from --netns)")
+	fs.Var(&o.ports, "port", "a host port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP] (setup; repeatable)")
+	fs.Var(&o.annotations, "annotation", "a pod annotation K=V, e.g. kubernetes.io/ingress-bandwidth=10M (setup; repeatable)")
+	fs.BoolVar(&o.json, "json", false, "print the pod network status as JSON (setup, status)")
+	return fs
+}
+
+// parse reads flags anywhere among the positional arguments, which it returns.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// commandFlags are the per-command flags each command accepts.
+func commandFlags() map[string][]string {
+	return map[string][]string{
+		"setup":    {"netns", "id", "port", "annotation", "json"},
+		"teardown": {"netns", "id"},
+		"status":   {"netns", "id", "json"},
+		"ready":    {},
+	}
+}
+
+// checkCommandFlags refuses per-command flags given to a command that ignores them.
+func checkCommandFlags(fs *flag.FlagSet, cmd string) error {
+	all := commandFlags()
+	allowed := map[string]bool{}
+	for _, f := range all[cmd] {
+		allowed[f] = true
+	}
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		for _, fl := range all {
+			for _, name := range fl {
+				if name == f.Name && !allowed[f.Name] {
+					bad = append(bad, "--"+f.Name)
+					return
+				}
+			}
+		}
+	})
+	if len(bad) > 0 {
+		return usagef("%s does not take %s", cmd, strings.Join(dedup(bad), ", "))
+	}
+	return nil
+}
+
+func dedup(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// portList is --port, repeatable.
+type portList []*network.PortMapping
+
+func (l *portList) String() string { return fmt.Sprint(len(*l), " ports") }
+
+// Set parses HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP].
+func (l *portList) Set(s string) error {
+	pm, err := parsePort(s)
+	if err != nil {
+		return err
+	}
+	*l = append(*l, pm)
+	return nil
+}
+
+func parsePort(s string) (*network.PortMapping, error) {
+	spec, hostIP, _ := strings.Cut(s, "@")
+	spec, proto, _ := strings.Cut(spec, "/")
+	hp, cp, ok := strings.Cut(spec, ":")
+	if !ok {
+		return nil, fmt.Errorf("port %q: want HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]", s)
+	}
+	hostPort, err1 := strconv.ParseUint(hp, 10, 16)
+	containerPort, err2 := strconv.ParseUint(cp, 10, 16)
+	if err1 != nil || err2 != nil || hostPort == 0 || containerPort == 0 {
+		return nil, fmt.Errorf("port %q: ports are numbers from 1 to 65535", s)
+	}
+	switch strings.ToLower(proto) {
+	case "", "tcp", "udp", "sctp":
+	default:
+		return nil, fmt.Errorf("port %q: protocol must be tcp, udp or sctp", s)
+	}
+	if hostIP != "" {
+		a, err := netip.ParseAddr(strings.Trim(hostIP, "[]"))
+		if err != nil {
+			return nil, fmt.Errorf("port %q: %q is not an IP address", s, hostIP)
+		}
+		hostIP = a.String()
+	}
+	return &network.PortMapping{HostPort: int32(hostPort), ContainerPort: int32(containerPort), Protocol: strings.ToUpper(proto), HostIP: hostIP}, nil
+}
+
+// annotationList is --annotation, repeatable.
+type annotationList map[string]string
+
+func (a *annotationList) String() string { return fmt.Sprint(len(*a), " annotations") }
+
+// Set parses K=V.
+func (a *annotationList) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return errors.New("annotation " + strconv.Quote(s) + ": want KEY=VALUE")
+	}
+	if *a == nil {
+		*a = annotationList{}
+	}
+	(*a)[k] = v
+	return nil
+}

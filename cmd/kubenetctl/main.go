@@ -1,0 +1,49 @@
+// Command kubenetctl drives the network plugin layer (network/) the way kubelet's dockershim did,
+// one operation per run, with kubelet's flag names: select a plugin (--network-plugin=kubenet,
+// cni or ""), give it the node's pod CIDR, and set up, inspect or tear down one pod sandbox
+// given by its network namespace. Shims embed network/ instead; kubenetctl is for operators,
+// scripts and tests.
+//
+//	kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]...
+//	kubenetctl [flags] teardown NAMESPACE NAME --netns PATH
+//	kubenetctl [flags] status NAMESPACE NAME --netns PATH [--json]
+//	kubenetctl [flags] ready
+//
+// Exit status: 0 success, 1 the operation failed (or the plugin is not ready), 2 bad usage.
+// Errors are one line on stderr.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is bad command-line input (exit 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// run executes one command and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	err := execute(args, stdout, stderr)
+	if err == nil {
+		return 0
+	}
+	// One line: joined errors (errors.Join) are separated by "; ".
+	fmt.Fprintln(stderr, "kubenetctl: "+strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "Run 'kubenetctl -h' for usage.")
+		return 2
+	}
+	return 1
+}

@@ -1,0 +1,36 @@
+package kubenet
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kubenet-dev/kubenet/hairpin"
+)
+
+// EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
+// forwarding and bridge-netfilter sysctls, the bridge with exactly cfg's gateway addresses (a
+// gateway of an earlier pod CIDR is removed), MTU, promiscuous mode with its duplicate-frame
+// rules, and the SNAT chain. ADD does the same on every call; the in-process NetworkPlugin calls
+// this when the node's pod CIDR becomes known or changes, so the node is ready (and no stale
+// gateway stays on the bridge) before the first pod arrives. Runs in the caller's network
+// namespace.
+func EnsureNode(ctx context.Context, cfg *Config) error {
+	a := &addition{cfg: cfg}
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"bridge", func() error { return a.ensureBridge(nil) }},
+		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, a.dedup()) }},
+		{"masquerade", func() error { return a.masquerade(nil) }},
+	}
+	for _, s := range steps {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("node setup interrupted before %s: %w", s.name, err)
+		}
+		if err := s.run(); err != nil {
+			return fmt.Errorf("node setup of network %q: %s: %w", cfg.Network, s.name, err)
+		}
+	}
+	return nil
+}
