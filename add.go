@@ -111,7 +111,7 @@ func CrashPoints() []string {
 	for _, s := range (&addition{}).steps() {
 		out = append(out, "before "+s.name)
 		if s.name == "reserve addresses" {
-			out = append(out, "record written", "address 0 reserved", "address 1 reserved")
+			out = append(out, "address 0 reserved", "address 1 reserved", "record written")
 		}
 	}
 	return append(out, "before result")
@@ -145,8 +145,8 @@ func openPodNS(path string) (ns.NetNS, error) {
 	return podNS, nil
 }
 
-// reserve writes the attachment record and reserves one address per family, under the
-// network's lock (the same lock file host-local uses).
+// reserve reserves one address per family and writes the attachment record, under the network's
+// lock (the same lock file host-local uses).
 func (a *addition) reserve(undo *undoStack) error {
 	if err := a.store.Lock(); err != nil {
 		return fmt.Errorf("lock address store: %w", err)
@@ -161,18 +161,6 @@ func (a *addition) reserve(undo *undoStack) error {
 		return types.NewError(ErrAttachmentExists,
 			fmt.Sprintf("container %q already has interface %q on network %q (addresses %v); DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, existing.IPs), "")
 	}
-	rec := &Record{
-		ContainerID:  a.att.ContainerID,
-		IfName:       a.att.IfName,
-		NetNS:        a.att.NetNS,
-		Pod:          a.att.Pod,
-		PortMappings: a.cfg.Runtime.PortMappings,
-		Bandwidth:    a.cfg.Runtime.Bandwidth,
-	}
-	if err := a.records.Save(rec); err != nil {
-		return err
-	}
-	crashPoint("record written")
 	undo.push(func() error {
 		if err := a.store.Lock(); err != nil {
 			return err
@@ -194,8 +182,20 @@ func (a *addition) reserve(undo *undoStack) error {
 		a.ips = append(a.ips, netip.PrefixFrom(addr, r.Subnet.Bits()))
 		crashPoint(fmt.Sprintf("address %d reserved", i))
 	}
-	rec.IPs = a.ips
-	return a.records.Save(rec)
+	// The record follows the reservations: the reservation files already name the container, so
+	// a crash before this line leaves nothing DEL or GC cannot find. From here on every object
+	// ADD creates is findable from the record or from names derived from the attachment.
+	err = a.records.Save(&Record{
+		ContainerID:  a.att.ContainerID,
+		IfName:       a.att.IfName,
+		NetNS:        a.att.NetNS,
+		Pod:          a.att.Pod,
+		IPs:          a.ips,
+		PortMappings: a.cfg.Runtime.PortMappings,
+		Bandwidth:    a.cfg.Runtime.Bandwidth,
+	})
+	crashPoint("record written")
+	return err
 }
 
 func prefixAddrs(ps []netip.Prefix) []netip.Addr {

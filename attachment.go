@@ -79,6 +79,9 @@ func (r Records) Load(a Attachment) (*Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attachment record: %w", err)
 	}
+	if len(data) == 0 {
+		return nil, nil // what a power loss leaves of an unsynced write; DEL falls back to derived names
+	}
 	var rec Record
 	if err := json.Unmarshal(data, &rec); err != nil {
 		return nil, fmt.Errorf("attachment record %s: %w", r.path(a), err)
@@ -95,7 +98,10 @@ func (r Records) Save(rec *Record) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(r.path(Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}), data, 0o600)
+	// No fsync: the reservations (durable) already name the container, and the objects the record
+	// describes do not survive a power loss either; Load treats the empty file a power loss may
+	// leave as no record.
+	return atomicfile.WriteNoSync(r.path(Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}), data, 0o600)
 }
 
 // Remove deletes the record of a; a missing record is fine. The directory goes with the last
@@ -128,6 +134,9 @@ func (r Records) List() ([]Record, error) {
 		data, err := os.ReadFile(filepath.Join(r.dir, e.Name()))
 		if err != nil {
 			return nil, fmt.Errorf("attachment record %s: %w", e.Name(), err)
+		}
+		if len(data) == 0 {
+			continue // see Load; the reservations are collected by their own files
 		}
 		var rec Record
 		if err := json.Unmarshal(data, &rec); err != nil {

@@ -7,9 +7,9 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -58,27 +58,19 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 
 // flushConntrack deletes conntrack entries whose original source or reply source is one of addrs.
 func flushConntrack(addrs []netip.Addr) error {
-	seen := map[netip.Addr]bool{}
-	var errs []error
+	doomed := map[netip.Addr]bool{}
 	for _, a := range addrs {
-		if !a.IsValid() || seen[a] {
-			continue
-		}
-		seen[a] = true
-		family := netlink.InetFamily(unix.AF_INET)
-		if a.Is6() {
-			family = unix.AF_INET6
-		}
-		var fromPod, toPod netlink.ConntrackFilter
-		if err := fromPod.AddIP(netlink.ConntrackOrigSrcIP, a.AsSlice()); err != nil {
-			return err
-		}
-		if err := toPod.AddIP(netlink.ConntrackReplySrcIP, a.AsSlice()); err != nil {
-			return err
-		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, &fromPod, &toPod); err != nil {
-			errs = append(errs, fmt.Errorf("conntrack entries of %s: %w", a, err))
+		if a.IsValid() {
+			doomed[a.Unmap()] = true
 		}
 	}
-	return errors.Join(errs...)
+	if len(doomed) == 0 {
+		return nil
+	}
+	_, err := conntrack.Delete(func(f *netlink.ConntrackFlow) bool {
+		from, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+		reply, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
+		return doomed[from.Unmap()] || doomed[reply.Unmap()]
+	})
+	return err
 }

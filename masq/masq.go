@@ -25,23 +25,17 @@ type Config struct {
 	NonMasqueradeCIDRs []netip.Prefix
 }
 
-// Rule is one planned rule: its match/verdict expressions and a comment that says why it exists.
-type Rule struct {
-	Comment string
-	Exprs   []expr.Any
-}
-
 // Plan returns the rules for cfg in evaluation order. It is pure so the plan can be tested
 // without a kernel.
-func Plan(cfg Config) []Rule {
-	var rules []Rule
+func Plan(cfg Config) []nft.Rule {
+	var rules []nft.Rule
 	ret := &expr.Verdict{Kind: expr.VerdictReturn}
 	for _, pod := range cfg.PodCIDRs {
 		base := append(nft.MatchFamily(pod.Addr()), nft.MatchPrefix(nft.Source, pod, false)...)
 		with := func(more ...expr.Any) []expr.Any {
 			return append(append([]expr.Any{}, base...), more...)
 		}
-		rules = append(rules, Rule{
+		rules = append(rules, nft.Rule{
 			Comment: fmt.Sprintf("pod %s to own pod CIDR: keep source", pod),
 			Exprs:   with(append(nft.MatchPrefix(nft.Destination, pod, false), ret)...),
 		})
@@ -49,17 +43,17 @@ func Plan(cfg Config) []Rule {
 			if keep.Addr().Is4() != pod.Addr().Is4() {
 				continue
 			}
-			rules = append(rules, Rule{
+			rules = append(rules, nft.Rule{
 				Comment: fmt.Sprintf("pod %s to non-masquerade %s: keep source", pod, keep),
 				Exprs:   with(append(nft.MatchPrefix(nft.Destination, keep, false), ret)...),
 			})
 		}
 		rules = append(rules,
-			Rule{
+			nft.Rule{
 				Comment: fmt.Sprintf("pod %s to a node-local address: keep source", pod),
 				Exprs:   with(append(nft.MatchLocalDestination(false), ret)...),
 			},
-			Rule{
+			nft.Rule{
 				Comment: fmt.Sprintf("pod %s to outside: SNAT to the node", pod),
 				Exprs:   with(&expr.Masq{}),
 			})
@@ -77,46 +71,19 @@ func chain(table *nftables.Table) *nftables.Chain {
 	}
 }
 
-// Ensure makes the network's SNAT chain hold exactly Plan(cfg), in one atomic transaction. It is
-// idempotent and safe to run from many plugin processes at once: each transaction replaces the
-// chain's content as a whole, so concurrent runs never leave duplicates.
+// Ensure makes the network's SNAT chain hold exactly Plan(cfg). It is idempotent, safe to run
+// from many plugin processes at once, and on a configured node it only reads.
 func Ensure(cfg Config) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("masquerade rules: netlink: %w", err)
-	}
-	table := c.AddTable(nft.InetTable(cfg.Network))
-	ch := c.AddChain(chain(table))
-	c.FlushChain(ch)
-	for _, r := range Plan(cfg) {
-		c.AddRule(&nftables.Rule{Table: table, Chain: ch, Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
-	}
-	if err := c.Flush(); err != nil {
+	if err := nft.SyncChain(chain(nft.InetTable(cfg.Network)), Plan(cfg)); err != nil {
 		return fmt.Errorf("masquerade rules for network %q: %w", cfg.Network, err)
 	}
 	return nil
 }
 
-// Check reports whether the chain holds the planned rules (compared by comment and count, which
-// is what an operator or another tool would change).
+// Check reports the first difference between the chain and the plan.
 func Check(cfg Config) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("masquerade rules: netlink: %w", err)
-	}
-	table := nft.InetTable(cfg.Network)
-	got, err := c.GetRules(table, chain(table))
-	if err != nil {
-		return fmt.Errorf("masquerade chain of network %q: %w", cfg.Network, err)
-	}
-	want := Plan(cfg)
-	if len(got) != len(want) {
-		return fmt.Errorf("masquerade chain of network %q has %d rules, want %d", cfg.Network, len(got), len(want))
-	}
-	for i, r := range want {
-		if c := nft.RuleComment(got[i]); c != r.Comment {
-			return fmt.Errorf("masquerade rule %d of network %q is %q, want %q", i, cfg.Network, c, r.Comment)
-		}
+	if err := nft.CheckChain(chain(nft.InetTable(cfg.Network)), Plan(cfg)); err != nil {
+		return fmt.Errorf("masquerade rules of network %q: %w", cfg.Network, err)
 	}
 	return nil
 }
