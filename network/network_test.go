@@ -37,9 +37,9 @@ func (f *fakePlugin) Init(Host, HairpinMode, string, int) error {
 	return f.initErr
 }
 func (f *fakePlugin) Event(string, map[string]interface{}) {}
-func (f *fakePlugin) Name() string                        { return f.name }
-func (f *fakePlugin) Capabilities() Capabilities          { return NewCapabilities() }
-func (f *fakePlugin) Status() error                       { return nil }
+func (f *fakePlugin) Name() string                         { return f.name }
+func (f *fakePlugin) Capabilities() Capabilities           { return NewCapabilities() }
+func (f *fakePlugin) Status() error                        { return nil }
 func (f *fakePlugin) TearDownPod(ns, name string, _ ContainerID) error {
 	return f.SetUpPod(ns, name, ContainerID{}, nil, nil)
 }

@@ -65,3 +65,28 @@ func StatusOf(ips []net.IP) *PodNetworkStatus {
 	}
 	return &PodNetworkStatus{IP: ips[0], IPs: ips}
 }
+
+// NetNSOf asks host for the sandbox's network namespace and refuses an empty answer.
+func NetNSOf(host Host, id ContainerID) (string, error) {
+	netns, err := host.GetNetNS(id.ID)
+	if err != nil {
+		return "", fmt.Errorf("network namespace of sandbox %s: %w", id.ID, err)
+	}
+	if netns == "" {
+		return "", fmt.Errorf("network namespace of sandbox %s: the runtime returned none", id.ID)
+	}
+	return netns, nil
+}
+
+// StatusFromNetNS reads the sandbox's addresses from its DefaultInterfaceName inside its netns.
+func StatusFromNetNS(host Host, id ContainerID) (*PodNetworkStatus, error) {
+	netns, err := NetNSOf(host, id)
+	if err != nil {
+		return nil, err
+	}
+	ips, err := GetPodIPs(netns, DefaultInterfaceName)
+	if err != nil {
+		return nil, err
+	}
+	return StatusOf(ips), nil
+}

@@ -22,9 +22,10 @@ import (
 
 func execute(args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := newFlagSet(&o, stderr)
+	fs := newFlagSet(&o)
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
+		printUsage(fs, stdout)
 		return nil
 	}
 	if err != nil {

@@ -55,13 +55,12 @@ The sandbox ID is derived from PATH unless --id is given. Exit status: 0 ok, 1 f
 Flags:
 `
 
-func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+// newFlagSet registers every flag on a set that reports errors only through Parse's result (so
+// the command prints them as one line); printUsage writes the help text to out.
+func newFlagSet(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("kubenetctl", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprint(out, usageText)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.StringVar(&o.plugin, "network-plugin", kubenet.PluginName, `network plugin: "kubenet", "cni", or "" for none`)
 	fs.StringVar(&o.confDir, "cni-conf-dir", cni.DefaultConfDir, "CNI configuration directory (--network-plugin=cni)")
 	fs.StringVar(&o.binDirs, "cni-bin-dir", cni.DefaultBinDir, "comma-separated CNI plugin directories (--network-plugin=cni)")
@@ -203,4 +202,10 @@ func (a *annotationList) Set(s string) error {
 	}
 	(*a)[k] = v
 	return nil
+}
+
+func printUsage(fs *flag.FlagSet, out io.Writer) {
+	fmt.Fprint(out, usageText)
+	fs.SetOutput(out)
+	fs.PrintDefaults()
 }

@@ -42,7 +42,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "kubenetctl: "+strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintln(stderr, "Run 'kubenetctl -h' for usage.")
 		return 2
 	}
 	return 1

@@ -22,6 +22,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -277,16 +278,11 @@ func (p *Plugin) validList(ctx context.Context, file string) (*libcni.NetworkCon
 		}
 		list = l
 	} else {
-		conf, err := libcni.ConfFromFile(file)
+		l, err := singlePluginList(file)
 		if err != nil {
 			return nil, err
 		}
-		if conf.Network.Type == "" {
-			return nil, errors.New("no plugin type (perhaps this is a .conflist?)")
-		}
-		if list, err = libcni.ConfListFromConf(conf); err != nil {
-			return nil, err
-		}
+		list = l
 	}
 	if len(list.Plugins) == 0 {
 		return nil, errors.New("the network has no plugins")
@@ -300,6 +296,31 @@ func (p *Plugin) validList(ctx context.Context, file string) (*libcni.NetworkCon
 		return nil, err
 	}
 	return list, nil
+}
+
+// singlePluginList reads a .conf/.json file, one plugin's configuration, as a list of that plugin
+// (what libcni's deprecated ConfListFromConf did).
+func singlePluginList(file string) (*libcni.NetworkConfigList, error) {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	conf, err := libcni.NetworkPluginConfFromBytes(raw)
+	if err != nil {
+		return nil, err
+	}
+	if conf.Network.Type == "" {
+		return nil, errors.New("no plugin type (perhaps this is a .conflist?)")
+	}
+	list, err := json.Marshal(map[string]any{
+		"cniVersion": conf.Network.CNIVersion,
+		"name":       conf.Network.Name,
+		"plugins":    []json.RawMessage{raw},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return libcni.NetworkConfFromBytes(list)
 }
 
 // ensureLoopback builds the loopback network once the loopback plugin is found in a bin dir.
@@ -355,12 +376,9 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 	if err != nil {
 		return err
 	}
-	netns, err := host.GetNetNS(id.ID)
+	netns, err := network.NetNSOf(host, id)
 	if err != nil {
-		return fmt.Errorf("network namespace of sandbox %s: %w", id.ID, err)
-	}
-	if netns == "" {
-		return fmt.Errorf("network namespace of sandbox %s: the runtime returned none", id.ID)
+		return err
 	}
 	pms, err := host.GetPodPortMappings(id.ID)
 	if err != nil {
@@ -513,9 +531,9 @@ func (p *Plugin) CheckPod(namespace, name string, id network.ContainerID) error 
 	if err != nil {
 		return err
 	}
-	netns, err := host.GetNetNS(id.ID)
+	netns, err := network.NetNSOf(host, id)
 	if err != nil {
-		return fmt.Errorf("network namespace of sandbox %s: %w", id.ID, err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
 	defer cancel()
@@ -605,7 +623,21 @@ func (p *Plugin) deletions(namespace, name string, id network.ContainerID, netns
 	if current == nil {
 		return nil, errors.New("cni config uninitialized and no cached attachment of the sandbox")
 	}
-	return []deletion{{list: current, rt: runtimeConf(namespace, name, id, netns, network.DefaultInterfaceName)}}, nil
+	// No cache entry (a repeated teardown, or one by another runtime): DEL with the current
+	// network and what an ADD would have passed, so plugins that need their runtimeConfig on
+	// DEL too (ipRanges for host-local, portMappings for portmap) get it.
+	rt := runtimeConf(namespace, name, id, netns, network.DefaultInterfaceName)
+	var pms []*network.PortMapping
+	if host, err := p.getHost(); err == nil {
+		pms, _ = host.GetPodPortMappings(id.ID)
+	}
+	p.mu.Lock()
+	cidrs := p.podCIDRs
+	p.mu.Unlock()
+	if caps, err := capabilityArgs(pms, nil, cidrs); err == nil {
+		rt.CapabilityArgs = caps
+	}
+	return []deletion{{list: current, rt: rt}}, nil
 }
 
 // GetPodNetworkStatus reads the pod interface's addresses in the sandbox's netns.
@@ -614,18 +646,7 @@ func (p *Plugin) GetPodNetworkStatus(namespace, name string, id network.Containe
 	if err != nil {
 		return nil, err
 	}
-	netns, err := host.GetNetNS(id.ID)
-	if err != nil {
-		return nil, fmt.Errorf("CNI failed to retrieve network namespace path: %w", err)
-	}
-	if netns == "" {
-		return nil, fmt.Errorf("cannot find the network namespace, skipping pod network status for container %s", id)
-	}
-	ips, err := network.GetPodIPs(netns, network.DefaultInterfaceName)
-	if err != nil {
-		return nil, err
-	}
-	return network.StatusOf(ips), nil
+	return network.StatusFromNetNS(host, id)
 }
 
 // NetworkName is the name of the loaded default network ("" when none).

@@ -278,12 +278,9 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 	host, conf := p.host, *p.conf
 	p.mu.Unlock()
 
-	netns, err := host.GetNetNS(id.ID)
+	netns, err := network.NetNSOf(host, id)
 	if err != nil {
-		return fmt.Errorf("network namespace of sandbox %s: %w", id.ID, err)
-	}
-	if netns == "" {
-		return fmt.Errorf("network namespace of sandbox %s: the runtime returned none", id.ID)
+		return err
 	}
 	pms, err := host.GetPodPortMappings(id.ID)
 	if err != nil {
@@ -419,18 +416,7 @@ func (p *Plugin) GetPodNetworkStatus(namespace, name string, id network.Containe
 	if host == nil {
 		return nil, errors.New("kubenet cannot GetPodNetworkStatus before Init")
 	}
-	netns, err := host.GetNetNS(id.ID)
-	if err != nil {
-		return nil, fmt.Errorf("kubenet failed to retrieve network namespace path: %w", err)
-	}
-	if netns == "" {
-		return nil, fmt.Errorf("cannot find the network namespace, skipping pod network status for container %s", id)
-	}
-	ips, err := network.GetPodIPs(netns, network.DefaultInterfaceName)
-	if err != nil {
-		return nil, err
-	}
-	return network.StatusOf(ips), nil
+	return network.StatusFromNetNS(host, id)
 }
 
 // reacquirePorts binds the host ports of every attachment on record (a new plugin object after a

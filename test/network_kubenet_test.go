@@ -1,0 +1,199 @@
+package test
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/network"
+	knet "github.com/kubenet-dev/kubenet/network/kubenet"
+)
+
+// TestKubenetPluginPodCIDR: Status fails with a clear message until a valid pod CIDR arrives;
+// an invalid one is ignored; the first one sets up the node before any pod (bridge with the
+// gateways, SNAT chain); a later, different CIDR moves the bridge to exactly the new gateways
+// (no stale address) and new pods get addresses from it, while a pod of the old CIDR can still be
+// torn down completely.
+func TestKubenetPluginPodCIDR(t *testing.T) {
+	t.Parallel()
+	node := nettest.NewNode(t, binDir)
+	host := newShimHost()
+	_, _, plugins := allPlugins(t, node, t.TempDir())
+	pm := managerFor(t, plugins, "kubenet", host)
+
+	if err := pm.Status(); err == nil || !strings.Contains(err.Error(), "no pod CIDR yet") {
+		t.Fatalf("Status before the event: %v, want the missing pod CIDR named", err)
+	}
+	pod := newShimPod(t, host, "early")
+	if err := pm.SetUpPod(pod.namespace, pod.name, pod.id, nil, nil); err == nil || !strings.Contains(err.Error(), "cannot SetUpPod") {
+		t.Fatalf("SetUpPod before the event: %v, want a refusal", err)
+	}
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent("10.244.1.5/24"))
+	if err := pm.Status(); err == nil {
+		t.Fatal("Status is ready after an invalid pod CIDR (host bits set)")
+	}
+	if linkExists(t, node.NS, "cbr0") {
+		t.Fatal("an invalid pod CIDR created the bridge")
+	}
+
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent(dualStackCIDRs))
+	if err := pm.Status(); err != nil {
+		t.Fatalf("Status after the event: %v", err)
+	}
+	wantGW := []netip.Prefix{netip.MustParsePrefix("10.244.1.1/24"), netip.MustParsePrefix("fd00:10:244:1::1/64")}
+	if got := addrs(t, node.NS, "cbr0"); !slicesEqual(got, wantGW) {
+		t.Errorf("cbr0 after the event, before any pod: %v, want %v", got, wantGW)
+	}
+	checkMasqRules(t, node.NS, []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6})
+
+	old := newShimPod(t, host, "old")
+	oldIPs := setUp(t, pm, old, nil)
+
+	const newCIDRs = "10.244.7.0/24,fd00:10:244:7::/64"
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent(newCIDRs))
+	if err := pm.Status(); err != nil {
+		t.Fatalf("Status after the CIDR change: %v", err)
+	}
+	wantGW = []netip.Prefix{netip.MustParsePrefix("10.244.7.1/24"), netip.MustParsePrefix("fd00:10:244:7::1/64")}
+	if got := addrs(t, node.NS, "cbr0"); !slicesEqual(got, wantGW) {
+		t.Errorf("cbr0 after the CIDR change: %v, want exactly %v (no stale gateway)", got, wantGW)
+	}
+	fresh := newShimPod(t, host, "fresh")
+	freshIPs := setUp(t, pm, fresh, nil)
+	checkStatusMatchesPod(t, fresh, freshIPs, []netip.Prefix{netip.MustParsePrefix("10.244.7.0/24"), netip.MustParsePrefix("fd00:10:244:7::/64")})
+	expectReachable(t, fresh.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(nettest.External4.Addr(), 9000)), nettest.NodeUplink4.Addr())
+
+	for _, p := range []struct {
+		pod *shimPod
+		ips []netip.Addr
+	}{{old, oldIPs}, {fresh, freshIPs}} {
+		if err := pm.TearDownPod(p.pod.namespace, p.pod.name, p.pod.id); err != nil {
+			t.Fatal(err)
+		}
+		assertNoResidue(t, node, "kubenet", p.pod.att(), p.ips)
+	}
+}
+
+// TestKubenetPluginRestart: while the pod lives the plugin holds its hostPort (a host process
+// gets EADDRINUSE, IPv4 and IPv6); a new plugin object (the shim restarted) re-acquires it from
+// the records; after the pod's netns is gone, the new object tears the pod down before any pod
+// CIDR event, leaving nothing: no link, reservation, record, hostPort element or index file,
+// shaping device, and the port is free again.
+func TestKubenetPluginRestart(t *testing.T) {
+	t.Parallel()
+	node := nettest.NewNode(t, binDir)
+	host := newShimHost()
+	first, _, plugins := allPlugins(t, node, t.TempDir())
+	pm := managerFor(t, plugins, "kubenet", host)
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent(dualStackCIDRs))
+
+	const hostPort = 30090
+	pod := newShimPod(t, host, "web",
+		&network.PortMapping{HostPort: hostPort, ContainerPort: 80, Protocol: "TCP"},
+		&network.PortMapping{HostPort: hostPort, ContainerPort: 53, Protocol: "udp"})
+	annotations := map[string]string{"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "20M"}
+	ips := setUp(t, pm, pod, annotations)
+	names := kubenet.NamesFor("kubenet", pod.att())
+	if !linkExists(t, node.NS, names.IFB) {
+		t.Fatalf("the bandwidth annotations did not reach the core: no ifb %s", names.IFB)
+	}
+	held := []struct{ proto, addr string }{{"tcp", "0.0.0.0:30090"}, {"tcp", "[::]:30090"}, {"udp", "0.0.0.0:30090"}, {"udp", "[::]:30090"}}
+	for _, h := range held {
+		expectPortHeld(t, node.NS, h.proto, h.addr)
+	}
+	if got, want := first.HeldPorts(pod.id), []string{"tcp/0.0.0.0:30090", "tcp/[::]:30090", "udp/0.0.0.0:30090", "udp/[::]:30090"}; !slices.Equal(got, want) {
+		t.Errorf("held ports %v, want %v", got, want)
+	}
+
+	// The shim dies: its sockets close. A new plugin object takes over from the state on disk.
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expectPortFree(t, node.NS, "tcp", "0.0.0.0:30090")
+	second, _, plugins := allPlugins(t, node, t.TempDir())
+	pm = managerFor(t, plugins, "kubenet", host)
+	for _, h := range held {
+		expectPortHeld(t, node.NS, h.proto, h.addr)
+	}
+	nettest.DeleteNS(t, pod.NS)
+	if err := nettest.Eventually(trafficTimeout, func() error {
+		if linkExists(t, node.NS, names.HostVeth) {
+			return os.ErrExist
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the pod's veth outlived its netns: %v", err)
+	}
+	// The netns is gone: the addresses come from the attachment record.
+	if st, err := pm.GetPodNetworkStatus(pod.namespace, pod.name, pod.id); err != nil || !slices.Equal(statusAddrs(t, st), ips) {
+		t.Errorf("status after restart with the netns gone: %v, %v; want %v from the record", st, err, ips)
+	}
+	if err := pm.Status(); err == nil {
+		t.Fatal("the new plugin object is ready before any pod CIDR event")
+	}
+	if err := pm.TearDownPod(pod.namespace, pod.name, pod.id); err != nil {
+		t.Fatalf("TearDownPod after restart with the netns gone, before the CIDR event: %v", err)
+	}
+	assertNoResidue(t, node, "kubenet", pod.att(), ips)
+	hpAuditEmpty(t, node, ips, hostPort)
+	for _, h := range held {
+		expectPortFree(t, node.NS, h.proto, h.addr)
+	}
+	if got := second.HeldPorts(pod.id); len(got) != 0 {
+		t.Errorf("still holding %v after teardown", got)
+	}
+}
+
+// TestKubenetPluginHostPortTaken: a hostPort a host process already holds fails SetUpPod with a
+// message naming the port, and the failed set-up leaves nothing behind.
+func TestKubenetPluginHostPortTaken(t *testing.T) {
+	t.Parallel()
+	node := nettest.NewNode(t, binDir)
+	host := newShimHost()
+	_, _, plugins := allPlugins(t, node, t.TempDir())
+	pm := managerFor(t, plugins, "kubenet", host)
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent(nettest.PodCIDR4.String()))
+
+	nettest.StartTCPEcho(t, node.NS, netip.MustParseAddrPort("0.0.0.0:30070")) // the host process
+	pod := newShimPod(t, host, "late", &network.PortMapping{HostPort: 30070, ContainerPort: 80})
+	err := pm.SetUpPod(pod.namespace, pod.name, pod.id, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "cannot open hostport tcp/0.0.0.0:30070") {
+		t.Fatalf("SetUpPod with a taken hostPort: %v, want it refused naming the port", err)
+	}
+	assertNoResidue(t, node, "kubenet", pod.att(), nil)
+	hpAuditEmpty(t, node, nil, 30070)
+	if linkExists(t, pod.NS, "eth0") {
+		t.Error("the pod got an interface although its set-up failed")
+	}
+	if entries, _ := os.ReadDir(filepath.Join(node.DataDir(), "kubenet", kubenet.RecordDirName)); len(entries) > 0 {
+		t.Errorf("attachment records remain after the failed set-up: %v", entries)
+	}
+}
+
+// TestKubenetPluginInitValidates: bad settings fail Init (at start, not at the first pod).
+func TestKubenetPluginInitValidates(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		hairpin network.HairpinMode
+		nonMasq string
+		mtu     int
+		want    string
+	}{
+		{"hairpin mode", "sometimes", "", 0, `invalid hairpin mode "sometimes"`},
+		{"non-masquerade CIDR", "", "10.0.0.1/8", 0, "nonMasqueradeCIDRs"},
+		{"MTU", "", "", 100, "mtu"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := knet.New(knet.Options{DataDir: t.TempDir()})
+			err := p.Init(newShimHost(), c.hairpin, c.nonMasq, c.mtu)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Init: %v, want an error mentioning %q", err, c.want)
+			}
+		})
+	}
+}
