@@ -27,8 +27,14 @@ func TestDemo(t *testing.T) {
 	_ = json.Indent(&pretty, list.Bytes, "    ", "  ")
 	say("conflist (/etc/cni/net.d/10-kubenet.conflist on a real node):\n    %s", pretty.String())
 
-	a, b := node.NewPod(t, "demo-a"), node.NewPod(t, "demo-b")
-	for _, p := range []*nettest.Pod{a, b} {
+	a, b, c := node.NewPod(t, "demo-a"), node.NewPod(t, "demo-b"), node.NewPod(t, "demo-c")
+	// demo-b publishes container port 8080 as hostPort 30080 (containerd's JSON casing);
+	// demo-c is limited to 10 Mbit/s towards it by its pod annotation.
+	b.RT.CapabilityArgs = map[string]any{"portMappings": []map[string]any{
+		{"HostPort": 30080, "ContainerPort": 8080, "Protocol": "TCP"}}}
+	c.RT.CapabilityArgs = map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{
+		"kubernetes.io/ingress-bandwidth": "10M"}}
+	for _, p := range []*nettest.Pod{a, b, c} {
 		start := time.Now()
 		node.MustAdd(t, list, p)
 		say("ADD %s -> %v (%s)", p.RT.ContainerID, p.IPs(), time.Since(start).Round(time.Millisecond))
@@ -56,12 +62,31 @@ func TestDemo(t *testing.T) {
 		say("SNAT         demo-a -> %-24s server saw source %s (the node)", srv.Addr, r.From)
 	}
 
-	for _, p := range []*nettest.Pod{a, b} {
+	for _, uplink := range []netip.Addr{nettest.NodeUplink4.Addr(), nettest.NodeUplink6.Addr()} {
+		dst := netip.AddrPortFrom(uplink, 30080) // demo-b's echo server from above listens on 8080
+		r, err := nettest.TCPRequest(node.External, dst, "hello", trafficTimeout)
+		if err != nil {
+			t.Fatalf("hostPort %s from the external host: %v", dst, err)
+		}
+		say("hostPort     external -> %-22s reached demo-b (%s), which saw source %s", dst, b.IP(uplink), r.From)
+	}
+
+	sink := nettest.StartSink(t, c.NS, netip.AddrPortFrom(c.IPs()[0], 5201))
+	rate, err := nettest.Stream{Warmup: 500 * time.Millisecond, Window: 2 * time.Second}.Measure(a.NS, sink)
+	if err != nil {
+		t.Fatalf("stream to demo-c: %v", err)
+	}
+	if rate < 8.5e6 || rate > 11.5e6 {
+		t.Fatalf("stream to demo-c ran at %.1f Mbit/s, want about 10", rate/1e6)
+	}
+	say("shaping      demo-a -> demo-c TCP stream: %.1f Mbit/s (limit 10M: tbf on its veth)", rate/1e6)
+
+	for _, p := range []*nettest.Pod{a, b, c} {
 		if err := node.Del(list, p); err != nil {
 			t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
 		}
 		assertNoResidue(t, node, "kubenet", attachmentOf(p), p.IPs())
-		say("DEL %s: no veth, reservation, record, conntrack or cache entry left", p.RT.ContainerID)
+		say("DEL %s: no veth, ifb, reservation, record, rule, conntrack or cache entry left", p.RT.ContainerID)
 	}
 	say("tearing down the node namespaces")
 }
