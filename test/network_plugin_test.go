@@ -16,6 +16,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
+	"github.com/kubenet-dev/kubenet/network/cni"
 )
 
 // pluginVariant is one way a shim can run pods on the test node.
@@ -29,7 +30,7 @@ type pluginVariant struct {
 }
 
 // setUpVariant builds the node's plugins: for cni, the conf dir with the variant's conflist.
-func setUpVariant(t *testing.T, v pluginVariant, node *nettest.Node) []network.NetworkPlugin {
+func setUpVariant(t *testing.T, v pluginVariant, node *nettest.Node) (*cni.Plugin, []network.NetworkPlugin) {
 	t.Helper()
 	confDir := t.TempDir()
 	switch v.name {
@@ -43,8 +44,8 @@ func setUpVariant(t *testing.T, v pluginVariant, node *nettest.Node) []network.N
 				"capabilities":       map[string]bool{"portMappings": true, "bandwidth": true, "ipRanges": true, "io.kubernetes.cri.pod-annotations": true},
 			}},
 		})
-		_, _, plugins := allPlugins(t, node, confDir, binDir)
-		return plugins
+		_, cn, plugins := allPlugins(t, node, confDir, binDir)
+		return cn, plugins
 	case "cni+reference":
 		ref, err := nettest.InstallRefPlugins()
 		if err != nil {
@@ -64,11 +65,11 @@ func setUpVariant(t *testing.T, v pluginVariant, node *nettest.Node) []network.N
 				map[string]any{"type": "portmap", "backend": "nftables", "capabilities": map[string]bool{"portMappings": true}},
 			},
 		})
-		_, _, plugins := allPlugins(t, node, confDir, ref)
-		return plugins
+		_, cn, plugins := allPlugins(t, node, confDir, ref)
+		return cn, plugins
 	default:
-		_, _, plugins := allPlugins(t, node, confDir, binDir)
-		return plugins
+		_, cn, plugins := allPlugins(t, node, confDir, binDir)
+		return cn, plugins
 	}
 }
 
@@ -96,7 +97,8 @@ func TestNetworkPluginPods(t *testing.T) {
 func testPluginPods(t *testing.T, v pluginVariant) {
 	node := nettest.NewNode(t, binDir)
 	host := newShimHost()
-	pm := managerFor(t, setUpVariant(t, v, node), v.plugin, host)
+	cn, plugins := setUpVariant(t, v, node)
+	pm := managerFor(t, plugins, v.plugin, host)
 
 	if err := pm.Status(); err == nil || !strings.Contains(err.Error(), v.notReady) {
 		t.Fatalf("Status before the pod CIDR event: %v, want an error mentioning %q", err, v.notReady)
@@ -167,6 +169,24 @@ func testPluginPods(t *testing.T, v pluginVariant) {
 				t.Errorf("hostPort %d of pod b via %s (server %s): %v", hostPort, nodeUplink.Addr(), srv.Addr, err)
 			}
 		})
+	}
+
+	if v.plugin == "cni" {
+		// CHECK through libcni with ADD's runtimeConfig: passes, then fails once the pod's
+		// IPv4 address is gone.
+		if err := cn.CheckPod(a.namespace, a.name, a.id); err != nil {
+			t.Errorf("CheckPod of a healthy pod: %v", err)
+		}
+		nettest.Do(t, a.NS, func() error {
+			eth0, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return netlink.AddrDel(eth0, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.PrefixFrom(podIP(a, gatewayOf(nettest.PodCIDR4)), 24))})
+		})
+		if err := cn.CheckPod(a.namespace, a.name, a.id); err == nil {
+			t.Error("CheckPod passed for a pod whose IPv4 address was removed")
+		}
 	}
 
 	var all []netip.Addr

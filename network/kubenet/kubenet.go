@@ -230,8 +230,10 @@ func (p *Plugin) attachedOutside(cidrs []netip.Prefix) int {
 	return n
 }
 
-// Status fails until the node's pod CIDR is known and the node was set up for it. A failed
-// node set-up is retried here, so a transient failure heals at the next poll.
+// Status fails until the node's pod CIDR is known and the node was set up for it, and while
+// the core says an ADD cannot succeed (data dir unusable, pod CIDR full, bridge name taken,
+// nftables unusable). A failed node set-up is retried here, so a transient failure heals at the
+// next poll.
 func (p *Plugin) Status() error {
 	p.mu.Lock()
 	cfg, nodeErr := p.cfg, p.nodeErr
@@ -245,6 +247,11 @@ func (p *Plugin) Status() error {
 		if err := p.ensureNode(cfg); err != nil {
 			return fmt.Errorf("kubenet could not set up the node for pod CIDR %v: %w", cfg.PodCIDRs(), err)
 		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
+	defer cancel()
+	if err := p.inNode(func() error { return core.Status(ctx, cfg) }); err != nil {
+		return fmt.Errorf("kubenet is not ready: %w", err)
 	}
 	return nil
 }
