@@ -72,7 +72,7 @@ type shimPod struct {
 	NS              ns.NetNS
 }
 
-func newShimPod(t *testing.T, host *shimHost, name string, ports ...*network.PortMapping) *shimPod {
+func newShimPod(t testing.TB, host *shimHost, name string, ports ...*network.PortMapping) *shimPod {
 	p := &shimPod{namespace: "default", name: name, id: network.ContainerID{Type: "test", ID: "sandbox-" + name}, NS: nettest.NewNS(t)}
 	host.add(p.id.ID, p.NS, ports...)
 	return p
@@ -85,7 +85,7 @@ func (p *shimPod) att() kubenet.Attachment {
 // allPlugins registers every plugin as a shim does, with kubenet's node-side work in the node's
 // netns and the CNI wrapper's plugins executed there.
 // Their logs go to the test's output.
-func allPlugins(t *testing.T, node *nettest.Node, confDir string, binDirs ...string) (*knet.Plugin, *cni.Plugin, []network.NetworkPlugin) {
+func allPlugins(t testing.TB, node *nettest.Node, confDir string, binDirs ...string) (*knet.Plugin, *cni.Plugin, []network.NetworkPlugin) {
 	log := testLogger(t)
 	kn := knet.New(knet.Options{NodeNS: node.NS, DataDir: node.DataDir(), Logger: log})
 	t.Cleanup(func() { _ = kn.Close() })
@@ -93,12 +93,12 @@ func allPlugins(t *testing.T, node *nettest.Node, confDir string, binDirs ...str
 	return kn, cn, []network.NetworkPlugin{kn, cn}
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // managerFor selects pluginName like kubelet's --network-plugin and wraps it in a PluginManager.
-func managerFor(t *testing.T, plugins []network.NetworkPlugin, pluginName string, host network.Host) *network.PluginManager {
+func managerFor(t testing.TB, plugins []network.NetworkPlugin, pluginName string, host network.Host) *network.PluginManager {
 	t.Helper()
 	p, err := network.InitNetworkPlugin(plugins, pluginName, host, network.HairpinVeth, "10.0.0.0/8,fd00::/8", network.UseDefaultMTU)
 	if err != nil {
@@ -116,7 +116,7 @@ func podCIDREvent(cidrs string) map[string]interface{} {
 }
 
 // writeConf writes a CNI configuration file into dir.
-func writeConf(t *testing.T, dir, file string, conf any) {
+func writeConf(t testing.TB, dir, file string, conf any) {
 	t.Helper()
 	b, err := json.Marshal(conf)
 	if err != nil {

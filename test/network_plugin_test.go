@@ -30,7 +30,7 @@ type pluginVariant struct {
 }
 
 // setUpVariant builds the node's plugins: for cni, the conf dir with the variant's conflist.
-func setUpVariant(t *testing.T, v pluginVariant, node *nettest.Node) (*cni.Plugin, []network.NetworkPlugin) {
+func setUpVariant(t testing.TB, v pluginVariant, node *nettest.Node) (*cni.Plugin, []network.NetworkPlugin) {
 	t.Helper()
 	confDir := t.TempDir()
 	switch v.name {
