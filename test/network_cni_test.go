@@ -15,7 +15,8 @@ import (
 // their reasons. A valid file makes it ready; a lexically earlier valid file (a single-plugin
 // .conf) takes over, and its removal hands back. The pod's bandwidth annotations reach the plugin (the kubenet binary
 // shapes the pod). With every file gone the plugin is not ready and refuses new pods, yet
-// tears the existing pod down completely with the configuration it was added with.
+// tears the existing pod down completely, its netns gone too, with the configuration it was
+// added with.
 func TestCNIPluginConfDir(t *testing.T) {
 	t.Parallel()
 	node := nettest.NewNode(t, binDir)
@@ -82,8 +83,9 @@ func TestCNIPluginConfDir(t *testing.T) {
 	if err := pm.SetUpPod(other.namespace, other.name, other.id, nil, nil); err == nil {
 		t.Error("SetUpPod succeeded without any network configuration")
 	}
+	nettest.DeleteNS(t, pod.NS)
 	if err := pm.TearDownPod(pod.namespace, pod.name, pod.id); err != nil {
-		t.Fatalf("TearDownPod after the configuration was removed: %v", err)
+		t.Fatalf("TearDownPod after the configuration was removed and the netns is gone: %v", err)
 	}
 	assertNoResidue(t, node, "kubenet", pod.att(), ips)
 	if err := pm.TearDownPod(other.namespace, other.name, other.id); err == nil || !strings.Contains(err.Error(), "uninitialized") {
