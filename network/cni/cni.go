@@ -365,21 +365,36 @@ func (p *Plugin) getHost() (network.Host, error) {
 	return p.host, nil
 }
 
+// sandboxCall is what an ADD or CHECK for a sandbox needs.
+type sandboxCall struct {
+	list  *libcni.NetworkConfigList
+	cidrs []netip.Prefix
+	host  network.Host
+	netns string
+}
+
+// sandbox re-checks the conf dir and gathers the network, pod CIDRs, host and the sandbox's netns.
+func (p *Plugin) sandbox(id network.ContainerID) (sandboxCall, error) {
+	p.sync()
+	var s sandboxCall
+	var err error
+	if s.list, s.cidrs, err = p.ready(); err != nil {
+		return s, err
+	}
+	if s.host, err = p.getHost(); err != nil {
+		return s, err
+	}
+	s.netns, err = network.NetNSOf(s.host, id)
+	return s, err
+}
+
 // SetUpPod adds the sandbox to the loopback network and to the default network.
 func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annotations, options map[string]string) error {
-	p.sync()
-	list, cidrs, err := p.ready()
+	s, err := p.sandbox(id)
 	if err != nil {
 		return err
 	}
-	host, err := p.getHost()
-	if err != nil {
-		return err
-	}
-	netns, err := network.NetNSOf(host, id)
-	if err != nil {
-		return err
-	}
+	list, cidrs, host, netns := s.list, s.cidrs, s.host, s.netns
 	pms, err := host.GetPodPortMappings(id.ID)
 	if err != nil {
 		return fmt.Errorf("port mappings of sandbox %s: %w", id.ID, err)
@@ -522,19 +537,11 @@ func capabilityArgs(pms []*network.PortMapping, annotations map[string]string, c
 
 // CheckPod runs CHECK for the sandbox on the default network (CNI ≥ 0.4.0 configurations).
 func (p *Plugin) CheckPod(namespace, name string, id network.ContainerID) error {
-	p.sync()
-	list, _, err := p.ready()
+	s, err := p.sandbox(id)
 	if err != nil {
 		return err
 	}
-	host, err := p.getHost()
-	if err != nil {
-		return err
-	}
-	netns, err := network.NetNSOf(host, id)
-	if err != nil {
-		return err
-	}
+	list, netns := s.list, s.netns
 	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
 	defer cancel()
 	rt := runtimeConf(namespace, name, id, netns, network.DefaultInterfaceName)
