@@ -98,6 +98,9 @@ func TestKubenetPluginRestart(t *testing.T) {
 		&network.PortMapping{HostPort: hostPort, ContainerPort: 53, Protocol: "udp"})
 	annotations := map[string]string{"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "20M"}
 	ips := setUp(t, pm, pod, annotations)
+	if rec, err := kubenet.NewRecords(filepath.Join(node.DataDir(), "kubenet")).Load(pod.att()); err != nil || rec == nil || rec.Pod != "default/web" {
+		t.Errorf("attachment record %+v, %v; want it to name pod default/web", rec, err)
+	}
 	names := kubenet.NamesFor("kubenet", pod.att())
 	if !linkExists(t, node.NS, names.IFB) {
 		t.Fatalf("the bandwidth annotations did not reach the core: no ifb %s", names.IFB)

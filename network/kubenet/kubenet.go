@@ -299,6 +299,7 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 		return fmt.Errorf("pod %s/%s: %w", namespace, name, err)
 	}
 	att := attachmentOf(id, netns)
+	att.Pod = namespace + "/" + name // in the record, so an operator can tell whose address it is
 	var families []bool
 	for _, c := range cfg.PodCIDRs() {
 		families = append(families, c.Addr().Is6())
