@@ -176,3 +176,5 @@ func kubenetNames(p *nettest.Pod) kubenet.Names { return kubenet.NamesFor("kuben
 func slicesEqual(a, b []netip.Prefix) bool {
 	return fmt.Sprint(sortedPrefixes(a)) == fmt.Sprint(sortedPrefixes(b))
 }
+
+func netipMust(s string) netip.Addr { return netip.MustParseAddr(s) }

@@ -32,14 +32,28 @@ func execute(args []string, stdout, stderr io.Writer) error {
 		return usageError{err.Error()}
 	}
 	if len(pos) == 0 {
-		return usagef("missing command (setup, teardown, status or ready)")
+		return usagef("missing command (%s)", commandNames)
 	}
 	cmd, pos := pos[0], pos[1:]
 	if _, ok := commandFlags()[cmd]; !ok {
-		return usagef("unknown command %q (setup, teardown, status or ready)", cmd)
+		return usagef("unknown command %q (%s)", cmd, commandNames)
 	}
 	if err := checkCommandFlags(fs, cmd); err != nil {
 		return err
+	}
+	switch cmd {
+	case "allocations", "gc":
+		if len(pos) != 0 {
+			return usagef("%s takes no arguments", cmd)
+		}
+		if cmd == "gc" {
+			return collectGarbage(&o, stdout, stderr)
+		}
+		allocs, err := listAllocations(&o)
+		if err != nil {
+			return err
+		}
+		return printAllocations(stdout, allocs, o.json)
 	}
 	var pod podRef
 	if cmd != "ready" {
@@ -121,20 +135,13 @@ func printStatus(w io.Writer, pm *network.PluginManager, pod podRef, asJSON bool
 // pluginManager builds both plugins, selects one by --network-plugin as kubelet does, sends the
 // pod CIDR event and wraps the plugin in a PluginManager.
 func (o *options) pluginManager(stderr io.Writer) (*network.PluginManager, func(), error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return nil, nil, usagef("--log-level %q: %v", o.logLevel, err)
+	logger, err := o.logger(stderr)
+	if err != nil {
+		return nil, nil, err
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	var nodeNS ns.NetNS
-	closeAll := func() {}
-	if o.nodeNetns != "" {
-		n, err := ns.GetNS(o.nodeNetns)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--node-netns: %w", err)
-		}
-		nodeNS = n
-		closeAll = func() { _ = n.Close() }
+	nodeNS, closeAll, err := o.openNodeNS()
+	if err != nil {
+		return nil, nil, err
 	}
 	kn := kubenet.New(kubenet.Options{NodeNS: nodeNS, DataDir: o.dataDir, Network: o.network, Bridge: o.bridge, Logger: logger, SkipPortReacquire: true})
 	cn := cni.New(cni.Options{ConfDir: o.confDir, BinDirs: strings.Split(o.binDirs, ","), CacheDir: o.cacheDir, NodeNS: nodeNS, Logger: logger})
@@ -156,6 +163,26 @@ func (o *options) pluginManager(stderr io.Writer) (*network.PluginManager, func(
 		return nil, nil, err
 	}
 	return pm, closeAll, nil
+}
+
+func (o *options) logger(stderr io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, usagef("--log-level %q: %v", o.logLevel, err)
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})), nil
+}
+
+// openNodeNS opens --node-netns (nil without it) and returns its closer.
+func (o *options) openNodeNS() (ns.NetNS, func(), error) {
+	if o.nodeNetns == "" {
+		return nil, func() {}, nil
+	}
+	n, err := ns.GetNS(o.nodeNetns)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--node-netns: %w", err)
+	}
+	return n, func() { _ = n.Close() }, nil
 }
 
 // cliHost is the Host of one command: the sandbox is --netns, its host ports --port.

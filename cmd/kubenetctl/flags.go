@@ -39,18 +39,28 @@ type options struct {
 	ports       portList
 	annotations annotationList
 	json        bool
+	valid       validList
+	all         bool
 }
+
+// commandNames lists the commands for error messages.
+const commandNames = "setup, teardown, status, ready, allocations or gc"
 
 const usageText = `Usage:
   kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]...
   kubenetctl [flags] teardown NAMESPACE NAME --netns PATH
   kubenetctl [flags] status NAMESPACE NAME --netns PATH [--json]
   kubenetctl [flags] ready
+  kubenetctl [flags] allocations [--json]
+  kubenetctl [flags] gc (--valid ID[/IFNAME]... | --all)
 
 setup attaches the pod sandbox whose network namespace is PATH and prints its IPs (on failure it
 tears down what was done, as the kubelet shim does); teardown removes it (PATH may be gone);
 status prints the pod's IPs; ready fails with the reason while the plugin cannot set up pods.
-The sandbox ID is derived from PATH unless --id is given. Exit status: 0 ok, 1 failed, 2 usage.
+The sandbox ID is derived from PATH unless --id is given. allocations lists kubenet's reserved
+addresses with their container, interface, pod and whether kubenet has a record of them; gc
+removes every kubenet attachment not listed with --valid (e.g. --valid "$(crictl pods -q |
+paste -sd,)"), including reservations nobody holds any more. Exit status: 0 ok, 1 failed, 2 usage.
 
 Flags:
 `
@@ -78,7 +88,9 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.id, "id", "", "the pod sandbox ID (default: derived from --netns)")
 	fs.Var(&o.ports, "port", "a host port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP] (setup; repeatable)")
 	fs.Var(&o.annotations, "annotation", "a pod annotation K=V, e.g. kubernetes.io/ingress-bandwidth=10M (setup; repeatable)")
-	fs.BoolVar(&o.json, "json", false, "print the pod network status as JSON (setup, status)")
+	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations)")
+	fs.Var(&o.valid, "valid", "an attachment to keep, ID or ID/IFNAME, comma-separated or repeated (gc)")
+	fs.BoolVar(&o.all, "all", false, "remove every attachment (gc)")
 	return fs
 }
 
@@ -101,10 +113,12 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 // commandFlags are the per-command flags each command accepts.
 func commandFlags() map[string][]string {
 	return map[string][]string{
-		"setup":    {"netns", "id", "port", "annotation", "json"},
-		"teardown": {"netns", "id"},
-		"status":   {"netns", "id", "json"},
-		"ready":    {},
+		"setup":       {"netns", "id", "port", "annotation", "json"},
+		"teardown":    {"netns", "id"},
+		"status":      {"netns", "id", "json"},
+		"ready":       {},
+		"allocations": {"json"},
+		"gc":          {"valid", "all"},
 	}
 }
 

@@ -360,11 +360,6 @@ func (p *Plugin) TearDownPod(namespace, name string, id network.ContainerID) err
 	if err != nil {
 		return err
 	}
-	if cfg == nil {
-		// No pod CIDR known and no record of this attachment: ADD writes the record before it
-		// creates anything, so there is nothing on the node to remove.
-		return p.ports.close(ownerOf(att), nil)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
 	defer cancel()
 	if err := p.inNode(func() error { return core.Del(ctx, cfg, att) }); err != nil {
@@ -377,7 +372,8 @@ func (p *Plugin) TearDownPod(namespace, name string, id network.ContainerID) err
 
 // teardownConfig is the current configuration, or, before the pod CIDR event (after a restart),
 // one derived from the attachment's record: its addresses carry the pod CIDR's prefix length.
-// nil, nil: there is no record either.
+// Without a record either (ADD crashed before writing it, or there is nothing), any CIDR does:
+// Del and GC find reservations by container ID and everything else by derived names.
 func (p *Plugin) teardownConfig(att core.Attachment) (*core.Config, error) {
 	p.mu.Lock()
 	cfg, base := p.cfg, p.base
@@ -386,22 +382,53 @@ func (p *Plugin) teardownConfig(att core.Attachment) (*core.Config, error) {
 		return cfg, nil
 	}
 	if base == nil {
-		return nil, errors.New("kubenet cannot TearDownPod before Init")
-	}
-	rec, err := p.records().Load(att)
-	if err != nil || rec == nil {
-		return nil, err
+		return nil, errors.New("kubenet cannot tear down pods before Init")
 	}
 	conf := *base
-	for _, ip := range rec.IPs {
-		conf.PodCIDRs = append(conf.PodCIDRs, ip.Masked().String())
+	if att.ContainerID != "" {
+		rec, err := p.records().Load(att)
+		if err != nil {
+			return nil, err
+		}
+		if rec != nil {
+			for _, ip := range rec.IPs {
+				conf.PodCIDRs = append(conf.PodCIDRs, ip.Masked().String())
+			}
+		}
 	}
 	if len(conf.PodCIDRs) == 0 {
-		// A record without addresses (ADD crashed before reserving): any CIDR does, Del only
-		// needs the names and the record.
 		conf.PodCIDRs = []string{"192.0.2.0/24"}
 	}
 	return conf.Validate()
+}
+
+// GC removes every attachment of the network that is not in valid (core.GC: records, host
+// ports, shaping, reservations without a record), and closes the host-port sockets of the pods
+// it removed. It works before the pod CIDR event too.
+func (p *Plugin) GC(valid []core.ValidAttachment) error {
+	cfg, err := p.teardownConfig(core.Attachment{})
+	if err != nil {
+		return err
+	}
+	before, err := p.records().List()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
+	defer cancel()
+	gcErr := p.inNode(func() error { return core.GC(ctx, cfg, valid) })
+	keep := map[string]bool{}
+	for _, v := range valid {
+		keep[v.ContainerID+"/"+v.IfName] = true
+	}
+	var errs []error
+	for _, rec := range before {
+		owner := ownerOf(core.Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName})
+		if !keep[owner] {
+			errs = append(errs, p.ports.close(owner, nil))
+		}
+	}
+	return errors.Join(append(errs, gcErr)...)
 }
 
 // GetPodNetworkStatus returns the sandbox's addresses from its attachment record, or, when there
