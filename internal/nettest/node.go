@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,17 +36,11 @@ var (
 	NonMasquerade6 = netip.MustParsePrefix("fd00::/8")
 )
 
-// BuildPlugin compiles ./cmd/kubenet (found from the module root) with the given build tags into
-// dir and returns dir, for use as the CNI bin dir. TestMain functions call it once.
+// BuildPlugin compiles ./cmd/kubenet with the given build tags into dir and returns dir, for use
+// as the CNI bin dir. TestMain functions call it once.
 func BuildPlugin(dir string, tags ...string) (string, error) {
-	root, err := moduleRoot()
-	if err != nil {
+	if _, err := BuildCommand(dir, "kubenet", tags...); err != nil {
 		return "", err
-	}
-	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", filepath.Join(dir, "kubenet"), "./cmd/kubenet")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build kubenet: %v\n%s", err, out)
 	}
 	return dir, nil
 }
