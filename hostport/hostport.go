@@ -98,13 +98,12 @@ func install(cfg Config, owner Owner, entries []Entry) error {
 	if err != nil {
 		return err
 	}
-	byName := map[string]*nftables.Chain{}
-	for _, ch := range chains(table) {
-		byName[ch.Name] = c.AddChain(ch)
-		c.FlushChain(byName[ch.Name])
-	}
-	for _, r := range Rules(cfg.PodCIDRs) {
-		c.AddRule(&nftables.Rule{Table: table, Chain: byName[r.Chain], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
+	// The fixed rules are rewritten only when they are not what Rules plans (first ADD, changed
+	// pod CIDRs, someone else's edit): replacing rules costs the kernel an RCU grace period per
+	// transaction, adding map elements does not. Reading them first is safe because every
+	// writer holds the network lock.
+	if checkRules(c, cfg) != nil {
+		writeRules(c, table, cfg.PodCIDRs)
 	}
 	if err := addElements(c, sets, owner, entries); err != nil {
 		return err
@@ -113,6 +112,19 @@ func install(cfg Config, owner Owner, entries []Entry) error {
 		return fmt.Errorf("hostport rules for network %q: %w", cfg.Network, err)
 	}
 	return nil
+}
+
+// writeRules replaces the content of every chain with the planned rules (chains are created if
+// missing).
+func writeRules(c *nftables.Conn, table *nftables.Table, podCIDRs []netip.Prefix) {
+	byName := map[string]*nftables.Chain{}
+	for _, ch := range chains(table) {
+		byName[ch.Name] = c.AddChain(ch)
+		c.FlushChain(byName[ch.Name])
+	}
+	for _, r := range Rules(podCIDRs) {
+		c.AddRule(&nftables.Rule{Table: table, Chain: byName[r.Chain], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
+	}
 }
 
 // ensureMaps adds (creates if missing) both maps of each family and returns them by name.
@@ -247,34 +259,45 @@ func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 }
 
 // flushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
-// netlink; no conntrack binary needed).
+// netlink; no conntrack binary needed). A dump walks the kernel's whole conntrack hash, which
+// costs milliseconds whatever it holds, so one dump of both families looks first, and only a
+// family with a match is dumped again to delete (usually there is none).
 func flushUDP(entries []Entry) error {
-	byFamily := map[bool][]Key{}
+	var keys []Key
 	for _, e := range entries {
 		if e.Protocol == "udp" {
-			byFamily[e.Is6()] = append(byFamily[e.Is6()], e.Key)
+			keys = append(keys, e.Key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	local, err := localAddrs()
+	if err != nil {
+		return err
+	}
+	filter := staleUDP{keys: keys, local: local}
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_UNSPEC)
+	if err != nil {
+		return fmt.Errorf("list conntrack entries: %w", err)
+	}
+	stale := map[netlink.InetFamily]bool{}
+	for _, f := range flows {
+		if filter.MatchConntrackFlow(f) {
+			stale[netlink.InetFamily(f.FamilyType)] = true
 		}
 	}
 	var errs []error
-	for is6, keys := range byFamily {
-		family := netlink.FAMILY_V4
-		if is6 {
-			family = netlink.FAMILY_V6
-		}
-		local, err := localAddrs(family)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(family), staleUDP{keys: keys, local: local}); err != nil {
+	for family := range stale {
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, filter); err != nil {
 			errs = append(errs, fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func localAddrs(family int) (map[netip.Addr]bool, error) {
-	addrs, err := netlink.AddrList(nil, family)
+func localAddrs() (map[netip.Addr]bool, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("list local addresses: %w", err)
 	}

@@ -186,7 +186,8 @@ func chains(table *nftables.Table) []*nftables.Chain {
 
 // Rules returns the fixed rules of every chain for the node's pod CIDRs, in order. Their number
 // depends only on the configuration (at most 16), never on pods or ports: mappings live in the
-// maps. Pure, so the plan is tested without a kernel.
+// maps. Each comment names everything its rule depends on, so comparing comments tells whether
+// the kernel's rules are current. Pure, so the plan is tested without a kernel.
 func Rules(podCIDRs []netip.Prefix) []Rule {
 	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: ChainDNAT}
 	rules := []Rule{
@@ -202,7 +203,7 @@ func Rules(podCIDRs []netip.Prefix) []Rule {
 			from *netip.Prefix
 			mark bool
 		}{
-			{"from pods of this node (SNAT so replies come back through the node)", &pod, true},
+			{"from pods of this node, " + pod.String() + " (SNAT so replies come back through the node)", &pod, true},
 			{"from localhost (SNAT: 127.0.0.0/8 cannot leave the node)", &loopback4, true},
 			{"from anywhere else (client address kept)", nil, false},
 		}

@@ -784,3 +784,38 @@ func TestHostPortSCTP(t *testing.T) {
 	}
 	hpAuditEmpty(t, node, pod.IPs(), 32400, 32401)
 }
+
+// TestHostPortLocalnetGuard: localhost access turns route_localnet on for the bridge, which
+// would let a pod reach services the node binds to 127.0.0.1 (plugins#729). A pod that routes
+// 127.0.0.0/8 to the node must not get through; with the guard chain emptied it does, which
+// shows that the guard is what stops it.
+func TestHostPortLocalnetGuard(t *testing.T) {
+	node, list, _ := hpNode(t)
+	pod := node.NewPod(t, "localnet")
+	pod.RT.CapabilityArgs = hpArgs(false, hpMapping{32500, 8080, "tcp", ""})
+	node.MustAdd(t, list, pod)
+	private := nettest.StartTCPEcho(t, node.NS, netip.MustParseAddrPort("127.0.0.1:9999"))
+	// The pod sends 127.0.0.0/8 to its gateway: no loopback address of its own, a route through
+	// eth0.
+	nettest.Do(t, pod.NS, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrDel(lo, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.MustParsePrefix("127.0.0.1/8"))})
+	})
+	nettest.WriteSysctl(t, pod.NS, "net/ipv4/conf/eth0/route_localnet", "1")
+	nettest.AddRoute(t, pod.NS, netip.MustParsePrefix("127.0.0.0/8"), gatewayOf(nettest.PodCIDR4))
+
+	if r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", unreachableTimeout); err == nil {
+		t.Fatalf("a pod reached the node's 127.0.0.1 service: %+v", r)
+	}
+	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", hpTable, hostport.ChainLocalnet)
+	err := nettest.Eventually(trafficTimeout, func() error {
+		r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", time.Second)
+		return nettest.ExpectFrom(r, err, pod.IP(nettest.NodeUplink4.Addr()))
+	})
+	if err != nil {
+		t.Errorf("without the guard the pod should reach 127.0.0.1 (else this test proves nothing): %v", err)
+	}
+}
