@@ -74,7 +74,7 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := checkHostPorts(cfg, att, rec); err != nil {
+	if err := checkHostPorts(cfg, att, rec, store.Dir()); err != nil {
 		return err
 	}
 	return checkShaping(cfg, att, names, rec)

@@ -34,12 +34,15 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
-	errs = append(errs, delHostPorts(cfg, att, rec, store.Dir()))
+	errs = append(errs, delHostPorts(cfg, att, rec, store))
 	errs = append(errs, delShaping(cfg, att, names))
 	errs = append(errs, bridge.DelVeth(names.HostVeth))
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
+	// The record is what a retried DEL (or GC) needs to find host ports and addresses when the
+	// runtime sends nothing, so it goes only once everything before it is gone.
+	removedAll := errors.Join(errs...) == nil
 
 	if err := store.Lock(); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("lock address store: %w", err))...)
@@ -49,7 +52,7 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	// Forget flows of the released addresses, so a new pod that gets the same address does not
 	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues).
 	errs = append(errs, flushConntrack(append(hint, released...)))
-	if err == nil {
+	if err == nil && removedAll {
 		errs = append(errs, records.Remove(att))
 	}
 	errs = append(errs, store.Unlock())

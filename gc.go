@@ -46,7 +46,7 @@ func GC(ctx context.Context, cfg *Config, valid []ValidAttachment) error {
 		}
 	}
 	errs = append(errs, gcReservations(store, keep, keepID))
-	errs = append(errs, gcHostPorts(cfg, valid))
+	errs = append(errs, gcHostPorts(cfg, store, valid))
 	return errors.Join(errs...)
 }
 

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -58,7 +57,7 @@ func (a *addition) hostPorts(undo *undoStack) error {
 // and cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings are the
 // union of both; without pod addresses every family of the network is tried. Only reservations
 // this attachment holds are removed, so trying too many keys is harmless.
-func delHostPorts(cfg *Config, att Attachment, rec *Record, networkDir string) error {
+func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) error {
 	mappings := cfg.Runtime.PortMappings
 	var families []bool
 	if rec != nil {
@@ -73,15 +72,10 @@ func delHostPorts(cfg *Config, att Attachment, rec *Record, networkDir string) e
 	for _, p := range cfg.PodCIDRs() {
 		families = append(families, p.Addr().Is6())
 	}
-	store, err := ipam.Open(filepath.Dir(networkDir), filepath.Base(networkDir))
-	if err != nil {
-		return fmt.Errorf("host ports: %w", err)
-	}
-	defer store.Close()
 	if err := store.Lock(); err != nil {
 		return fmt.Errorf("host ports: lock address store: %w", err)
 	}
-	err = hostport.Remove(hostportConfig(cfg, networkDir), ownerOf(att), hostport.Keys(toMappings(mappings), families))
+	err := hostport.Remove(hostportConfig(cfg, store.Dir()), ownerOf(att), hostport.Keys(toMappings(mappings), families))
 	if uerr := store.Unlock(); err == nil {
 		err = uerr
 	}
@@ -115,12 +109,35 @@ func toMappings(pms []PortMapping) []hostport.Mapping {
 	return out
 }
 
-// checkHostPorts verifies the attachment's host-port rules (CHECK).
-func checkHostPorts(cfg *Config, att Attachment, rec *Record) error {
+// checkHostPorts verifies the attachment's host-port reservations, map elements and rules
+// against its record (CHECK).
+func checkHostPorts(cfg *Config, att Attachment, rec *Record, networkDir string) error {
+	if len(rec.PortMappings) == 0 {
+		return nil
+	}
+	entries, err := hostport.Plan(toMappings(rec.PortMappings), prefixAddrs(rec.IPs))
+	if err != nil {
+		return fmt.Errorf("host ports of the record: %w", err)
+	}
+	if err := hostport.Check(hostportConfig(cfg, networkDir), ownerOf(att), entries); err != nil {
+		return fmt.Errorf("host ports: %w", err)
+	}
 	return nil
 }
 
-// gcHostPorts removes host-port state of attachments not in valid (GC).
-func gcHostPorts(cfg *Config, valid []ValidAttachment) error {
+// gcHostPorts removes host-port reservations and map elements whose owner is not in valid (GC):
+// the records' DELs removed those they knew; this catches what no record describes.
+func gcHostPorts(cfg *Config, store *ipam.Store, valid []ValidAttachment) error {
+	keep := map[hostport.Owner]bool{}
+	for _, v := range valid {
+		keep[hostport.Owner{ContainerID: v.ContainerID, IfName: v.IfName}] = true
+	}
+	if err := store.Lock(); err != nil {
+		return fmt.Errorf("host ports: lock address store: %w", err)
+	}
+	defer store.Unlock()
+	if _, err := hostport.GC(hostportConfig(cfg, store.Dir()), func(o hostport.Owner) bool { return keep[o] }); err != nil {
+		return fmt.Errorf("host ports: %w", err)
+	}
 	return nil
 }

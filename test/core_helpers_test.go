@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -139,6 +140,18 @@ func assertNoResidue(t testing.TB, node *nettest.Node, network string, att kuben
 	if _, err := os.Stat(record); err == nil {
 		t.Errorf("leak: attachment record %s remains", record)
 	}
+	owner := att.ContainerID + "/" + att.IfName
+	if ruleset, err := nettest.Output(node.NS, "nft", "list", "ruleset"); err == nil && strings.Contains(ruleset, `"`+owner+`"`) {
+		t.Errorf("leak: nftables still holds elements of %s:\n%s", owner, ruleset)
+	}
+	_ = filepath.WalkDir(filepath.Join(netDir, hostport.IndexDirName), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if b, _ := os.ReadFile(p); strings.Contains(string(b), `"`+att.ContainerID+`"`) {
+				t.Errorf("leak: hostPort reservation %s still held by %s", p, att.ContainerID)
+			}
+		}
+		return nil
+	})
 	cache := filepath.Join(node.Dir, "cache", "results", network+"-"+att.ContainerID+"-"+att.IfName)
 	if _, err := os.Stat(cache); err == nil {
 		t.Errorf("leak: libcni cache %s remains", cache)

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/masq"
 )
@@ -71,6 +72,15 @@ func TestCheck(t *testing.T) {
 		{"bridge gateway removed", linkOp(onNode, named("cbr0"), func(l netlink.Link) error {
 			return netlink.AddrDel(l, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.MustParsePrefix("10.244.1.1/24"))})
 		}), "gateway address 10.244.1.1/24"},
+		{"hostPort element deleted", func(t *testing.T, node *nettest.Node, _ *nettest.Pod) {
+			nettest.Run(t, node.NS, "nft", "delete", "element", "inet", "kubenet-kubenet", hostport.MapIPv4, "{ tcp . 30080 }")
+		}, "no element"},
+		{"hostPort reservation removed", func(t *testing.T, node *nettest.Node, _ *nettest.Pod) {
+			if err := os.RemoveAll(filepath.Join(node.DataDir(), "kubenet", hostport.IndexDirName)); err != nil {
+				t.Fatal(err)
+			}
+		}, "not reserved"},
+		{"ifb deleted", linkOp(onNode, func(p *nettest.Pod) string { return kubenetNames(p).IFB }, netlink.LinkDel), "ifb"},
 		{"SNAT rule deleted", func(t *testing.T, node *nettest.Node, _ *nettest.Pod) {
 			out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "inet", "kubenet-kubenet", masq.ChainName)
 			for _, line := range strings.Split(out, "\n") {
@@ -90,6 +100,11 @@ func TestCheck(t *testing.T) {
 			node := nettest.NewNode(t, binDir)
 			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
 			pod := node.NewPod(t, "checked")
+			// Everything an attachment can own: a host port and both shaping directions.
+			pod.RT.CapabilityArgs = map[string]any{
+				"portMappings": []map[string]any{{"hostPort": 30080, "containerPort": 80, "protocol": "tcp"}},
+				"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 20_000_000},
+			}
 			node.MustAdd(t, list, pod)
 			tc.tamper(t, node, pod)
 			err := node.Check(list, pod)
@@ -184,7 +199,11 @@ func TestGC(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
 	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
 	keep, gone1, gone2 := node.NewPod(t, "keep"), node.NewPod(t, "gone-1"), node.NewPod(t, "gone-2")
-	for _, p := range []*nettest.Pod{keep, gone1, gone2} {
+	for i, p := range []*nettest.Pod{keep, gone1, gone2} {
+		p.RT.CapabilityArgs = map[string]any{
+			"portMappings": []map[string]any{{"hostPort": 30080 + i, "containerPort": 80, "protocol": "tcp"}},
+			"bandwidth":    map[string]any{"egressRate": 20_000_000},
+		}
 		node.MustAdd(t, list, p)
 	}
 	// Only GC itself, not libcni's synthesized DELs, may clean up gone-2.

@@ -26,6 +26,11 @@ func TestCrashSafety(t *testing.T) {
 			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
 			for i, point := range kubenet.CrashPoints() {
 				pod := node.NewPod(t, fmt.Sprintf("crash-%02d", i))
+				// Everything ADD can create: addresses, veth, a host port, shaping both ways.
+				pod.RT.CapabilityArgs = map[string]any{
+					"portMappings": []map[string]any{{"hostPort": 30080, "containerPort": 80, "protocol": "udp"}},
+					"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 20_000_000},
+				}
 				t.Setenv("KUBENET_CRASH_AT", point)
 				if err := node.Add(list, pod); err == nil || !strings.Contains(err.Error(), "signal: killed") {
 					t.Fatalf("ADD at crash point %q was not killed: %v", point, err)
