@@ -31,9 +31,9 @@ func main() {
 		os.Exit(1)
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
-		Add:    run(add),
-		Del:    run(del),
-		Check:  run(check),
+		Add:    run(onAttachment(add)),
+		Del:    run(onAttachment(kubenet.Del)),
+		Check:  run(onAttachment(kubenet.Check)),
 		Status: run(status),
 		GC:     run(gc),
 	}, version.PluginSupports(kubenet.SupportedVersions...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
@@ -50,52 +50,29 @@ func run(f func(context.Context, *skel.CmdArgs) error) func(*skel.CmdArgs) error
 	}
 }
 
-func attachment(args *skel.CmdArgs) (kubenet.Attachment, error) {
-	pod, err := kubenet.ParseCNIArgs(args.Args)
-	if err != nil {
-		return kubenet.Attachment{}, err
+// onAttachment adapts a verb that works on one attachment: it parses the configuration and the
+// attachment (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS, CNI_ARGS) before calling it.
+func onAttachment(verb func(context.Context, *kubenet.Config, kubenet.Attachment) error) func(context.Context, *skel.CmdArgs) error {
+	return func(ctx context.Context, args *skel.CmdArgs) error {
+		cfg, err := kubenet.ParseConfig(args.StdinData)
+		if err != nil {
+			return err
+		}
+		pod, err := kubenet.ParseCNIArgs(args.Args)
+		if err != nil {
+			return err
+		}
+		return verb(ctx, cfg, kubenet.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()})
 	}
-	return kubenet.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()}, nil
 }
 
-func add(ctx context.Context, args *skel.CmdArgs) error {
-	cfg, err := kubenet.ParseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	att, err := attachment(args)
-	if err != nil {
-		return err
-	}
+// add prints the result in the caller's CNI version.
+func add(ctx context.Context, cfg *kubenet.Config, att kubenet.Attachment) error {
 	result, err := kubenet.Add(ctx, cfg, att)
 	if err != nil {
 		return err
 	}
 	return types.PrintResult(result, cfg.CNIVersion)
-}
-
-func del(ctx context.Context, args *skel.CmdArgs) error {
-	cfg, err := kubenet.ParseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	att, err := attachment(args)
-	if err != nil {
-		return err
-	}
-	return kubenet.Del(ctx, cfg, att)
-}
-
-func check(ctx context.Context, args *skel.CmdArgs) error {
-	cfg, err := kubenet.ParseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	att, err := attachment(args)
-	if err != nil {
-		return err
-	}
-	return kubenet.Check(ctx, cfg, att)
 }
 
 func status(ctx context.Context, args *skel.CmdArgs) error {

@@ -42,13 +42,9 @@ func ChainComments(c *nftables.Conn, chain *nftables.Chain) ([]string, error) {
 // (about 10 ms): a node's rules only change when its configuration does, not per pod. The write
 // replaces the chain's content in one transaction, so concurrent callers never leave duplicates.
 func SyncChain(chain *nftables.Chain, rules []Rule) error {
-	c, err := nftables.New()
+	c, have, err := readComments(chain)
 	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	have, err := ChainComments(c, chain)
-	if err != nil {
-		return fmt.Errorf("read chain %s: %w", chain.Name, err)
+		return err
 	}
 	if sameComments(have, rules) {
 		return nil
@@ -67,13 +63,9 @@ func SyncChain(chain *nftables.Chain, rules []Rule) error {
 
 // CheckChain reports the first difference between chain and rules.
 func CheckChain(chain *nftables.Chain, rules []Rule) error {
-	c, err := nftables.New()
+	_, have, err := readComments(chain)
 	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	have, err := ChainComments(c, chain)
-	if err != nil {
-		return fmt.Errorf("read chain %s: %w", chain.Name, err)
+		return err
 	}
 	if len(have) != len(rules) {
 		return fmt.Errorf("chain %s of table %s has %d rules, want %d", chain.Name, chain.Table.Name, len(have), len(rules))
@@ -84,6 +76,19 @@ func CheckChain(chain *nftables.Chain, rules []Rule) error {
 		}
 	}
 	return nil
+}
+
+// readComments opens a netlink connection and reads chain's comments through it.
+func readComments(chain *nftables.Chain) (*nftables.Conn, []string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, nil, fmt.Errorf("netlink: %w", err)
+	}
+	have, err := ChainComments(c, chain)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read chain %s: %w", chain.Name, err)
+	}
+	return c, have, nil
 }
 
 func sameComments(have []string, rules []Rule) bool {
