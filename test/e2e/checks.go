@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -103,4 +105,62 @@ func ExpectHTTPFrom(n ns.NetNS, dst netip.AddrPort, want netip.Addr) error {
 		return fmt.Errorf("server saw client %s, want %s", got, want)
 	}
 	return nil
+}
+
+// ExpectEchoFrom polls a request from n to the echo server at dst (nettest's TCP echo, or UDP
+// when udp is set) until a reply arrives, then checks the source address the server saw. Only
+// reachability is retried: a wrong source fails at once.
+func ExpectEchoFrom(n ns.NetNS, dst netip.AddrPort, udp bool, want netip.Addr) error {
+	var r nettest.Reply
+	err := nettest.Eventually(PollTimeout, func() error {
+		var err error
+		if udp {
+			r, err = nettest.UDPRequest(n, dst, "ping", 2*time.Second)
+		} else {
+			r, err = nettest.TCPRequest(n, dst, "ping", 5*time.Second)
+		}
+		return err
+	})
+	return nettest.ExpectFrom(r, err, want)
+}
+
+// UDPDontFragment sends one UDP datagram whose IP packet is exactly size bytes from inside n to
+// a nettest UDP echo server at dst with fragmentation forbidden (DF for IPv4, no local
+// fragmentation for IPv6), and waits for the echo. A hop with a smaller MTU drops it, so an
+// echo proves the whole path carries packets of that size. A send larger than the sender's
+// own MTU fails at once with EMSGSIZE.
+func UDPDontFragment(n ns.NetNS, dst netip.AddrPort, size int, timeout time.Duration) error {
+	header := 20 + 8
+	level, opt, val := unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO
+	if dst.Addr().Is6() {
+		header = 40 + 8
+		level, opt, val = unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO
+	}
+	return n.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var sockErr error
+		if err := raw.Control(func(fd uintptr) { sockErr = unix.SetsockoptInt(int(fd), level, opt, val) }); err != nil {
+			return err
+		}
+		if sockErr != nil {
+			return fmt.Errorf("forbid fragmentation: %w", sockErr)
+		}
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		if _, err := c.Write(bytes.Repeat([]byte("m"), size-header)); err != nil {
+			return fmt.Errorf("send %d-byte packet: %w", size, err)
+		}
+		buf := make([]byte, 64<<10)
+		if _, err := c.Read(buf); err != nil {
+			return fmt.Errorf("no echo of the %d-byte packet: %w", size, err)
+		}
+		return nil
+	})
 }
