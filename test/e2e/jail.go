@@ -69,7 +69,10 @@ func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 		"while :; do sleep 1000 & wait $!; done",
 	)
 	cmd := exec.Command("bash", "-c", strings.Join(script, "\n"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID}
+	// Pdeathsig: should the test binary itself die (a go test timeout skips cleanups), the
+	// kernel kills PID 1 and with it the whole jail. It fires when the forking thread exits;
+	// ns.Do returns that thread to the pool, so it lives as long as the process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
