@@ -213,6 +213,11 @@ func TestRuntimeContainerd(t *testing.T) {
 		Command:  ServerCommand,
 	})
 	Require(t, err, "CreateContainer + StartContainer: busybox httpd in the pod (container %s)", short(ctrID))
+	state, err := cd.CRI.ContainerState(ctx, ctrID)
+	if err == nil && state != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		err = fmt.Errorf("state %s", state)
+	}
+	Check(t, err, "ContainerStatus reports the server running")
 	ips, err := cd.CRI.PodIPs(ctx, podID)
 	if err == nil && len(ips) != 2 {
 		err = fmt.Errorf("pod has addresses %v, want one per family", ips)
