@@ -1,0 +1,173 @@
+// Package cnidir makes the files the agent owns in the node's CNI directories: the kubenet
+// conflist, rendered from the Node's pod CIDRs and the agent's settings, in the conf dir, and the
+// kubenet binary in the bin dir. Both are replaced atomically and only when their content
+// differs, so a runtime watching the directories never reads a partial file and a restart of
+// the agent writes nothing.
+package cnidir
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/kubenet-dev/kubenet"
+)
+
+// Defaults of Options.
+const (
+	DefaultName = "kubenet"
+	// DefaultCNIVersion is what runtimes without cniVersions support read (containerd 1.6 and
+	// podman 4 accept at most 1.0.0); CNIVersions lets newer libcni pick 1.1.0 for GC and STATUS.
+	DefaultCNIVersion = "1.0.0"
+	DefaultFileName   = "10-kubenet.conflist"
+)
+
+// cniVersions is the conflist's cniVersions list: libcni 1.2 and later use the highest version
+// it knows, older clients use cniVersion.
+var cniVersions = []string{"1.0.0", "1.1.0"}
+
+// Options is what the agent knows about the node's network. Zero values take the plugin's
+// defaults (the keys are then left out of the file).
+type Options struct {
+	Name               string         // network name, default DefaultName
+	CNIVersion         string         // default DefaultCNIVersion
+	PodCIDRs           []netip.Prefix // the Node's spec.podCIDRs; required
+	NonMasqueradeCIDRs []netip.Prefix // the cluster CIDR(s)
+	MTU                int            // 0: the plugin detects it
+	HairpinMode        string         // kubelet's --hairpin-mode values
+	Bridge             string
+	DataDir            string
+}
+
+// pluginConf is the plugin entry of the conflist: kubenet's keys (README) and the capabilities
+// the runtime reads. Render runs the plugin's parser over it, so a misspelt key that loses the
+// pod CIDRs fails here and not at the node's first pod.
+type pluginConf struct {
+	Type               string          `json:"type"`
+	Bridge             string          `json:"bridge,omitempty"`
+	PodCIDRs           []string        `json:"podCIDRs"`
+	NonMasqueradeCIDRs []string        `json:"nonMasqueradeCIDRs,omitempty"`
+	MTU                int             `json:"mtu,omitempty"`
+	HairpinMode        string          `json:"hairpinMode,omitempty"`
+	DataDir            string          `json:"dataDir,omitempty"`
+	Capabilities       map[string]bool `json:"capabilities"`
+}
+
+type confList struct {
+	CNIVersion  string       `json:"cniVersion"`
+	CNIVersions []string     `json:"cniVersions"`
+	Name        string       `json:"name"`
+	Plugins     []pluginConf `json:"plugins"`
+}
+
+// Render returns the conflist for o, indented for operators who read it on the node. It is
+// validated by the plugin's own parser first: a file the plugin would refuse at every ADD is
+// never written, the error names the key instead.
+func Render(o Options) ([]byte, error) {
+	if len(o.PodCIDRs) == 0 {
+		return nil, fmt.Errorf("render conflist: the node has no pod CIDR")
+	}
+	if o.Name == "" {
+		o.Name = DefaultName
+	}
+	if o.CNIVersion == "" {
+		o.CNIVersion = DefaultCNIVersion
+	}
+	p := pluginConf{
+		Type:               "kubenet",
+		Bridge:             o.Bridge,
+		PodCIDRs:           cidrStrings(o.PodCIDRs),
+		NonMasqueradeCIDRs: cidrStrings(o.NonMasqueradeCIDRs),
+		MTU:                o.MTU,
+		HairpinMode:        o.HairpinMode,
+		DataDir:            o.DataDir,
+		Capabilities: map[string]bool{
+			"portMappings": true, "bandwidth": true, "ipRanges": true, "io.kubernetes.cri.pod-annotations": true,
+		},
+	}
+	if err := validate(o, p); err != nil {
+		return nil, err
+	}
+	out, err := json.MarshalIndent(confList{CNIVersion: o.CNIVersion, CNIVersions: cniVersions, Name: o.Name, Plugins: []pluginConf{p}}, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("render conflist: %w", err)
+	}
+	return append(out, '\n'), nil
+}
+
+// validate runs the plugin's parser over the plugin entry as a runtime would pass it.
+func validate(o Options, p pluginConf) error {
+	raw, err := json.Marshal(struct {
+		pluginConf
+		CNIVersion string `json:"cniVersion"`
+		Name       string `json:"name"`
+	}{p, o.CNIVersion, o.Name})
+	if err != nil {
+		return fmt.Errorf("render conflist: %w", err)
+	}
+	if _, err := kubenet.ParseConfig(raw); err != nil {
+		return fmt.Errorf("render conflist: the plugin would refuse it: %w", err)
+	}
+	return nil
+}
+
+func cidrStrings(ps []netip.Prefix) []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// WriteFile puts data at path unless the file already holds exactly data, and reports whether
+// it wrote. The bytes go to a temporary file in the same directory first (named so that libcni,
+// which only reads *.conf, *.conflist and *.json, ignores it), are synced and then renamed over
+// path: a runtime reading the conf dir sees the old file or the new one, never a part.
+func WriteFile(path string, data []byte, mode os.FileMode) (bool, error) {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return false, nil
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	done = true
+	// The rename is durable only once the directory is synced; a node that loses power right
+	// after must not come back without a conflist it had reported as written.
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return true, nil
+}
