@@ -1,0 +1,107 @@
+package routes
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotOnLink wraps a route the kernel refused because the peer's address is not on a network
+// this node is directly connected to: the nodes do not share an L2 segment, and routes via node
+// addresses cannot work between them (a cloud route table or an overlay is needed).
+var ErrNotOnLink = errors.New("the peer's address is not on a network this node is directly attached to (nodes must share an L2 segment)")
+
+// Table applies plans to the main routing table of the calling thread's network namespace.
+type Table struct {
+	Protocol int // the agent's mark; DefaultProtocol unless configured
+}
+
+// List returns every route of the main table, both families.
+func (t Table) List() ([]Existing, error) {
+	rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	out := make([]Existing, 0, len(rs))
+	for _, r := range rs {
+		e := Existing{Protocol: int(r.Protocol), Priority: r.Priority}
+		if r.Dst != nil {
+			e.Dst = ipNetToPrefix(r.Dst)
+		} else if r.Family == unix.AF_INET6 {
+			e.Dst = netip.MustParsePrefix("::/0")
+		} else {
+			e.Dst = netip.MustParsePrefix("0.0.0.0/0")
+		}
+		if len(r.MultiPath) == 0 && r.Gw != nil {
+			gw, _ := netip.AddrFromSlice(r.Gw)
+			e.Gw = gw.Unmap()
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Apply carries out p and returns the routes it could not make or remove. Each change is one
+// netlink request; one failure does not stop the others.
+func (t Table) Apply(p Plan) []Failure {
+	var failed []Failure
+	for _, e := range p.Delete {
+		// The protocol is part of the match, so even a route that changed owner since the
+		// listing is not deleted unless it carries the agent's mark.
+		r := &netlink.Route{Dst: prefixToIPNet(e.Dst), Protocol: netlink.RouteProtocol(t.Protocol), Priority: e.Priority, Table: unix.RT_TABLE_MAIN}
+		if e.Gw.IsValid() {
+			r.Gw = e.Gw.AsSlice()
+		}
+		if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+			failed = append(failed, Failure{Route: Route{Dst: e.Dst, Gw: e.Gw}, Err: fmt.Errorf("delete: %w", err)})
+		}
+	}
+	for _, w := range p.Replace {
+		// One request (NLM_F_REPLACE) changes the gateway in place: no moment without a route.
+		if err := netlink.RouteReplace(t.route(w)); err != nil {
+			failed = append(failed, Failure{Route: w, Err: explain(err)})
+		}
+	}
+	for _, w := range p.Add {
+		// RouteAdd (NLM_F_EXCL), never replace: if somebody else's route appeared since the
+		// listing it wins and this fails with EEXIST.
+		if err := netlink.RouteAdd(t.route(w)); err != nil {
+			failed = append(failed, Failure{Route: w, Err: explain(err)})
+		}
+	}
+	return failed
+}
+
+func (t Table) route(w Route) *netlink.Route {
+	return &netlink.Route{
+		Dst:      prefixToIPNet(w.Dst),
+		Gw:       w.Gw.AsSlice(),
+		Protocol: netlink.RouteProtocol(t.Protocol),
+		Table:    unix.RT_TABLE_MAIN,
+	}
+}
+
+// explain names the usual cause of the kernel's answer when the gateway is not on-link:
+// ENETUNREACH (no route to it at all) or EINVAL/EHOSTUNREACH ("Nexthop has invalid gateway",
+// reachable only through another router).
+func explain(err error) error {
+	if errors.Is(err, unix.ENETUNREACH) || errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("%w: %w", ErrNotOnLink, err)
+	}
+	return err
+}
+
+func prefixToIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func ipNetToPrefix(n *net.IPNet) netip.Prefix {
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
+}
