@@ -1,0 +1,396 @@
+// Package agent is kubenet's node agent (cmd/kubenet-agent): it reads its own Node's pod CIDRs
+// and writes the kubenet conflist, installs the kubenet binary, keeps one route per other node's
+// pod CIDR via that node's InternalIP, and sets the Node's NetworkUnavailable condition the way a
+// cloud route controller would. Everything is driven by a Node informer: events enqueue one
+// sync, which reads the informer's cache and the kernel and converges both files and routes.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kubenet-dev/kubenet/agent/cnidir"
+	"github.com/kubenet-dev/kubenet/agent/routes"
+)
+
+// Defaults of Config.
+const (
+	DefaultConfDir      = "/etc/cni/net.d"
+	DefaultBinDir       = "/opt/cni/bin"
+	DefaultResyncPeriod = 5 * time.Minute
+	// syncKey is the one item of the work queue: every event asks for the same full sync, so a
+	// burst of node events collapses into one.
+	syncKey = "sync"
+	// stuckAfter is how long one sync may run before /healthz fails (a hung netlink call or API
+	// request); the informer keeps working, but nothing converges any more.
+	stuckAfter = 2 * time.Minute
+)
+
+// Config is the agent's configuration (cmd/kubenet-agent's flags).
+type Config struct {
+	NodeName string
+	// Conflist holds the settings rendered into the conflist; PodCIDRs come from the Node.
+	Conflist cnidir.Options
+	ConfDir  string // default DefaultConfDir
+	ConfFile string // default cnidir.DefaultFileName
+	BinDir   string // default DefaultBinDir
+	// BinSource is the kubenet binary to install into BinDir (the image's copy); "" skips it.
+	BinSource string
+	// ManageRoutes turns the route sync on; off where a cloud route table does the job.
+	ManageRoutes  bool
+	RouteProtocol int           // default routes.DefaultProtocol
+	ResyncPeriod  time.Duration // informer resync: also repairs routes removed behind the agent's back
+	Logger        *slog.Logger
+	// Registry receives the agent's metrics and is what /metrics serves; nil: a private one.
+	Registry *prometheus.Registry
+}
+
+// Agent is one node's agent. Create it with New and start it with Run.
+type Agent struct {
+	cfg     Config
+	client  kubernetes.Interface
+	log     *slog.Logger
+	metrics *metrics
+	table   routes.Table
+	queue   workqueue.TypedRateLimitingInterface[string]
+	nodes   corelisters.NodeLister
+	synced  cache.InformerSynced
+
+	mu       sync.Mutex
+	ready    bool      // the conflist for the current pod CIDRs is written
+	notReady string    // why not, for /readyz
+	inSync   time.Time // start of the running sync; zero between syncs
+	lastCIDR []netip.Prefix
+}
+
+// New checks cfg and builds the agent.
+func New(client kubernetes.Interface, cfg Config) (*Agent, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("agent: no node name (set NODE_NAME or --node-name)")
+	}
+	if cfg.ConfDir == "" {
+		cfg.ConfDir = DefaultConfDir
+	}
+	if cfg.ConfFile == "" {
+		cfg.ConfFile = cnidir.DefaultFileName
+	}
+	if cfg.BinDir == "" {
+		cfg.BinDir = DefaultBinDir
+	}
+	if cfg.RouteProtocol == 0 {
+		cfg.RouteProtocol = routes.DefaultProtocol
+	}
+	if cfg.RouteProtocol < 0 || cfg.RouteProtocol > 255 {
+		return nil, fmt.Errorf("agent: route protocol %d: must be between 1 and 255", cfg.RouteProtocol)
+	}
+	if cfg.ResyncPeriod == 0 {
+		cfg.ResyncPeriod = DefaultResyncPeriod
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	// Render once with placeholder CIDRs, of the families the cluster CIDRs have, so that a bad
+	// MTU or hairpin mode stops the agent at start, not at the moment the node gets its CIDR.
+	probe := cfg.Conflist
+	probe.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}
+	if slices.ContainsFunc(cfg.Conflist.NonMasqueradeCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() }) {
+		probe.PodCIDRs = append(probe.PodCIDRs, netip.MustParsePrefix("fd00::/64"))
+	}
+	if _, err := cnidir.Render(probe); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("agent: register metrics: %w", err)
+	}
+	return &Agent{
+		cfg:     cfg,
+		client:  client,
+		log:     cfg.Logger,
+		metrics: m,
+		table:   routes.Table{Protocol: cfg.RouteProtocol},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			// Retries of a failed sync back off from half a second to two minutes: a peer that is
+			// not on-link keeps failing, and its re-check must not spin.
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 2*time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kubenet-agent"}),
+		notReady: "starting",
+	}, nil
+}
+
+// Run installs the binary, then syncs on every Node event until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.queue.ShutDown()
+	if a.cfg.BinSource != "" {
+		// Before any conflist: a runtime that finds the conflist must find the plugin too.
+		changed, err := cnidir.InstallBinary(a.cfg.BinSource, a.cfg.BinDir, "kubenet")
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		a.log.Info("kubenet binary in place", "dir", a.cfg.BinDir, "installed", changed)
+	}
+	factory := informers.NewSharedInformerFactory(a.client, a.cfg.ResyncPeriod)
+	inf := factory.Core().V1().Nodes()
+	a.nodes = inf.Lister()
+	a.synced = inf.Informer().HasSynced
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { a.queue.Add(syncKey) },
+		UpdateFunc: func(oldObj, newObj any) {
+			// Resyncs deliver old == new: they are the periodic repair, so they sync too.
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if !ok1 || !ok2 || o.ResourceVersion == n.ResourceVersion || a.relevant(o, n) {
+				a.queue.Add(syncKey)
+			}
+		},
+		DeleteFunc: func(any) { a.queue.Add(syncKey) },
+	}); err != nil {
+		return fmt.Errorf("agent: node informer: %w", err)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), a.synced) {
+		return fmt.Errorf("agent: node informer did not sync: %w", ctx.Err())
+	}
+	a.log.Info("node informer synced", "node", a.cfg.NodeName)
+	go func() {
+		<-ctx.Done()
+		a.queue.ShutDown()
+	}()
+	for a.processNext(ctx) {
+	}
+	return nil
+}
+
+// relevant reports whether a Node update can change what the agent does: pod CIDRs and
+// addresses of any node, and the agent's own node's condition (somebody may overwrite it).
+// Other status updates (kubelet heartbeats, images) are frequent and change nothing here.
+func (a *Agent) relevant(o, n *corev1.Node) bool {
+	if !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) || o.Spec.PodCIDR != n.Spec.PodCIDR ||
+		!slices.Equal(o.Status.Addresses, n.Status.Addresses) {
+		return true
+	}
+	if n.Name != a.cfg.NodeName {
+		return false
+	}
+	oc, nc := findCondition(o), findCondition(n)
+	return (oc == nil) != (nc == nil) || (oc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason || oc.Message != nc.Message))
+}
+
+func (a *Agent) processNext(ctx context.Context) bool {
+	key, quit := a.queue.Get()
+	if quit {
+		return false
+	}
+	defer a.queue.Done(key)
+	if err := a.sync(ctx); err != nil {
+		a.metrics.syncErrors.Inc()
+		a.log.Warn("sync incomplete, retrying", "err", err, "retries", a.queue.NumRequeues(key))
+		a.queue.AddRateLimited(key)
+		return true
+	}
+	a.queue.Forget(key)
+	return true
+}
+
+// sync converges the conflist, the routes and the node condition with the informer's view.
+func (a *Agent) sync(ctx context.Context) error {
+	a.mu.Lock()
+	a.inSync = time.Now()
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.inSync = time.Time{}
+		a.mu.Unlock()
+		a.metrics.lastSync.SetToCurrentTime()
+	}()
+
+	self, err := a.nodes.Get(a.cfg.NodeName)
+	if apierrors.IsNotFound(err) {
+		self = nil
+	} else if err != nil {
+		return fmt.Errorf("get node %s from the cache: %w", a.cfg.NodeName, err)
+	}
+	var errs []error
+	cidrsReady, err := a.syncConflist(self)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if !a.cfg.ManageRoutes {
+		return errors.Join(errs...)
+	}
+	nodes, err := a.nodes.List(labels.Everything())
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("list nodes from the cache: %w", err))...)
+	}
+	want := DesiredRoutes(a.cfg.NodeName, nodes)
+	failures, err := a.syncRoutes(want)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	a.log.Debug("routes synced", "nodes", len(nodes), "peers", len(want.Peers), "wanted", len(want.Routes), "failures", len(failures))
+	if len(failures) > 0 {
+		errs = append(errs, fmt.Errorf("%d route(s) not programmed", len(failures)))
+	}
+	// The condition speaks for the node's pod network: before the node has one, it is left to
+	// whoever set it (some cloud setups set True at registration and wait for a route owner).
+	if self != nil && cidrsReady {
+		if err := a.syncCondition(ctx, self, RouteCondition(want.Peers, failures)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// syncConflist writes the conflist for the node's pod CIDRs and reports whether it is in place.
+func (a *Agent) syncConflist(self *corev1.Node) (bool, error) {
+	if self == nil {
+		a.setReady(false, fmt.Sprintf("node %s not found in the API", a.cfg.NodeName))
+		a.log.Warn("own node not found; the conflist and routes stay as they are", "node", a.cfg.NodeName)
+		return false, nil
+	}
+	cidrs, err := PodCIDRs(self)
+	if err != nil {
+		a.setReady(false, err.Error())
+		return false, err
+	}
+	if len(cidrs) == 0 {
+		// Nothing is written: a conflist without a pod CIDR would make every pod fail, while no
+		// conflist keeps the node NotReady with "cni config uninitialized", which is the truth.
+		a.setReady(false, "waiting for the node's pod CIDR (spec.podCIDRs)")
+		return false, nil
+	}
+	opts := a.cfg.Conflist
+	opts.PodCIDRs = cidrs
+	data, err := cnidir.Render(opts)
+	if err != nil {
+		a.setReady(false, err.Error())
+		return false, err
+	}
+	path := filepath.Join(a.cfg.ConfDir, a.cfg.ConfFile)
+	changed, err := cnidir.WriteFile(path, data, 0o644)
+	if err != nil {
+		a.setReady(false, err.Error())
+		return false, err
+	}
+	a.mu.Lock()
+	old := a.lastCIDR
+	a.lastCIDR = cidrs
+	a.mu.Unlock()
+	if changed {
+		a.metrics.confWrites.Inc()
+		a.log.Info("conflist written", "path", path, "podCIDRs", cidrs)
+	}
+	if old != nil && !slices.Equal(old, cidrs) {
+		// The plugin moves the bridge to the new gateways at the next ADD; pods still on the
+		// old CIDR lose their gateway (README "Pod CIDR change").
+		a.log.Warn("pod CIDR changed; pods attached under the old CIDR must be recreated", "old", old, "new", cidrs)
+	}
+	a.setReady(true, "")
+	return true, nil
+}
+
+// syncRoutes converges the main table and returns the wanted routes that are not in place.
+func (a *Agent) syncRoutes(want Want) ([]routes.Failure, error) {
+	current, err := a.table.List()
+	if err != nil {
+		return nil, err
+	}
+	plan := routes.Diff(current, want.Routes, a.cfg.RouteProtocol)
+	for _, e := range plan.Delete {
+		a.log.Info("deleting route", "dst", e.Dst, "gw", e.Gw)
+	}
+	for _, r := range plan.Replace {
+		a.log.Info("replacing route", "dst", r.Dst, "gw", r.Gw, "node", r.Node)
+	}
+	for _, r := range plan.Add {
+		a.log.Info("adding route", "dst", r.Dst, "gw", r.Gw, "node", r.Node)
+	}
+	failures := slices.Concat(want.Unusable, plan.Conflicts, a.table.Apply(plan))
+	a.metrics.routeFailures.Reset()
+	for _, f := range failures {
+		a.log.Error("route not programmed", "node", f.Route.Node, "dst", f.Route.Dst, "gw", f.Route.Gw, "err", f.Err)
+		a.metrics.routeFailures.WithLabelValues(f.Route.Node).Inc()
+	}
+	programmed := 0
+	for _, r := range slices.Concat(plan.InPlace, plan.Replace, plan.Add) {
+		if !slices.ContainsFunc(failures, func(f routes.Failure) bool { return f.Route.Dst == r.Dst }) {
+			programmed++
+		}
+	}
+	a.metrics.routes.Set(float64(programmed))
+	return failures, nil
+}
+
+// syncCondition patches the node's NetworkUnavailable condition when it differs from c.
+func (a *Agent) syncCondition(ctx context.Context, self *corev1.Node, c Condition) error {
+	now := metav1.Now()
+	transition := now
+	if old := findCondition(self); old != nil {
+		if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+			return nil
+		}
+		if old.Status == c.Status {
+			transition = old.LastTransitionTime
+		}
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type:               corev1.NodeNetworkUnavailable,
+		Status:             c.Status,
+		Reason:             c.Reason,
+		Message:            c.Message,
+		LastTransitionTime: transition,
+		LastHeartbeatTime:  now,
+	}}}})
+	if err != nil {
+		return fmt.Errorf("node condition: %w", err)
+	}
+	// A strategic merge patch merges conditions by type: other conditions (kubelet's) stay.
+	if _, err := a.client.CoreV1().Nodes().PatchStatus(ctx, self.Name, patch); err != nil {
+		return fmt.Errorf("set node %s condition NetworkUnavailable=%s: %w", self.Name, c.Status, err)
+	}
+	a.log.Info("node condition set", "type", corev1.NodeNetworkUnavailable, "status", c.Status, "reason", c.Reason, "message", c.Message)
+	return nil
+}
+
+func findCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeNetworkUnavailable {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func (a *Agent) setReady(ready bool, why string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ready, a.notReady = ready, why
+	if ready {
+		a.metrics.ready.Set(1)
+	} else {
+		a.metrics.ready.Set(0)
+	}
+}

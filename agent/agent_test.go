@@ -1,0 +1,262 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubenet-dev/kubenet/agent/cnidir"
+	"github.com/kubenet-dev/kubenet/agent/routes"
+)
+
+func node(name string, cidrs []string, addrs ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDRs: cidrs}}
+	if len(cidrs) > 0 {
+		n.Spec.PodCIDR = cidrs[0]
+	}
+	for _, a := range addrs {
+		typ := corev1.NodeInternalIP
+		if after, ok := strings.CutPrefix(a, "ext:"); ok {
+			typ, a = corev1.NodeExternalIP, after
+		}
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: typ, Address: a})
+	}
+	return n
+}
+
+func TestDesiredRoutes(t *testing.T) {
+	tests := []struct {
+		name     string
+		nodes    []*corev1.Node
+		routes   []string // "dst via gw (node)"
+		unusable []string // "node dst: error", prefixes
+		peers    []string
+	}{
+		{
+			name: "dual-stack peers, self skipped",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, "192.168.1.1", "fd00:1::1"),
+				node("b", []string{"10.244.2.0/24", "fd00:10:244:2::/64"}, "192.168.1.2", "fd00:1::2"),
+				node("c", []string{"fd00:10:244:3::/64", "10.244.3.0/24"}, "fd00:1::3", "192.168.1.3"),
+			},
+			routes: []string{"10.244.2.0/24 via 192.168.1.2 (b)", "fd00:10:244:2::/64 via fd00:1::2 (b)", "fd00:10:244:3::/64 via fd00:1::3 (c)", "10.244.3.0/24 via 192.168.1.3 (c)"},
+			peers:  []string{"b", "c"},
+		},
+		{
+			name: "a peer without a pod CIDR yet is no peer",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", nil, "192.168.1.2"),
+			},
+		},
+		{
+			name: "only the single-stack field set (old clients)",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.2.0/24"},
+					Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.1.2"}}}},
+			},
+			routes: []string{"10.244.2.0/24 via 192.168.1.2 (b)"},
+			peers:  []string{"b"},
+		},
+		{
+			name: "no InternalIP of the family: reported, an ExternalIP is not used",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.2.0/24", "fd00:10:244:2::/64"}, "192.168.1.2", "ext:2001:db8::2"),
+			},
+			routes:   []string{"10.244.2.0/24 via 192.168.1.2 (b)"},
+			unusable: []string{"b fd00:10:244:2::/64: node has no IPv6 InternalIP"},
+			peers:    []string{"b"},
+		},
+		{
+			name: "a CIDR overlapping our own gets no route",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.0.0/16"}, "192.168.1.2"),
+			},
+			unusable: []string{"b 10.244.0.0/16: overlaps this node's own pod CIDR 10.244.1.0/24"},
+			peers:    []string{"b"},
+		},
+		{
+			name: "two peers claiming one CIDR: the first by name wins, the other is reported",
+			nodes: []*corev1.Node{
+				node("z", []string{"10.244.2.0/24"}, "192.168.1.26"),
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.2.0/24"}, "192.168.1.2"),
+			},
+			routes:   []string{"10.244.2.0/24 via 192.168.1.2 (b)"},
+			unusable: []string{"z 10.244.2.0/24: overlaps the pod CIDR of node b"},
+			peers:    []string{"b", "z"},
+		},
+		{
+			name: "an unparsable pod CIDR is reported",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.2.0"}, "192.168.1.2"),
+			},
+			unusable: []string{`b invalid Prefix: node b: pod CIDR "10.244.2.0"`},
+			peers:    []string{"b"},
+		},
+		{
+			name: "our own node missing from the API: every other node is a peer",
+			nodes: []*corev1.Node{
+				node("b", []string{"10.244.2.0/24"}, "192.168.1.2"),
+			},
+			routes: []string{"10.244.2.0/24 via 192.168.1.2 (b)"},
+			peers:  []string{"b"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := DesiredRoutes("a", tt.nodes)
+			var got, unusable []string
+			for _, r := range w.Routes {
+				got = append(got, fmt.Sprintf("%s via %s (%s)", r.Dst, r.Gw, r.Node))
+			}
+			if !slices.Equal(got, tt.routes) {
+				t.Errorf("routes = %q, want %q", got, tt.routes)
+			}
+			for _, f := range w.Unusable {
+				unusable = append(unusable, fmt.Sprintf("%s %s: %v", f.Route.Node, f.Route.Dst, f.Err))
+			}
+			if len(unusable) != len(tt.unusable) {
+				t.Fatalf("unusable = %q, want %q", unusable, tt.unusable)
+			}
+			for i := range unusable {
+				if !strings.HasPrefix(unusable[i], tt.unusable[i]) {
+					t.Errorf("unusable[%d] = %q, want %q", i, unusable[i], tt.unusable[i])
+				}
+			}
+			if !slices.Equal(w.Peers, tt.peers) {
+				t.Errorf("peers = %q, want %q", w.Peers, tt.peers)
+			}
+		})
+	}
+}
+
+func TestRouteCondition(t *testing.T) {
+	fail := func(node, dst string) routes.Failure {
+		return routes.Failure{Route: routes.Route{Node: node, Dst: netip.MustParsePrefix(dst)}, Err: routes.ErrNotOnLink}
+	}
+	tests := []struct {
+		name     string
+		peers    []string
+		failures []routes.Failure
+		status   corev1.ConditionStatus
+		reason   string
+		message  []string
+	}{
+		{name: "all in place", peers: []string{"b", "c"}, status: corev1.ConditionFalse, reason: ReasonRoutesCreated, message: []string{"2 other node(s)"}},
+		{name: "single-node cluster", status: corev1.ConditionFalse, reason: ReasonRoutesCreated, message: []string{"0 other node(s)"}},
+		{
+			name:  "one peer off the segment: the rest of the cluster still works, so False",
+			peers: []string{"b", "c", "far"}, failures: []routes.Failure{fail("far", "10.244.9.0/24"), fail("far", "fd00:10:244:9::/64")},
+			status: corev1.ConditionFalse, reason: ReasonRoutesIncomplete,
+			message: []string{"2 route(s) missing", "2 of 3 other node(s)", "node far", "10.244.9.0/24", "L2 segment"},
+		},
+		{
+			name:  "no peer reachable: True",
+			peers: []string{"b", "c"}, failures: []routes.Failure{fail("b", "10.244.2.0/24"), fail("c", "10.244.3.0/24")},
+			status: corev1.ConditionTrue, reason: ReasonNoRoutes, message: []string{"no route to any of 2 other node(s)", "node b", "node c"},
+		},
+		{
+			name:  "a stale route that cannot be deleted (no node): incomplete, but every peer reachable",
+			peers: []string{"b"}, failures: []routes.Failure{{Route: routes.Route{Dst: netip.MustParsePrefix("10.244.7.0/24")}, Err: errors.New("delete: permission denied")}},
+			status: corev1.ConditionFalse, reason: ReasonRoutesIncomplete, message: []string{"1 of 1 other node(s)", "permission denied"},
+		},
+		{
+			name:  "many failures: the message stays bounded",
+			peers: []string{"b", "c"},
+			failures: []routes.Failure{fail("c", "10.244.1.0/24"), fail("c", "10.244.2.0/24"), fail("c", "10.244.3.0/24"),
+				fail("c", "10.244.4.0/24"), fail("c", "10.244.5.0/24"), fail("c", "10.244.6.0/24"), fail("c", "10.244.7.0/24")},
+			status: corev1.ConditionFalse, reason: ReasonRoutesIncomplete, message: []string{"7 route(s) missing", "and 2 more"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := RouteCondition(tt.peers, tt.failures)
+			if c.Status != tt.status || c.Reason != tt.reason {
+				t.Fatalf("condition %s %s (%s), want %s %s", c.Status, c.Reason, c.Message, tt.status, tt.reason)
+			}
+			for _, m := range tt.message {
+				if !strings.Contains(c.Message, m) {
+					t.Errorf("message %q does not mention %q", c.Message, m)
+				}
+			}
+			if strings.Contains(c.Message, "10.244.6.0/24") {
+				t.Errorf("message lists more than %d failures: %q", maxListed, c.Message)
+			}
+		})
+	}
+}
+
+func TestRelevantUpdates(t *testing.T) {
+	a := &Agent{cfg: Config{NodeName: "self"}}
+	base := func(name string) *corev1.Node {
+		n := node(name, []string{"10.244.1.0/24"}, "192.168.1.1")
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		return n
+	}
+	tests := []struct {
+		name   string
+		node   string
+		change func(n *corev1.Node)
+		want   bool
+	}{
+		{"heartbeat of a peer", "peer", func(n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.Now() }, false},
+		{"peer's pod CIDR assigned", "peer", func(n *corev1.Node) { n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "fd00::/64") }, true},
+		{"peer's address changed", "peer", func(n *corev1.Node) { n.Status.Addresses[0].Address = "192.168.1.9" }, true},
+		{"peer's NetworkUnavailable changed (its own agent)", "peer", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable})
+		}, false},
+		{"own NetworkUnavailable overwritten by somebody else", "self", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionTrue})
+		}, true},
+		{"own heartbeat", "self", func(n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.Now() }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := base(tt.node)
+			updated := old.DeepCopy()
+			tt.change(updated)
+			if got := a.relevant(old, updated); got != tt.want {
+				t.Errorf("relevant = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewRefusesSettingsThePluginWouldRefuse(t *testing.T) {
+	v6 := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{name: "valid", cfg: Config{NodeName: "a"}},
+		{name: "no node name", cfg: Config{}, wantErr: "no node name"},
+		{name: "bad hairpin mode", cfg: Config{NodeName: "a", Conflist: cnidirOptions("bogus", 0, nil)}, wantErr: "hairpinMode"},
+		{name: "MTU too small for IPv6 in a dual-stack cluster", cfg: Config{NodeName: "a", Conflist: cnidirOptions("", 1200, v6)}, wantErr: "IPv6 needs at least 1280"},
+		{name: "the same MTU in an IPv4 cluster", cfg: Config{NodeName: "a", Conflist: cnidirOptions("", 1200, v6[:1])}},
+		{name: "route protocol out of range", cfg: Config{NodeName: "a", RouteProtocol: 256}, wantErr: "route protocol"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(nil, tt.cfg)
+			if (err == nil) != (tt.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("New = %v, want error %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func cnidirOptions(hairpin string, mtu int, clusterCIDRs []netip.Prefix) cnidir.Options {
+	return cnidir.Options{HairpinMode: hairpin, MTU: mtu, NonMasqueradeCIDRs: clusterCIDRs}
+}

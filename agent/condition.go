@@ -1,0 +1,66 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubenet-dev/kubenet/agent/routes"
+)
+
+// Reasons of the NetworkUnavailable condition the agent sets.
+const (
+	// ReasonRoutesCreated: every route to the other nodes' pod CIDRs is in place (the route
+	// controller's RouteCreated, under the agent's own name).
+	ReasonRoutesCreated = "KubenetRoutesCreated"
+	// ReasonRoutesIncomplete: some routes are missing, the message names them. The status stays
+	// False: a node that reaches most of the cluster is not tainted away for one peer that is
+	// misplaced, otherwise one bad node would make every node unschedulable.
+	ReasonRoutesIncomplete = "KubenetRoutesIncomplete"
+	// ReasonNoRoutes: the node has peers but a route to none of them (True: its pods reach no
+	// other node's pods).
+	ReasonNoRoutes = "KubenetNoRoutes"
+)
+
+// maxListed bounds the failures a condition message names; the log and the metrics have all.
+const maxListed = 5
+
+// Condition is the NetworkUnavailable condition's status, reason and message.
+type Condition struct {
+	Status  corev1.ConditionStatus
+	Reason  string
+	Message string
+}
+
+// RouteCondition derives the node's NetworkUnavailable condition from the route sync: the peers
+// the node should reach and the routes that failed.
+func RouteCondition(peers []string, failures []routes.Failure) Condition {
+	if len(failures) == 0 {
+		return Condition{corev1.ConditionFalse, ReasonRoutesCreated,
+			fmt.Sprintf("kubenet-agent: routes to the pod CIDRs of %d other node(s) are in place", len(peers))}
+	}
+	failedPeers := map[string]bool{}
+	for _, f := range failures {
+		if f.Route.Node != "" {
+			failedPeers[f.Route.Node] = true
+		}
+	}
+	list := make([]string, 0, maxListed)
+	for i, f := range failures {
+		if i == maxListed {
+			list = append(list, fmt.Sprintf("and %d more", len(failures)-maxListed))
+			break
+		}
+		list = append(list, f.Error())
+	}
+	detail := strings.Join(list, "; ")
+	reachable := slices.DeleteFunc(slices.Clone(peers), func(p string) bool { return failedPeers[p] })
+	if len(peers) > 0 && len(reachable) == 0 {
+		return Condition{corev1.ConditionTrue, ReasonNoRoutes,
+			fmt.Sprintf("kubenet-agent: no route to any of %d other node(s): %s", len(peers), detail)}
+	}
+	return Condition{corev1.ConditionFalse, ReasonRoutesIncomplete,
+		fmt.Sprintf("kubenet-agent: %d route(s) missing, %d of %d other node(s) fully reachable: %s", len(failures), len(reachable), len(peers), detail)}
+}

@@ -1,0 +1,51 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the agent's Prometheus series. They live on a registry the caller gives, never
+// on the global default one, so tests and embedders can run several agents in one process.
+type metrics struct {
+	routes        prometheus.Gauge
+	routeFailures *prometheus.GaugeVec
+	syncErrors    prometheus.Counter
+	lastSync      prometheus.Gauge
+	ready         prometheus.Gauge
+	confWrites    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		routes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_routes_programmed",
+			Help: "Routes to other nodes' pod CIDRs that are in place after the last sync.",
+		}),
+		routeFailures: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kubenet_agent_route_failures",
+			Help: "Routes to a node's pod CIDRs that the last sync could not program, by node (not on this node's L2 segment, no InternalIP, conflicting route, ...).",
+		}, []string{"node"}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_sync_errors_total",
+			Help: "Syncs that ended with at least one error (a route, the conflist or the node condition).",
+		}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_last_sync_timestamp_seconds",
+			Help: "Unix time at which the last sync finished, with or without errors.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_ready",
+			Help: "1 when the conflist for the node's pod CIDRs is written, else 0.",
+		}),
+		confWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_conflist_writes_total",
+			Help: "Times the conflist was (re)written because its content changed.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.ready, m.confWrites} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
