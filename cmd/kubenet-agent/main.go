@@ -1,0 +1,168 @@
+// Command kubenet-agent runs on every node (a host-network DaemonSet, deploy/kubenet.yaml): it
+// writes the kubenet conflist from its Node's spec.podCIDRs, installs the kubenet binary, keeps
+// routes to the other nodes' pod CIDRs and sets the Node's NetworkUnavailable condition.
+// docs/agent.md describes the flags, the metrics and the install.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/kubenet-dev/kubenet/agent"
+	"github.com/kubenet-dev/kubenet/agent/cnidir"
+	"github.com/kubenet-dev/kubenet/agent/routes"
+)
+
+// buildVersion is stamped at build time (-ldflags -X main.buildVersion=...).
+var buildVersion = "dev"
+
+type options struct {
+	kubeconfig  string
+	metricsAddr string
+	logLevel    string
+	version     bool
+	clusterCIDR string
+	cfg         agent.Config
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("kubenet-agent", flag.ContinueOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: the in-cluster service account")
+	fs.StringVar(&o.cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's Node object (default $NODE_NAME)")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", "", "cluster pod CIDR(s), comma-separated: the conflist's nonMasqueradeCIDRs (pods reach them with their own address)")
+	fs.IntVar(&o.cfg.Conflist.MTU, "mtu", 0, "MTU of the bridge and veths; 0: the plugin detects it")
+	fs.StringVar(&o.cfg.Conflist.HairpinMode, "hairpin-mode", "hairpin-veth", "hairpin-veth, promiscuous-bridge or none")
+	fs.StringVar(&o.cfg.Conflist.Bridge, "bridge", "", "bridge name (default: the plugin's, cbr0)")
+	fs.StringVar(&o.cfg.Conflist.DataDir, "data-dir", "", "the plugin's state directory (default: the plugin's, /var/lib/cni/networks)")
+	fs.StringVar(&o.cfg.Conflist.Name, "network-name", cnidir.DefaultName, "CNI network name")
+	fs.StringVar(&o.cfg.Conflist.CNIVersion, "cni-version", cnidir.DefaultCNIVersion, "the conflist's cniVersion (cniVersions also lists 1.1.0 for runtimes that know it)")
+	fs.StringVar(&o.cfg.ConfDir, "cni-conf-dir", agent.DefaultConfDir, "CNI conf dir the runtime reads")
+	fs.StringVar(&o.cfg.ConfFile, "cni-conf-name", cnidir.DefaultFileName, "conflist file name in the conf dir")
+	fs.StringVar(&o.cfg.BinDir, "cni-bin-dir", agent.DefaultBinDir, "CNI bin dir the runtime executes plugins from")
+	fs.StringVar(&o.cfg.BinSource, "cni-bin-source", "", "kubenet binary to install into --cni-bin-dir when it differs; empty: install nothing")
+	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")
+	fs.IntVar(&o.cfg.RouteProtocol, "route-protocol", routes.DefaultProtocol, "route protocol number that marks the agent's routes (1-255)")
+	fs.DurationVar(&o.cfg.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "full re-sync interval; also repairs routes removed behind the agent's back")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:9309", "address of /healthz, /readyz and /metrics; empty: no HTTP server")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, s := range strings.Split(o.clusterCIDR, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p.Masked() != p {
+			return nil, fmt.Errorf("--cluster-cidr %q: not a network CIDR", s)
+		}
+		o.cfg.Conflist.NonMasqueradeCIDRs = append(o.cfg.Conflist.NonMasqueradeCIDRs, p)
+	}
+	return o, nil
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubenet-agent:", err)
+		os.Exit(2)
+	}
+	if o.version {
+		fmt.Println("kubenet-agent", buildVersion)
+		return
+	}
+	if err := run(o); err != nil {
+		slog.Error("kubenet-agent failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(o *options) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+	// client-go logs through klog; into the same JSON stream.
+	klog.SetSlogLogger(log.With("component", "client-go"))
+
+	restCfg, err := clientConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = "kubenet-agent/" + buildVersion
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	o.cfg.Logger = log
+	a, err := agent.New(client, o.cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if o.metricsAddr != "" {
+		l, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-bind-address: %w", err)
+		}
+		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server", "err", err)
+			}
+		}()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		log.Info("serving /healthz, /readyz, /metrics", "addr", l.Addr().String())
+	}
+	log.Info("kubenet-agent starting", "version", buildVersion, "node", o.cfg.NodeName,
+		"confDir", o.cfg.ConfDir, "binDir", o.cfg.BinDir, "manageRoutes", o.cfg.ManageRoutes)
+	// Files and routes stay when the agent stops: an upgrade or restart must not disturb pods.
+	return a.Run(ctx)
+}
+
+func clientConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster config (use --kubeconfig outside a pod): %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     string // NODE_NAME
+		wantErr string
+		check   func(t *testing.T, o *options)
+	}{
+		{
+			name: "defaults, node from the environment",
+			env:  "node-a",
+			check: func(t *testing.T, o *options) {
+				if o.cfg.NodeName != "node-a" || !o.cfg.ManageRoutes || o.cfg.ConfDir != "/etc/cni/net.d" || o.cfg.BinDir != "/opt/cni/bin" ||
+					o.cfg.BinSource != "" || o.cfg.Conflist.HairpinMode != "hairpin-veth" || o.metricsAddr != "127.0.0.1:9309" || o.cfg.RouteProtocol != 75 {
+					t.Errorf("defaults: %+v", o)
+				}
+			},
+		},
+		{
+			name: "dual-stack cluster CIDR becomes the non-masquerade CIDRs",
+			args: []string{"--node-name=b", "--cluster-cidr=10.244.0.0/16, fd00:10:244::/48", "--mtu=1450", "--manage-routes=false"},
+			check: func(t *testing.T, o *options) {
+				want := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}
+				if !slices.Equal(o.cfg.Conflist.NonMasqueradeCIDRs, want) || o.cfg.Conflist.MTU != 1450 || o.cfg.ManageRoutes || o.cfg.NodeName != "b" {
+					t.Errorf("parsed: %+v", o.cfg)
+				}
+			},
+		},
+		{name: "cluster CIDR with host bits", args: []string{"--cluster-cidr=10.244.1.1/16"}, wantErr: `--cluster-cidr "10.244.1.1/16"`},
+		{name: "cluster CIDR that is no CIDR", args: []string{"--cluster-cidr=10.244.0.0"}, wantErr: "not a network CIDR"},
+		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
+		{name: "unknown flag", args: []string{"--pod-cidr=10.0.0.0/24"}, wantErr: "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("NODE_NAME", tt.env)
+			o, err := parseFlags(tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags = %v, want an error mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
