@@ -1,0 +1,71 @@
+//go:build kubenet_e2e_agent
+
+// Package agent tests cmd/kubenet-agent against a real kube-apiserver and etcd: a simulated
+// cluster of network namespaces on one underlay segment (a control-plane namespace running the
+// API server, three node namespaces each running an agent), Node objects made through the API,
+// pods attached through libcni with the conflist each agent wrote and the binary it installed.
+//
+// The build tag keeps it out of `go test ./...`: the API server is built from source the first
+// time (minutes, about 2 GiB of memory; hack/apiserver). Run it with `make e2e-agent`.
+package agent
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+)
+
+// bins are the binaries of this run; TestMain sets them before any test runs and only reads
+// them afterwards.
+type bins struct {
+	pluginDir string // holds the kubenet CNI binary the agents install
+	agent     string
+	apiserver string
+	etcd      string
+}
+
+var testBins bins
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kubenet-agent-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := 1
+	if err := build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func build(dir string) error {
+	var err error
+	if testBins.pluginDir, err = nettest.BuildPlugin(dir); err != nil {
+		return err
+	}
+	if testBins.agent, err = nettest.BuildCommand(dir, "kubenet-agent"); err != nil {
+		return err
+	}
+	// Cached outside the checkout by the script: seconds when warm.
+	out, err := exec.Command(filepath.Join("..", "..", "hack", "apiserver", "build.sh")).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		return fmt.Errorf("hack/apiserver/build.sh: %w\n%s", err, stderr)
+	}
+	apiDir := strings.TrimSpace(string(out))
+	testBins.apiserver = filepath.Join(apiDir, "kube-apiserver")
+	testBins.etcd = filepath.Join(apiDir, "etcd")
+	return nil
+}
