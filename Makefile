@@ -67,3 +67,13 @@ e2e-runtimes: deps
 e2e-cluster: deps
 	$(GO) vet -tags e2e ./test/e2e/...
 	@set -o pipefail; $(GO) test $(E2E_FLAGS) -timeout 10m -run '^TestCluster$$' ./test/e2e/ | grep -v -e '^=== '
+
+# The node agent (cmd/kubenet-agent) against a real kube-apiserver and etcd in a simulated
+# three-node cluster (test/agent, build tag kubenet_e2e_agent, so `make test` leaves it out).
+# The first run builds kube-apiserver and etcd from source into a cache outside the checkout
+# (hack/apiserver/build.sh: minutes and about 2 GiB of memory); later runs reuse them. As root.
+.PHONY: e2e-agent
+e2e-agent: deps
+	hack/apiserver/build.sh >/dev/null
+	$(GO) vet -tags kubenet_e2e_agent ./test/agent/
+	$(GO) test -count=1 -tags kubenet_e2e_agent -timeout $(TEST_TIMEOUT) ./agent/... ./cmd/kubenet-agent/ ./test/agent/
