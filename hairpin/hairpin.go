@@ -30,14 +30,14 @@ const (
 )
 
 // Modes lists the valid modes, for validation messages.
-var Modes = []Mode{HairpinVeth, PromiscuousBridge, None}
+func Modes() []Mode { return []Mode{HairpinVeth, PromiscuousBridge, None} }
 
 // Parse validates s; "" means the default, hairpin-veth.
 func Parse(s string) (Mode, error) {
 	if s == "" {
 		return HairpinVeth, nil
 	}
-	for _, m := range Modes {
+	for _, m := range Modes() {
 		if Mode(s) == m {
 			return m, nil
 		}

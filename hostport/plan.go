@@ -8,7 +8,7 @@ import (
 )
 
 // Protocols a mapping may use (lower case, as runtimes send them after validation).
-var Protocols = []string{"tcp", "udp", "sctp"}
+func Protocols() []string { return []string{"tcp", "udp", "sctp"} }
 
 // protoNumber is the IP protocol number of each supported protocol.
 func protoNumber(p string) (byte, bool) {
@@ -113,7 +113,7 @@ func Plan(mappings []Mapping, podIPs []netip.Addr) ([]Entry, error) {
 	var out []Entry
 	for _, m := range mappings {
 		if _, ok := protoNumber(m.Protocol); !ok {
-			return nil, fmt.Errorf("hostPort %d: unsupported protocol %q (want %s)", m.HostPort, m.Protocol, strings.Join(Protocols, ", "))
+			return nil, fmt.Errorf("hostPort %d: unsupported protocol %q (want %s)", m.HostPort, m.Protocol, strings.Join(Protocols(), ", "))
 		}
 		if m.HostPort == 0 || m.ContainerPort == 0 {
 			return nil, fmt.Errorf("hostPort %d -> containerPort %d: ports must be 1-65535", m.HostPort, m.ContainerPort)

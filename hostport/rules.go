@@ -158,7 +158,7 @@ func decodeElement(mapName string, el nftables.SetElement) (Entry, bool) {
 		return Entry{}, false
 	}
 	var protocol string
-	for _, p := range Protocols {
+	for _, p := range Protocols() {
 		if num, _ := protoNumber(p); num == k[0] {
 			protocol = p
 		}

@@ -267,14 +267,14 @@ func TestVersionCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(run.Stdout), &info); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(info.SupportedVersions, kubenet.SupportedVersions) {
-		t.Errorf("VERSION lists %v, want %v", info.SupportedVersions, kubenet.SupportedVersions)
+	if !slices.Equal(info.SupportedVersions, kubenet.SupportedVersions()) {
+		t.Errorf("VERSION lists %v, want %v", info.SupportedVersions, kubenet.SupportedVersions())
 	}
 	bare, err := node.ExecPlugin(binDir, nil, nil)
 	if err != nil || bare.ExitCode != 0 {
 		t.Fatalf("bare run: %v %+v", err, bare)
 	}
-	if !strings.Contains(bare.Stderr, "kubenet") || !strings.Contains(bare.Stderr, strings.Join(kubenet.SupportedVersions, ", ")) {
+	if !strings.Contains(bare.Stderr, "kubenet") || !strings.Contains(bare.Stderr, strings.Join(kubenet.SupportedVersions(), ", ")) {
 		t.Errorf("bare run says %q; want the name and the versions", bare.Stderr)
 	}
 }

@@ -29,7 +29,7 @@ var familyCases = []struct {
 // libcni, and checks the result, the kernel state and real traffic, then the leak audit after DEL.
 func TestAddDelMatrix(t *testing.T) {
 	for _, fam := range familyCases {
-		for _, ver := range kubenet.SupportedVersions {
+		for _, ver := range kubenet.SupportedVersions() {
 			t.Run(fam.name+"/"+ver, func(t *testing.T) {
 				t.Parallel()
 				testTwoPods(t, fam.cidrs, ver)

@@ -36,7 +36,7 @@ func main() {
 		Check:  run(onAttachment(kubenet.Check)),
 		Status: run(status),
 		GC:     run(gc),
-	}, version.PluginSupports(kubenet.SupportedVersions...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
+	}, version.PluginSupports(kubenet.SupportedVersions()...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
 }
 
 // run gives each verb a context that ends at the timeout or on SIGTERM/SIGINT.

@@ -124,7 +124,8 @@ func (p *Plugin) Init(host network.Host, hairpinMode network.HairpinMode, nonMas
 		DataDir:            p.opts.DataDir,
 	}
 	base.Name = p.opts.Network
-	base.CNIVersion = core.SupportedVersions[len(core.SupportedVersions)-1]
+	versions := core.SupportedVersions()
+	base.CNIVersion = versions[len(versions)-1]
 	// Validate everything but the pod CIDRs now, with a documentation prefix standing in for
 	// them; nothing is applied.
 	trial := *base
