@@ -43,8 +43,15 @@ lint:
 demo: deps build
 	$(GO) test -count=1 -run "^TestDemo$$" -v ./test/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok"
 
+# kubenet against the reference CNI chain (bridge + host-local, portmap, bandwidth of
+# containernetworking/plugins, go-installed into a temporary dir), both through libcni in one
+# node netns, plus ipam's BenchmarkAllocateRelease; writes the table into docs/bench.md. As root,
+# about 6 minutes on 2 cores; not part of `make test`. BENCH_ARGS=-bench.quick tries it in 40 s.
+BENCH_ARGS ?=
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 100x ./ipam/
+	refdir=$$(mktemp -d /tmp/kubenet-refplugins-XXXXXX) && trap 'rm -rf "$$refdir"' EXIT && \
+	KUBENET_REFPLUGINS_DIR=$$refdir $(GO) test -count=1 -run '^$$' -bench '^BenchmarkKubenetVsReference$$' \
+	  -benchtime 1x -timeout 30m ./bench/ -args -bench.out ../docs/bench.md $(BENCH_ARGS)
 
 clean:
 	rm -rf bin

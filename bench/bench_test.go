@@ -1,0 +1,234 @@
+package bench
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+)
+
+var (
+	outFile    = flag.String("bench.out", "", "markdown file whose generated block receives the report (docs/bench.md)")
+	refBackend = flag.String("bench.ref-backend", "nftables", "netfilter backend of the reference bridge (ipMasq) and portmap: nftables or iptables")
+	quick      = flag.Bool("bench.quick", false, "small sizes, to try the harness in seconds")
+	withIPAM   = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
+	only       = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale); empty: all")
+	chainsFlag = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
+)
+
+// selected reports whether the item named w is in the comma-separated list (empty: everything).
+func selected(list, w string) bool {
+	return list == "" || slices.Contains(strings.Split(list, ","), w)
+}
+
+func sizes() options {
+	if *quick {
+		return options{rounds: 2, podsPerRound: 5, parallelPods: 16, parallelism: 8, parallelRuns: 2,
+			scalePods: 30, scaleWindow: 5, scaleRounds: 1, statusSamples: 5}
+	}
+	return options{rounds: 5, podsPerRound: 20, parallelPods: 100, parallelism: 8, parallelRuns: 4,
+		scalePods: 500, scaleWindow: 10, scaleRounds: 2, statusSamples: 20}
+}
+
+// BenchmarkKubenetVsReference runs the workloads of issue 6 through libcni, in one node netns,
+// for kubenet and for the reference plugin chain, alternating the two, and prints (and with
+// -bench.out writes) the comparison table. It runs its workloads once, whatever b.N is:
+//
+//	go test -run '^$' -bench KubenetVsReference -benchtime 1x -timeout 30m ./bench/ -args -bench.out ../docs/bench.md
+//
+// (`make bench` runs exactly this with a temporary dir for the reference plugins.)
+func BenchmarkKubenetVsReference(b *testing.B) {
+	nettest.RequireRoot(b)
+	began := time.Now()
+	// Other work on the machine shows in every number; the report says how busy it was.
+	loadStart := loadAverage()
+	opts := sizes()
+	binDir, err := nettest.BuildPlugin(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	refDir, err := nettest.InstallRefPlugins()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ipamLines []string
+	if *withIPAM {
+		if ipamLines, err = ipamBenchmark(); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	work := b.TempDir()
+	shim, err := buildShim(work)
+	if err != nil {
+		b.Fatal(err)
+	}
+	floor, err := shimFloor(shim, filepath.Join(work, "floor"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	node := benchNode{nettest.NewNode(b, binDir)}
+	refList, err := referenceConfList(node.Node, *refBackend)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var chains []*chain
+	for _, c := range []struct {
+		name   string
+		list   *libcni.NetworkConfigList
+		binDir string
+	}{
+		{kubenetChain, kubenetConfList(b, node.Node), binDir},
+		{referenceChain, refList, refDir},
+	} {
+		if !selected(*chainsFlag, c.name) {
+			continue
+		}
+		shimDir := filepath.Join(work, "shim-"+c.name)
+		if err := shimBinDir(shim, c.binDir, shimDir); err != nil {
+			b.Fatal(err)
+		}
+		chains = append(chains, newChain(c.name, c.list, c.binDir, shimDir, node.Dir))
+	}
+	r := newRunner(b, node, chains, opts)
+	r.m.shimFloor = floor
+	b.ResetTimer()
+	if selected(*only, "sequential") {
+		r.sequential(rowAddPlain, rowDelPlain, func(int) podSpec { return podSpec{} })
+	}
+	if selected(*only, "hostports") {
+		r.sequential(rowAddPorts, rowDelPorts, func(i int) podSpec {
+			return podSpec{hostPorts: []portMapping{{HostPort: int32(30000 + i), ContainerPort: 80, Protocol: "tcp"}}, bandwidth: shaped()}
+		})
+	}
+	if selected(*only, "parallel") {
+		r.parallel()
+	}
+	if selected(*only, "status") {
+		r.statusEmpty()
+	}
+	if selected(*only, "scale") {
+		r.scale()
+	}
+	b.StopTimer()
+	for _, c := range chains {
+		if err := node.reset(c); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	env := append(environment(node.Dir, opts), "load average at start "+loadStart+", at end "+loadAverage())
+	rep := report{m: r.m, opts: opts, env: env, ipam: ipamLines, began: began, took: time.Since(began)}
+	md := rep.markdown()
+	fmt.Println(md)
+	if *outFile != "" {
+		if err := writeInto(*outFile, md); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(r.m.p50(rowAddPlain, kubenetChain))/1e6, "kubenet-add-p50-ms")
+	b.ReportMetric(float64(r.m.p50(rowAddPlain, referenceChain))/1e6, "reference-add-p50-ms")
+}
+
+// ipamBenchmark runs the IPAM allocator's benchmark in its own test binary and returns its
+// result lines.
+func ipamBenchmark() ([]string, error) {
+	cmd := exec.Command("go", "test", "-run", "^$", "-bench", "^BenchmarkAllocateRelease$", "-benchtime", "100x", "-count", "1", "./ipam/")
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("ipam benchmark: %w\n%s", err, out)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "Benchmark") {
+			lines = append(lines, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	return lines, nil
+}
+
+// environment describes the machine and the run for the report.
+func environment(dataDir string, o options) []string {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	env := []string{
+		fmt.Sprintf("kernel %s", unix.ByteSliceToString(uts.Release[:])),
+		fmt.Sprintf("%d CPUs (%s)", runtime.NumCPU(), cpuModel()),
+		runtime.Version(),
+		"kubenet " + gitDescribe(),
+		"reference plugins " + nettest.RefPluginsVersion + " with the " + *refBackend + " backend",
+		"IPv4 pod CIDR " + podCIDR.String(),
+		"data dirs on " + fsType(dataDir),
+		"conntrack buckets " + readTrim("/proc/sys/net/netfilter/nf_conntrack_buckets"),
+		fmt.Sprintf("sizes: sequential %d sessions × %d pods per chain; parallel %d sessions × %d pods, %d workers; scale %d sessions × %d pods (the %d at each end one at a time, the rest %d at a time); STATUS %d calls per session",
+			o.rounds, o.podsPerRound, o.parallelRuns, o.parallelPods, o.parallelism, o.scaleRounds, o.scalePods, o.scaleWindow, o.parallelism, o.statusSamples),
+	}
+	return env
+}
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	m := regexp.MustCompile(`(?m)^model name\s*:\s*(.*)$`).FindSubmatch(b)
+	if m == nil {
+		return "unknown CPU"
+	}
+	return string(m[1])
+}
+
+func gitDescribe() string {
+	out, err := exec.Command("git", "-C", "..", "describe", "--tags", "--always", "--dirty").Output()
+	if err != nil {
+		return "(no git)"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// loadAverage is the 1-minute load average.
+func loadAverage() string {
+	f := strings.Fields(readTrim("/proc/loadavg"))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
+}
+
+func readTrim(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func fsType(path string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return "unknown fs"
+	}
+	switch st.Type {
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlayfs"
+	}
+	return fmt.Sprintf("fs 0x%x", st.Type)
+}

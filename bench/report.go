@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+const (
+	kubenetChain   = "kubenet"
+	referenceChain = "reference"
+)
+
+// target is one goal of issue 6, judged on numbers of the same run.
+type target struct {
+	goal   string
+	actual string
+	met    bool
+}
+
+func (m *measurements) p50(row, chain string) time.Duration { return m.rows[row][chain].p50() }
+
+// ratioTarget: kubenet's p50 of row at most limit times the reference's.
+func (m *measurements) ratioTarget(goal, row string, limit float64) target {
+	k, r := m.p50(row, kubenetChain), m.p50(row, referenceChain)
+	if r == 0 {
+		return target{goal: goal, actual: "not measured"}
+	}
+	v := float64(k) / float64(r)
+	return target{goal: goal, actual: fmt.Sprintf("%.2f (%s vs %s)", v, ms(k), ms(r)), met: v <= limit}
+}
+
+func (m *measurements) targets() []target {
+	low, high := m.p50(rowScaleAddLow, kubenetChain), m.p50(rowScaleAddHigh, kubenetChain)
+	scale := target{goal: "500 hostPort pods: ADD p50 of pods 491–500 ≤ 1.25 × pods 1–10", actual: "not measured"}
+	if low > 0 {
+		v := float64(high) / float64(low)
+		scale.actual, scale.met = fmt.Sprintf("%.2f (%s vs %s)", v, ms(high), ms(low)), v <= 1.25
+	}
+	out := []target{
+		m.ratioTarget("single-pod ADD p50 ≤ 0.2 × reference (no hostPort)", rowAddPlain, 0.2),
+		m.ratioTarget("single-pod ADD p50 ≤ 0.2 × reference (hostPort + bandwidth)", rowAddPorts, 0.2),
+		m.ratioTarget("DEL p50 ≤ 0.2 × reference (no hostPort)", rowDelPlain, 0.2),
+		m.ratioTarget("DEL p50 ≤ 0.2 × reference (hostPort + bandwidth)", rowDelPorts, 0.2),
+		scale,
+		m.ratioTarget("100 parallel ADDs: wall ≤ 0.3 × reference", rowParallelAdd, 0.3),
+	}
+	for _, row := range []string{rowStatusEmpty, rowStatusFull} {
+		d := m.p50(row, kubenetChain)
+		out = append(out, target{goal: "STATUS p50 < 5 ms (" + strings.TrimPrefix(row, "STATUS, ") + ")", actual: ms(d), met: d > 0 && d < 5*time.Millisecond})
+	}
+	return out
+}
+
+// report is everything the run found, rendered as markdown.
+type report struct {
+	m     *measurements
+	opts  options
+	env   []string // lines describing the machine and the run
+	ipam  []string // BenchmarkAllocateRelease result lines
+	began time.Time
+	took  time.Duration
+}
+
+func (r report) markdown() string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Run %s, %s in all. %s\n\n", r.began.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second), strings.Join(r.env, "; "))
+	b.WriteString("| workload | kubenet p50 | kubenet p99 | reference p50 | reference p99 | ratio p50 | ratio p99 | peak RSS of one ADD process (kubenet / reference) |\n")
+	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, row := range rowOrder {
+		k, ref := r.m.rows[row][kubenetChain], r.m.rows[row][referenceChain]
+		if len(k) == 0 && len(ref) == 0 {
+			continue
+		}
+		rss := "–"
+		if v := r.m.addRSS[row]; v != nil {
+			rss = mib(v[kubenetChain]) + " / " + mib(v[referenceChain])
+		}
+		fmt.Fprintf(&b, "| %s (n=%d) | %s | %s | %s | %s | %s | %s | %s |\n", row, len(k),
+			ms(k.p50()), ms(k.p99()), ms(ref.p50()), ms(ref.p99()),
+			ratio(k.p50(), ref.p50()), ratio(k.p99(), ref.p99()), rss)
+	}
+	b.WriteString("\nTargets (same run):\n\n| target | measured | met |\n|---|---|---|\n")
+	for _, t := range r.m.targets() {
+		met := "**no**"
+		if t.met {
+			met = "yes"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.goal, t.actual, met)
+	}
+	fmt.Fprintf(&b, "\nPlugin processes of the measured work: wall time from fork to reap, and the peak RSS (ru_maxrss) the probes through rssshim saw; bridge's includes the host-local it runs, and %s is the shim's floor.\n\n", mib(r.m.shimFloor))
+	b.WriteString("| chain | plugin | command | processes | p50 | p99 | peak RSS |\n|---|---|---|--:|--:|--:|--:|\n")
+	for _, line := range r.m.processTable() {
+		b.WriteString(line + "\n")
+	}
+	if len(r.ipam) > 0 {
+		b.WriteString("\nIPAM allocator, in-process (`BenchmarkAllocateRelease`: one Allocate + hinted Release in a /16 holding n reservations; mean of 100 iterations, fsync included):\n\n```\n")
+		for _, l := range r.ipam {
+			b.WriteString(l + "\n")
+		}
+		b.WriteString("```\n")
+	}
+	return b.String()
+}
+
+// processTable summarises the plugin processes per chain, plugin and command.
+func (m *measurements) processTable() []string {
+	walls := map[procKey]samples{}
+	var keys []procKey
+	for chain, runs := range m.procs {
+		for _, p := range runs {
+			k := procKey{chain, p.Plugin, p.Command}
+			if _, ok := walls[k]; !ok {
+				keys = append(keys, k)
+			}
+			walls[k] = append(walls[k], p.Wall)
+		}
+	}
+	// Plugins that other plugins run (host-local under bridge) appear only in the probes.
+	for k := range m.pluginRSS {
+		if _, ok := walls[k]; !ok && k.command != "-" {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b procKey) int {
+		return strings.Compare(a.chain+"/"+a.command+"/"+a.plugin, b.chain+"/"+b.command+"/"+b.plugin)
+	})
+	var out []string
+	for _, k := range keys {
+		s, ok := walls[k]
+		if !ok {
+			out = append(out, fmt.Sprintf("| %s | %s (run by another plugin) | %s | – | – | – | %s |", k.chain, k.plugin, k.command, mib(m.pluginRSS[k])))
+			continue
+		}
+		out = append(out, fmt.Sprintf("| %s | %s | %s | %d | %s | %s | %s |", k.chain, k.plugin, k.command, len(s), ms(s.p50()), ms(s.p99()), mib(m.pluginRSS[k])))
+	}
+	return out
+}
+
+// Markers around the generated part of docs/bench.md; the prose around them is written by hand.
+const (
+	beginMarker = "<!-- begin generated by make bench -->"
+	endMarker   = "<!-- end generated by make bench -->"
+)
+
+// writeInto replaces the generated block of the markdown file at path with body.
+func writeInto(path, body string) error {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	before, rest, ok := strings.Cut(string(old), beginMarker)
+	_, after, ok2 := strings.Cut(rest, endMarker)
+	if !ok || !ok2 {
+		return fmt.Errorf("%s lacks the markers %q and %q", path, beginMarker, endMarker)
+	}
+	return os.WriteFile(path, []byte(before+beginMarker+"\n"+body+endMarker+after), 0o644)
+}
