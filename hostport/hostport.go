@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -296,8 +297,11 @@ func flushUDP(entries []Entry) error {
 	return errors.Join(errs...)
 }
 
+// localAddrs lists the node's addresses. netlinksafe retries the dump: on a node with hundreds of
+// pods some host veth's IPv6 link-local address changes state (DAD) during almost every dump, and
+// the kernel then flags the dump as interrupted.
 func localAddrs() (map[netip.Addr]bool, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("list local addresses: %w", err)
 	}
