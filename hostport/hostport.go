@@ -273,17 +273,26 @@ func flushUDP(entries []Entry) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	local, err := localAddrs()
-	if err != nil {
-		return err
-	}
-	filter := staleUDP{keys: keys, local: local}
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_UNSPEC)
 	if err != nil {
 		return fmt.Errorf("list conntrack entries: %w", err)
 	}
+	// The node's addresses only tell whether a UDP flow to one of the ports went to a local
+	// address. Listing them is a dump that grows with the pods (each host veth has an IPv6
+	// link-local address), so it happens only once such a flow turns up.
+	var filter staleUDP
 	stale := map[netlink.InetFamily]bool{}
 	for _, f := range flows {
+		if !udpToPort(f, keys) {
+			continue
+		}
+		if filter.keys == nil {
+			local, err := localAddrs()
+			if err != nil {
+				return err
+			}
+			filter = staleUDP{keys: keys, local: local}
+		}
 		if filter.MatchConntrackFlow(f) {
 			stale[netlink.InetFamily(f.FamilyType)] = true
 		}
@@ -295,6 +304,19 @@ func flushUDP(entries []Entry) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// udpToPort reports whether flow is UDP to the port of one of keys, whatever its destination.
+func udpToPort(flow *netlink.ConntrackFlow, keys []Key) bool {
+	if flow.Forward.Protocol != unix.IPPROTO_UDP {
+		return false
+	}
+	for _, k := range keys {
+		if k.HostPort == flow.Forward.DstPort {
+			return true
+		}
+	}
+	return false
 }
 
 // localAddrs lists the node's addresses. netlinksafe retries the dump: on a node with hundreds of
