@@ -128,24 +128,23 @@ func adjust(br *netlink.Bridge, cfg Config) error {
 // A global address from an earlier pod CIDR would otherwise stay behind after the node's CIDR
 // changed and make every later ADD fail or route wrongly (old kubenet's stale cbr0 address bug).
 func reconcileAddrs(br *netlink.Bridge, gateways []netip.Prefix) error {
-	have, err := netlinksafe.AddrList(br, netlink.FAMILY_ALL)
+	have, err := linkAddrs(br.Index)
 	if err != nil {
-		return fmt.Errorf("list addresses: %w", err)
+		return err
 	}
 	want := map[netip.Prefix]bool{}
 	for _, g := range gateways {
 		want[g] = false
 	}
-	for _, a := range have {
-		p, ok := toPrefix(a.IPNet)
-		if !ok || p.Addr().IsLinkLocalUnicast() {
+	for _, p := range have {
+		if p.Addr().IsLinkLocalUnicast() {
 			continue
 		}
 		if _, keep := want[p]; keep {
 			want[p] = true
 			continue
 		}
-		if err := netlink.AddrDel(br, &a); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+		if err := netlink.AddrDel(br, &netlink.Addr{IPNet: PrefixToIPNet(p)}); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
 			return fmt.Errorf("remove stale address %s: %w", p, err)
 		}
 	}
