@@ -37,31 +37,15 @@ func StartProcess(t testing.TB, n ns.NetNS, log, name string, args ...string) *P
 	p := &Process{Name: name, Log: log, done: make(chan struct{})}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Stdout, p.cmd.Stderr = out, out
-	// SIGKILL when the thread that forked it exits: a test binary killed by its timeout must
-	// not leave API servers or agents behind. Pdeathsig follows the forking thread, not the
-	// process, so the fork happens on a thread of its own that lives exactly as long as the
-	// child: a thread shared with other goroutines could be retired early (netns helpers end
-	// their tainted threads) and take the child with it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	started := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread enters n for good and dies with this goroutine.
-		runtime.LockOSThread()
-		if err := n.Set(); err != nil {
-			started <- fmt.Errorf("enter netns %s: %w", n.Path(), err)
-			return
-		}
-		if err := p.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
+	exited, err := StartOnOwnThread(n, p.cmd)
+	if err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
+	go func() {
+		p.err = <-exited
+		close(p.done)
+	}()
 	t.Cleanup(func() {
 		if err := p.Stop(); err != nil {
 			t.Errorf("stop %s: %v", name, err)
@@ -139,4 +123,33 @@ func Tail(file string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// StartOnOwnThread starts cmd inside n from a thread of its own and waits for it there; the
+// channel receives Wait's result when the child exits. The thread enters n for good and lives
+// exactly as long as the child, which matters with Pdeathsig: the signal follows the forking
+// thread, not the process, and a thread shared with other goroutines could be retired early (the
+// netns helpers end threads they tainted) and take the child with it. Set cmd.SysProcAttr's
+// Pdeathsig so the kernel kills the child if the test binary dies first.
+func StartOnOwnThread(n ns.NetNS, cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error, 1)
+	exited := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread dies with this goroutine, after the child.
+		runtime.LockOSThread()
+		if err := n.Set(); err != nil {
+			started <- fmt.Errorf("enter netns %s: %w", n.Path(), err)
+			return
+		}
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
 }

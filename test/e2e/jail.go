@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // Jail is where a container runtime runs during a test: a private mount namespace and PID
@@ -70,8 +72,8 @@ func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 	)
 	cmd := exec.Command("bash", "-c", strings.Join(script, "\n"))
 	// Pdeathsig: should the test binary itself die (a go test timeout skips cleanups), the
-	// kernel kills PID 1 and with it the whole jail. It fires when the forking thread exits;
-	// ns.Do returns that thread to the pool, so it lives as long as the process.
+	// kernel kills PID 1 and with it the whole jail. It fires when the forking thread exits, so
+	// the jail is forked from a thread that lives exactly as long as the jail.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -80,10 +82,11 @@ func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 		t.Fatal(err)
 	}
 	// The child inherits the network namespace of the thread that forks it.
-	if err := netns.Do(func(ns.NetNS) error { return cmd.Start() }); err != nil {
+	exited, err := nettest.StartOnOwnThread(netns, cmd)
+	if err != nil {
 		t.Fatalf("start jail: %v", err)
 	}
-	j.holder = watch(cmd)
+	j.holder = watchWaited(cmd, exited)
 	t.Cleanup(func() { j.close(t) })
 
 	ready := make(chan error, 1)
@@ -152,9 +155,16 @@ type proc struct {
 }
 
 func watch(cmd *exec.Cmd) *proc {
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	return watchWaited(cmd, waited)
+}
+
+// watchWaited is watch for a command that someone else waits for; waited gets Wait's result.
+func watchWaited(cmd *exec.Cmd, waited <-chan error) *proc {
 	p := &proc{cmd: cmd, exited: make(chan struct{})}
 	go func() {
-		_ = cmd.Wait()
+		<-waited
 		close(p.exited)
 	}()
 	return p
