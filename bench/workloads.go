@@ -22,8 +22,8 @@ const (
 	rowParallelDel  = "100 DELs, 8 in parallel (wall)"
 	rowScaleAddLow  = "ADD pods 1–10, 2 hostPorts each"
 	rowScaleAddHigh = "ADD pods 491–500, 2 hostPorts each"
-	rowScaleDelHigh = "DEL pods 500–491 (LIFO)"
-	rowScaleDelLow  = "DEL pods 10–1 (LIFO)"
+	rowScaleDelHigh = "DEL pods 500–491"
+	rowScaleDelLow  = "DEL pods 10–1"
 	rowStatusEmpty  = "STATUS, node without pods"
 	rowStatusFull   = "STATUS, node with 500 pods"
 )
@@ -154,7 +154,9 @@ func (r *runner) session(c *chain, row string, warm podSpec, body func() error) 
 	if err := body(); err != nil {
 		r.t.Fatal(err)
 	}
-	r.m.procs[c.name] = append(r.m.procs[c.name], c.exec.take()...)
+	if procs := c.exec.take(); keepProcs(row) {
+		r.m.procs[c.name] = append(r.m.procs[c.name], procs...)
+	}
 	if err := r.probe(c, row, warm); err != nil {
 		r.t.Fatal(err)
 	}
@@ -165,6 +167,13 @@ func (r *runner) session(c *chain, row string, warm podSpec, body func() error) 
 	if err := before.diff(after); err != nil {
 		r.t.Fatalf("%s: %v", c.name, err)
 	}
+}
+
+// keepProcs tells whether the plugin processes of a session of row go into the per-plugin table:
+// only those of one pod at a time (the sequential workloads, STATUS), so that the table shows
+// what a single operation costs, not how processes queue behind each other under load.
+func keepProcs(row string) bool {
+	return row == rowAddPlain || row == rowAddPorts || row == ""
 }
 
 // probe adds and deletes the spare pod through rssshim and files the peak RSS of its processes.
@@ -268,20 +277,19 @@ func twoHostPorts(i int) podSpec {
 	}}
 }
 
-// scale fills the node with scalePods pods with two hostPorts each and empties it again, last
-// pod first. Reported: ADD of the first and the last scaleWindow pods, DEL of the same pods (the
-// last ones go first, on the full node), and STATUS on the full node. Only the reported pods are
-// added and deleted one at a time; the pods between them go parallelism at a time, which
-// keeps the run short enough for two fills per chain.
+// scale measures ADD and DEL of scaleWindow pods with two hostPorts each on an empty node and on
+// a node that holds scalePods of them. Per session: the window added and deleted one at a time
+// on the empty node; the node filled parallelism pods at a time, the window added one at a time
+// on top (pods scalePods-scaleWindow+1 to scalePods), STATUS and a probe on the full node, the
+// window deleted last pod first, the rest deleted in parallel; and the empty-node window once
+// more. The empty-node samples are taken before and after the full-node ones, so drift during
+// the session (other work on the machine) falls on both sides alike.
 func (r *runner) scale() {
 	n, w := r.opts.scalePods, r.opts.scaleWindow
 	for round := range r.opts.scaleRounds {
 		for _, c := range r.order(round) {
 			r.session(c, rowScaleAddLow, twoHostPorts(n), func() error {
 				pods := make([]*pod, n)
-				for i := range n {
-					pods[i] = r.attach(c, i, twoHostPorts(i))
-				}
 				seq := func(row string, op func(*chain, *pod) (time.Duration, error), ps []*pod) error {
 					for _, p := range ps {
 						d, err := op(c, p)
@@ -292,15 +300,28 @@ func (r *runner) scale() {
 					}
 					return nil
 				}
-				add := func(p *pod) error { _, err := r.node.add(c, p); return err }
-				del := func(p *pod) error { _, err := r.node.del(c, p); return err }
-				if err := seq(rowScaleAddLow, r.node.add, pods[:w]); err != nil {
+				attach := func(from, to int) []*pod {
+					for i := from; i < to; i++ {
+						pods[i] = r.attach(c, i, twoHostPorts(i))
+					}
+					return pods[from:to]
+				}
+				emptyNode := func() error {
+					window := attach(0, w)
+					if err := seq(rowScaleAddLow, r.node.add, window); err != nil {
+						return err
+					}
+					return seq(rowScaleDelLow, r.node.del, reversed(window))
+				}
+				if err := emptyNode(); err != nil {
 					return err
 				}
-				if _, err := r.fanOut(pods[w:n-w], add); err != nil {
+				fill := attach(0, n-w)
+				if _, err := r.fanOut(fill, func(p *pod) error { _, err := r.node.add(c, p); return err }); err != nil {
 					return err
 				}
-				if err := seq(rowScaleAddHigh, r.node.add, pods[n-w:]); err != nil {
+				window := attach(n-w, n)
+				if err := seq(rowScaleAddHigh, r.node.add, window); err != nil {
 					return err
 				}
 				if err := r.statuses(c, rowStatusFull); err != nil {
@@ -309,13 +330,13 @@ func (r *runner) scale() {
 				if err := r.probe(c, rowScaleAddHigh, twoHostPorts(n)); err != nil {
 					return err
 				}
-				if err := seq(rowScaleDelHigh, r.node.del, reversed(pods[n-w:])); err != nil {
+				if err := seq(rowScaleDelHigh, r.node.del, reversed(window)); err != nil {
 					return err
 				}
-				if _, err := r.fanOut(pods[w:n-w], del); err != nil {
+				if _, err := r.fanOut(fill, func(p *pod) error { _, err := r.node.del(c, p); return err }); err != nil {
 					return err
 				}
-				return seq(rowScaleDelLow, r.node.del, reversed(pods[:w]))
+				return emptyNode()
 			})
 		}
 	}
