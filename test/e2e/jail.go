@@ -240,7 +240,7 @@ func (j *Jail) StartDaemon(t testing.TB, logFile, name string, args ...string) *
 			t.Error(err)
 		}
 		if t.Failed() {
-			t.Logf("last lines of %s's log:\n%s", name, tail(logFile, 40))
+			t.Logf("last lines of %s's log:\n%s", name, nettest.Tail(logFile, 40))
 		}
 	})
 	return d
@@ -286,17 +286,4 @@ func (d *Daemon) Stop() error {
 		return fmt.Errorf("%s did not stop on SIGTERM: %w", d.Name, err)
 	}
 	return nil
-}
-
-// tail returns the last n lines of a file, for failure reports.
-func tail(file string, n int) string {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
