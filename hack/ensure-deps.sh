@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
-# Installs the system tools kubenet's tests and demo use, when they are missing.
-# The plugin itself needs none of them (it talks netlink); the tests use them to inspect state
-# the way an operator would (nft, iptables, conntrack, tc, ip).
+# Installs missing system packages with apt-get.
+#
+#   ensure-deps.sh [COMMAND:PACKAGE | PACKAGE]...
+#
+# COMMAND:PACKAGE installs PACKAGE when COMMAND is not on the PATH; a bare PACKAGE installs it
+# unless dpkg has it. Without arguments: the tools kubenet's tests and demo use to inspect state
+# the way an operator would (nft, iptables, conntrack, tc, ip) — the plugin itself needs none of
+# them, it talks netlink — and Go.
 set -euo pipefail
 
-declare -A pkg_of=(
-  [ip]=iproute2 [tc]=iproute2 [iptables]=iptables [ip6tables]=iptables [nft]=nftables
-  [ebtables]=ebtables [conntrack]=conntrack
-)
-missing=()
-for cmd in "${!pkg_of[@]}"; do
-  command -v "$cmd" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_of[$cmd]}")
-done
-if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
-  missing+=(golang-go)
+wanted=("$@")
+if [ ${#wanted[@]} -eq 0 ]; then
+  wanted=(ip:iproute2 tc:iproute2 iptables:iptables ip6tables:iptables nft:nftables
+    ebtables:ebtables conntrack:conntrack)
+  command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || wanted+=(golang-go)
 fi
+missing=()
+for want in "${wanted[@]}"; do
+  case "$want" in
+  *:*)
+    PATH="$PATH:/usr/sbin:/sbin" command -v "${want%%:*}" >/dev/null 2>&1 || missing+=("${want#*:}") ;;
+  *)
+    dpkg-query -W -f='${Status}' "$want" 2>/dev/null | grep -q 'ok installed' || missing+=("$want") ;;
+  esac
+done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
 if [ "$(id -u)" -ne 0 ]; then
-  echo "missing packages: ${pkgs[*]}; run as root (make test/demo need root anyway)" >&2
+  echo "missing packages: ${pkgs[*]}; run as root (the tests need root anyway)" >&2
   exit 1
 fi
 echo "installing: ${pkgs[*]}"
