@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 
@@ -40,6 +41,11 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
+	// Forget flows of the pod's addresses, so a new pod that gets the same address does not
+	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues). This
+	// walks the whole conntrack table (~10 ms), so it runs before the lock is taken and while the
+	// addresses are still reserved: no other pod can hold them yet.
+	errs = append(errs, flushConntrack(hint))
 	// The record is what a retried DEL (or GC) needs to find host ports and addresses when the
 	// runtime sends nothing, so it goes only once everything before it is gone.
 	removedAll := errors.Join(errs...) == nil
@@ -49,9 +55,8 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	}
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	errs = append(errs, err)
-	// Forget flows of the released addresses, so a new pod that gets the same address does not
-	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues).
-	errs = append(errs, flushConntrack(append(hint, released...)))
+	// Without a record the addresses are known only now; forget their flows under the lock.
+	errs = append(errs, flushConntrack(slices.DeleteFunc(released, func(a netip.Addr) bool { return slices.Contains(hint, a) })))
 	if err == nil && removedAll {
 		errs = append(errs, records.Remove(att))
 	}
