@@ -63,9 +63,15 @@ func TestConcurrencySoak(t *testing.T) {
 		cycles.Add(1)
 		go func() {
 			defer cycles.Done()
-			// Worker w owns pods w, w+16, ...: the runtime never runs two operations on one pod at once.
-			for i := w; time.Now().Before(deadline); i = (i + workers) % attachments {
-				p := pods[i]
+			// Worker w owns pods w, w+16, ... below 200 and only those: the runtime never runs two
+			// operations on one pod at once. (Wrapping modulo 200 would hand a pod to a second
+			// worker, since 200 is not a multiple of 16.)
+			var own []*nettest.Pod
+			for i := w; i < attachments; i += workers {
+				own = append(own, pods[i])
+			}
+			for n := 0; time.Now().Before(deadline); n++ {
+				p := own[n%len(own)]
 				if err := node.Add(list, p); err != nil {
 					errs <- fmt.Errorf("ADD %s: %w", p.RT.ContainerID, err)
 					return
