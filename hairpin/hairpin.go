@@ -16,6 +16,7 @@ package hairpin
 import (
 	"fmt"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
 
@@ -59,11 +60,26 @@ func SetPort(m Mode, port netlink.Link) error {
 	return nil
 }
 
+// protinfoAttempts bounds the re-reads of an interrupted bridge-port dump.
+const protinfoAttempts = 5
+
 // PortHairpin reads the hairpin flag of a bridge port (for CHECK and tests).
+//
+// The kernel only reports port flags in a dump of every bridge port, and a dump that runs while
+// other pods' veths come and go is interrupted. netlink then keeps the partial answer and, when
+// this port is missing from it, reports "Device with index N not found" instead of the
+// interruption. So a port that is still there by its index is read again.
 func PortHairpin(port netlink.Link) (bool, error) {
-	info, err := netlink.LinkGetProtinfo(port)
-	if err != nil {
-		return false, fmt.Errorf("bridge port %q: %w", port.Attrs().Name, err)
+	var err error
+	for range protinfoAttempts {
+		var info netlink.Protinfo
+		info, err = netlinksafe.LinkGetProtinfo(port)
+		if err == nil {
+			return info.Hairpin, nil
+		}
+		if _, gone := netlink.LinkByIndex(port.Attrs().Index); gone != nil {
+			break
+		}
 	}
-	return info.Hairpin, nil
+	return false, fmt.Errorf("bridge port %q: %w", port.Attrs().Name, err)
 }
