@@ -9,9 +9,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
+	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/shaping"
 )
 
 // Del removes every host-side trace of the attachment: host veth (and with it the pod end),
@@ -36,8 +37,7 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 
 	var errs []error
 	errs = append(errs, delHostPorts(cfg, att, rec, store))
-	errs = append(errs, delShaping(cfg, att, names))
-	errs = append(errs, bridge.DelVeth(names.HostVeth))
+	errs = append(errs, delLinks(names))
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
@@ -62,6 +62,15 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	}
 	errs = append(errs, store.Unlock())
 	return errors.Join(errs...)
+}
+
+// delLinks deletes the attachment's interfaces: the host veth (with it the pod end and the
+// qdiscs of both) and the ifb of a shaped pod. One kernel request for both halves the time a
+// shaped pod's DEL spends waiting for the kernel to let go of them.
+func delLinks(names Names) error {
+	veth, vethErr := links.Find(names.HostVeth)
+	ifb, ifbErr := shaping.FindIFB(names.IFB)
+	return errors.Join(vethErr, ifbErr, links.DeleteTogether(veth, ifb))
 }
 
 // flushConntrack deletes conntrack entries whose original source or reply source is one of addrs.

@@ -57,12 +57,6 @@ func (a *addition) shaping(undo *undoStack) error {
 	return shaping.Apply(a.names.HostVeth, a.names.IFB, l)
 }
 
-// delShaping removes the attachment's shaping (qdiscs on the host veth, its ifb). It needs no
-// limits: the names derive from the attachment, so DEL works when the runtime sends no bandwidth.
-func delShaping(cfg *Config, att Attachment, names Names) error {
-	return shaping.Remove(names.HostVeth, names.IFB)
-}
-
 // checkShaping verifies the attachment's qdiscs and ifb (CHECK) against the limits its record
 // holds: those are what ADD applied, after resolving capability and annotations.
 func checkShaping(cfg *Config, att Attachment, names Names, rec *Record) error {

@@ -13,6 +13,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/links"
 )
 
 // Config describes the bridge of one kubenet network.
@@ -53,7 +55,7 @@ func Ensure(cfg Config) (*netlink.Bridge, error) {
 }
 
 func getOrCreate(cfg Config) (*netlink.Bridge, error) {
-	if br, err := lookup(cfg.Name); err == nil || !isNotFound(err) {
+	if br, err := lookup(cfg.Name); err == nil || !links.IsNotFound(err) {
 		return br, err
 	}
 	attrs := netlink.NewLinkAttrs()
@@ -81,11 +83,6 @@ func lookup(name string) (*netlink.Bridge, error) {
 		return nil, fmt.Errorf("%q exists and is a %s, not a bridge", name, l.Type())
 	}
 	return br, nil
-}
-
-func isNotFound(err error) bool {
-	var nf netlink.LinkNotFoundError
-	return errors.As(err, &nf)
 }
 
 func adjust(br *netlink.Bridge, cfg Config) error {

@@ -10,6 +10,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/links"
 )
 
 // ErrInterfaceExists is returned when the pod already has an interface of the requested name.
@@ -31,7 +33,7 @@ func AddVeth(v Veth, podNS ns.NetNS) (netlink.Link, error) {
 	err := podNS.Do(func(ns.NetNS) error {
 		if _, err := netlinksafe.LinkByName(v.PodIfName); err == nil {
 			return fmt.Errorf("%q: %w", v.PodIfName, ErrInterfaceExists)
-		} else if !isNotFound(err) {
+		} else if !links.IsNotFound(err) {
 			return err
 		}
 		return nil
@@ -71,17 +73,11 @@ func AddVeth(v Veth, podNS ns.NetNS) (netlink.Link, error) {
 // DelVeth removes the host end (which removes the pod end with it). A missing link is success:
 // DEL must be repeatable and must work after the pod's netns is gone.
 func DelVeth(hostName string) error {
-	l, err := netlinksafe.LinkByName(hostName)
-	if isNotFound(err) {
-		return nil
-	}
+	l, err := links.Find(hostName)
 	if err != nil {
-		return fmt.Errorf("veth %q: %w", hostName, err)
+		return fmt.Errorf("veth: %w", err)
 	}
-	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("veth %q: delete: %w", hostName, err)
-	}
-	return nil
+	return links.DeleteTogether(l)
 }
 
 // Pod is the addressing of a pod interface.

@@ -27,6 +27,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/links"
 )
 
 // queueLatency is how long a packet may wait in a tbf queue before it is dropped.
@@ -91,7 +93,7 @@ func Remove(hostVeth, ifb string) error {
 	var errs []error
 	host, err := netlinksafe.LinkByName(hostVeth)
 	switch {
-	case isNotFound(err):
+	case links.IsNotFound(err):
 	case err != nil:
 		errs = append(errs, fmt.Errorf("shaping: host veth %q: %w", hostVeth, err))
 	default:
@@ -108,10 +110,7 @@ func Remove(hostVeth, ifb string) error {
 			}
 		}
 	}
-	dev, err := lookupIFB(ifb)
-	if errors.Is(err, ErrNotIFB) {
-		err = nil // someone else's device: not ours to delete
-	}
+	dev, err := FindIFB(ifb)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -138,17 +137,27 @@ func isOurs(q netlink.Qdisc) bool {
 // lookupIFB returns the ifb named name, nil when there is none, and ErrNotIFB when the name is
 // taken by another kind of link.
 func lookupIFB(name string) (netlink.Link, error) {
-	l, err := netlinksafe.LinkByName(name)
-	if isNotFound(err) {
-		return nil, nil
-	}
+	l, err := links.Find(name)
 	if err != nil {
-		return nil, fmt.Errorf("shaping: ifb %q: %w", name, err)
+		return nil, fmt.Errorf("shaping: %w", err)
+	}
+	if l == nil {
+		return nil, nil
 	}
 	if _, ok := l.(*netlink.Ifb); !ok {
 		return nil, fmt.Errorf("shaping: ifb %q: %w (it is a %s)", name, ErrNotIFB, l.Type())
 	}
 	return l, nil
+}
+
+// FindIFB returns the pod's ifb for deletion: nil when there is none, or when the name belongs to
+// a link of another kind, which is not kubenet's to delete.
+func FindIFB(name string) (netlink.Link, error) {
+	l, err := lookupIFB(name)
+	if errors.Is(err, ErrNotIFB) {
+		return nil, nil
+	}
+	return l, err
 }
 
 // addIFB creates the ifb with the host veth's MTU (so redirected frames fit) and brings it up.
@@ -223,9 +232,4 @@ func redirect(link, ifb int) *netlink.U32 {
 		Sel:         &netlink.TcU32Sel{Flags: netlink.TC_U32_TERMINAL, Keys: []netlink.TcU32Key{{}}},
 		Actions:     []netlink.Action{netlink.NewMirredAction(ifb)},
 	}
-}
-
-func isNotFound(err error) bool {
-	var nf netlink.LinkNotFoundError
-	return errors.As(err, &nf)
 }
