@@ -36,6 +36,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
@@ -260,9 +261,7 @@ func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 }
 
 // flushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
-// netlink; no conntrack binary needed). A dump walks the kernel's whole conntrack hash, which
-// costs milliseconds whatever it holds, so one dump of both families looks first, and only a
-// family with a match is dumped again to delete (usually there is none).
+// netlink; no conntrack binary needed).
 func flushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
@@ -273,37 +272,29 @@ func flushUDP(entries []Entry) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_UNSPEC)
-	if err != nil {
-		return fmt.Errorf("list conntrack entries: %w", err)
-	}
 	// The node's addresses only tell whether a UDP flow to one of the ports went to a local
 	// address. Listing them is a dump that grows with the pods (each host veth has an IPv6
 	// link-local address), so it happens only once such a flow turns up.
 	var filter staleUDP
-	stale := map[netlink.InetFamily]bool{}
-	for _, f := range flows {
-		if !udpToPort(f, keys) {
-			continue
+	var localErr error
+	_, err := conntrack.Delete(func(f *netlink.ConntrackFlow) bool {
+		if !udpToPort(f, keys) || localErr != nil {
+			return false
 		}
 		if filter.keys == nil {
 			local, err := localAddrs()
 			if err != nil {
-				return err
+				localErr = err
+				return false
 			}
 			filter = staleUDP{keys: keys, local: local}
 		}
-		if filter.MatchConntrackFlow(f) {
-			stale[netlink.InetFamily(f.FamilyType)] = true
-		}
+		return filter.MatchConntrackFlow(f)
+	})
+	if err != nil {
+		err = fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err)
 	}
-	var errs []error
-	for family := range stale {
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, filter); err != nil {
-			errs = append(errs, fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err))
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(localErr, err)
 }
 
 // udpToPort reports whether flow is UDP to the port of one of keys, whatever its destination.

@@ -1,0 +1,98 @@
+package conntrack
+
+import (
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+)
+
+// trackingNS makes a namespace whose output path runs through conntrack, as a node's does.
+func trackingNS(t *testing.T) ns.NetNS {
+	t.Helper()
+	n := nettest.NewNS(t)
+	rules := "table inet cttest { chain out { type filter hook output priority 0; ct state new accept; }; }"
+	cmd := exec.Command("nsenter", "--net="+n.Path(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	nettest.Do(t, n, func() error { return netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}}) })
+	return n
+}
+
+func TestListAndDelete(t *testing.T) {
+	nettest.RequireRoot(t)
+	t.Run("namespace without entries", func(t *testing.T) {
+		n := nettest.NewNS(t)
+		nettest.Do(t, n, func() error {
+			if !empty() {
+				return fmt.Errorf("a new namespace does not count as empty")
+			}
+			flows, err := List()
+			if err != nil || len(flows) != 0 {
+				return fmt.Errorf("List() = %d flows, %v; want none", len(flows), err)
+			}
+			return nil
+		})
+	})
+	t.Run("delete selected flows only", func(t *testing.T) {
+		n := trackingNS(t)
+		nettest.Do(t, n, func() error {
+			for _, port := range []int{40001, 40002} {
+				c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+				if err != nil {
+					return err
+				}
+				_, err = c.Write([]byte("x"))
+				c.Close()
+				if err != nil {
+					return err
+				}
+			}
+			if empty() {
+				return fmt.Errorf("namespace with two tracked flows counts as empty")
+			}
+			toPort := func(port uint16) Match {
+				return func(f *netlink.ConntrackFlow) bool {
+					return f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstPort == port
+				}
+			}
+			if got := count(toPort(40001)); got != 1 {
+				return fmt.Errorf("%d flows to 40001 before Delete, want 1", got)
+			}
+			deleted, err := Delete(toPort(40001))
+			if err != nil || deleted != 1 {
+				return fmt.Errorf("Delete = %d, %v; want 1 deleted", deleted, err)
+			}
+			if got := count(toPort(40001)); got != 0 {
+				return fmt.Errorf("%d flows to 40001 after Delete, want 0", got)
+			}
+			if got := count(toPort(40002)); got != 1 {
+				return fmt.Errorf("%d flows to 40002 after deleting 40001's, want 1 (untouched)", got)
+			}
+			return nil
+		})
+	})
+}
+
+func count(m Match) int {
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, 0)
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, f := range flows {
+		if m(f) {
+			n++
+		}
+	}
+	return n
+}
