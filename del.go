@@ -36,7 +36,8 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
-	errs = append(errs, delHostPorts(cfg, att, rec, store))
+	mapped, err := delHostPorts(cfg, att, rec, store)
+	errs = append(errs, err)
 	errs = append(errs, delLinks(names))
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, err)...)
@@ -44,8 +45,10 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	// Forget flows of the pod's addresses, so a new pod that gets the same address does not
 	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues). This
 	// walks the whole conntrack table (~10 ms), so it runs before the lock is taken and while the
-	// addresses are still reserved: no other pod can hold them yet.
-	errs = append(errs, flushConntrack(hint))
+	// addresses are still reserved: no other pod can hold them yet. The host ports' translated
+	// flows lead to the same addresses, so the one walk forgets them too.
+	flushed := slices.Concat(hint, mapped)
+	errs = append(errs, flushConntrack(flushed))
 	// The record is what a retried DEL (or GC) needs to find host ports and addresses when the
 	// runtime sends nothing, so it goes only once everything before it is gone.
 	removedAll := errors.Join(errs...) == nil
@@ -56,7 +59,7 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	errs = append(errs, err)
 	// Without a record the addresses are known only now; forget their flows under the lock.
-	errs = append(errs, flushConntrack(slices.DeleteFunc(released, func(a netip.Addr) bool { return slices.Contains(hint, a) })))
+	errs = append(errs, flushConntrack(slices.DeleteFunc(released, func(a netip.Addr) bool { return slices.Contains(flushed, a) })))
 	if err == nil && removedAll {
 		errs = append(errs, records.Remove(att))
 	}

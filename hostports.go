@@ -53,11 +53,12 @@ func (a *addition) hostPorts(undo *undoStack) error {
 	return nil
 }
 
-// delHostPorts removes every host-port rule of the attachment. rec may be nil (no record on disk)
-// and cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings are the
-// union of both; without pod addresses every family of the network is tried. Only reservations
-// this attachment holds are removed, so trying too many keys is harmless.
-func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) error {
+// delHostPorts removes every host-port rule of the attachment and returns the pod addresses the
+// removed rules led to, whose flows the caller forgets (hostport.Unmap). rec may be nil (no record
+// on disk) and cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings
+// are the union of both; without pod addresses every family of the network is tried. Only
+// reservations this attachment holds are removed, so trying too many keys is harmless.
+func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) ([]netip.Addr, error) {
 	mappings := cfg.Runtime.PortMappings
 	var families []bool
 	if rec != nil {
@@ -67,22 +68,26 @@ func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) e
 		}
 	}
 	if len(mappings) == 0 {
-		return nil
+		return nil, nil
 	}
 	for _, p := range cfg.PodCIDRs() {
 		families = append(families, p.Addr().Is6())
 	}
 	if err := store.Lock(); err != nil {
-		return fmt.Errorf("host ports: lock address store: %w", err)
+		return nil, fmt.Errorf("host ports: lock address store: %w", err)
 	}
-	err := hostport.Remove(hostportConfig(cfg, store.Dir()), ownerOf(att), hostport.Keys(toMappings(mappings), families))
+	removed, err := hostport.Unmap(hostportConfig(cfg, store.Dir()), ownerOf(att), hostport.Keys(toMappings(mappings), families))
 	if uerr := store.Unlock(); err == nil {
 		err = uerr
 	}
-	if err != nil {
-		return fmt.Errorf("host ports: %w", err)
+	var podIPs []netip.Addr
+	for _, e := range removed {
+		podIPs = append(podIPs, e.PodIP)
 	}
-	return nil
+	if err != nil {
+		return podIPs, fmt.Errorf("host ports: %w", err)
+	}
+	return podIPs, nil
 }
 
 func hostportConfig(cfg *Config, networkDir string) hostport.Config {

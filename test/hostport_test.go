@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -695,6 +696,57 @@ func TestHostPortDelWithoutNetNSOrRuntimeConfig(t *testing.T) {
 	}
 	hpAuditEmpty(t, node, ips, 32200, 32201, 32202)
 	assertNoResidue(t, node, "kubenet", attachmentOf(pod), ips)
+}
+
+// TestHostPortDelForgetsTranslatedFlows: DEL forgets the translated conntrack flows of a pod's
+// host ports however little it knows of the pod: from its record, from its address reservations
+// alone, or, with both lost, from the host-port index alone (the pod address its entries lead to).
+func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
+	cases := []struct {
+		name  string
+		loses func(dataDir string, pod *nettest.Pod) []string // files to remove before DEL
+	}{
+		{"record and reservations", func(string, *nettest.Pod) []string { return nil }},
+		{"reservations only", func(dir string, pod *nettest.Pod) []string {
+			return []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+		}},
+		{"host-port index only", func(dir string, pod *nettest.Pod) []string {
+			files := []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			for _, ip := range pod.IPs() {
+				files = append(files, filepath.Join(dir, ip.String()))
+			}
+			return files
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			node, list, _ := hpNode(t)
+			pod := node.NewPod(t, "flows")
+			pod.RT.CapabilityArgs = hpArgs(true, hpMapping{32300, 8081, "udp", ""})
+			node.MustAdd(t, list, pod)
+			srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
+			if err := nettest.Eventually(trafficTimeout, func() error {
+				r, err := nettest.UDPRequest(node.External, netip.MustParseAddrPort("198.18.0.1:32300"), "flow", time.Second)
+				return nettest.ExpectFrom(r, err, nettest.External4.Addr())
+			}); err != nil {
+				t.Fatalf("UDP through the host port: %v (server %s)", err, srv.Addr)
+			}
+			if flows := hpConntrack(t, node, true, 32300); len(flows) == 0 {
+				t.Fatal("no translated conntrack entry for the host port before DEL; the test needs one")
+			}
+			for _, f := range tc.loses(filepath.Join(node.DataDir(), "kubenet"), pod) {
+				if err := os.Remove(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ips := pod.IPs()
+			if err := node.Del(list, pod); err != nil {
+				t.Fatal(err)
+			}
+			hpAuditEmpty(t, node, ips, 32300)
+			assertNoResidue(t, node, "kubenet", attachmentOf(pod), ips)
+		})
+	}
 }
 
 // hookCtx is a context whose Err fails from its failAt-th call on, after running onFail once:
