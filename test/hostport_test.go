@@ -679,13 +679,7 @@ func TestHostPortDelWithoutNetNSOrRuntimeConfig(t *testing.T) {
 		t.Fatalf("%d map elements after ADD, want 4", got)
 	}
 	// A flow through the UDP port, so the audit sees its conntrack entry go.
-	srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
-	if err := nettest.Eventually(trafficTimeout, func() error {
-		r, err := nettest.UDPRequest(node.External, netip.MustParseAddrPort("198.18.0.1:32201"), "flow", time.Second)
-		return nettest.ExpectFrom(r, err, nettest.External4.Addr())
-	}); err != nil {
-		t.Fatalf("UDP through the host port: %v (server %s)", err, srv.Addr)
-	}
+	udpFlowThroughHostPort(t, node, pod, 8081, netip.MustParseAddrPort("198.18.0.1:32201"))
 	ips := pod.IPs()
 	nettest.DeleteNS(t, pod.NS)
 	pod.RT.CapabilityArgs = nil
@@ -696,6 +690,19 @@ func TestHostPortDelWithoutNetNSOrRuntimeConfig(t *testing.T) {
 	}
 	hpAuditEmpty(t, node, ips, 32200, 32201, 32202)
 	assertNoResidue(t, node, "kubenet", attachmentOf(pod), ips)
+}
+
+// udpFlowThroughHostPort serves UDP echo on the pod's containerPort and has the external host
+// reach it through hostPort, which leaves a translated conntrack entry behind.
+func udpFlowThroughHostPort(t *testing.T, node *nettest.Node, pod *nettest.Pod, containerPort uint16, hostPort netip.AddrPort) {
+	t.Helper()
+	srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), containerPort))
+	if err := nettest.Eventually(trafficTimeout, func() error {
+		r, err := nettest.UDPRequest(node.External, hostPort, "flow", time.Second)
+		return nettest.ExpectFrom(r, err, nettest.External4.Addr())
+	}); err != nil {
+		t.Fatalf("UDP through host port %s: %v (server %s)", hostPort, err, srv.Addr)
+	}
 }
 
 // TestHostPortDelForgetsTranslatedFlows: DEL forgets the translated conntrack flows of a pod's
@@ -724,13 +731,7 @@ func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 			pod := node.NewPod(t, "flows")
 			pod.RT.CapabilityArgs = hpArgs(true, hpMapping{32300, 8081, "udp", ""})
 			node.MustAdd(t, list, pod)
-			srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
-			if err := nettest.Eventually(trafficTimeout, func() error {
-				r, err := nettest.UDPRequest(node.External, netip.MustParseAddrPort("198.18.0.1:32300"), "flow", time.Second)
-				return nettest.ExpectFrom(r, err, nettest.External4.Addr())
-			}); err != nil {
-				t.Fatalf("UDP through the host port: %v (server %s)", err, srv.Addr)
-			}
+			udpFlowThroughHostPort(t, node, pod, 8081, netip.MustParseAddrPort("198.18.0.1:32300"))
 			if flows := hpConntrack(t, node, true, 32300); len(flows) == 0 {
 				t.Fatal("no translated conntrack entry for the host port before DEL; the test needs one")
 			}
