@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/links"
@@ -97,7 +98,7 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 		if err != nil {
 			return err
 		}
-		if err := podSysctls(p); err != nil {
+		if err := podSysctls(link, p); err != nil {
 			return err
 		}
 		for _, a := range p.Addrs {
@@ -131,27 +132,44 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 	return mac, nil
 }
 
-func podSysctls(p Pod) error {
+func podSysctls(link netlink.Link, p Pod) error {
 	// arp_notify: announce the new address at once, so the bridge and the gateway learn it before
 	// the first packet instead of after a failed ARP round.
-	if err := ensureSysctl(fmt.Sprintf("net/ipv4/conf/%s/arp_notify", p.IfName), "1"); err != nil {
-		return err
+	if err := setIPv4DevConf(link, ipv4DevConfArpNotify, 1); err != nil {
+		return fmt.Errorf("arp_notify: %w", err)
 	}
 	for _, a := range p.Addrs {
 		if !a.Addr().Is6() {
 			continue
 		}
-		for _, kv := range [][2]string{
-			{"net/ipv6/conf/" + p.IfName + "/disable_ipv6", "0"},
-			{"net/ipv6/conf/" + p.IfName + "/accept_dad", "0"},
-			{"net/ipv6/conf/" + p.IfName + "/dad_transmits", "0"},
-			{"net/ipv6/conf/lo/disable_ipv6", "0"},
-		} {
-			if err := ensureSysctl(kv[0], kv[1]); err != nil {
-				return err
-			}
+		// IPv6 has no rtnetlink way to change these, so /proc it is, with one lookup of the
+		// interface's directory for all three.
+		if err := ensureSysctls("net/ipv6/conf/"+p.IfName, [][2]string{{"disable_ipv6", "0"}, {"accept_dad", "0"}, {"dad_transmits", "0"}}); err != nil {
+			return err
 		}
-		break
+		return ensureSysctl("net/ipv6/conf/lo/disable_ipv6", "0")
+	}
+	return nil
+}
+
+// ipv4DevConfArpNotify is IPV4_DEVCONF_ARP_NOTIFY of linux/ip.h (x/sys/unix does not define it).
+const ipv4DevConfArpNotify = 22
+
+// setIPv4DevConf sets one IPv4 per-interface setting (what /proc/sys/net/ipv4/conf/<if>/ shows)
+// over rtnetlink, without the /proc lookup of the interface's name that grows with the pods on
+// the node (see ensureSysctls). perf on a node with 490 pods: proc_sys_compare went from 0.1% to
+// 3% of an ADD's samples.
+func setIPv4DevConf(link netlink.Link, id int, value uint32) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(link.Attrs().Index)
+	req.AddData(msg)
+	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
+	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(unix.IFLA_INET_CONF, nil)
+	conf.AddRtAttr(id, nl.Uint32Attr(value))
+	req.AddData(spec)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("set IPv4 setting %d of %q: %w", id, link.Attrs().Name, err)
 	}
 	return nil
 }
