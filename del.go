@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/ipam"
@@ -36,7 +37,7 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
-	mapped, err := delHostPorts(cfg, att, rec, store)
+	unmapped, err := delHostPorts(cfg, att, rec, store)
 	errs = append(errs, err)
 	errs = append(errs, delLinks(names))
 	if err := ctx.Err(); err != nil {
@@ -47,8 +48,7 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	// walks the whole conntrack table (~10 ms), so it runs before the lock is taken and while the
 	// addresses are still reserved: no other pod can hold them yet. The host ports' translated
 	// flows lead to the same addresses, so the one walk forgets them too.
-	flushed := slices.Concat(hint, mapped)
-	errs = append(errs, flushConntrack(flushed))
+	errs = append(errs, flushConntrack(hint))
 	// The record is what a retried DEL (or GC) needs to find host ports and addresses when the
 	// runtime sends nothing, so it goes only once everything before it is gone.
 	removedAll := errors.Join(errs...) == nil
@@ -59,7 +59,12 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	errs = append(errs, err)
 	// Without a record the addresses are known only now; forget their flows under the lock.
-	errs = append(errs, flushConntrack(slices.DeleteFunc(released, func(a netip.Addr) bool { return slices.Contains(flushed, a) })))
+	errs = append(errs, flushConntrack(slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })))
+	// A host port that led to an address that is not the pod's (a DEL that lost record and
+	// reservations; the address may be another pod's by now) has its port's flows forgotten
+	// instead of the address's.
+	ours := slices.Concat(hint, released)
+	errs = append(errs, hostport.FlushUDP(slices.DeleteFunc(unmapped, func(e hostport.Entry) bool { return slices.Contains(ours, e.PodIP) })))
 	if err == nil && removedAll {
 		errs = append(errs, records.Remove(att))
 	}

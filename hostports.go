@@ -53,12 +53,12 @@ func (a *addition) hostPorts(undo *undoStack) error {
 	return nil
 }
 
-// delHostPorts removes every host-port rule of the attachment and returns the pod addresses the
-// removed rules led to, whose flows the caller forgets (hostport.Unmap). rec may be nil (no record
-// on disk) and cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings
-// are the union of both; without pod addresses every family of the network is tried. Only
-// reservations this attachment holds are removed, so trying too many keys is harmless.
-func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) ([]netip.Addr, error) {
+// delHostPorts removes every host-port rule of the attachment and returns the entries it removed,
+// whose flows the caller forgets (hostport.Unmap). rec may be nil (no record on disk) and
+// cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings are the union
+// of both; without pod addresses every family of the network is tried. Only reservations this
+// attachment holds are removed, so trying too many keys is harmless.
+func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) ([]hostport.Entry, error) {
 	mappings := cfg.Runtime.PortMappings
 	var families []bool
 	if rec != nil {
@@ -80,14 +80,10 @@ func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) (
 	if uerr := store.Unlock(); err == nil {
 		err = uerr
 	}
-	var podIPs []netip.Addr
-	for _, e := range removed {
-		podIPs = append(podIPs, e.PodIP)
-	}
 	if err != nil {
-		return podIPs, fmt.Errorf("host ports: %w", err)
+		return removed, fmt.Errorf("host ports: %w", err)
 	}
-	return podIPs, nil
+	return removed, nil
 }
 
 func hostportConfig(cfg *Config, networkDir string) hostport.Config {

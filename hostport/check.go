@@ -141,5 +141,5 @@ func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
 	for _, r := range stale {
 		entries = append(entries, r.Entry)
 	}
-	return stale, errors.Join(flushUDP(entries), NewIndex(cfg.Dir).remove(staleIndex))
+	return stale, errors.Join(FlushUDP(entries), NewIndex(cfg.Dir).remove(staleIndex))
 }

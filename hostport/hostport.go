@@ -75,7 +75,7 @@ func Add(cfg Config, owner Owner, entries []Entry) error {
 	// After the rules are in place, so no new stale entry can appear: a client that kept
 	// sending to the port before (to nobody, or to an old pod) would otherwise stay pinned to
 	// that entry for as long as it keeps sending (kubernetes#58336, plugins#123).
-	if err := flushUDP(entries); err != nil {
+	if err := FlushUDP(entries); err != nil {
 		return errors.Join(err, Remove(cfg, owner, KeysOf(entries)))
 	}
 	return nil
@@ -163,14 +163,14 @@ func addElements(c *nftables.Conn, sets map[string]*nftables.Set, owner Owner, e
 // DEL never removes someone else's mapping. It needs neither the pod's netns nor its address.
 func Remove(cfg Config, owner Owner, keys []Key) error {
 	entries, err := Unmap(cfg, owner, keys)
-	return errors.Join(err, flushUDP(entries))
+	return errors.Join(err, FlushUDP(entries))
 }
 
 // Unmap is Remove without the conntrack walk: it returns the entries it removed, and the caller
-// forgets their flows. DEL does, in the one walk that forgets every flow of the pod's addresses:
-// a walk costs ~10 ms whatever it looks for, and a translated flow of a host port has the pod's
-// address as its reply source. (Untranslated flows to the port, made while no pod held it, are
-// the node's own again once the mapping is gone.)
+// forgets their flows. DEL does that in the walk that forgets every flow of the pod's addresses
+// (a walk costs ~10 ms whatever it looks for, and a translated flow of a host port has the pod's
+// address as its reply source), and calls FlushUDP only for entries whose address is not the
+// pod's any more.
 func Unmap(cfg Config, owner Owner, keys []Key) ([]Entry, error) {
 	ix := NewIndex(cfg.Dir)
 	owned, err := ix.Owned(owner, keys)
@@ -270,9 +270,9 @@ func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	return false
 }
 
-// flushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
+// FlushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
 // netlink; no conntrack binary needed).
-func flushUDP(entries []Entry) error {
+func FlushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
 		if e.Protocol == "udp" {

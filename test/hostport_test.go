@@ -692,6 +692,70 @@ func TestHostPortDelWithoutNetNSOrRuntimeConfig(t *testing.T) {
 	assertNoResidue(t, node, "kubenet", attachmentOf(pod), ips)
 }
 
+// TestHostPortDelLeavesAReusedAddressAlone: a DEL that lost the pod's record and reservations
+// finds its host ports in the index, but the address they lead to may be another pod's by then.
+// That pod's flows survive the DEL; the host port's translated flows do not.
+func TestHostPortDelLeavesAReusedAddressAlone(t *testing.T) {
+	node, list, _ := hpNode(t)
+	old := node.NewPod(t, "old")
+	old.RT.CapabilityArgs = hpArgs(true, hpMapping{32400, 8081, "udp", ""})
+	node.MustAdd(t, list, old)
+	udpFlowThroughHostPort(t, node, old, 8081, netip.MustParseAddrPort("198.18.0.1:32400"))
+
+	// The old pod's state is lost, its netns gone, and the allocator hands its addresses out
+	// next (each cursor set to the address before the old pod's).
+	dir := filepath.Join(node.DataDir(), "kubenet")
+	lost := []string{filepath.Join(dir, "kubenet-attachments", old.RT.ContainerID+"_eth0.json")}
+	for _, ip := range old.IPs() {
+		lost = append(lost, filepath.Join(dir, ip.String()))
+	}
+	for _, f := range lost {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		cursor := filepath.Join(dir, fmt.Sprintf("last_reserved_ip.%d", i))
+		b, err := os.ReadFile(cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cursor, []byte(netip.MustParseAddr(strings.TrimSpace(string(b))).Prev().String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldIPs := old.IPs()
+	nettest.DeleteNS(t, old.NS)
+
+	reuser := node.NewPod(t, "reuser")
+	node.MustAdd(t, list, reuser)
+	if !slices.Equal(reuser.IPs(), oldIPs) {
+		t.Fatalf("the new pod got %v, not the old pod's %v; the test needs the same", reuser.IPs(), oldIPs)
+	}
+	// A flow of the new pod: UDP to an external host, masqueraded.
+	nettest.StartUDPEcho(t, node.External, netip.AddrPortFrom(nettest.External4.Addr(), 9000))
+	if err := nettest.Eventually(trafficTimeout, func() error {
+		r, err := nettest.UDPRequest(reuser.NS, netip.AddrPortFrom(nettest.External4.Addr(), 9000), "mine", time.Second)
+		return nettest.ExpectFrom(r, err, nettest.NodeUplink4.Addr())
+	}); err != nil {
+		t.Fatalf("UDP from the new pod to the external host: %v", err)
+	}
+	if len(hpConntrack(t, node, false, 9000)) == 0 {
+		t.Fatal("no conntrack entry for the new pod's flow; the test needs one")
+	}
+
+	if err := node.Del(list, old); err != nil {
+		t.Fatal(err)
+	}
+	if len(hpConntrack(t, node, false, 9000)) == 0 {
+		t.Errorf("the old pod's DEL forgot the new pod's flow from %v", oldIPs)
+	}
+	hpAuditEmpty(t, node, nil, 32400)
+	if err := node.Del(list, reuser); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // udpFlowThroughHostPort serves UDP echo on the pod's containerPort and has the external host
 // reach it through hostPort, which leaves a translated conntrack entry behind.
 func udpFlowThroughHostPort(t *testing.T, node *nettest.Node, pod *nettest.Pod, containerPort uint16, hostPort netip.AddrPort) {
@@ -706,8 +770,9 @@ func udpFlowThroughHostPort(t *testing.T, node *nettest.Node, pod *nettest.Pod, 
 }
 
 // TestHostPortDelForgetsTranslatedFlows: DEL forgets the translated conntrack flows of a pod's
-// host ports however little it knows of the pod: from its record, from its address reservations
-// alone, or, with both lost, from the host-port index alone (the pod address its entries lead to).
+// host ports however little it knows of the pod: with its record (one walk for the pod's
+// addresses covers them), from its address reservations alone, or, with both lost, from the
+// host-port index alone (then by port: the address may be another pod's by now).
 func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 	cases := []struct {
 		name  string
