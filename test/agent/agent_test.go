@@ -42,7 +42,7 @@ func TestAgentCluster(t *testing.T) {
 	agentTok := serviceAccountUser(t, objs)
 	adminTok := token{value: "admin-token", user: "admin", groups: []string{"system:masters"}}
 
-	u := nettest.NewUnderlay(t)
+	u := nettest.NewUnderlay(t, 0)
 	cp := startControlPlane(t, u, controlPlaneAddr, []token{adminTok, agentTok})
 	applyManifest(t, cp.admin, objs)
 	api := cp.admin

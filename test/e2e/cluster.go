@@ -8,8 +8,6 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -73,20 +71,9 @@ func (n *ClusterNode) Gateway(like netip.Addr) netip.Addr {
 // kubenet conflist (dual-stack, mtu 0, cniVersion 1.1.0) is in its List.
 func NewCluster(t testing.TB, binDir string, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{Underlay: nettest.NewNS(t), External: nettest.NewNS(t)}
-	const bridge = "underlay"
-	nettest.Do(t, c.Underlay, func() error {
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridge, MTU: UnderlayMTU}}
-		if err := netlink.LinkAdd(br); err != nil {
-			return fmt.Errorf("underlay bridge: %w", err)
-		}
-		for _, p := range []netip.Prefix{netip.PrefixFrom(Router4, NodeNet4.Bits()), netip.PrefixFrom(Router6, NodeNet6.Bits())} {
-			if err := netlink.AddrAdd(br, &netlink.Addr{IPNet: nettest.PrefixToIPNet(p), Flags: nodad}); err != nil {
-				return fmt.Errorf("underlay bridge address %s: %w", p, err)
-			}
-		}
-		return netlink.LinkSetUp(br)
-	})
+	// The underlay bridge carries the router's addresses: the underlay namespace is the router.
+	u := nettest.NewUnderlay(t, UnderlayMTU, netip.PrefixFrom(Router4, NodeNet4.Bits()), netip.PrefixFrom(Router6, NodeNet6.Bits()))
+	c := &Cluster{Underlay: u.NS, External: nettest.NewNS(t)}
 	nettest.WriteSysctl(t, c.Underlay, "net/ipv4/ip_forward", "1")
 	nettest.WriteSysctl(t, c.Underlay, "net/ipv6/conf/all/forwarding", "1")
 	nettest.Link(t,
@@ -106,26 +93,7 @@ func NewCluster(t testing.TB, binDir string, n int) *Cluster {
 			},
 		}
 		node.CNI = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(node.Dir, "cache"), nil)
-		port := node.Name
-		nettest.Link(t,
-			nettest.Endpoint{NS: node.NS, IfName: "eth0", Addrs: []netip.Prefix{
-				netip.PrefixFrom(node.Addr[false], NodeNet4.Bits()), netip.PrefixFrom(node.Addr[true], NodeNet6.Bits())}},
-			nettest.Endpoint{NS: c.Underlay, IfName: port})
-		nettest.Do(t, node.NS, func() error { return setMTU("eth0", UnderlayMTU) })
-		nettest.Do(t, c.Underlay, func() error {
-			if err := setMTU(port, UnderlayMTU); err != nil {
-				return err
-			}
-			br, err := netlink.LinkByName(bridge)
-			if err != nil {
-				return err
-			}
-			l, err := netlink.LinkByName(port)
-			if err != nil {
-				return err
-			}
-			return netlink.LinkSetMaster(l, br)
-		})
+		u.Attach(t, node.NS, "eth0", netip.PrefixFrom(node.Addr[false], NodeNet4.Bits()), netip.PrefixFrom(node.Addr[true], NodeNet6.Bits()))
 		nettest.AddRoute(t, node.NS, netip.MustParsePrefix("0.0.0.0/0"), Router4)
 		nettest.AddRoute(t, node.NS, netip.MustParsePrefix("::/0"), Router6)
 		node.List = node.ConfList(t, nettest.NetConf{PodCIDRs: node.PodCIDRs, NonMasqueradeCIDRs: ClusterNonMasquerade})
@@ -143,21 +111,6 @@ func NewCluster(t testing.TB, binDir string, n int) *Cluster {
 		}
 	}
 	return c
-}
-
-// nodad marks the router's addresses as not subject to duplicate address detection, so IPv6
-// works at once.
-const nodad = unix.IFA_F_NODAD
-
-func setMTU(name string, mtu int) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetMTU(l, mtu); err != nil {
-		return fmt.Errorf("mtu %d on %s: %w", mtu, name, err)
-	}
-	return nil
 }
 
 // hostAddr is the i-th address of p.
