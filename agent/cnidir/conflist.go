@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/internal/atomicfile"
 )
 
 // Defaults of Options.
@@ -123,9 +124,9 @@ func cidrStrings(ps []netip.Prefix) []string {
 }
 
 // WriteFile puts data at path unless the file already holds exactly data, and reports whether
-// it wrote. The bytes go to a temporary file in the same directory first (named so that libcni,
-// which only reads *.conf, *.conflist and *.json, ignores it), are synced and then renamed over
-// path: a runtime reading the conf dir sees the old file or the new one, never a part.
+// it wrote. atomicfile names its temporary file so that libcni, which only reads *.conf,
+// *.conflist and *.json, ignores it: a runtime reading the conf dir sees the old file or the new
+// one, never a part.
 func WriteFile(path string, data []byte, mode os.FileMode) (bool, error) {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return false, nil
@@ -134,35 +135,9 @@ func WriteFile(path string, data []byte, mode os.FileMode) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, fmt.Errorf("write %s: %w", path, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+	if err := atomicfile.Write(path, data, mode); err != nil {
+		return false, err
 	}
-	done := false
-	defer func() {
-		if !done {
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
-	}
-	done = true
 	// The rename is durable only once the directory is synced; a node that loses power right
 	// after must not come back without a conflist it had reported as written.
 	if d, err := os.Open(dir); err == nil {
