@@ -135,19 +135,11 @@ func printStatus(w io.Writer, pm *network.PluginManager, pod podRef, asJSON bool
 // pluginManager builds both plugins, selects one by --network-plugin as kubelet does, sends the
 // pod CIDR event and wraps the plugin in a PluginManager.
 func (o *options) pluginManager(stderr io.Writer) (*network.PluginManager, func(), error) {
-	logger, err := o.logger(stderr)
+	kn, nodeNS, logger, closeAll, err := o.newKubenet(stderr)
 	if err != nil {
 		return nil, nil, err
 	}
-	nodeNS, closeAll, err := o.openNodeNS()
-	if err != nil {
-		return nil, nil, err
-	}
-	kn := kubenet.New(kubenet.Options{NodeNS: nodeNS, DataDir: o.dataDir, Network: o.network, Bridge: o.bridge, Logger: logger, SkipPortReacquire: true})
 	cn := cni.New(cni.Options{ConfDir: o.confDir, BinDirs: strings.Split(o.binDirs, ","), CacheDir: o.cacheDir, NodeNS: nodeNS, Logger: logger})
-	closeAll = func(prev func()) func() {
-		return func() { _ = kn.Close(); prev() }
-	}(closeAll)
 	host := &cliHost{netns: o.netns, ports: o.ports}
 	plugin, err := network.InitNetworkPlugin([]network.NetworkPlugin{kn, cn}, o.plugin, host, network.HairpinMode(o.hairpin), o.nonMasq, o.mtu)
 	if err != nil {
@@ -199,3 +191,18 @@ func (h *cliHost) GetNetNS(string) (string, error) {
 }
 
 func (h *cliHost) GetPodPortMappings(string) ([]*network.PortMapping, error) { return h.ports, nil }
+
+// newKubenet makes the kubenet plugin both paths use, in the node namespace and with the
+// logger the flags ask for. closeAll closes the plugin and then the namespace.
+func (o *options) newKubenet(stderr io.Writer) (kn *kubenet.Plugin, nodeNS ns.NetNS, logger *slog.Logger, closeAll func(), err error) {
+	logger, err = o.logger(stderr)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	nodeNS, closeNS, err := o.openNodeNS()
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	kn = kubenet.New(kubenet.Options{NodeNS: nodeNS, DataDir: o.dataDir, Network: o.network, Bridge: o.bridge, Logger: logger, SkipPortReacquire: true})
+	return kn, nodeNS, logger, func() { _ = kn.Close(); closeNS() }, nil
+}

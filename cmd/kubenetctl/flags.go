@@ -124,38 +124,26 @@ func commandFlags() map[string][]string {
 
 // checkCommandFlags refuses per-command flags given to a command that ignores them.
 func checkCommandFlags(fs *flag.FlagSet, cmd string) error {
-	all := commandFlags()
+	perCommand := map[string]bool{}
+	for _, names := range commandFlags() {
+		for _, name := range names {
+			perCommand[name] = true
+		}
+	}
 	allowed := map[string]bool{}
-	for _, f := range all[cmd] {
-		allowed[f] = true
+	for _, name := range commandFlags()[cmd] {
+		allowed[name] = true
 	}
 	var bad []string
 	fs.Visit(func(f *flag.Flag) {
-		for _, fl := range all {
-			for _, name := range fl {
-				if name == f.Name && !allowed[f.Name] {
-					bad = append(bad, "--"+f.Name)
-					return
-				}
-			}
+		if perCommand[f.Name] && !allowed[f.Name] {
+			bad = append(bad, "--"+f.Name)
 		}
 	})
 	if len(bad) > 0 {
-		return usagef("%s does not take %s", cmd, strings.Join(dedup(bad), ", "))
+		return usagef("%s does not take %s", cmd, strings.Join(bad, ", "))
 	}
 	return nil
-}
-
-func dedup(s []string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, x := range s {
-		if !seen[x] {
-			seen[x] = true
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // portList is --port, repeatable.

@@ -126,16 +126,10 @@ func collectGarbage(o *options, stdout, stderr io.Writer) error {
 // kubenetPlugin is an initialised kubenet plugin for operations that bypass the plugin manager
 // and only remove state.
 func (o *options) kubenetPlugin(stderr io.Writer) (*kubenet.Plugin, func(), error) {
-	logger, err := o.logger(stderr)
+	kn, _, _, closeAll, err := o.newKubenet(stderr)
 	if err != nil {
 		return nil, nil, err
 	}
-	nodeNS, closeNS, err := o.openNodeNS()
-	if err != nil {
-		return nil, nil, err
-	}
-	kn := kubenet.New(kubenet.Options{NodeNS: nodeNS, DataDir: o.dataDir, Network: o.network, Bridge: o.bridge, Logger: logger, SkipPortReacquire: true})
-	closeAll := func() { _ = kn.Close(); closeNS() }
 	if err := kn.Init(&cliHost{}, network.HairpinMode(o.hairpin), o.nonMasq, o.mtu); err != nil {
 		closeAll()
 		return nil, nil, err
