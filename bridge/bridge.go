@@ -163,7 +163,8 @@ func PrefixToIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-func toPrefix(n *net.IPNet) (netip.Prefix, bool) {
+// ToPrefix converts n back to a netip.Prefix (IPv4 unmapped); false for nil or a bad address.
+func ToPrefix(n *net.IPNet) (netip.Prefix, bool) {
 	if n == nil {
 		return netip.Prefix{}, false
 	}

@@ -119,7 +119,7 @@ func linkPrefixes(l netlink.Link) (map[netip.Prefix]bool, error) {
 	}
 	have := map[netip.Prefix]bool{}
 	for _, a := range addrs {
-		if p, ok := toPrefix(a.IPNet); ok {
+		if p, ok := ToPrefix(a.IPNet); ok {
 			have[p] = true
 		}
 	}

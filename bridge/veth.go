@@ -110,7 +110,7 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set %s up: %w", p.IfName, err)
 		}
-		if err := setLoopbackUp(); err != nil {
+		if err := SetLoopbackUp(); err != nil {
 			return err
 		}
 		for _, gw := range p.Gateways {
@@ -174,7 +174,9 @@ func setIPv4DevConf(link netlink.Link, id int, value uint32) error {
 	return nil
 }
 
-func setLoopbackUp() error {
+// SetLoopbackUp brings lo of the calling thread's network namespace up (what the loopback plugin
+// does), unless it is up already.
+func SetLoopbackUp() error {
 	lo, err := netlinksafe.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("loopback: %w", err)

@@ -3,12 +3,13 @@ package routes
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/bridge"
 )
 
 // ErrNotOnLink wraps a route the kernel refused because the peer's address is not on a network
@@ -31,7 +32,7 @@ func (t Table) List() ([]Existing, error) {
 	for _, r := range rs {
 		e := Existing{Protocol: int(r.Protocol), Priority: r.Priority}
 		if r.Dst != nil {
-			e.Dst = ipNetToPrefix(r.Dst)
+			e.Dst, _ = bridge.ToPrefix(r.Dst)
 		} else if r.Family == unix.AF_INET6 {
 			e.Dst = netip.MustParsePrefix("::/0")
 		} else {
@@ -53,7 +54,7 @@ func (t Table) Apply(p Plan) []Failure {
 	for _, e := range p.Delete {
 		// The protocol is part of the match, so even a route that changed owner since the
 		// listing is not deleted unless it carries the agent's mark.
-		r := &netlink.Route{Dst: prefixToIPNet(e.Dst), Protocol: netlink.RouteProtocol(t.Protocol), Priority: e.Priority, Table: unix.RT_TABLE_MAIN}
+		r := &netlink.Route{Dst: bridge.PrefixToIPNet(e.Dst), Protocol: netlink.RouteProtocol(t.Protocol), Priority: e.Priority, Table: unix.RT_TABLE_MAIN}
 		if e.Gw.IsValid() {
 			r.Gw = e.Gw.AsSlice()
 		}
@@ -79,7 +80,7 @@ func (t Table) Apply(p Plan) []Failure {
 
 func (t Table) route(w Route) *netlink.Route {
 	return &netlink.Route{
-		Dst:      prefixToIPNet(w.Dst),
+		Dst:      bridge.PrefixToIPNet(w.Dst),
 		Gw:       w.Gw.AsSlice(),
 		Protocol: netlink.RouteProtocol(t.Protocol),
 		Table:    unix.RT_TABLE_MAIN,
@@ -94,14 +95,4 @@ func explain(err error) error {
 		return fmt.Errorf("%w: %w", ErrNotOnLink, err)
 	}
 	return err
-}
-
-func prefixToIPNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-func ipNetToPrefix(n *net.IPNet) netip.Prefix {
-	a, _ := netip.AddrFromSlice(n.IP)
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones)
 }

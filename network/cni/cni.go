@@ -36,12 +36,12 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/shaping"
+
+	"github.com/kubenet-dev/kubenet/bridge"
 )
 
 // Defaults (kubelet's).
@@ -331,12 +331,13 @@ func (p *Plugin) ensureLoopback(ctx context.Context) {
 	if have {
 		return
 	}
-	if _, err := p.cni.ValidateNetworkList(ctx, loopbackConf()); err != nil {
+	lo := loopbackConf()
+	if _, err := p.cni.ValidateNetworkList(ctx, lo); err != nil {
 		p.log.Debug("no usable loopback plugin; lo is set up over netlink", "binDirs", p.opts.BinDirs, "err", err)
 		return
 	}
 	p.mu.Lock()
-	p.loopback = loopbackConf()
+	p.loopback = lo
 	p.mu.Unlock()
 }
 
@@ -444,13 +445,7 @@ func loopbackUp(netns string) error {
 		return err
 	}
 	defer podNS.Close()
-	return podNS.Do(func(ns.NetNS) error {
-		lo, err := netlinksafe.LinkByName(loopbackIfName)
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	})
+	return podNS.Do(func(ns.NetNS) error { return bridge.SetLoopbackUp() })
 }
 
 // runtimeConf is kubelet's: the sandbox ID, netns and interface, and the Kubernetes CNI_ARGS
