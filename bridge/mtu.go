@@ -5,6 +5,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet/internal/links"
 )
 
 // FallbackMTU is used when no link tells us better, as old kubenet did.
@@ -15,18 +17,13 @@ const FallbackMTU = 1460
 // of every up link, so an unrelated small link (docker0, a VPN) shrank every pod's MTU; that rule
 // is kept only as the fallback when the node has no default route. The bridge itself and its
 // ports are ignored: their MTU is ours to set, not a fact about the network.
+//
+// Only the default routes' links are looked up: listing every link would cost one entry per
+// host veth and ifb, on every ADD of a node that leaves mtu at 0.
 func DetectMTU(bridgeName string) int {
-	links, err := netlinksafe.LinkList()
-	if err != nil {
-		return FallbackMTU
-	}
-	byIndex := map[int]netlink.Link{}
 	bridgeIndex := -1
-	for _, l := range links {
-		byIndex[l.Attrs().Index] = l
-		if l.Attrs().Name == bridgeName {
-			bridgeIndex = l.Attrs().Index
-		}
+	if br, err := links.Find(bridgeName); err == nil && br != nil {
+		bridgeIndex = br.Attrs().Index
 	}
 	ignored := func(l netlink.Link) bool {
 		a := l.Attrs()
@@ -34,32 +31,36 @@ func DetectMTU(bridgeName string) int {
 			a.Flags&net.FlagLoopback != 0 || a.Flags&net.FlagPointToPoint != 0 || a.Flags&net.FlagUp == 0
 	}
 	best := 0
-	consider := func(mtu int) {
-		if mtu >= 576 && mtu < 999999 && (best == 0 || mtu < best) {
+	consider := func(l netlink.Link) {
+		if mtu := l.Attrs().MTU; !ignored(l) && mtu >= 576 && mtu < 999999 && (best == 0 || mtu < best) {
 			best = mtu
 		}
 	}
+	seen := map[int]bool{}
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		routes, err := netlinksafe.RouteList(nil, family)
 		if err != nil {
 			continue
 		}
 		for _, r := range routes {
-			if !isDefault(r) {
+			if !isDefault(r) || r.LinkIndex == 0 || seen[r.LinkIndex] {
 				continue
 			}
-			if l, ok := byIndex[r.LinkIndex]; ok && !ignored(l) {
-				consider(l.Attrs().MTU)
+			seen[r.LinkIndex] = true
+			if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+				consider(l)
 			}
 		}
 	}
 	if best > 0 {
 		return best
 	}
-	for _, l := range links {
-		if !ignored(l) {
-			consider(l.Attrs().MTU)
-		}
+	all, err := netlinksafe.LinkList()
+	if err != nil {
+		return FallbackMTU
+	}
+	for _, l := range all {
+		consider(l)
 	}
 	if best > 0 {
 		return best
