@@ -41,12 +41,12 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err := unix.Access(store.Dir(), unix.W_OK); err != nil {
 		return notAvailable("data dir %s not writable: %v", store.Dir(), err)
 	}
-	for _, set := range cfg.Ranges {
-		free, err := store.Free(set)
-		if err != nil {
-			return notAvailable("address store %s: %v", store.Dir(), err)
-		}
-		if free == 0 {
+	free, err := store.Free(cfg.Ranges...)
+	if err != nil {
+		return notAvailable("address store %s: %v", store.Dir(), err)
+	}
+	for i, set := range cfg.Ranges {
+		if free[i] == 0 {
 			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
 		}
 	}

@@ -21,29 +21,43 @@ func (s *Store) Holds(a netip.Addr, id, ifname string) (bool, error) {
 	return ok && o.holds(id, ifname), nil
 }
 
-// Free returns how many addresses of set are not reserved. It lists file names only (no file is
-// read), so readiness checks that poll it stay cheap.
-func (s *Store) Free(set RangeSet) (uint64, error) {
-	set, err := set.normalize()
-	if err != nil {
-		return 0, err
-	}
-	var size uint64
-	for _, r := range set {
-		size += r.Size()
+// Free returns how many addresses of each set are not reserved, in the order of sets. It lists
+// the file names once for all of them (no file is read), so readiness checks that poll it stay
+// cheap.
+func (s *Store) Free(sets ...RangeSet) ([]uint64, error) {
+	normal := make([]RangeSet, len(sets))
+	size := make([]uint64, len(sets))
+	for i := range sets {
+		set, err := sets[i].normalize()
+		if err != nil {
+			return nil, err
+		}
+		normal[i] = set
+		for _, r := range set {
+			size[i] += r.Size()
+		}
 	}
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
-		return 0, fmt.Errorf("list %s: %w", s.dir, err)
+		return nil, fmt.Errorf("list %s: %w", s.dir, err)
 	}
-	var used uint64
+	used := make([]uint64, len(sets))
 	for _, e := range entries {
-		if a, ok := reservationAddr(e); ok && set.indexOf(a) >= 0 {
-			used++
+		a, ok := reservationAddr(e)
+		if !ok {
+			continue
+		}
+		for i, set := range normal {
+			if set.indexOf(a) >= 0 {
+				used[i]++
+			}
 		}
 	}
-	if used >= size {
-		return 0, nil
+	free := make([]uint64, len(sets))
+	for i := range sets {
+		if used[i] < size[i] {
+			free[i] = size[i] - used[i]
+		}
 	}
-	return size - used, nil
+	return free, nil
 }

@@ -8,8 +8,8 @@ import (
 func TestHoldsAndFree(t *testing.T) {
 	s := openStore(t)
 	set := rangeSet(t, "10.0.0.0/29") // .2 to .6 allocatable: 5
-	if free, err := s.Free(set); err != nil || free != 5 {
-		t.Fatalf("Free on empty store = %d, %v; want 5", free, err)
+	if free, err := s.Free(set); err != nil || free[0] != 5 {
+		t.Fatalf("Free on empty store = %v, %v; want 5", free, err)
 	}
 	a := allocate(t, s, 0, set, "c1", "eth0")
 	for _, tc := range []struct {
@@ -26,7 +26,7 @@ func TestHoldsAndFree(t *testing.T) {
 	for _, id := range []string{"c2", "c3", "c4", "c5"} {
 		allocate(t, s, 0, set, id, "eth0")
 	}
-	if free, err := s.Free(set); err != nil || free != 0 {
-		t.Errorf("Free on a full store = %d, %v; want 0", free, err)
+	if free, err := s.Free(set); err != nil || free[0] != 0 {
+		t.Errorf("Free on a full store = %v, %v; want 0", free, err)
 	}
 }
