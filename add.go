@@ -242,7 +242,7 @@ func (a *addition) addVeth(undo *undoStack) error {
 	if err != nil {
 		return err
 	}
-	undo.push(func() error { return bridge.DelVeth(a.names.HostVeth) })
+	undo.push(func() error { return delLinks(a.names) })
 	a.host = host
 	return nil
 }

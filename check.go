@@ -13,6 +13,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/masq"
+	"github.com/kubenet-dev/kubenet/shaping"
 )
 
 // Check verifies everything the attachment owns and returns the first difference: the
@@ -77,7 +78,9 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	if err := checkHostPorts(cfg, att, rec, store.Dir()); err != nil {
 		return err
 	}
-	return checkShaping(cfg, att, names, rec)
+	// Against the limits the record holds: those are what ADD applied, after resolving the
+	// capability and the annotations.
+	return shaping.Check(host, names.IFB, rec.Bandwidth.limits())
 }
 
 // checkReservation compares prevResult's pod addresses with kubenet's record and the address

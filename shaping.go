@@ -45,20 +45,13 @@ func (b *Bandwidth) limits() shaping.Limits {
 	}
 }
 
-// shaping applies the attachment's bandwidth limits and pushes their removal onto undo.
-func (a *addition) shaping(undo *undoStack) error {
+// shaping applies the attachment's bandwidth limits.
+func (a *addition) shaping(*undoStack) error {
 	l := a.cfg.Runtime.Bandwidth.limits()
 	if l.IsZero() {
 		return nil
 	}
-	// Pushed first: Apply cleans up after itself, but a later step's failure must remove the
-	// ifb too (the qdiscs on the veth go with the veth).
-	undo.push(func() error { return shaping.Remove(a.names.HostVeth, a.names.IFB) })
-	return shaping.Apply(a.names.HostVeth, a.names.IFB, l)
-}
-
-// checkShaping verifies the attachment's qdiscs and ifb (CHECK) against the limits its record
-// holds: those are what ADD applied, after resolving capability and annotations.
-func checkShaping(cfg *Config, att Attachment, names Names, rec *Record) error {
-	return shaping.Check(names.HostVeth, names.IFB, rec.Bandwidth.limits())
+	// No undo of its own: shaping is the last step, Apply cleans up after itself, and the veth's
+	// undo (delLinks) takes a leftover ifb with it.
+	return shaping.Apply(a.host, a.names.IFB, l)
 }

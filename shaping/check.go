@@ -10,15 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Check verifies that the pod behind hostVeth is shaped exactly as Apply(hostVeth, ifb, l) left
-// it: a tbf with l's numbers where a direction is limited, none of kubenet's where it is not,
-// the ifb up with its tbf and the redirect to it when egress is limited, and no ifb otherwise. It
-// reports every difference it finds.
-func Check(hostVeth, ifb string, l Limits) error {
-	host, err := netlinksafe.LinkByName(hostVeth)
-	if err != nil {
-		return fmt.Errorf("shaping: host veth %q: %w", hostVeth, err)
-	}
+// Check verifies that the pod behind the host veth host is shaped exactly as Apply(host, ifb, l)
+// left it: a tbf with l's numbers where a direction is limited, none of kubenet's where it is
+// not, the ifb up with its tbf and the redirect to it when egress is limited, and no ifb
+// otherwise. It reports every difference it finds.
+func Check(host netlink.Link, ifb string, l Limits) error {
 	mtu := host.Attrs().MTU
 	var errs []error
 	errs = append(errs, checkRoot(host, l.Ingress, mtu))

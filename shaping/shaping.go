@@ -44,17 +44,14 @@ var (
 // kubenet's and is left alone.
 var ErrNotIFB = errors.New("exists and is not an ifb device")
 
-// Apply shapes the pod behind hostVeth (in the current netns) with l, creating the ifb named ifb
-// when egress is limited. A leftover ifb of that name (from a crashed ADD) is replaced. On error
-// everything Apply created is removed again.
-func Apply(hostVeth, ifb string, l Limits) (err error) {
+// Apply shapes the pod behind the host veth host (in the current netns) with l, creating the
+// ifb named ifb when egress is limited. A leftover ifb of that name (from a crashed ADD) is
+// replaced. On error everything Apply created is removed again.
+func Apply(host netlink.Link, ifb string, l Limits) (err error) {
 	if l.IsZero() {
 		return nil
 	}
-	host, err := netlinksafe.LinkByName(hostVeth)
-	if err != nil {
-		return fmt.Errorf("shaping: host veth %q: %w", hostVeth, err)
-	}
+	hostVeth := host.Attrs().Name
 	defer func() {
 		if err != nil {
 			if rerr := Remove(hostVeth, ifb); rerr != nil {
@@ -91,12 +88,11 @@ func Apply(hostVeth, ifb string, l Limits) (err error) {
 // Missing pieces are fine, so DEL can run it any number of times, also after the veth is gone.
 func Remove(hostVeth, ifb string) error {
 	var errs []error
-	host, err := netlinksafe.LinkByName(hostVeth)
+	host, err := links.Find(hostVeth)
 	switch {
-	case links.IsNotFound(err):
 	case err != nil:
-		errs = append(errs, fmt.Errorf("shaping: host veth %q: %w", hostVeth, err))
-	default:
+		errs = append(errs, fmt.Errorf("shaping: host veth: %w", err))
+	case host != nil:
 		qdiscs, err := netlinksafe.QdiscList(host)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shaping: qdiscs of %q: %w", hostVeth, err))
@@ -114,10 +110,8 @@ func Remove(hostVeth, ifb string) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if dev != nil {
-		if err := netlink.LinkDel(dev); err != nil && !errors.Is(err, unix.ENODEV) {
-			errs = append(errs, fmt.Errorf("shaping: delete ifb %q: %w", ifb, err))
-		}
+	if err := links.DeleteTogether(dev); err != nil {
+		errs = append(errs, fmt.Errorf("shaping: ifb: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -116,7 +116,7 @@ func TestApplyCheckRemove(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			n := world(t)
-			if err := do(t, n, func() error { return Apply(testVeth, testIFB, c.limits) }); err != nil {
+			if err := do(t, n, func() error { return applyTo(testVeth, testIFB, c.limits) }); err != nil {
 				t.Fatalf("Apply: %v", err)
 			}
 			s := readState(t, n)
@@ -133,12 +133,12 @@ func TestApplyCheckRemove(t *testing.T) {
 				t.Errorf("egress unlimited but ifbs %v, ingress qdisc %v", s.ifbs, s.ingress)
 			}
 
-			if err := do(t, n, func() error { return Check(testVeth, testIFB, c.limits) }); err != nil {
+			if err := do(t, n, func() error { return checkOn(testVeth, testIFB, c.limits) }); err != nil {
 				t.Errorf("Check after Apply: %v", err)
 			}
 			other := c.limits
 			other.Ingress.Rate, other.Egress.Rate = other.Egress.Rate, other.Ingress.Rate
-			if err := do(t, n, func() error { return Check(testVeth, testIFB, other) }); err == nil {
+			if err := do(t, n, func() error { return checkOn(testVeth, testIFB, other) }); err == nil {
 				t.Errorf("Check with swapped limits %+v passed", other)
 			}
 
@@ -150,7 +150,7 @@ func TestApplyCheckRemove(t *testing.T) {
 			if s := readState(t, n); s.vethTbf != nil || s.ingress || len(s.ifbs) > 0 {
 				t.Errorf("after Remove: veth tbf %v, ingress qdisc %v, ifbs %v", s.vethTbf, s.ingress, s.ifbs)
 			}
-			if err := do(t, n, func() error { return Check(testVeth, testIFB, Limits{}) }); err != nil {
+			if err := do(t, n, func() error { return checkOn(testVeth, testIFB, Limits{}) }); err != nil {
 				t.Errorf("Check(no limits) after Remove: %v", err)
 			}
 		})
@@ -204,7 +204,7 @@ func TestCheckFindsTampering(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			n := world(t)
-			if err := do(t, n, func() error { return Apply(testVeth, testIFB, limits) }); err != nil {
+			if err := do(t, n, func() error { return applyTo(testVeth, testIFB, limits) }); err != nil {
 				t.Fatalf("Apply: %v", err)
 			}
 			nettest.Do(t, n, func() error {
@@ -218,7 +218,7 @@ func TestCheckFindsTampering(t *testing.T) {
 				}
 				return c.tamper(veth, ifb)
 			})
-			err := do(t, n, func() error { return Check(testVeth, testIFB, limits) })
+			err := do(t, n, func() error { return checkOn(testVeth, testIFB, limits) })
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("Check = %v, want an error containing %q", err, c.want)
 			}
@@ -226,10 +226,10 @@ func TestCheckFindsTampering(t *testing.T) {
 	}
 	t.Run("limits that were not applied", func(t *testing.T) {
 		n := world(t)
-		if err := do(t, n, func() error { return Apply(testVeth, testIFB, limits) }); err != nil {
+		if err := do(t, n, func() error { return applyTo(testVeth, testIFB, limits) }); err != nil {
 			t.Fatalf("Apply: %v", err)
 		}
-		err := do(t, n, func() error { return Check(testVeth, testIFB, Limits{}) })
+		err := do(t, n, func() error { return checkOn(testVeth, testIFB, Limits{}) })
 		if err == nil || !strings.Contains(err.Error(), "not limited") {
 			t.Errorf("Check(no limits) on a shaped veth = %v", err)
 		}
@@ -252,7 +252,7 @@ func TestApplyFailure(t *testing.T) {
 			}
 			return netlink.QdiscAdd(ingressQdisc(l.Attrs().Index))
 		})
-		err := do(t, n, func() error { return Apply(testVeth, testIFB, limits) })
+		err := do(t, n, func() error { return applyTo(testVeth, testIFB, limits) })
 		if !errors.Is(err, unix.EEXIST) {
 			t.Fatalf("Apply = %v, want EEXIST from the ingress qdisc", err)
 		}
@@ -265,7 +265,7 @@ func TestApplyFailure(t *testing.T) {
 		nettest.Do(t, n, func() error {
 			return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: testIFB}})
 		})
-		err := do(t, n, func() error { return Apply(testVeth, testIFB, limits) })
+		err := do(t, n, func() error { return applyTo(testVeth, testIFB, limits) })
 		if !errors.Is(err, ErrNotIFB) {
 			t.Fatalf("Apply = %v, want ErrNotIFB", err)
 		}
@@ -291,11 +291,28 @@ func TestApplyFailure(t *testing.T) {
 		nettest.Do(t, n, func() error {
 			return netlink.LinkAdd(&netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: testIFB}})
 		})
-		if err := do(t, n, func() error { return Apply(testVeth, testIFB, limits) }); err != nil {
+		if err := do(t, n, func() error { return applyTo(testVeth, testIFB, limits) }); err != nil {
 			t.Fatalf("Apply: %v", err)
 		}
-		if err := do(t, n, func() error { return Check(testVeth, testIFB, limits) }); err != nil {
+		if err := do(t, n, func() error { return checkOn(testVeth, testIFB, limits) }); err != nil {
 			t.Errorf("Check: %v", err)
 		}
 	})
+}
+
+// applyTo and checkOn run Apply and Check on the host veth named veth.
+func applyTo(veth, ifb string, l Limits) error {
+	host, err := netlink.LinkByName(veth)
+	if err != nil {
+		return err
+	}
+	return Apply(host, ifb, l)
+}
+
+func checkOn(veth, ifb string, l Limits) error {
+	host, err := netlink.LinkByName(veth)
+	if err != nil {
+		return err
+	}
+	return Check(host, ifb, l)
 }

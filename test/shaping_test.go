@@ -120,7 +120,7 @@ func TestShapingThroughput(t *testing.T) {
 			node.MustAdd(t, list, pod)
 			names := kubenetNames(pod)
 			limits := shaping.Limits{Ingress: shaping.Limit{Rate: c.ingress}, Egress: shaping.Limit{Rate: c.egress}}
-			nettest.Do(t, node.NS, func() error { return shaping.Check(names.HostVeth, names.IFB, limits) })
+			nettest.Do(t, node.NS, func() error { return checkShaping(names, limits) })
 
 			podSinks := sinks(t, pod)
 			for _, fam := range []netip.Addr{nettest.PodCIDR4.Addr(), nettest.PodCIDR6.Addr()} {
@@ -213,8 +213,7 @@ func TestShapingFailedAdd(t *testing.T) {
 	// With the name free again the same ADD works, so the rollback released everything.
 	node.MustAdd(t, list, pod)
 	nettest.Do(t, node.NS, func() error {
-		return shaping.Check(names.HostVeth, names.IFB, shaping.Limits{
-			Ingress: shaping.Limit{Rate: slowRate}, Egress: shaping.Limit{Rate: slowRate}})
+		return checkShaping(names, shaping.Limits{Ingress: shaping.Limit{Rate: slowRate}, Egress: shaping.Limit{Rate: slowRate}})
 	})
 	if err := node.Del(list, pod); err != nil {
 		t.Fatalf("DEL: %v", err)
@@ -345,4 +344,13 @@ func auditRolledBack(t *testing.T, node *nettest.Node, p *nettest.Pod) {
 	if left := shapingLeftovers(t, node); len(left) > 0 {
 		t.Errorf("shaping left behind: %v", left)
 	}
+}
+
+// checkShaping runs shaping.Check on the attachment's host veth (inside the node).
+func checkShaping(names kubenet.Names, l shaping.Limits) error {
+	host, err := netlink.LinkByName(names.HostVeth)
+	if err != nil {
+		return err
+	}
+	return shaping.Check(host, names.IFB, l)
 }
