@@ -15,9 +15,12 @@ package hairpin
 
 import (
 	"fmt"
+	"strings"
+	"syscall"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // Mode is a kubelet --hairpin-mode value.
@@ -60,26 +63,65 @@ func SetPort(m Mode, port netlink.Link) error {
 	return nil
 }
 
-// protinfoAttempts bounds the re-reads of an interrupted bridge-port dump.
-const protinfoAttempts = 5
-
 // PortHairpin reads the hairpin flag of a bridge port (for CHECK and tests).
 //
-// The kernel only reports port flags in a dump of every bridge port, and a dump that runs while
-// other pods' veths come and go is interrupted. netlink then keeps the partial answer and, when
-// this port is missing from it, reports "Device with index N not found" instead of the
-// interruption. So a port that is still there by its index is read again.
+// It asks for the port's own link message, where the kernel reports a bridge port's settings
+// (IFLA_LINKINFO, slave data of kind "bridge"). netlink's LinkGetProtinfo reads the flag from a
+// dump of every bridge port instead, which costs one entry per pod and, since the kernel dumps
+// ports by position, misses a live port when another one goes away during the dump.
 func PortHairpin(port netlink.Link) (bool, error) {
-	var err error
-	for range protinfoAttempts {
-		var info netlink.Protinfo
-		info, err = netlinksafe.LinkGetProtinfo(port)
-		if err == nil {
-			return info.Hairpin, nil
+	name := port.Attrs().Name
+	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(port.Attrs().Index)
+	req.AddData(msg)
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	if err != nil {
+		return false, fmt.Errorf("bridge port %q: %w", name, err)
+	}
+	for _, m := range msgs {
+		attrs, err := nl.ParseRouteAttr(m[unix.SizeofIfInfomsg:])
+		if err != nil {
+			return false, fmt.Errorf("bridge port %q: %w", name, err)
 		}
-		if _, gone := netlink.LinkByIndex(port.Attrs().Index); gone != nil {
-			break
+		data, ok := bridgeSlaveData(attrs)
+		if !ok {
+			continue
+		}
+		for _, a := range data {
+			if a.Attr.Type == nl.IFLA_BRPORT_MODE && len(a.Value) > 0 {
+				return a.Value[0] != 0, nil
+			}
 		}
 	}
-	return false, fmt.Errorf("bridge port %q: %w", port.Attrs().Name, err)
+	return false, fmt.Errorf("bridge port %q: the kernel reports no bridge port settings (not on a bridge?)", name)
+}
+
+// bridgeSlaveData returns the bridge-port attributes nested in a link message's IFLA_LINKINFO.
+func bridgeSlaveData(attrs []syscall.NetlinkRouteAttr) ([]syscall.NetlinkRouteAttr, bool) {
+	for _, a := range attrs {
+		if a.Attr.Type&^unix.NLA_F_NESTED != unix.IFLA_LINKINFO {
+			continue
+		}
+		info, err := nl.ParseRouteAttr(a.Value)
+		if err != nil {
+			return nil, false
+		}
+		var kind string
+		var data []byte
+		for _, i := range info {
+			switch i.Attr.Type &^ unix.NLA_F_NESTED {
+			case nl.IFLA_INFO_SLAVE_KIND:
+				kind = strings.TrimRight(string(i.Value), "\x00")
+			case nl.IFLA_INFO_SLAVE_DATA:
+				data = i.Value
+			}
+		}
+		if kind != "bridge" || data == nil {
+			return nil, false
+		}
+		out, err := nl.ParseRouteAttr(data)
+		return out, err == nil
+	}
+	return nil, false
 }

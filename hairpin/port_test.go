@@ -11,9 +11,9 @@ import (
 )
 
 // TestPortHairpinWhileOtherPortsGo reads one port's hairpin flag while bridge ports listed before
-// it are deleted, as CHECK does on a busy node. The kernel dumps ports by position, so a deletion
-// between two parts of a dump shifts the port out of it; the read must not turn that into
-// "Device not found" for a port that is there.
+// it are deleted, as CHECK does on a busy node. The kernel dumps ports by position, so a read
+// through a dump of every port (netlink's LinkGetProtinfo) loses the port when a deletion lands
+// between two parts of the dump and reports "Device not found" for a port that is there.
 func TestPortHairpinWhileOtherPortsGo(t *testing.T) {
 	nettest.RequireRoot(t)
 	const earlier = 300 // enough ports that a dump takes several messages
