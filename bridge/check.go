@@ -112,16 +112,15 @@ func checkDefaultRoutes(link netlink.Link, gateways []netip.Addr) error {
 	return nil
 }
 
+// linkPrefixes is the set of l's addresses, read with the kernel-filtered dump (linkAddrs).
 func linkPrefixes(l netlink.Link) (map[netip.Prefix]bool, error) {
-	addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
+	addrs, err := linkAddrs(l.Attrs().Index)
 	if err != nil {
-		return nil, fmt.Errorf("addresses: %w", err)
+		return nil, err
 	}
 	have := map[netip.Prefix]bool{}
-	for _, a := range addrs {
-		if p, ok := ToPrefix(a.IPNet); ok {
-			have[p] = true
-		}
+	for _, p := range addrs {
+		have[p] = true
 	}
 	return have, nil
 }
