@@ -241,37 +241,11 @@ func enableRouteLocalnet(bridge string) error {
 	return nil
 }
 
-// staleUDP matches UDP conntrack entries whose original destination is one of the hostPorts of
-// entries on a local address (for a specific hostIP: that address). Entries of other
-// destinations that happen to use the same port (the node's own DNS lookups to port 53, say)
-// are none of our business and stay.
-type staleUDP struct {
-	keys  []Key
-	local map[netip.Addr]bool
-}
-
-func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	if flow.Forward.Protocol != unix.IPPROTO_UDP {
-		return false
-	}
-	dst, ok := netip.AddrFromSlice(flow.Forward.DstIP)
-	if !ok {
-		return false
-	}
-	dst = dst.Unmap()
-	for _, k := range f.keys {
-		if k.HostPort != flow.Forward.DstPort || k.Is6() != dst.Is6() {
-			continue
-		}
-		if k.Any() && (f.local[dst] || dst.IsLoopback()) || dst == k.HostIP {
-			return true
-		}
-	}
-	return false
-}
-
 // FlushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
-// netlink; no conntrack binary needed).
+// netlink; no conntrack binary needed): UDP flows whose original destination is one of those
+// ports on a local address (for a specific hostIP: that address). Flows to other destinations
+// that happen to use the same port (the node's own DNS lookups to port 53, say) are none of
+// our business and stay.
 func FlushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
@@ -282,42 +256,49 @@ func FlushUDP(entries []Entry) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	// The node's addresses only tell whether a UDP flow to one of the ports went to a local
-	// address. Listing them is a dump that grows with the pods (each host veth has an IPv6
-	// link-local address), so it happens only once such a flow turns up.
-	var filter staleUDP
+	// The node's addresses only matter for a flow to one of the ports on an address that is
+	// neither loopback nor a specific hostIP. Listing them is a dump that grows with the pods
+	// (each host veth has an IPv6 link-local address), so it happens once, when such a flow
+	// turns up.
+	var local map[netip.Addr]bool
 	var localErr error
 	_, err := conntrack.Delete(func(f *netlink.ConntrackFlow) bool {
-		if !udpToPort(f, keys) || localErr != nil {
+		if f.Forward.Protocol != unix.IPPROTO_UDP || localErr != nil {
 			return false
 		}
-		if filter.keys == nil {
-			local, err := localAddrs()
-			if err != nil {
-				localErr = err
-				return false
-			}
-			filter = staleUDP{keys: keys, local: local}
+		dst, ok := netip.AddrFromSlice(f.Forward.DstIP)
+		if !ok {
+			return false
 		}
-		return filter.MatchConntrackFlow(f)
+		dst = dst.Unmap()
+		for _, k := range keys {
+			if k.HostPort != f.Forward.DstPort || k.Is6() != dst.Is6() {
+				continue
+			}
+			if !k.Any() {
+				if dst == k.HostIP {
+					return true
+				}
+				continue
+			}
+			if dst.IsLoopback() {
+				return true
+			}
+			if local == nil {
+				if local, localErr = localAddrs(); localErr != nil {
+					return false
+				}
+			}
+			if local[dst] {
+				return true
+			}
+		}
+		return false
 	})
 	if err != nil {
 		err = fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err)
 	}
 	return errors.Join(localErr, err)
-}
-
-// udpToPort reports whether flow is UDP to the port of one of keys, whatever its destination.
-func udpToPort(flow *netlink.ConntrackFlow, keys []Key) bool {
-	if flow.Forward.Protocol != unix.IPPROTO_UDP {
-		return false
-	}
-	for _, k := range keys {
-		if k.HostPort == flow.Forward.DstPort {
-			return true
-		}
-	}
-	return false
 }
 
 // localAddrs lists the node's addresses. netlinksafe retries the dump: on a node with hundreds of
