@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/links"
+	"github.com/kubenet-dev/kubenet/internal/sysctl"
 )
 
 // Config describes the bridge of one kubenet network.
@@ -107,7 +108,7 @@ func adjust(br *netlink.Bridge, cfg Config) error {
 	}
 	// The bridge is a router interface for the pods; router advertisements on it must not change
 	// the node's own routes.
-	if err := ensureSysctl(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", br.Name), "0"); err != nil && !isAbsent(err) {
+	if err := sysctl.Ensure(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", br.Name), "0"); err != nil && !sysctl.IsAbsent(err) {
 		return err
 	}
 	if err := reconcileAddrs(br, cfg.Gateways); err != nil {

@@ -28,8 +28,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/google/nftables"
@@ -38,6 +36,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/sysctl"
 )
 
 // Config is what the host-port rules of one network depend on.
@@ -227,18 +226,7 @@ func uninstall(network string, rs []Reservation) error {
 // postrouting masquerades it) and its replies come back to 127.0.0.1. ChainLocalnet drops such
 // packets from anywhere but lo.
 func enableRouteLocalnet(bridge string) error {
-	path := filepath.Join("/proc/sys/net/ipv4/conf", bridge, "route_localnet")
-	cur, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("sysctl %s: %w", path, err)
-	}
-	if len(cur) > 0 && cur[0] == '1' {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=1: %w", path, err)
-	}
-	return nil
+	return sysctl.Ensure("net/ipv4/conf/"+bridge+"/route_localnet", "1")
 }
 
 // FlushUDP deletes the stale UDP conntrack entries of the UDP entries' host ports (over
