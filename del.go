@@ -25,11 +25,17 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 		return fmt.Errorf("address store: %w", err)
 	}
 	defer store.Close()
-	records := NewRecords(store.Dir())
-	rec, err := records.Load(att)
+	rec, err := NewRecords(store.Dir()).Load(att)
 	if err != nil {
 		return err
 	}
+	return del(ctx, cfg, store, att, rec)
+}
+
+// del is Del on an open store with the attachment's record (nil: none), so that GC, which has
+// both already, does not open and read them again for every attachment it collects.
+func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, rec *Record) error {
+	records := NewRecords(store.Dir())
 	var hint []netip.Addr
 	if rec != nil {
 		hint = prefixAddrs(rec.IPs)

@@ -41,7 +41,7 @@ func GC(ctx context.Context, cfg *Config, valid []ValidAttachment) error {
 			return errors.Join(append(errs, err)...)
 		}
 		att := Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}
-		if err := Del(ctx, cfg, att); err != nil {
+		if err := del(ctx, cfg, store, att, &rec); err != nil {
 			errs = append(errs, fmt.Errorf("collect container %q interface %q: %w", rec.ContainerID, rec.IfName, err))
 		}
 	}
