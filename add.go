@@ -219,12 +219,7 @@ func (a *addition) ensureBridge(*undoStack) error {
 	if err := bridge.EnsureNodeSysctls(v4, v6); err != nil {
 		return err
 	}
-	br, err := bridge.Ensure(bridge.Config{
-		Name:     a.cfg.Bridge,
-		MTU:      a.mtu,
-		Gateways: a.cfg.Gateways(),
-		Promisc:  a.cfg.Hairpin.PromiscuousBridge(),
-	})
+	br, err := bridge.Ensure(bridgeConfig(a.cfg, a.mtu))
 	a.bridge = br
 	return err
 }
@@ -248,11 +243,7 @@ func (a *addition) addVeth(undo *undoStack) error {
 }
 
 func (a *addition) configurePod(*undoStack) error {
-	var gws []netip.Addr
-	for _, g := range a.cfg.Gateways() {
-		gws = append(gws, g.Addr())
-	}
-	mac, err := bridge.ConfigurePod(a.podNS, bridge.Pod{IfName: a.att.IfName, Addrs: a.ips, Gateways: gws})
+	mac, err := bridge.ConfigurePod(a.podNS, bridge.Pod{IfName: a.att.IfName, Addrs: a.ips, Gateways: prefixAddrs(a.cfg.Gateways())})
 	a.podMAC = mac
 	return err
 }
@@ -261,23 +252,21 @@ func (a *addition) hairpin(*undoStack) error {
 	if err := hairpin.SetPort(a.cfg.Hairpin, a.host); err != nil {
 		return err
 	}
-	return hairpin.EnsureDedup(a.cfg.Hairpin, a.dedup())
+	return hairpin.EnsureDedup(a.cfg.Hairpin, dedupFor(a.cfg))
 }
 
-func (a *addition) dedup() hairpin.Dedup {
-	return dedupFor(a.cfg, bridge.MAC(a.cfg.Gateways()))
-}
-
-func dedupFor(cfg *Config, mac net.HardwareAddr) hairpin.Dedup {
-	d := hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: mac, PodCIDRs: cfg.PodCIDRs()}
-	for _, g := range cfg.Gateways() {
-		d.Gateways = append(d.Gateways, g.Addr())
-	}
-	return d
+func dedupFor(cfg *Config) hairpin.Dedup {
+	gws := cfg.Gateways()
+	return hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: bridge.MAC(gws), PodCIDRs: cfg.PodCIDRs(), Gateways: prefixAddrs(gws)}
 }
 
 func (a *addition) masquerade(*undoStack) error {
 	return masq.Ensure(masqConfig(a.cfg))
+}
+
+// bridgeConfig is the bridge cfg asks for with MTU mtu (CHECK passes cfg.MTU: 0 accepts any).
+func bridgeConfig(cfg *Config, mtu int) bridge.Config {
+	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge()}
 }
 
 func masqConfig(cfg *Config) masq.Config {

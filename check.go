@@ -44,7 +44,7 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	if err := checkReservation(store, cfg.PrevResult, att, rec); err != nil {
 		return err
 	}
-	br, err := bridge.CheckBridge(bridge.Config{Name: cfg.Bridge, MTU: cfg.MTU, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge()})
+	br, err := bridge.CheckBridge(bridgeConfig(cfg, cfg.MTU))
 	if err != nil {
 		return err
 	}
@@ -59,17 +59,13 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	} else if flag != cfg.Hairpin.PortFlag() {
 		return fmt.Errorf("host veth %q hairpin flag is %v, want %v in mode %s", names.HostVeth, flag, cfg.Hairpin.PortFlag(), cfg.Hairpin)
 	}
-	var gws []netip.Addr
-	for _, g := range cfg.Gateways() {
-		gws = append(gws, g.Addr())
-	}
-	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: gws}, host, br.MTU); err != nil {
+	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways())}, host, br.MTU); err != nil {
 		return err
 	}
 	if err := masq.Check(masqConfig(cfg)); err != nil {
 		return err
 	}
-	if err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg, bridge.MAC(cfg.Gateways()))); err != nil {
+	if err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

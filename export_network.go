@@ -21,7 +21,7 @@ func EnsureNode(ctx context.Context, cfg *Config) error {
 		run  func() error
 	}{
 		{"bridge", func() error { return a.ensureBridge(nil) }},
-		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, a.dedup()) }},
+		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
 		{"masquerade", func() error { return a.masquerade(nil) }},
 	}
 	for _, s := range steps {

@@ -3,7 +3,10 @@ package kubenet
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/hostport"
 )
 
 // validateRuntime checks the capability arguments and normalises them (protocol lower case,
@@ -19,11 +22,10 @@ func validateRuntime(rc *RuntimeConfig) error {
 			return configError(key+".containerPort", pm.ContainerPort, "must be between 1 and 65535")
 		}
 		pm.Protocol = strings.ToLower(pm.Protocol)
-		switch pm.Protocol {
-		case "":
+		if pm.Protocol == "" {
 			pm.Protocol = "tcp"
-		case "tcp", "udp", "sctp":
-		default:
+		}
+		if !slices.Contains(hostport.Protocols(), pm.Protocol) {
 			return configError(key+".protocol", pm.Protocol, "must be tcp, udp or sctp")
 		}
 		if pm.HostIP != "" {
