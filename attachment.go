@@ -72,19 +72,27 @@ func (r Records) path(a Attachment) string {
 
 // Load returns the record of a, or (nil, nil) when there is none.
 func (r Records) Load(a Attachment) (*Record, error) {
-	data, err := os.ReadFile(r.path(a))
+	rec, err := readRecord(r.path(a))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
+	return rec, err
+}
+
+// readRecord reads and parses one record file; (nil, nil) for an empty file, which is what a
+// power loss leaves of an unsynced write (DEL then falls back to derived names, GC collects the
+// reservations by their own files).
+func readRecord(path string) (*Record, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("attachment record: %w", err)
 	}
 	if len(data) == 0 {
-		return nil, nil // what a power loss leaves of an unsynced write; DEL falls back to derived names
+		return nil, nil
 	}
 	var rec Record
 	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, fmt.Errorf("attachment record %s: %w", r.path(a), err)
+		return nil, fmt.Errorf("attachment record %s: %w", path, err)
 	}
 	return &rec, nil
 }
@@ -131,18 +139,13 @@ func (r Records) List() ([]Record, error) {
 		if e.IsDir() || strings.HasPrefix(e.Name(), ".") || !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(r.dir, e.Name()))
+		rec, err := readRecord(filepath.Join(r.dir, e.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("attachment record %s: %w", e.Name(), err)
+			return nil, err
 		}
-		if len(data) == 0 {
-			continue // see Load; the reservations are collected by their own files
+		if rec != nil {
+			out = append(out, *rec)
 		}
-		var rec Record
-		if err := json.Unmarshal(data, &rec); err != nil {
-			return nil, fmt.Errorf("attachment record %s: %w", e.Name(), err)
-		}
-		out = append(out, rec)
 	}
 	return out, nil
 }

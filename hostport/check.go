@@ -134,12 +134,9 @@ func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
 	if len(stale) == 0 {
 		return nil, nil
 	}
-	if err := uninstall(cfg.Network, stale); err != nil {
+	entries, err := unmap(cfg, stale, staleIndex)
+	if entries == nil {
 		return nil, err
 	}
-	var entries []Entry
-	for _, r := range stale {
-		entries = append(entries, r.Entry)
-	}
-	return stale, errors.Join(FlushUDP(entries), NewIndex(cfg.Dir).remove(staleIndex))
+	return stale, errors.Join(FlushUDP(entries), err)
 }

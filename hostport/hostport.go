@@ -171,19 +171,24 @@ func Remove(cfg Config, owner Owner, keys []Key) error {
 // address as its reply source), and calls FlushUDP only for entries whose address is not the
 // pod's any more.
 func Unmap(cfg Config, owner Owner, keys []Key) ([]Entry, error) {
-	ix := NewIndex(cfg.Dir)
-	owned, err := ix.Owned(owner, keys)
+	owned, err := NewIndex(cfg.Dir).Owned(owner, keys)
 	if err != nil || len(owned) == 0 {
 		return nil, err
 	}
-	if err := uninstall(cfg.Network, owned); err != nil {
+	return unmap(cfg, owned, owned)
+}
+
+// unmap deletes the map elements of rs in one transaction, then the index files of files, and
+// returns rs's entries (none if the elements stay).
+func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
+	if err := uninstall(cfg.Network, rs); err != nil {
 		return nil, err
 	}
-	var entries []Entry
-	for _, r := range owned {
+	entries := make([]Entry, 0, len(rs))
+	for _, r := range rs {
 		entries = append(entries, r.Entry)
 	}
-	return entries, ix.remove(owned)
+	return entries, NewIndex(cfg.Dir).remove(files)
 }
 
 // uninstall deletes the elements of rs in one transaction. Each element is first added with the
