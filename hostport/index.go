@@ -88,17 +88,23 @@ func (ix Index) Lookup(k Key) (r Reservation, ok bool, err error) {
 // overlapping returns the reservations that overlap k, reading only k's (protocol, port)
 // directory.
 func (ix Index) overlapping(k Key) ([]Reservation, error) {
-	names, err := readNames(ix.portDir(k.Protocol, k.HostPort))
+	return ix.reservationsIn(ix.portDir(k.Protocol, k.HostPort), k.Protocol, k.HostPort, k.overlaps)
+}
+
+// reservationsIn returns the reservations of the (protocol, port) directory dir whose key want
+// accepts (nil: all).
+func (ix Index) reservationsIn(dir, protocol string, port uint16, want func(Key) bool) ([]Reservation, error) {
+	names, err := readNames(dir)
 	if err != nil {
 		return nil, err
 	}
 	var out []Reservation
 	for _, name := range names {
-		other, ok := keyFromName(k.Protocol, k.HostPort, name)
-		if !ok || !k.overlaps(other) {
+		k, ok := keyFromName(protocol, port, name)
+		if !ok || want != nil && !want(k) {
 			continue
 		}
-		r, found, err := ix.Lookup(other)
+		r, found, err := ix.Lookup(k)
 		if err != nil {
 			return nil, err
 		}
@@ -230,23 +236,11 @@ func (ix Index) All() ([]Reservation, error) {
 		if _, known := protoNumber(protocol); !ok || err != nil || !known {
 			continue
 		}
-		names, err := readNames(filepath.Join(ix.dir, d))
+		rs, err := ix.reservationsIn(filepath.Join(ix.dir, d), protocol, uint16(port), nil)
 		if err != nil {
 			return nil, err
 		}
-		for _, name := range names {
-			k, ok := keyFromName(protocol, uint16(port), name)
-			if !ok {
-				continue
-			}
-			r, found, err := ix.Lookup(k)
-			if err != nil {
-				return nil, err
-			}
-			if found {
-				out = append(out, r)
-			}
-		}
+		out = append(out, rs...)
 	}
 	return out, nil
 }
