@@ -8,6 +8,7 @@ package network
 import (
 	"net"
 	"sort"
+	"strings"
 )
 
 // Names and values kubelet used; shims and flags rely on them.
@@ -120,6 +121,18 @@ type NetworkPlugin interface {
 	TearDownPod(namespace, name string, podSandboxID ContainerID) error
 	GetPodNetworkStatus(namespace, name string, podSandboxID ContainerID) (*PodNetworkStatus, error)
 	Status() error
+}
+
+// SplitList splits a comma-separated list (kubelet's pod CIDRs, its non-masquerade CIDR),
+// trimming the entries and dropping empty ones.
+func SplitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // PodCIDRs returns the CIDRs of a pod-cidr-change event's details ("" when there are none or the

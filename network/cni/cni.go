@@ -143,10 +143,7 @@ func (p *Plugin) Event(name string, details map[string]interface{}) {
 	}
 	raw := network.PodCIDRs(details)
 	var cidrs []netip.Prefix
-	for _, s := range strings.Split(raw, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
+	for _, s := range network.SplitList(raw) {
 		c, err := netip.ParsePrefix(s)
 		if err != nil || c.Masked() != c {
 			p.log.Error("ignoring invalid pod CIDR event", "podCIDR", raw, "entry", s)

@@ -118,7 +118,7 @@ func (p *Plugin) Init(host network.Host, hairpinMode network.HairpinMode, nonMas
 	}
 	base := &core.NetConf{
 		Bridge:             p.opts.Bridge,
-		NonMasqueradeCIDRs: splitList(nonMasqueradeCIDR),
+		NonMasqueradeCIDRs: network.SplitList(nonMasqueradeCIDR),
 		MTU:                mtu,
 		HairpinMode:        string(hairpinMode),
 		DataDir:            p.opts.DataDir,
@@ -142,16 +142,6 @@ func (p *Plugin) Init(host network.Host, hairpinMode network.HairpinMode, nonMas
 	return nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // Event handles pod-cidr-change: {"pod-cidr": "v4cidr[,v6cidr]"}. A new or different CIDR set
 // becomes the node's configuration and the node (bridge gateways, SNAT) is reconciled to it at
 // once; an invalid one is logged and ignored, the previous configuration stays.
@@ -159,7 +149,7 @@ func (p *Plugin) Event(name string, details map[string]interface{}) {
 	if name != network.PodCIDRChangeEvent {
 		return
 	}
-	cidrs := splitList(network.PodCIDRs(details))
+	cidrs := network.SplitList(network.PodCIDRs(details))
 	if len(cidrs) == 0 {
 		p.log.Warn("pod-cidr-change event without a pod CIDR", "details", details)
 		return
