@@ -134,14 +134,23 @@ func ensureMaps(c *nftables.Conn, table *nftables.Table, families []bool) (map[s
 	for _, is6 := range families {
 		anyMap, addrMap := mapNames(is6)
 		for _, name := range []string{anyMap, addrMap} {
-			s := mapSet(table, name)
-			if err := c.AddSet(s, nil); err != nil {
-				return nil, fmt.Errorf("hostport map %s: %w", name, err)
+			s, err := addMap(c, table, name)
+			if err != nil {
+				return nil, err
 			}
 			sets[name] = s
 		}
 	}
 	return sets, nil
+}
+
+// addMap queues the map name (created if missing, as nftables adds do) on c.
+func addMap(c *nftables.Conn, table *nftables.Table, name string) (*nftables.Set, error) {
+	s := mapSet(table, name)
+	if err := c.AddSet(s, nil); err != nil {
+		return nil, fmt.Errorf("hostport map %s: %w", name, err)
+	}
+	return s, nil
 }
 
 func addElements(c *nftables.Conn, sets map[string]*nftables.Set, owner Owner, entries []Entry) error {
@@ -206,9 +215,8 @@ func uninstall(network string, rs []Reservation) error {
 		name := mapName(r.Key)
 		s, ok := sets[name]
 		if !ok {
-			s = mapSet(table, name)
-			if err := c.AddSet(s, nil); err != nil {
-				return fmt.Errorf("hostport map %s: %w", name, err)
+			if s, err = addMap(c, table, name); err != nil {
+				return err
 			}
 			sets[name] = s
 		}

@@ -119,14 +119,11 @@ func Plan(mappings []Mapping, podIPs []netip.Addr) ([]Entry, error) {
 			return nil, fmt.Errorf("hostPort %d -> containerPort %d: ports must be 1-65535", m.HostPort, m.ContainerPort)
 		}
 		for _, ip := range podIPs {
-			hostIP := m.HostIP.Unmap()
-			switch {
-			case !hostIP.IsValid():
-				hostIP = unspecified(ip.Is6())
-			case hostIP.Is6() != ip.Is6():
+			k, ok := m.keyFor(ip.Is6())
+			if !ok {
 				continue
 			}
-			e := Entry{Key: Key{Protocol: m.Protocol, HostPort: m.HostPort, HostIP: hostIP}, PodIP: ip.Unmap(), ContainerPort: m.ContainerPort}
+			e := Entry{Key: k, PodIP: ip.Unmap(), ContainerPort: m.ContainerPort}
 			i := slices.IndexFunc(out, func(o Entry) bool { return o.Key == e.Key })
 			switch {
 			case i < 0:
@@ -147,21 +144,27 @@ func Keys(mappings []Mapping, families []bool) []Key {
 	var out []Key
 	for _, m := range mappings {
 		for _, is6 := range families {
-			hostIP := m.HostIP.Unmap()
-			switch {
-			case !hostIP.IsValid():
-				hostIP = unspecified(is6)
-			case hostIP.Is6() != is6:
-				continue
-			}
-			k := Key{Protocol: m.Protocol, HostPort: m.HostPort, HostIP: hostIP}
-			if !slices.Contains(out, k) {
+			k, ok := m.keyFor(is6)
+			if ok && !slices.Contains(out, k) {
 				out = append(out, k)
 			}
 		}
 	}
 	slices.SortFunc(out, compareKeys)
 	return out
+}
+
+// keyFor is m's key on the family is6: its hostIP, or the family's unspecified address when m
+// has none; false when m's hostIP is of the other family.
+func (m Mapping) keyFor(is6 bool) (Key, bool) {
+	hostIP := m.HostIP.Unmap()
+	switch {
+	case !hostIP.IsValid():
+		hostIP = unspecified(is6)
+	case hostIP.Is6() != is6:
+		return Key{}, false
+	}
+	return Key{Protocol: m.Protocol, HostPort: m.HostPort, HostIP: hostIP}, true
 }
 
 // KeysOf returns the keys of entries.
