@@ -36,7 +36,13 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 	if err != nil {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
 	}
-	kernel, err := listElements(c, cfg.Network)
+	var maps []string
+	for _, e := range entries {
+		if name := mapName(e.Key); !slices.Contains(maps, name) {
+			maps = append(maps, name)
+		}
+	}
+	kernel, err := listElements(c, cfg.Network, maps...)
 	if err != nil {
 		return err
 	}
@@ -72,12 +78,12 @@ func checkRules(c *nftables.Conn, cfg Config) error {
 	return nil
 }
 
-// listElements returns the elements of the network's maps; missing maps are empty. Owner is
-// read from the element comment (zero when the element has none).
-func listElements(c *nftables.Conn, network string) ([]Reservation, error) {
+// listElements returns the elements of the named maps of the network; missing maps are empty.
+// Owner is read from the element comment (zero when the element has none).
+func listElements(c *nftables.Conn, network string, maps ...string) ([]Reservation, error) {
 	table := nft.InetTable(network)
 	var out []Reservation
-	for _, name := range []string{MapIPv4, MapIPv4Addr, MapIPv6, MapIPv6Addr} {
+	for _, name := range maps {
 		s, err := c.GetSetByName(table, name)
 		if err != nil {
 			continue // no such map (yet): nothing in it
@@ -108,7 +114,7 @@ func List(cfg Config) (index, kernel []Reservation, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("hostport rules: netlink: %w", err)
 	}
-	kernel, err = listElements(c, cfg.Network)
+	kernel, err = listElements(c, cfg.Network, MapIPv4, MapIPv4Addr, MapIPv6, MapIPv6Addr)
 	return index, kernel, err
 }
 
