@@ -118,13 +118,12 @@ func install(cfg Config, owner Owner, entries []Entry) error {
 // writeRules replaces the content of every chain with the planned rules (chains are created if
 // missing).
 func writeRules(c *nftables.Conn, table *nftables.Table, podCIDRs []netip.Prefix) {
-	byName := map[string]*nftables.Chain{}
-	for _, ch := range chains(table) {
-		byName[ch.Name] = c.AddChain(ch)
-		c.FlushChain(byName[ch.Name])
-	}
+	byChain := map[string][]nft.Rule{}
 	for _, r := range Rules(podCIDRs) {
-		c.AddRule(&nftables.Rule{Table: table, Chain: byName[r.Chain], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
+		byChain[r.Chain] = append(byChain[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
+	}
+	for _, ch := range chains(table) {
+		nft.ReplaceChain(c, ch, byChain[ch.Name])
 	}
 }
 

@@ -50,15 +50,21 @@ func SyncChain(chain *nftables.Chain, rules []Rule) error {
 		return nil
 	}
 	c.AddTable(chain.Table)
+	ReplaceChain(c, chain, rules)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write chain %s: %w", chain.Name, err)
+	}
+	return nil
+}
+
+// ReplaceChain queues on c what makes chain (created if missing) hold exactly rules, for a caller
+// that sends it in a transaction of its own together with other changes.
+func ReplaceChain(c *nftables.Conn, chain *nftables.Chain, rules []Rule) {
 	ch := c.AddChain(chain)
 	c.FlushChain(ch)
 	for _, r := range rules {
 		c.AddRule(&nftables.Rule{Table: chain.Table, Chain: ch, Exprs: r.Exprs, UserData: Comment(r.Comment)})
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("write chain %s: %w", chain.Name, err)
-	}
-	return nil
 }
 
 // CheckChain reports the first difference between chain and rules.
