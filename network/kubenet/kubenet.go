@@ -226,18 +226,9 @@ func (p *Plugin) attachedOutside(cidrs []netip.Prefix) int {
 // nftables unusable). A failed node set-up is retried here, so a transient failure heals at the
 // next poll.
 func (p *Plugin) Status() error {
-	p.mu.Lock()
-	cfg, nodeErr := p.cfg, p.nodeErr
-	p.mu.Unlock()
-	if cfg == nil {
-		return errors.New("kubenet has no pod CIDR yet: waiting for the pod-cidr-change event (Node.spec.podCIDRs; kubenetctl --pod-cidr)")
-	}
-	if nodeErr != nil {
-		p.eventMu.Lock()
-		defer p.eventMu.Unlock()
-		if err := p.ensureNode(cfg); err != nil {
-			return fmt.Errorf("kubenet could not set up the node for pod CIDR %v: %w", cfg.PodCIDRs(), err)
-		}
+	cfg, err := p.readyConfig()
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
 	defer cancel()
@@ -245,6 +236,27 @@ func (p *Plugin) Status() error {
 		return fmt.Errorf("kubenet is not ready: %w", err)
 	}
 	return nil
+}
+
+// readyConfig is the node's configuration once there is one and the node is set up for it
+// (retrying a failed set-up). It is the part of Status that SetUpPod needs: ADD itself fails
+// clearly on everything else Status probes, without a second pass over the store, the bridge
+// and nftables per pod.
+func (p *Plugin) readyConfig() (*core.Config, error) {
+	p.mu.Lock()
+	cfg, nodeErr := p.cfg, p.nodeErr
+	p.mu.Unlock()
+	if cfg == nil {
+		return nil, errors.New("kubenet has no pod CIDR yet: waiting for the pod-cidr-change event (Node.spec.podCIDRs; kubenetctl --pod-cidr)")
+	}
+	if nodeErr != nil {
+		p.eventMu.Lock()
+		defer p.eventMu.Unlock()
+		if err := p.ensureNode(cfg); err != nil {
+			return nil, fmt.Errorf("kubenet could not set up the node for pod CIDR %v: %w", cfg.PodCIDRs(), err)
+		}
+	}
+	return cfg, nil
 }
 
 // inNode runs f in the node's network namespace.
@@ -269,7 +281,7 @@ func ownerOf(att core.Attachment) string { return att.ContainerID + "/" + att.If
 // host ports are bound first (so a port a host process holds fails the pod before anything is
 // created); on failure the core has rolled back and the new sockets are closed.
 func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annotations, options map[string]string) error {
-	if err := p.Status(); err != nil {
+	if _, err := p.readyConfig(); err != nil {
 		return fmt.Errorf("kubenet cannot SetUpPod: %w", err)
 	}
 	p.mu.Lock()
