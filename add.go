@@ -16,6 +16,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/masq"
 )
@@ -289,14 +290,14 @@ func (a *addition) result() *current.Result {
 		gw := gws[i].Addr()
 		r.IPs = append(r.IPs, &current.IPConfig{
 			Interface: current.Int(2),
-			Address:   *bridge.PrefixToIPNet(p),
+			Address:   *ipnet.FromPrefix(p),
 			Gateway:   gw.AsSlice(),
 		})
 		dst := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 		if gw.Is6() {
 			dst = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 		}
-		r.Routes = append(r.Routes, &types.Route{Dst: *bridge.PrefixToIPNet(dst), GW: gw.AsSlice()})
+		r.Routes = append(r.Routes, &types.Route{Dst: *ipnet.FromPrefix(dst), GW: gw.AsSlice()})
 	}
 	return r
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/internal/sysctl"
 )
@@ -142,7 +143,7 @@ func reconcileAddrs(br *netlink.Bridge, gateways []netip.Prefix) error {
 			want[p] = true
 			continue
 		}
-		if err := netlink.AddrDel(br, &netlink.Addr{IPNet: PrefixToIPNet(p)}); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+		if err := netlink.AddrDel(br, &netlink.Addr{IPNet: ipnet.FromPrefix(p)}); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
 			return fmt.Errorf("remove stale address %s: %w", p, err)
 		}
 	}
@@ -151,28 +152,10 @@ func reconcileAddrs(br *netlink.Bridge, gateways []netip.Prefix) error {
 			continue
 		}
 		// NODAD: the gateway must answer pods at once, not after a second of duplicate detection.
-		addr := &netlink.Addr{IPNet: PrefixToIPNet(g), Flags: unix.IFA_F_NODAD}
+		addr := &netlink.Addr{IPNet: ipnet.FromPrefix(g), Flags: unix.IFA_F_NODAD}
 		if err := netlink.AddrReplace(br, addr); err != nil {
 			return fmt.Errorf("add gateway address %s: %w", g, err)
 		}
 	}
 	return nil
-}
-
-// PrefixToIPNet converts p to a net.IPNet, keeping the host bits of the address.
-func PrefixToIPNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// ToPrefix converts n back to a netip.Prefix (IPv4 unmapped); false for nil or a bad address.
-func ToPrefix(n *net.IPNet) (netip.Prefix, bool) {
-	if n == nil {
-		return netip.Prefix{}, false
-	}
-	a, ok := netip.AddrFromSlice(n.IP)
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones), true
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/internal/sysctl"
 )
@@ -103,7 +104,7 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 			return err
 		}
 		for _, a := range p.Addrs {
-			addr := &netlink.Addr{IPNet: PrefixToIPNet(a), Flags: unix.IFA_F_NODAD}
+			addr := &netlink.Addr{IPNet: ipnet.FromPrefix(a), Flags: unix.IFA_F_NODAD}
 			if err := netlink.AddrAdd(link, addr); err != nil {
 				return fmt.Errorf("add address %s: %w", a, err)
 			}
@@ -119,7 +120,7 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 			if gw.Is6() {
 				dst = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 			}
-			r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: PrefixToIPNet(dst), Gw: gw.AsSlice()}
+			r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipnet.FromPrefix(dst), Gw: gw.AsSlice()}
 			if err := netlink.RouteAdd(r); err != nil {
 				return fmt.Errorf("add default route via %s: %w", gw, err)
 			}

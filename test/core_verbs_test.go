@@ -13,6 +13,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet"
 	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/masq"
 )
@@ -62,7 +63,7 @@ func TestCheck(t *testing.T) {
 			return err
 		}), "lacks address"},
 		{"pod default route removed", linkOp(inPod, named("eth0"), func(l netlink.Link) error {
-			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: nettest.PrefixToIPNet(netip.MustParsePrefix("0.0.0.0/0"))})
+			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipnet.FromPrefix(netip.MustParsePrefix("0.0.0.0/0"))})
 		}), "default route"},
 		{"pod MTU changed", linkOp(inPod, named("eth0"), func(l netlink.Link) error { return netlink.LinkSetMTU(l, 1400) }), "MTU"},
 		{"host veth off the bridge", linkOp(onNode, hostVeth, netlink.LinkSetNoMaster), "not on bridge"},
@@ -70,7 +71,7 @@ func TestCheck(t *testing.T) {
 		{"host veth deleted", linkOp(onNode, hostVeth, netlink.LinkDel), "host veth"},
 		{"bridge made promiscuous", linkOp(onNode, named("cbr0"), netlink.SetPromiscOn), "promiscuous"},
 		{"bridge gateway removed", linkOp(onNode, named("cbr0"), func(l netlink.Link) error {
-			return netlink.AddrDel(l, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.MustParsePrefix("10.244.1.1/24"))})
+			return netlink.AddrDel(l, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.MustParsePrefix("10.244.1.1/24"))})
 		}), "gateway address 10.244.1.1/24"},
 		{"hostPort element deleted", func(t *testing.T, node *nettest.Node, _ *nettest.Pod) {
 			nettest.Run(t, node.NS, "nft", "delete", "element", "inet", "kubenet-kubenet", hostport.MapIPv4, "{ tcp . 30080 }")

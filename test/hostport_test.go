@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet"
 	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -70,7 +71,7 @@ func hpNode(t *testing.T) (*nettest.Node, *libcni.NetworkConfigList, map[bool]ne
 			return err
 		}
 		for _, a := range nonLocal {
-			if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.PrefixFrom(a, a.BitLen()))}); err != nil {
+			if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.PrefixFrom(a, a.BitLen()))}); err != nil {
 				return err
 			}
 		}
@@ -920,7 +921,7 @@ func TestHostPortLocalnetGuard(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return netlink.AddrDel(lo, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.MustParsePrefix("127.0.0.1/8"))})
+		return netlink.AddrDel(lo, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.MustParsePrefix("127.0.0.1/8"))})
 	})
 	nettest.WriteSysctl(t, pod.NS, "net/ipv4/conf/eth0/route_localnet", "1")
 	nettest.AddRoute(t, pod.NS, netip.MustParsePrefix("127.0.0.0/8"), gatewayOf(nettest.PodCIDR4))

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/cni"
@@ -182,7 +183,7 @@ func testPluginPods(t *testing.T, v pluginVariant) {
 			if err != nil {
 				return err
 			}
-			return netlink.AddrDel(eth0, &netlink.Addr{IPNet: nettest.PrefixToIPNet(netip.PrefixFrom(podIP(a, gatewayOf(nettest.PodCIDR4)), 24))})
+			return netlink.AddrDel(eth0, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.PrefixFrom(podIP(a, gatewayOf(nettest.PodCIDR4)), 24))})
 		})
 		if err := cn.CheckPod(a.namespace, a.name, a.id); err == nil {
 			t.Error("CheckPod passed for a pod whose IPv4 address was removed")

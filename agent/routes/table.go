@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 )
 
 // ErrNotOnLink wraps a route the kernel refused because the peer's address is not on a network
@@ -32,7 +32,7 @@ func (t Table) List() ([]Existing, error) {
 	for _, r := range rs {
 		e := Existing{Protocol: int(r.Protocol), Priority: r.Priority}
 		if r.Dst != nil {
-			e.Dst, _ = bridge.ToPrefix(r.Dst)
+			e.Dst, _ = ipnet.ToPrefix(r.Dst)
 		} else if r.Family == unix.AF_INET6 {
 			e.Dst = netip.MustParsePrefix("::/0")
 		} else {
@@ -54,7 +54,7 @@ func (t Table) Apply(p Plan) []Failure {
 	for _, e := range p.Delete {
 		// The protocol is part of the match, so even a route that changed owner since the
 		// listing is not deleted unless it carries the agent's mark.
-		r := &netlink.Route{Dst: bridge.PrefixToIPNet(e.Dst), Protocol: netlink.RouteProtocol(t.Protocol), Priority: e.Priority, Table: unix.RT_TABLE_MAIN}
+		r := &netlink.Route{Dst: ipnet.FromPrefix(e.Dst), Protocol: netlink.RouteProtocol(t.Protocol), Priority: e.Priority, Table: unix.RT_TABLE_MAIN}
 		if e.Gw.IsValid() {
 			r.Gw = e.Gw.AsSlice()
 		}
@@ -80,7 +80,7 @@ func (t Table) Apply(p Plan) []Failure {
 
 func (t Table) route(w Route) *netlink.Route {
 	return &netlink.Route{
-		Dst:      bridge.PrefixToIPNet(w.Dst),
+		Dst:      ipnet.FromPrefix(w.Dst),
 		Gw:       w.Gw.AsSlice(),
 		Protocol: netlink.RouteProtocol(t.Protocol),
 		Table:    unix.RT_TABLE_MAIN,

@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -25,7 +26,7 @@ func TestTableAgainstKernel(t *testing.T) {
 	nettest.AddRoute(t, node, netip.MustParsePrefix("0.0.0.0/0"), netip.MustParseAddr("192.168.1.254"))
 	foreign := netip.MustParsePrefix("10.99.0.0/24")
 	nettest.Do(t, node, func() error {
-		return netlink.RouteAdd(&netlink.Route{Dst: nettest.PrefixToIPNet(foreign), Gw: netip.MustParseAddr("192.168.1.250").AsSlice(), Protocol: unix.RTPROT_STATIC})
+		return netlink.RouteAdd(&netlink.Route{Dst: ipnet.FromPrefix(foreign), Gw: netip.MustParseAddr("192.168.1.250").AsSlice(), Protocol: unix.RTPROT_STATIC})
 	})
 	table := Table{Protocol: DefaultProtocol}
 	r := func(dst, gw string) Route {
@@ -59,7 +60,7 @@ func TestTableAgainstKernel(t *testing.T) {
 			name: "another owner takes the destination between listing and adding: it keeps it",
 			want: []Route{r("10.244.2.0/24", "192.168.1.3"), r("10.244.5.0/24", "192.168.1.5")},
 			before: func() error {
-				return netlink.RouteAdd(&netlink.Route{Dst: nettest.PrefixToIPNet(netip.MustParsePrefix("10.244.5.0/24")), Gw: netip.MustParseAddr("192.168.1.6").AsSlice(), Protocol: unix.RTPROT_STATIC})
+				return netlink.RouteAdd(&netlink.Route{Dst: ipnet.FromPrefix(netip.MustParsePrefix("10.244.5.0/24")), Gw: netip.MustParseAddr("192.168.1.6").AsSlice(), Protocol: unix.RTPROT_STATIC})
 			},
 			have:   []string{"10.244.2.0/24 via 192.168.1.3"},
 			failed: []string{"10.244.5.0/24"},

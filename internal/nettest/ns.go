@@ -8,6 +8,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -100,7 +101,7 @@ func configureLink(name string, addrs []netip.Prefix) error {
 		return err
 	}
 	for _, p := range addrs {
-		a := &netlink.Addr{IPNet: PrefixToIPNet(p), Flags: nodadFlag}
+		a := &netlink.Addr{IPNet: ipnet.FromPrefix(p), Flags: nodadFlag}
 		if err := netlink.AddrAdd(l, a); err != nil {
 			return fmt.Errorf("add %s to %s: %w", p, name, err)
 		}
@@ -112,7 +113,7 @@ func configureLink(name string, addrs []netip.Prefix) error {
 func AddRoute(t testing.TB, n ns.NetNS, dst netip.Prefix, gw netip.Addr) {
 	t.Helper()
 	Do(t, n, func() error {
-		r := &netlink.Route{Dst: PrefixToIPNet(dst), Gw: gw.AsSlice()}
+		r := &netlink.Route{Dst: ipnet.FromPrefix(dst), Gw: gw.AsSlice()}
 		if err := netlink.RouteAdd(r); err != nil {
 			return fmt.Errorf("route %s via %s: %w", dst, gw, err)
 		}

@@ -3,20 +3,13 @@ package nettest
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"net"
-	"net/netip"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/kubenet-dev/kubenet/bridge"
 )
 
 // nodadFlag marks test addresses as not subject to duplicate address detection.
 const nodadFlag = unix.IFA_F_NODAD
-
-// PrefixToIPNet converts p to the net.IPNet netlink wants, keeping the host bits of the address.
-func PrefixToIPNet(p netip.Prefix) *net.IPNet { return bridge.PrefixToIPNet(p) }
 
 func randUint32() uint32 {
 	var b [4]byte

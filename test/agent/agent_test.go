@@ -27,6 +27,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/agent/routes"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -61,7 +62,7 @@ func TestAgentCluster(t *testing.T) {
 	// A route somebody else made (an operator's static route) that must survive everything.
 	foreign := netip.MustParsePrefix("10.99.0.0/24")
 	nettest.Do(t, n1.ns, func() error {
-		return netlink.RouteAdd(&netlink.Route{Dst: nettest.PrefixToIPNet(foreign), Gw: netip.MustParseAddr("192.168.77.250").AsSlice(), Protocol: unix.RTPROT_STATIC})
+		return netlink.RouteAdd(&netlink.Route{Dst: ipnet.FromPrefix(foreign), Gw: netip.MustParseAddr("192.168.77.250").AsSlice(), Protocol: unix.RTPROT_STATIC})
 	})
 	for _, n := range nodes {
 		n.startAgent(t)
@@ -355,7 +356,7 @@ func expectTraffic(t *testing.T, src, dst *nettest.Pod) {
 func expectForeignRoute(t *testing.T, n *simNode, dst netip.Prefix) {
 	t.Helper()
 	nettest.Do(t, n.ns, func() error {
-		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: nettest.PrefixToIPNet(dst), Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: ipnet.FromPrefix(dst), Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return err
 		}
@@ -417,7 +418,7 @@ func restartWithoutFlap(t, top *testing.T, n, peer, wrong *simNode) {
 
 	peerCIDR := podCIDRs(2)[0]
 	nettest.Do(t, n.ns, func() error {
-		return netlink.RouteReplace(&netlink.Route{Dst: nettest.PrefixToIPNet(peerCIDR), Gw: wrong.addr(peerCIDR.Addr()).AsSlice(), Protocol: routes.DefaultProtocol})
+		return netlink.RouteReplace(&netlink.Route{Dst: ipnet.FromPrefix(peerCIDR), Gw: wrong.addr(peerCIDR.Addr()).AsSlice(), Protocol: routes.DefaultProtocol})
 	})
 	events := subscribeRoutes(t, n.ns)
 	n.startAgent(top)
@@ -490,7 +491,7 @@ func (e *routeEvents) drain(t *testing.T, n ns.NetNS) []string {
 	t.Helper()
 	sentinel := netip.MustParsePrefix("10.98.0.0/24")
 	nettest.Do(t, n, func() error {
-		return netlink.RouteAdd(&netlink.Route{Dst: nettest.PrefixToIPNet(sentinel), Gw: netip.MustParseAddr("192.168.77.251").AsSlice(), Protocol: unix.RTPROT_STATIC})
+		return netlink.RouteAdd(&netlink.Route{Dst: ipnet.FromPrefix(sentinel), Gw: netip.MustParseAddr("192.168.77.251").AsSlice(), Protocol: unix.RTPROT_STATIC})
 	})
 	var out []string
 	timeout := time.After(10 * time.Second)

@@ -1,0 +1,25 @@
+// Package ipnet converts between net/netip prefixes and the net.IPNet that netlink speaks.
+package ipnet
+
+import (
+	"net"
+	"net/netip"
+)
+
+// FromPrefix converts p to a net.IPNet, keeping the host bits of the address.
+func FromPrefix(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// ToPrefix converts n back to a netip.Prefix (IPv4 unmapped); false for nil or a bad address.
+func ToPrefix(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), true
+}
