@@ -12,7 +12,7 @@ set -euo pipefail
 wanted=("$@")
 if [ ${#wanted[@]} -eq 0 ]; then
   wanted=(ip:iproute2 tc:iproute2 iptables:iptables ip6tables:iptables nft:nftables
-    ebtables:ebtables conntrack:conntrack)
+    ebtables:ebtables conntrack:conntrack nsenter:util-linux)
   command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || wanted+=(golang-go)
 fi
 missing=()
