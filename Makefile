@@ -12,8 +12,10 @@ TEST_TIMEOUT ?= 20m
 
 all: build
 
+# The three binaries: the CNI plugin, the kubelet-flag CLI and the node agent, into bin/.
+BINARIES := kubenet kubenetctl kubenet-agent
 build:
-	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/kubenet ./cmd/kubenet
+	@for b in $(BINARIES); do $(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/$$b ./cmd/$$b || exit 1; done
 
 deps:
 	@hack/ensure-deps.sh
@@ -24,11 +26,11 @@ test: deps
 
 # Tests that need no root (pure logic).
 unit:
-	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ .
+	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ ./core/ ./cmd/kubenet/
 
 # Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := .:FuzzParseConfig .:FuzzRuntimeConfig .:FuzzParseCNIArgs ./shaping:FuzzParseRate
+FUZZ_TARGETS := ./core:FuzzParseConfig ./core:FuzzRuntimeConfig ./cmd/kubenet:FuzzParseCNIArgs ./shaping:FuzzParseRate
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \

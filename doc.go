@@ -1,10 +1,11 @@
-// Package kubenet is the core of the kubenet network plugin: it validates a network
-// configuration and sets up, checks and tears down one pod's attachment to the node's pod
-// bridge. The CNI binary (cmd/kubenet) and the kubelet-style NetworkPlugin (network/kubenet) are
-// thin faces over this package.
+// Package kubenet is the root of the kubenet module: a kubenet-style bridge network plugin for
+// Kubernetes nodes. The code lives in the packages below it, in layers that only call downwards:
 //
-// ADD reads as the pod's story: validate → reserve addresses → bridge and veth → hairpin → SNAT →
-// host ports → shaping → result. Each per-attachment step pushes its undo on a stack, so a
-// failure anywhere leaves nothing of the attachment behind. Node-wide state (the bridge, the SNAT
-// chain, sysctls) is shared by all pods and is only ever reconciled, never undone.
+//	cmd/kubenet, cmd/kubenetctl, cmd/kubenet-agent    binaries
+//	network/, agent/                                  kubelet's NetworkPlugin layer; the node agent
+//	core/                                             the plugin's verbs over the mechanisms
+//	bridge/ ipam/ hairpin/ masq/ hostport/ shaping/   one kernel mechanism each
+//	internal/                                         small shared helpers
+//
+// docs/architecture.md says where each kind of change goes.
 package kubenet

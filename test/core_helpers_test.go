@@ -13,7 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -117,9 +117,9 @@ func defaultRoutes(t testing.TB, n ns.NetNS) []netip.Addr {
 func gatewayOf(cidr netip.Prefix) netip.Addr { return cidr.Addr().Next() }
 
 // assertNoResidue is the leak audit: nothing of the attachment remains on the node.
-func assertNoResidue(t testing.TB, node *nettest.Node, network string, att kubenet.Attachment, ips []netip.Addr) {
+func assertNoResidue(t testing.TB, node *nettest.Node, network string, att core.Attachment, ips []netip.Addr) {
 	t.Helper()
-	names := kubenet.NamesFor(network, att)
+	names := core.NamesFor(network, att)
 	for _, l := range []string{names.HostVeth, names.IFB} {
 		if linkExists(t, node.NS, l) {
 			t.Errorf("leak: link %s of %s/%s still exists", l, att.ContainerID, att.IfName)
@@ -136,7 +136,7 @@ func assertNoResidue(t testing.TB, node *nettest.Node, network string, att kuben
 			t.Errorf("leak: reservation %s still held by %s", e.Name(), att.ContainerID)
 		}
 	}
-	record := filepath.Join(netDir, kubenet.RecordDirName, att.ContainerID+"_"+att.IfName+".json")
+	record := filepath.Join(netDir, core.RecordDirName, att.ContainerID+"_"+att.IfName+".json")
 	if _, err := os.Stat(record); err == nil {
 		t.Errorf("leak: attachment record %s remains", record)
 	}
@@ -171,8 +171,8 @@ func assertNoResidue(t testing.TB, node *nettest.Node, network string, att kuben
 }
 
 // attachmentOf returns the kubenet attachment of a pod.
-func attachmentOf(p *nettest.Pod) kubenet.Attachment {
-	return kubenet.Attachment{ContainerID: p.RT.ContainerID, IfName: p.RT.IfName, NetNS: p.RT.NetNS}
+func attachmentOf(p *nettest.Pod) core.Attachment {
+	return core.Attachment{ContainerID: p.RT.ContainerID, IfName: p.RT.IfName, NetNS: p.RT.NetNS}
 }
 
 // expectReachable sends one TCP request from src to dst and checks the source the server saw.
@@ -184,7 +184,7 @@ func expectReachable(t testing.TB, src ns.NetNS, srv *nettest.EchoServer, wantFr
 	}
 }
 
-func kubenetNames(p *nettest.Pod) kubenet.Names { return kubenet.NamesFor("kubenet", attachmentOf(p)) }
+func kubenetNames(p *nettest.Pod) core.Names { return core.NamesFor("kubenet", attachmentOf(p)) }
 
 func slicesEqual(a, b []netip.Prefix) bool {
 	return fmt.Sprint(sortedPrefixes(a)) == fmt.Sprint(sortedPrefixes(b))

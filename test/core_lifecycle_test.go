@@ -16,7 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -49,7 +49,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 					return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0peer"})
 				})
 			},
-			wantCode: kubenet.ErrAttachmentExists,
+			wantCode: core.ErrAttachmentExists,
 			wantMsg:  `"eth0"`,
 		},
 		{
@@ -70,7 +70,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 				list := node.ConfList(t, nettest.NetConf{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/30")}})
 				node.MustAdd(t, list, node.NewPod(t, "first"))
 			},
-			wantCode: kubenet.ErrNoAddresses,
+			wantCode: core.ErrNoAddresses,
 			wantMsg:  "10.244.1.0/30",
 		},
 	}
@@ -144,8 +144,8 @@ func TestAddTwice(t *testing.T) {
 	files := dataDirFiles(t, node)
 	again := &nettest.Pod{NS: a.NS, RT: a.RT}
 	err := node.Add(list, again)
-	if cniCode(err) != kubenet.ErrAttachmentExists {
-		t.Fatalf("second ADD: got %v, want code %d", err, kubenet.ErrAttachmentExists)
+	if cniCode(err) != core.ErrAttachmentExists {
+		t.Fatalf("second ADD: got %v, want code %d", err, core.ErrAttachmentExists)
 	}
 	if after := dataDirFiles(t, node); !slices.Equal(files, after) {
 		t.Errorf("second ADD changed the data dir:\nbefore %v\nafter  %v", files, after)
@@ -267,14 +267,14 @@ func TestVersionCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(run.Stdout), &info); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(info.SupportedVersions, kubenet.SupportedVersions()) {
-		t.Errorf("VERSION lists %v, want %v", info.SupportedVersions, kubenet.SupportedVersions())
+	if !slices.Equal(info.SupportedVersions, core.SupportedVersions()) {
+		t.Errorf("VERSION lists %v, want %v", info.SupportedVersions, core.SupportedVersions())
 	}
 	bare, err := node.ExecPlugin(binDir, nil, nil)
 	if err != nil || bare.ExitCode != 0 {
 		t.Fatalf("bare run: %v %+v", err, bare)
 	}
-	if !strings.Contains(bare.Stderr, "kubenet") || !strings.Contains(bare.Stderr, strings.Join(kubenet.SupportedVersions(), ", ")) {
+	if !strings.Contains(bare.Stderr, "kubenet") || !strings.Contains(bare.Stderr, strings.Join(core.SupportedVersions(), ", ")) {
 		t.Errorf("bare run says %q; want the name and the versions", bare.Stderr)
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
 	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/masq"
 )
@@ -29,7 +29,7 @@ var familyCases = []struct {
 // libcni, and checks the result, the kernel state and real traffic, then the leak audit after DEL.
 func TestAddDelMatrix(t *testing.T) {
 	for _, fam := range familyCases {
-		for _, ver := range kubenet.SupportedVersions() {
+		for _, ver := range core.SupportedVersions() {
 			t.Run(fam.name+"/"+ver, func(t *testing.T) {
 				t.Parallel()
 				testTwoPods(t, fam.cidrs, ver)
@@ -92,7 +92,7 @@ func checkResult(t *testing.T, p *nettest.Pod, cidrs []netip.Prefix, version str
 	if len(r.Interfaces) != 3 {
 		t.Fatalf("result has %d interfaces, want [bridge, host veth, pod]: %v", len(r.Interfaces), r.Interfaces)
 	}
-	names := kubenet.NamesFor("kubenet", attachmentOf(p))
+	names := core.NamesFor("kubenet", attachmentOf(p))
 	if r.Interfaces[0].Name != "cbr0" || r.Interfaces[1].Name != names.HostVeth || r.Interfaces[2].Name != "eth0" {
 		t.Errorf("interfaces %s, %s, %s; want cbr0, %s, eth0", r.Interfaces[0].Name, r.Interfaces[1].Name, r.Interfaces[2].Name, names.HostVeth)
 	}
@@ -159,7 +159,7 @@ func checkNodeState(t *testing.T, node *nettest.Node, cidrs []netip.Prefix, pods
 		}
 	}
 	for _, p := range pods {
-		host := link(t, node.NS, kubenet.NamesFor("kubenet", attachmentOf(p)).HostVeth)
+		host := link(t, node.NS, core.NamesFor("kubenet", attachmentOf(p)).HostVeth)
 		if host.Attrs().MasterIndex != br.Attrs().Index {
 			t.Errorf("host veth %s not on cbr0", host.Attrs().Name)
 		}

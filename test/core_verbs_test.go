@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -186,7 +186,7 @@ func TestStatus(t *testing.T) {
 				t.Errorf("STATUS failed on a ready node: %v", err)
 			case tc.wantMsg != "" && err == nil:
 				t.Errorf("STATUS ready, want not available: %s", tc.wantMsg)
-			case tc.wantMsg != "" && (cniCode(err) != kubenet.ErrPluginNotAvailable || !strings.Contains(err.Error(), tc.wantMsg)):
+			case tc.wantMsg != "" && (cniCode(err) != core.ErrPluginNotAvailable || !strings.Contains(err.Error(), tc.wantMsg)):
 				t.Errorf("STATUS = %v (code %d), want code 50 naming %q", err, cniCode(err), tc.wantMsg)
 			}
 		})

@@ -9,7 +9,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -18,10 +18,10 @@ import (
 // work everywhere, CHECK from 0.4.0, STATUS and GC from 1.1.0, and older configs get code 1.
 func TestVerbVersionMatrix(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
-	versions := append(slices.Clone(kubenet.SupportedVersions()), "0.2.0", "0.1.0", "2.0.0")
+	versions := append(slices.Clone(core.SupportedVersions()), "0.2.0", "0.1.0", "2.0.0")
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
-			supported := slices.Contains(kubenet.SupportedVersions(), v)
+			supported := slices.Contains(core.SupportedVersions(), v)
 			pod := node.NewPod(t, "m"+v)
 			conf := map[string]any{"cniVersion": v, "name": "kubenet", "type": "kubenet",
 				"podCIDRs": []string{"10.244.1.0/24"}, "dataDir": node.DataDir()}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -24,7 +24,7 @@ func TestCrashSafety(t *testing.T) {
 		t.Run(cleanup, func(t *testing.T) {
 			node := nettest.NewNode(t, crashBin)
 			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
-			for i, point := range kubenet.CrashPoints() {
+			for i, point := range core.CrashPoints() {
 				pod := node.NewPod(t, fmt.Sprintf("crash-%02d", i))
 				// Everything ADD can create: addresses, veth, a host port, shaping both ways.
 				pod.RT.CapabilityArgs = map[string]any{

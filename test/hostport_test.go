@@ -20,7 +20,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -563,8 +563,8 @@ func TestHostPortConflict(t *testing.T) {
 					t.Cleanup(func() { _ = node.Del(list, other) })
 					t.Fatal("ADD of an overlapping mapping succeeded")
 				}
-				if cniCode(err) != kubenet.ErrPortConflict || !strings.Contains(err.Error(), "32000/"+tc.req.proto) || !strings.Contains(err.Error(), `"`+holder.RT.ContainerID+`"`) {
-					t.Errorf("ADD error = %v (code %d), want code %d naming 32000/%s and %q", err, cniCode(err), kubenet.ErrPortConflict, tc.req.proto, holder.RT.ContainerID)
+				if cniCode(err) != core.ErrPortConflict || !strings.Contains(err.Error(), "32000/"+tc.req.proto) || !strings.Contains(err.Error(), `"`+holder.RT.ContainerID+`"`) {
+					t.Errorf("ADD error = %v (code %d), want code %d naming 32000/%s and %q", err, cniCode(err), core.ErrPortConflict, tc.req.proto, holder.RT.ContainerID)
 				}
 				if after := hpSnapshot(t, node); after != before {
 					t.Errorf("the refused ADD changed the node:\nbefore %s\nafter  %s", before, after)
@@ -849,7 +849,7 @@ func TestHostPortFailedAddRollsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := kubenet.ParseConfig(conf)
+	cfg, err := core.ParseConfig(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -860,17 +860,17 @@ func TestHostPortFailedAddRollsBack(t *testing.T) {
 
 	// A successful ADD tells how many steps ADD has.
 	probe := &hookCtx{Context: context.Background()}
-	if err := run(probe, func(ctx context.Context) error { _, err := kubenet.Add(ctx, cfg, att); return err }); err != nil {
+	if err := run(probe, func(ctx context.Context) error { _, err := core.Add(ctx, cfg, att); return err }); err != nil {
 		t.Fatalf("probe ADD: %v", err)
 	}
-	if err := run(context.Background(), func(ctx context.Context) error { return kubenet.Del(ctx, cfg, att) }); err != nil {
+	if err := run(context.Background(), func(ctx context.Context) error { return core.Del(ctx, cfg, att) }); err != nil {
 		t.Fatalf("probe DEL: %v", err)
 	}
 	hpAuditEmpty(t, node, nil, 32300, 32301)
 
 	var installed []hpElement
 	failing := &hookCtx{Context: context.Background(), failAt: probe.calls.Load(), onFail: func() { installed = hpElements(t, node) }}
-	err = run(failing, func(ctx context.Context) error { _, err := kubenet.Add(ctx, cfg, att); return err })
+	err = run(failing, func(ctx context.Context) error { _, err := core.Add(ctx, cfg, att); return err })
 	if err == nil {
 		t.Fatal("ADD succeeded with a context that fails before its last step")
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -69,7 +69,7 @@ func TestCNIPluginConfDir(t *testing.T) {
 	pod := newShimPod(t, host, "shaped")
 	annotations := map[string]string{"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "10M"}
 	ips := setUp(t, pm, pod, annotations)
-	if names := kubenet.NamesFor("kubenet", pod.att()); !linkExists(t, node.NS, names.IFB) {
+	if names := core.NamesFor("kubenet", pod.att()); !linkExists(t, node.NS, names.IFB) {
 		t.Errorf("no egress shaping device %s: the bandwidth annotations did not reach the plugin", names.IFB)
 	}
 

@@ -16,7 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/cni"
@@ -78,8 +78,8 @@ func newShimPod(t testing.TB, host *shimHost, name string, ports ...*network.Por
 	return p
 }
 
-func (p *shimPod) att() kubenet.Attachment {
-	return kubenet.Attachment{ContainerID: p.id.ID, IfName: network.DefaultInterfaceName}
+func (p *shimPod) att() core.Attachment {
+	return core.Attachment{ContainerID: p.id.ID, IfName: network.DefaultInterfaceName}
 }
 
 // allPlugins registers every plugin as a shim does, with kubenet's node-side work in the node's

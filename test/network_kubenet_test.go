@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
 	knet "github.com/kubenet-dev/kubenet/network/kubenet"
@@ -98,10 +98,10 @@ func TestKubenetPluginRestart(t *testing.T) {
 		&network.PortMapping{HostPort: hostPort, ContainerPort: 53, Protocol: "udp"})
 	annotations := map[string]string{"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "20M"}
 	ips := setUp(t, pm, pod, annotations)
-	if rec, err := kubenet.NewRecords(filepath.Join(node.DataDir(), "kubenet")).Load(pod.att()); err != nil || rec == nil || rec.Pod != "default/web" {
+	if rec, err := core.NewRecords(filepath.Join(node.DataDir(), "kubenet")).Load(pod.att()); err != nil || rec == nil || rec.Pod != "default/web" {
 		t.Errorf("attachment record %+v, %v; want it to name pod default/web", rec, err)
 	}
-	names := kubenet.NamesFor("kubenet", pod.att())
+	names := core.NamesFor("kubenet", pod.att())
 	if !linkExists(t, node.NS, names.IFB) {
 		t.Fatalf("the bandwidth annotations did not reach the core: no ifb %s", names.IFB)
 	}
@@ -173,7 +173,7 @@ func TestKubenetPluginHostPortTaken(t *testing.T) {
 	if linkExists(t, pod.NS, "eth0") {
 		t.Error("the pod got an interface although its set-up failed")
 	}
-	if entries, _ := os.ReadDir(filepath.Join(node.DataDir(), "kubenet", kubenet.RecordDirName)); len(entries) > 0 {
+	if entries, _ := os.ReadDir(filepath.Join(node.DataDir(), "kubenet", core.RecordDirName)); len(entries) > 0 {
 		t.Errorf("attachment records remain after the failed set-up: %v", entries)
 	}
 }

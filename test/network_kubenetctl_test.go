@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -126,7 +126,7 @@ func TestKubenetctl(t *testing.T) {
 				t.Errorf("status printed %q, want %v", r.stdout, printed)
 			}
 
-			att := kubenet.Attachment{ContainerID: derivedSandboxID(t, node), IfName: "eth0"}
+			att := core.Attachment{ContainerID: derivedSandboxID(t, node), IfName: "eth0"}
 			expect(ctl(append(withCIDR, "teardown", "default", "web", "--netns", pod.Path())...), 0, "teardown")
 			assertNoResidue(t, node, "kubenet", att, printed)
 			hpAuditEmpty(t, node, printed, 30085)
@@ -141,7 +141,7 @@ func TestKubenetctl(t *testing.T) {
 // derived from --netns.
 func derivedSandboxID(t *testing.T, node *nettest.Node) string {
 	t.Helper()
-	recs, err := kubenet.NewRecords(filepath.Join(node.DataDir(), "kubenet")).List()
+	recs, err := core.NewRecords(filepath.Join(node.DataDir(), "kubenet")).List()
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("attachment records: %v, %v; want exactly one", recs, err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
@@ -28,26 +28,26 @@ func TestShapingConfig(t *testing.T) {
 	cases := []struct {
 		name          string
 		runtimeConfig string
-		want          *kubenet.Bandwidth
+		want          *core.Bandwidth
 		wantErr       string // substring of a code-7 error
 	}{
 		{name: "nothing", runtimeConfig: `{}`},
 		{name: "containerd casing, default burst",
 			runtimeConfig: `{"bandwidth":{"IngressRate":10000000,"IngressBurst":4294967295,"EgressRate":0,"EgressBurst":0}}`,
-			want:          &kubenet.Bandwidth{IngressRate: 10_000_000}},
+			want:          &core.Bandwidth{IngressRate: 10_000_000}},
 		{name: "cri-o casing, default burst",
 			runtimeConfig: `{"bandwidth":{"egressRate":50000000,"egressBurst":34359738359}}`,
-			want:          &kubenet.Bandwidth{EgressRate: 50_000_000}},
+			want:          &core.Bandwidth{EgressRate: 50_000_000}},
 		{name: "explicit burst kept",
 			runtimeConfig: `{"bandwidth":{"ingressRate":1000000,"ingressBurst":200000}}`,
-			want:          &kubenet.Bandwidth{IngressRate: 1_000_000, IngressBurst: 200_000}},
+			want:          &core.Bandwidth{IngressRate: 1_000_000, IngressBurst: 200_000}},
 		{name: "annotations only",
 			runtimeConfig: `{"io.kubernetes.cri.pod-annotations":{"kubernetes.io/ingress-bandwidth":"1.5M","kubernetes.io/egress-bandwidth":"100Mi"}}`,
-			want:          &kubenet.Bandwidth{IngressRate: 1_500_000, EgressRate: 100 << 20}},
+			want:          &core.Bandwidth{IngressRate: 1_500_000, EgressRate: 100 << 20}},
 		{name: "capability wins, annotation fills the other direction",
 			runtimeConfig: `{"bandwidth":{"IngressRate":10000000,"IngressBurst":4294967295},
 				"io.kubernetes.cri.pod-annotations":{"kubernetes.io/ingress-bandwidth":"20M","kubernetes.io/egress-bandwidth":"1G"}}`,
-			want: &kubenet.Bandwidth{IngressRate: 10_000_000, EgressRate: 1_000_000_000}},
+			want: &core.Bandwidth{IngressRate: 10_000_000, EgressRate: 1_000_000_000}},
 		{name: "unrelated annotations", runtimeConfig: `{"io.kubernetes.cri.pod-annotations":{"a":"b"}}`},
 		{name: "bad annotation",
 			runtimeConfig: `{"io.kubernetes.cri.pod-annotations":{"kubernetes.io/ingress-bandwidth":"10Q"}}`,
@@ -67,7 +67,7 @@ func TestShapingConfig(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := kubenet.ParseConfig(conf(c.runtimeConfig))
+			cfg, err := core.ParseConfig(conf(c.runtimeConfig))
 			if c.wantErr != "" {
 				var te *types.Error
 				if !errors.As(err, &te) || te.Code != types.ErrInvalidNetworkConfig || !strings.Contains(te.Msg, c.wantErr) {
@@ -347,7 +347,7 @@ func auditRolledBack(t *testing.T, node *nettest.Node, p *nettest.Pod) {
 }
 
 // checkShaping runs shaping.Check on the attachment's host veth (inside the node).
-func checkShaping(names kubenet.Names, l shaping.Limits) error {
+func checkShaping(names core.Names, l shaping.Limits) error {
 	host, err := netlink.LinkByName(names.HostVeth)
 	if err != nil {
 		return err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 func TestRender(t *testing.T) {
@@ -22,13 +22,13 @@ func TestRender(t *testing.T) {
 		name    string
 		opts    Options
 		wantErr string // substring; "" = valid
-		check   func(t *testing.T, c *kubenet.Config, plugin map[string]any)
+		check   func(t *testing.T, c *core.Config, plugin map[string]any)
 	}{
 		{
 			name: "dual-stack with every setting",
 			opts: Options{PodCIDRs: dual, NonMasqueradeCIDRs: []netip.Prefix{p("10.244.0.0/16"), p("fd00:10:244::/48")},
 				MTU: 1450, HairpinMode: "promiscuous-bridge", Bridge: "kbr0", DataDir: "/var/lib/kubenet"},
-			check: func(t *testing.T, c *kubenet.Config, plugin map[string]any) {
+			check: func(t *testing.T, c *core.Config, plugin map[string]any) {
 				if !slices.Equal(c.PodCIDRs(), dual) || c.MTU != 1450 || string(c.Hairpin) != "promiscuous-bridge" ||
 					c.Bridge != "kbr0" || c.DataDir != "/var/lib/kubenet" || len(c.NonMasqueradeCIDRs) != 2 {
 					t.Errorf("plugin config %+v does not carry the options", c)
@@ -38,13 +38,13 @@ func TestRender(t *testing.T) {
 		{
 			name: "defaults are left to the plugin",
 			opts: Options{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}},
-			check: func(t *testing.T, c *kubenet.Config, plugin map[string]any) {
+			check: func(t *testing.T, c *core.Config, plugin map[string]any) {
 				for _, k := range []string{"mtu", "hairpinMode", "bridge", "dataDir", "nonMasqueradeCIDRs"} {
 					if _, ok := plugin[k]; ok {
 						t.Errorf("key %s written although unset: %v", k, plugin[k])
 					}
 				}
-				if c.Bridge != kubenet.DefaultBridge || c.MTU != 0 || c.Network != DefaultName {
+				if c.Bridge != core.DefaultBridge || c.MTU != 0 || c.Network != DefaultName {
 					t.Errorf("plugin defaults not applied: %+v", c)
 				}
 				caps, _ := plugin["capabilities"].(map[string]any)
@@ -58,7 +58,7 @@ func TestRender(t *testing.T) {
 		{
 			name: "IPv6 only",
 			opts: Options{PodCIDRs: []netip.Prefix{p("fd00:10:244:1::/64")}},
-			check: func(t *testing.T, c *kubenet.Config, _ map[string]any) {
+			check: func(t *testing.T, c *core.Config, _ map[string]any) {
 				if len(c.PodCIDRs()) != 1 || !c.PodCIDRs()[0].Addr().Is6() {
 					t.Errorf("pod CIDRs %v", c.PodCIDRs())
 				}
@@ -105,7 +105,7 @@ func TestRender(t *testing.T) {
 			plugin := raw["plugins"].([]any)[0].(map[string]any)
 			plugin["name"], plugin["cniVersion"] = list.Name, list.CNIVersion
 			stdin, _ := json.Marshal(plugin)
-			c, err := kubenet.ParseConfig(stdin)
+			c, err := core.ParseConfig(stdin)
 			if err != nil {
 				t.Fatalf("the plugin refuses its entry: %v\n%s", err, stdin)
 			}

@@ -13,7 +13,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/atomicfile"
 )
 
@@ -109,7 +109,7 @@ func validate(o Options, p pluginConf) error {
 	if err != nil {
 		return fmt.Errorf("render conflist: %w", err)
 	}
-	if _, err := kubenet.ParseConfig(raw); err != nil {
+	if _, err := core.ParseConfig(raw); err != nil {
 		return fmt.Errorf("render conflist: the plugin would refuse it: %w", err)
 	}
 	return nil

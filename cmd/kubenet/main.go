@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // buildVersion is stamped by the Makefile (-ldflags -X main.buildVersion=...).
@@ -32,11 +32,11 @@ func main() {
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    run(onAttachment(add)),
-		Del:    run(onAttachment(kubenet.Del)),
-		Check:  run(onAttachment(kubenet.Check)),
+		Del:    run(onAttachment(core.Del)),
+		Check:  run(onAttachment(core.Check)),
 		Status: run(status),
 		GC:     run(gc),
-	}, version.PluginSupports(kubenet.SupportedVersions()...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
+	}, version.PluginSupports(core.SupportedVersions()...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
 }
 
 // run gives each verb a context that ends at the timeout or on SIGTERM/SIGINT.
@@ -52,23 +52,23 @@ func run(f func(context.Context, *skel.CmdArgs) error) func(*skel.CmdArgs) error
 
 // onAttachment adapts a verb that works on one attachment: it parses the configuration and the
 // attachment (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS, CNI_ARGS) before calling it.
-func onAttachment(verb func(context.Context, *kubenet.Config, kubenet.Attachment) error) func(context.Context, *skel.CmdArgs) error {
+func onAttachment(verb func(context.Context, *core.Config, core.Attachment) error) func(context.Context, *skel.CmdArgs) error {
 	return func(ctx context.Context, args *skel.CmdArgs) error {
-		cfg, err := kubenet.ParseConfig(args.StdinData)
+		cfg, err := core.ParseConfig(args.StdinData)
 		if err != nil {
 			return err
 		}
-		pod, err := kubenet.ParseCNIArgs(args.Args)
+		pod, err := ParseCNIArgs(args.Args)
 		if err != nil {
 			return err
 		}
-		return verb(ctx, cfg, kubenet.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()})
+		return verb(ctx, cfg, core.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()})
 	}
 }
 
 // add prints the result in the caller's CNI version.
-func add(ctx context.Context, cfg *kubenet.Config, att kubenet.Attachment) error {
-	result, err := kubenet.Add(ctx, cfg, att)
+func add(ctx context.Context, cfg *core.Config, att core.Attachment) error {
+	result, err := core.Add(ctx, cfg, att)
 	if err != nil {
 		return err
 	}
@@ -76,21 +76,21 @@ func add(ctx context.Context, cfg *kubenet.Config, att kubenet.Attachment) error
 }
 
 func status(ctx context.Context, args *skel.CmdArgs) error {
-	cfg, err := kubenet.ParseConfig(args.StdinData)
+	cfg, err := core.ParseConfig(args.StdinData)
 	if err != nil {
-		return kubenet.StatusConfigError(err)
+		return core.StatusConfigError(err)
 	}
-	return kubenet.Status(ctx, cfg)
+	return core.Status(ctx, cfg)
 }
 
 func gc(ctx context.Context, args *skel.CmdArgs) error {
-	cfg, err := kubenet.ParseConfig(args.StdinData)
+	cfg, err := core.ParseConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
-	valid, err := kubenet.ParseValidAttachments(args.StdinData)
+	valid, err := core.ParseValidAttachments(args.StdinData)
 	if err != nil {
 		return err
 	}
-	return kubenet.GC(ctx, cfg, valid)
+	return core.GC(ctx, cfg, valid)
 }

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	core "github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/cni"
 	"github.com/kubenet-dev/kubenet/network/kubenet"

@@ -30,7 +30,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	core "github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/network"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"sync"
 
-	core "github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // portKey is one host port as the kernel's bind table sees it: protocol, local address (the

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	core "github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 func TestPortKeys(t *testing.T) {

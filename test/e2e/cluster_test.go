@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -167,7 +167,7 @@ func TestCluster(t *testing.T) {
 			Check(t, linkMTUs(n.NS, UnderlayMTU, "eth0", "cbr0"), "%s: uplink eth0 and bridge cbr0 have MTU %d (detected from the default route's link)", n.Name, UnderlayMTU)
 		}
 		for _, p := range pods {
-			veth := kubenet.NamesFor("kubenet", kubenet.Attachment{ContainerID: p.RT.ContainerID, IfName: p.RT.IfName}).HostVeth
+			veth := core.NamesFor("kubenet", core.Attachment{ContainerID: p.RT.ContainerID, IfName: p.RT.IfName}).HostVeth
 			err := errors.Join(linkMTUs(p.node.NS, UnderlayMTU, veth), linkMTUs(p.NS, UnderlayMTU, "eth0"))
 			Check(t, err, "%s: host veth %s and pod eth0 have MTU %d", p, veth, UnderlayMTU)
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/internal/nft"
@@ -80,7 +80,7 @@ func Residue(s NodeState) ([]string, error) {
 			left = append(left, "address reservation "+filepath.Join(netDir, e.Name()))
 		}
 	}
-	for _, dir := range []string{kubenet.RecordDirName, hostport.IndexDirName} {
+	for _, dir := range []string{core.RecordDirName, hostport.IndexDirName} {
 		_ = filepath.WalkDir(filepath.Join(netDir, dir), func(p string, d fs.DirEntry, err error) error {
 			if err == nil && !d.IsDir() {
 				left = append(left, "file "+p)

@@ -18,7 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/kubenet-dev/kubenet"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
@@ -108,9 +108,9 @@ func checkPodServes(t *testing.T, w runtimeWorld, ips []netip.Addr, hostPort uin
 // checkRecord checks kubenet's attachment record of the pod: the addresses the runtime
 // reports, and the capability arguments the runtime passed (proof that they reached the plugin
 // in the runtime's own JSON shape).
-func checkRecord(t *testing.T, w runtimeWorld, id string, ips []netip.Addr, hostPort int, bandwidth *kubenet.Bandwidth) {
+func checkRecord(t *testing.T, w runtimeWorld, id string, ips []netip.Addr, hostPort int, bandwidth *core.Bandwidth) {
 	t.Helper()
-	rec, err := kubenet.NewRecords(filepath.Join(w.node.DataDir(), network)).Load(kubenet.Attachment{ContainerID: id, IfName: "eth0"})
+	rec, err := core.NewRecords(filepath.Join(w.node.DataDir(), network)).Load(core.Attachment{ContainerID: id, IfName: "eth0"})
 	Require(t, err, "kubenet's attachment record of %s/eth0 exists", short(id))
 	var recIPs []netip.Addr
 	for _, p := range rec.IPs {
@@ -138,7 +138,7 @@ func checkRecord(t *testing.T, w runtimeWorld, id string, ips []netip.Addr, host
 // checkIngressShaping checks that the pod's host veth carries a tbf qdisc with the rate.
 func checkIngressShaping(t *testing.T, w runtimeWorld, id string, rateBits uint64) {
 	t.Helper()
-	veth := kubenet.NamesFor(network, kubenet.Attachment{ContainerID: id, IfName: "eth0"}).HostVeth
+	veth := core.NamesFor(network, core.Attachment{ContainerID: id, IfName: "eth0"}).HostVeth
 	var found []string
 	err := w.node.NS.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(veth)
@@ -223,7 +223,7 @@ func TestRuntimeContainerd(t *testing.T) {
 		err = fmt.Errorf("pod has addresses %v, want one per family", ips)
 	}
 	Require(t, err, "PodSandboxStatus reports one address per family: %v", ips)
-	checkRecord(t, w, podID, ips, hostPort, &kubenet.Bandwidth{IngressRate: rate})
+	checkRecord(t, w, podID, ips, hostPort, &core.Bandwidth{IngressRate: rate})
 	checkPodServes(t, w, ips, hostPort)
 	checkIngressShaping(t, w, podID, rate)
 

@@ -1,4 +1,4 @@
-package kubenet
+package main
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ func ParseCNIArgs(s string) (PodArgs, error) {
 		return args, nil
 	}
 	if err := types.LoadArgs(s, &args); err != nil {
-		return PodArgs{}, envError("CNI_ARGS %q: %v", s, err)
+		return PodArgs{}, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS %q: %v", s, err), "")
 	}
 	return args, nil
 }

@@ -1,4 +1,4 @@
-package kubenet
+package core
 
 import (
 	"errors"
@@ -106,24 +106,5 @@ func FuzzRuntimeConfig(f *testing.F) {
 			return
 		}
 		checkValidConfig(t, cfg)
-	})
-}
-
-func FuzzParseCNIArgs(f *testing.F) {
-	for _, seed := range []string{
-		"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=1-2",
-		"K8S_POD_NAME=x", "IgnoreUnknown=true;FOO=bar", "FOO=bar", "=;;=", "K8S_POD_NAME", "",
-	} {
-		f.Add(seed)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		args, err := ParseCNIArgs(s)
-		if err != nil {
-			requireCNIError(t, err, types.ErrInvalidEnvironmentVariables)
-			return
-		}
-		if pod := args.Pod(); pod != "" && !strings.Contains(s, string(args.K8S_POD_NAME)) {
-			t.Fatalf("pod %q not taken from %q", pod, s)
-		}
 	})
 }

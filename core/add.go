@@ -1,4 +1,4 @@
-package kubenet
+package core
 
 import (
 	"context"
@@ -149,11 +149,10 @@ func openPodNS(path string) (ns.NetNS, error) {
 // reserve reserves one address per family and writes the attachment record, under the network's
 // lock (the same lock file host-local uses).
 func (a *addition) reserve(undo *undoStack) error {
-	if err := a.store.Lock(); err != nil {
-		return fmt.Errorf("lock address store: %w", err)
-	}
-	defer a.store.Unlock()
+	return withNetworkLock(a.store, func() error { return a.reserveLocked(undo) })
+}
 
+func (a *addition) reserveLocked(undo *undoStack) error {
 	existing, err := a.records.Load(a.att)
 	if err != nil {
 		return err
@@ -163,14 +162,12 @@ func (a *addition) reserve(undo *undoStack) error {
 			fmt.Sprintf("container %q already has interface %q on network %q (addresses %v); DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, existing.IPs), "")
 	}
 	undo.push(func() error {
-		if err := a.store.Lock(); err != nil {
-			return err
-		}
-		defer a.store.Unlock()
-		if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
-			return err
-		}
-		return a.records.Remove(a.att)
+		return withNetworkLock(a.store, func() error {
+			if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
+				return err
+			}
+			return a.records.Remove(a.att)
+		})
 	})
 	for i, set := range a.cfg.Ranges {
 		addr, r, err := a.store.Allocate(i, set, a.att.ContainerID, a.att.IfName)
@@ -256,22 +253,8 @@ func (a *addition) hairpin(*undoStack) error {
 	return hairpin.EnsureDedup(a.cfg.Hairpin, dedupFor(a.cfg))
 }
 
-func dedupFor(cfg *Config) hairpin.Dedup {
-	gws := cfg.Gateways()
-	return hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: bridge.MAC(gws), PodCIDRs: cfg.PodCIDRs(), Gateways: prefixAddrs(gws)}
-}
-
 func (a *addition) masquerade(*undoStack) error {
 	return masq.Ensure(masqConfig(a.cfg))
-}
-
-// bridgeConfig is the bridge cfg asks for with MTU mtu (CHECK passes cfg.MTU: 0 accepts any).
-func bridgeConfig(cfg *Config, mtu int) bridge.Config {
-	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge()}
-}
-
-func masqConfig(cfg *Config) masq.Config {
-	return masq.Config{Network: cfg.Network, PodCIDRs: cfg.PodCIDRs(), NonMasqueradeCIDRs: cfg.NonMasqueradeCIDRs}
 }
 
 // result is the CNI result: interfaces [bridge, host veth, pod interface], every address on the

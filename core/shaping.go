@@ -1,4 +1,4 @@
-package kubenet
+package core
 
 import (
 	"errors"
@@ -34,17 +34,6 @@ func validateBandwidth(rc *RuntimeConfig) error {
 	return nil
 }
 
-// limits converts a validated Bandwidth (nil: none) to the shaper's terms.
-func (b *Bandwidth) limits() shaping.Limits {
-	if b == nil {
-		return shaping.Limits{}
-	}
-	return shaping.Limits{
-		Ingress: shaping.Limit{Rate: b.IngressRate, Burst: b.IngressBurst},
-		Egress:  shaping.Limit{Rate: b.EgressRate, Burst: b.EgressBurst},
-	}
-}
-
 // shaping applies the attachment's bandwidth limits.
 func (a *addition) shaping(*undoStack) error {
 	l := a.cfg.Runtime.Bandwidth.limits()
@@ -54,4 +43,23 @@ func (a *addition) shaping(*undoStack) error {
 	// No undo of its own: shaping is the last step, Apply cleans up after itself, and the veth's
 	// undo (delLinks) takes a leftover ifb with it.
 	return shaping.Apply(a.host, a.names.IFB, l)
+}
+
+// BandwidthFromAnnotations resolves a pod's bandwidth annotations the way ADD does and returns
+// them as the bandwidth capability a runtime sends (nil: no limit). Bursts are what containerd
+// sends when a pod asks for none: plugins that know the convention (kubenet) choose their own,
+// the reference bandwidth plugin needs a value.
+func BandwidthFromAnnotations(annotations map[string]string) (*Bandwidth, error) {
+	l, err := shaping.Resolve(nil, annotations)
+	if err != nil || l.IsZero() {
+		return nil, err
+	}
+	bw := &Bandwidth{}
+	if l.Ingress.Rate > 0 {
+		bw.IngressRate, bw.IngressBurst = l.Ingress.Rate, shaping.RuntimeDefaultBurst
+	}
+	if l.Egress.Rate > 0 {
+		bw.EgressRate, bw.EgressBurst = l.Egress.Rate, shaping.RuntimeDefaultBurst
+	}
+	return bw, nil
 }

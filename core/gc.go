@@ -1,4 +1,4 @@
-package kubenet
+package core
 
 import (
 	"context"
@@ -53,10 +53,10 @@ func GC(ctx context.Context, cfg *Config, valid []ValidAttachment) error {
 // gcReservations releases reservations whose holder is not valid, under the lock so no ADD can
 // be handed an address between the listing and the release.
 func gcReservations(store *ipam.Store, keep map[attachmentKey]bool, keepID map[string]bool) error {
-	if err := store.Lock(); err != nil {
-		return fmt.Errorf("lock address store: %w", err)
-	}
-	defer store.Unlock()
+	return withNetworkLock(store, func() error { return gcReservationsLocked(store, keep, keepID) })
+}
+
+func gcReservationsLocked(store *ipam.Store, keep map[attachmentKey]bool, keepID map[string]bool) error {
 	allocs, err := store.List()
 	if err != nil {
 		return err

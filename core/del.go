@@ -1,4 +1,4 @@
-package kubenet
+package core
 
 import (
 	"context"
@@ -59,9 +59,17 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	// runtime sends nothing, so it goes only once everything before it is gone.
 	removedAll := errors.Join(errs...) == nil
 
-	if err := store.Lock(); err != nil {
-		return errors.Join(append(errs, fmt.Errorf("lock address store: %w", err))...)
-	}
+	errs = append(errs, withNetworkLock(store, func() error {
+		return releaseLocked(store, records, att, hint, unmapped, removedAll)
+	}))
+	return errors.Join(errs...)
+}
+
+// releaseLocked is DEL's part under the network lock: release the reservations, forget the flows
+// of addresses only the release revealed and of host ports that led elsewhere, and remove the
+// record once everything before it succeeded (removedAll).
+func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry, removedAll bool) error {
+	var errs []error
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	errs = append(errs, err)
 	// Without a record the addresses are known only now; forget their flows under the lock.
@@ -74,7 +82,6 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	if err == nil && removedAll {
 		errs = append(errs, records.Remove(att))
 	}
-	errs = append(errs, store.Unlock())
 	return errors.Join(errs...)
 }
 

@@ -1,6 +1,6 @@
 //go:build kubenet_crashtest
 
-package kubenet
+package core
 
 import (
 	"os"

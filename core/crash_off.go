@@ -1,6 +1,6 @@
 //go:build !kubenet_crashtest
 
-package kubenet
+package core
 
 // crashPoint is a no-op in real builds; see crash_on.go.
 func crashPoint(string) {}

@@ -1,9 +1,8 @@
-package kubenet
+package core
 
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -29,13 +28,7 @@ func (a *addition) hostPorts(undo *undoStack) error {
 	}
 	hp := hostportConfig(a.cfg, a.store.Dir())
 	owner := ownerOf(a.att)
-	if err := a.store.Lock(); err != nil {
-		return fmt.Errorf("lock address store: %w", err)
-	}
-	err = hostport.Add(hp, owner, entries)
-	if uerr := a.store.Unlock(); err == nil {
-		err = uerr
-	}
+	err = withNetworkLock(a.store, func() error { return hostport.Add(hp, owner, entries) })
 	var conflict *hostport.ConflictError
 	if errors.As(err, &conflict) {
 		return types.NewError(ErrPortConflict, conflict.Error(), "")
@@ -44,11 +37,7 @@ func (a *addition) hostPorts(undo *undoStack) error {
 		return fmt.Errorf("host ports: %w", err)
 	}
 	undo.push(func() error {
-		if err := a.store.Lock(); err != nil {
-			return err
-		}
-		defer a.store.Unlock()
-		return hostport.Remove(hp, owner, hostport.KeysOf(entries))
+		return withNetworkLock(a.store, func() error { return hostport.Remove(hp, owner, hostport.KeysOf(entries)) })
 	})
 	return nil
 }
@@ -73,41 +62,15 @@ func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) (
 	for _, p := range cfg.PodCIDRs() {
 		families = append(families, p.Addr().Is6())
 	}
-	if err := store.Lock(); err != nil {
-		return nil, fmt.Errorf("host ports: lock address store: %w", err)
-	}
-	removed, err := hostport.Unmap(hostportConfig(cfg, store.Dir()), ownerOf(att), hostport.Keys(toMappings(mappings), families))
-	if uerr := store.Unlock(); err == nil {
-		err = uerr
-	}
+	var removed []hostport.Entry
+	err := withNetworkLock(store, func() (err error) {
+		removed, err = hostport.Unmap(hostportConfig(cfg, store.Dir()), ownerOf(att), hostport.Keys(toMappings(mappings), families))
+		return err
+	})
 	if err != nil {
 		return removed, fmt.Errorf("host ports: %w", err)
 	}
 	return removed, nil
-}
-
-func hostportConfig(cfg *Config, networkDir string) hostport.Config {
-	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs()}
-}
-
-func ownerOf(att Attachment) hostport.Owner {
-	return hostport.Owner{ContainerID: att.ContainerID, IfName: att.IfName}
-}
-
-// toMappings converts validated mappings (validateRuntime checked ranges, protocol and hostIP).
-func toMappings(pms []PortMapping) []hostport.Mapping {
-	out := make([]hostport.Mapping, 0, len(pms))
-	for _, pm := range pms {
-		m := hostport.Mapping{HostPort: uint16(pm.HostPort), ContainerPort: uint16(pm.ContainerPort), Protocol: pm.Protocol}
-		if pm.HostIP != "" {
-			m.HostIP, _ = netip.ParseAddr(pm.HostIP)
-		}
-		if m.Protocol == "" {
-			m.Protocol = "tcp"
-		}
-		out = append(out, m)
-	}
-	return out
 }
 
 // checkHostPorts verifies the attachment's host-port reservations, map elements and rules
@@ -133,11 +96,11 @@ func gcHostPorts(cfg *Config, store *ipam.Store, valid []ValidAttachment) error 
 	for _, v := range valid {
 		keep[hostport.Owner{ContainerID: v.ContainerID, IfName: v.IfName}] = true
 	}
-	if err := store.Lock(); err != nil {
-		return fmt.Errorf("host ports: lock address store: %w", err)
-	}
-	defer store.Unlock()
-	if _, err := hostport.GC(hostportConfig(cfg, store.Dir()), func(o hostport.Owner) bool { return keep[o] }); err != nil {
+	err := withNetworkLock(store, func() error {
+		_, err := hostport.GC(hostportConfig(cfg, store.Dir()), func(o hostport.Owner) bool { return keep[o] })
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("host ports: %w", err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package kubenet
+package core
 
 import (
 	"context"

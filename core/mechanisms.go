@@ -1,0 +1,63 @@
+package core
+
+import (
+	"net/netip"
+
+	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/masq"
+	"github.com/kubenet-dev/kubenet/shaping"
+)
+
+// This file is the one place that turns the core's Config (and an attachment's record) into each
+// mechanism's own configuration. The mechanisms know nothing of the core or of each other.
+
+func dedupFor(cfg *Config) hairpin.Dedup {
+	gws := cfg.Gateways()
+	return hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: bridge.MAC(gws), PodCIDRs: cfg.PodCIDRs(), Gateways: prefixAddrs(gws)}
+}
+
+// bridgeConfig is the bridge cfg asks for with MTU mtu (CHECK passes cfg.MTU: 0 accepts any).
+func bridgeConfig(cfg *Config, mtu int) bridge.Config {
+	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge()}
+}
+
+func masqConfig(cfg *Config) masq.Config {
+	return masq.Config{Network: cfg.Network, PodCIDRs: cfg.PodCIDRs(), NonMasqueradeCIDRs: cfg.NonMasqueradeCIDRs}
+}
+
+func hostportConfig(cfg *Config, networkDir string) hostport.Config {
+	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs()}
+}
+
+func ownerOf(att Attachment) hostport.Owner {
+	return hostport.Owner{ContainerID: att.ContainerID, IfName: att.IfName}
+}
+
+// toMappings converts validated mappings (validateRuntime checked ranges, protocol and hostIP).
+func toMappings(pms []PortMapping) []hostport.Mapping {
+	out := make([]hostport.Mapping, 0, len(pms))
+	for _, pm := range pms {
+		m := hostport.Mapping{HostPort: uint16(pm.HostPort), ContainerPort: uint16(pm.ContainerPort), Protocol: pm.Protocol}
+		if pm.HostIP != "" {
+			m.HostIP, _ = netip.ParseAddr(pm.HostIP)
+		}
+		if m.Protocol == "" {
+			m.Protocol = "tcp"
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// limits converts a validated Bandwidth (nil: none) to the shaper's terms.
+func (b *Bandwidth) limits() shaping.Limits {
+	if b == nil {
+		return shaping.Limits{}
+	}
+	return shaping.Limits{
+		Ingress: shaping.Limit{Rate: b.IngressRate, Burst: b.IngressBurst},
+		Egress:  shaping.Limit{Rate: b.EgressRate, Burst: b.EgressBurst},
+	}
+}
