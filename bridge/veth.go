@@ -112,7 +112,7 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set %s up: %w", p.IfName, err)
 		}
-		if err := SetLoopbackUp(); err != nil {
+		if err := links.SetLoopbackUp(); err != nil {
 			return err
 		}
 		for _, gw := range p.Gateways {
@@ -172,22 +172,6 @@ func setIPv4DevConf(link netlink.Link, id int, value uint32) error {
 	req.AddData(spec)
 	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
 		return fmt.Errorf("set IPv4 setting %d of %q: %w", id, link.Attrs().Name, err)
-	}
-	return nil
-}
-
-// SetLoopbackUp brings lo of the calling thread's network namespace up (what the loopback plugin
-// does), unless it is up already.
-func SetLoopbackUp() error {
-	lo, err := netlinksafe.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("loopback: %w", err)
-	}
-	if lo.Attrs().Flags&net.FlagUp != 0 {
-		return nil
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("loopback up: %w", err)
 	}
 	return nil
 }

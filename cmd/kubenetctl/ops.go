@@ -5,54 +5,20 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
-	core "github.com/kubenet-dev/kubenet"
-	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/kubenet"
 )
 
-// allocation is one reserved address as an operator sees it: who holds it, and whether kubenet
-// has a record of that attachment (no record: host-local made it, or a crashed ADD left it).
-type allocation struct {
-	Address     netip.Addr `json:"address"`
-	ContainerID string     `json:"containerID"`
-	IfName      string     `json:"ifname,omitempty"`
-	Pod         string     `json:"pod,omitempty"`
-	Record      bool       `json:"record"`
-}
-
 // listAllocations reads kubenet's state directory for the network; it changes nothing.
-func listAllocations(o *options) ([]allocation, error) {
-	store, err := ipam.Open(o.dataDir, o.network)
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
-	allocs, err := store.List()
-	if err != nil {
-		return nil, err
-	}
-	records, err := core.NewRecords(filepath.Join(o.dataDir, o.network)).List()
-	if err != nil {
-		return nil, err
-	}
-	pods := map[[2]string]string{}
-	for _, r := range records {
-		pods[[2]string{r.ContainerID, r.IfName}] = r.Pod
-	}
-	out := make([]allocation, 0, len(allocs))
-	for _, a := range allocs {
-		pod, recorded := pods[[2]string{a.ContainerID, a.IfName}]
-		out = append(out, allocation{Address: a.Addr, ContainerID: a.ContainerID, IfName: a.IfName, Pod: pod, Record: recorded})
-	}
-	return out, nil
+func listAllocations(o *options) ([]core.Allocation, error) {
+	return core.Allocations(o.dataDir, o.network)
 }
 
-func printAllocations(w io.Writer, allocs []allocation, asJSON bool) error {
+func printAllocations(w io.Writer, allocs []core.Allocation, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(allocs)
 	}

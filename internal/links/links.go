@@ -8,6 +8,7 @@ package links
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -96,6 +97,22 @@ func fallback(cause error, links []netlink.Link) error {
 func deleteOne(l netlink.Link) error {
 	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("link %q: delete: %w", l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// SetLoopbackUp brings lo of the calling thread's network namespace up (what the loopback plugin
+// does), unless it is up already.
+func SetLoopbackUp() error {
+	lo, err := netlinksafe.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	if lo.Attrs().Flags&net.FlagUp != 0 {
+		return nil
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
 	}
 	return nil
 }

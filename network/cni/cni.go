@@ -38,10 +38,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/network"
-	"github.com/kubenet-dev/kubenet/shaping"
-
-	"github.com/kubenet-dev/kubenet/bridge"
 )
 
 // Defaults (kubelet's).
@@ -442,7 +441,7 @@ func loopbackUp(netns string) error {
 		return err
 	}
 	defer podNS.Close()
-	return podNS.Do(func(ns.NetNS) error { return bridge.SetLoopbackUp() })
+	return podNS.Do(func(ns.NetNS) error { return links.SetLoopbackUp() })
 }
 
 // runtimeConf is kubelet's: the sandbox ID, netns and interface, and the Kubernetes CNI_ARGS
@@ -461,31 +460,12 @@ func runtimeConf(namespace, name string, id network.ContainerID, netns, ifName s
 	}
 }
 
-// portMapping is the portMappings capability entry (CRI-O's lower-case keys).
-type portMapping struct {
-	HostPort      int32  `json:"hostPort"`
-	ContainerPort int32  `json:"containerPort"`
-	Protocol      string `json:"protocol"`
-	HostIP        string `json:"hostIP,omitempty"`
-}
-
-type bandwidth struct {
-	IngressRate  uint64 `json:"ingressRate,omitempty"`
-	IngressBurst uint64 `json:"ingressBurst,omitempty"`
-	EgressRate   uint64 `json:"egressRate,omitempty"`
-	EgressBurst  uint64 `json:"egressBurst,omitempty"`
-}
-
-type ipRange struct {
-	Subnet string `json:"subnet"`
-}
-
 // capabilityArgs builds runtimeConfig: portMappings always (kubelet sent an empty list too),
 // bandwidth when an annotation asks for it, ipRanges when the node's pod CIDR is known, and the
 // pod annotations.
 func capabilityArgs(pms []*network.PortMapping, annotations map[string]string, cidrs []netip.Prefix) (map[string]interface{}, error) {
 	caps := map[string]interface{}{}
-	mappings := []portMapping{}
+	mappings := []core.PortMapping{}
 	for _, pm := range pms {
 		if pm == nil || pm.HostPort <= 0 {
 			continue
@@ -494,30 +474,21 @@ func capabilityArgs(pms []*network.PortMapping, annotations map[string]string, c
 		if proto == "" {
 			proto = "tcp"
 		}
-		mappings = append(mappings, portMapping{HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: proto, HostIP: pm.HostIP})
+		mappings = append(mappings, core.PortMapping{HostPort: int(pm.HostPort), ContainerPort: int(pm.ContainerPort), Protocol: proto, HostIP: pm.HostIP})
 	}
 	caps[capPortMappings] = mappings
 
-	limits, err := shaping.Resolve(nil, annotations)
+	bw, err := core.BandwidthFromAnnotations(annotations)
 	if err != nil {
 		return nil, fmt.Errorf("error reading pod bandwidth annotations: %w", err)
 	}
-	if !limits.IsZero() {
-		// Bursts: what containerd sends when the pod asks for none. Plugins that know the
-		// convention (kubenet) choose their own; the reference bandwidth plugin needs a value.
-		bw := bandwidth{}
-		if limits.Ingress.Rate > 0 {
-			bw.IngressRate, bw.IngressBurst = limits.Ingress.Rate, shaping.RuntimeDefaultBurst
-		}
-		if limits.Egress.Rate > 0 {
-			bw.EgressRate, bw.EgressBurst = limits.Egress.Rate, shaping.RuntimeDefaultBurst
-		}
+	if bw != nil {
 		caps[capBandwidth] = bw
 	}
 	if len(cidrs) > 0 {
-		sets := make([][]ipRange, len(cidrs))
+		sets := make([][]core.IPRange, len(cidrs))
 		for i, c := range cidrs {
-			sets[i] = []ipRange{{Subnet: c.String()}}
+			sets[i] = []core.IPRange{{Subnet: c.String()}}
 		}
 		caps[capIPRanges] = sets
 	}

@@ -1,0 +1,167 @@
+package kubenet
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/kubenet-dev/kubenet"
+
+// layer is where a package of the module sits. A package may import packages of lower layers
+// and of its own group; docs/architecture.md draws the same picture.
+type layer int
+
+const (
+	layerInternal  layer = iota + 1 // internal/: small shared helpers
+	layerMechanism                  // one kernel mechanism each; never import each other
+	layerCore                       // core/: composes the mechanisms
+	layerFace                       // network/ and agent/: reach mechanisms only through core
+	layerCommand                    // cmd/: binaries
+	layerTest                       // test/, bench/ and test helpers: may use anything
+)
+
+// mechanisms are the mechanism packages. A new top-level package must be added here (and to
+// docs/architecture.md), or TestLayers fails: where it sits is a decision, not an accident.
+var mechanisms = []string{"bridge", "ipam", "hairpin", "masq", "hostport", "shaping"}
+
+// classify returns the layer of a package path relative to the module, and its group: packages
+// of one group may import each other (network/cni imports network, agent imports agent/routes).
+func classify(rel string) (layer, string, bool) {
+	top, _, _ := strings.Cut(rel, "/")
+	switch {
+	case rel == "":
+		return layerTest, "root", true // the package doc, and this test
+	case rel == "internal/nettest" || top == "test" || top == "bench":
+		return layerTest, top, true
+	case top == "internal":
+		return layerInternal, "internal", true
+	case slices.Contains(mechanisms, top):
+		return layerMechanism, top, true
+	case top == "core":
+		return layerCore, "core", true
+	case top == "network" || top == "agent":
+		return layerFace, top, true
+	case top == "cmd":
+		return layerCommand, rel, true
+	}
+	return 0, "", false
+}
+
+type listedPackage struct {
+	ImportPath string
+	Imports    []string
+}
+
+// modulePackages lists every package of the module with its direct imports (the non-test ones:
+// tests may reach across layers to set up what they check).
+func modulePackages(t *testing.T) []listedPackage {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-e", "-json=ImportPath,Imports", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []listedPackage
+	for {
+		var p listedPackage
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decode go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found only %d packages; is the test running from the module root?", len(pkgs))
+	}
+	return pkgs
+}
+
+// TestLayers enforces the architecture: cmd → network, agent → core → mechanisms → internal.
+// Imports go down the layers only; mechanisms never import each other; network/ and agent/
+// reach mechanisms only through core; product code never imports test helpers.
+func TestLayers(t *testing.T) {
+	for _, p := range modulePackages(t) {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		from, fromGroup, ok := classify(rel)
+		if !ok {
+			t.Errorf("package %s has no layer: add it to classify (and docs/architecture.md)", p.ImportPath)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if imp != module && !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			impRel := strings.TrimPrefix(strings.TrimPrefix(imp, module), "/")
+			to, toGroup, ok := classify(impRel)
+			if !ok {
+				continue // reported as its own package
+			}
+			if why := forbidden(from, fromGroup, to, toGroup); why != "" {
+				t.Errorf("%s imports %s: %s", rel, impRel, why)
+			}
+		}
+	}
+}
+
+// forbidden says why a package in (from, fromGroup) may not import one in (to, toGroup), or "".
+func forbidden(from layer, fromGroup string, to layer, toGroup string) string {
+	switch {
+	case from == layerTest:
+		return ""
+	case to == layerTest:
+		return "product code may not import test helpers"
+	case fromGroup == toGroup:
+		return ""
+	case from == layerMechanism && to == layerMechanism:
+		return "mechanisms never import each other; compose them in core"
+	case from >= layerFace && to == layerMechanism:
+		return "only core uses the mechanisms; add what is needed to core"
+	case to >= from:
+		return "imports go down the layers only"
+	}
+	return ""
+}
+
+// TestForbiddenCatchesViolations shows that the rule table rejects each kind of violation it
+// exists for, so TestLayers passing means something.
+func TestForbiddenCatchesViolations(t *testing.T) {
+	cases := []struct {
+		name          string
+		from, to      string
+		wantForbidden bool
+	}{
+		{"mechanism to mechanism", "hostport", "masq", true},
+		{"network to mechanism", "network/cni", "bridge", true},
+		{"agent to mechanism", "agent", "ipam", true},
+		{"command to mechanism", "cmd/kubenetctl", "ipam", true},
+		{"core up to network", "core", "network", true},
+		{"mechanism up to core", "bridge", "core", true},
+		{"internal up to mechanism", "internal/nft", "masq", true},
+		{"product to test helper", "core", "internal/nettest", true},
+		{"network to core", "network/kubenet", "core", false},
+		{"core to mechanism", "core", "hostport", false},
+		{"mechanism to internal", "hostport", "internal/nft", false},
+		{"network to internal", "network/cni", "internal/links", false},
+		{"within a group", "network/cni", "network", false},
+		{"command to network", "cmd/kubenetctl", "network", false},
+		{"test to anything", "test", "bridge", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			from, fg, ok1 := classify(tc.from)
+			to, tg, ok2 := classify(tc.to)
+			if !ok1 || !ok2 {
+				t.Fatalf("classify(%q)=%v, classify(%q)=%v", tc.from, ok1, tc.to, ok2)
+			}
+			if got := forbidden(from, fg, to, tg) != ""; got != tc.wantForbidden {
+				t.Errorf("forbidden(%s -> %s) = %v, want %v", tc.from, tc.to, got, tc.wantForbidden)
+			}
+		})
+	}
+}
