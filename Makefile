@@ -43,7 +43,7 @@ lint:
 	PATH=$(GOBIN):$$PATH staticcheck ./...
 
 demo: deps build
-	$(GO) test -count=1 -run "^TestDemo$$" -v ./test/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok"
+	$(GO) test -count=1 -run "^TestDemo$$" -v ./test/cni/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok"
 
 # kubenet against the reference CNI chain (bridge + host-local, portmap, bandwidth of
 # containernetworking/plugins, go-installed into a temporary dir), both through libcni in one

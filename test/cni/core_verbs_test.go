@@ -1,4 +1,4 @@
-package test
+package cni
 
 import (
 	"encoding/json"
@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
@@ -39,7 +41,7 @@ func TestCheck(t *testing.T) {
 	}
 	onNode := func(*nettest.Node, *nettest.Pod) *nettest.Pod { return nil }
 	inPod := func(_ *nettest.Node, p *nettest.Pod) *nettest.Pod { return p }
-	hostVeth := func(p *nettest.Pod) string { return kubenetNames(p).HostVeth }
+	hostVeth := func(p *nettest.Pod) string { return testkit.KubenetNames(p).HostVeth }
 	named := func(n string) func(*nettest.Pod) string { return func(*nettest.Pod) string { return n } }
 
 	cases := []struct {
@@ -81,7 +83,7 @@ func TestCheck(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "not reserved"},
-		{"ifb deleted", linkOp(onNode, func(p *nettest.Pod) string { return kubenetNames(p).IFB }, netlink.LinkDel), "ifb"},
+		{"ifb deleted", linkOp(onNode, func(p *nettest.Pod) string { return testkit.KubenetNames(p).IFB }, netlink.LinkDel), "ifb"},
 		{"SNAT rule deleted", func(t *testing.T, node *nettest.Node, _ *nettest.Pod) {
 			out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "inet", "kubenet-kubenet", masq.ChainName)
 			for _, line := range strings.Split(out, "\n") {
@@ -99,7 +101,7 @@ func TestCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			node := nettest.NewNode(t, binDir)
-			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 			pod := node.NewPod(t, "checked")
 			// Everything an attachment can own: a host port and both shaping directions.
 			pod.RT.CapabilityArgs = map[string]any{
@@ -155,19 +157,19 @@ func TestStatus(t *testing.T) {
 		prepare func(*testing.T, *nettest.Node)
 		wantMsg string // "" = ready
 	}{
-		{"ready", nettest.NetConf{PodCIDRs: dualStack()}, nil, ""},
+		{"ready", nettest.NetConf{PodCIDRs: testkit.DualStack()}, nil, ""},
 		{"no pod CIDR", nettest.NetConf{}, nil, "podCIDRs"},
 		{"pool exhausted", nettest.NetConf{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/30")}},
 			func(t *testing.T, node *nettest.Node) {
 				list := node.ConfList(t, nettest.NetConf{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/30")}})
 				node.MustAdd(t, list, node.NewPod(t, "only"))
 			}, "no free address in pod CIDR 10.244.1.0/30"},
-		{"data dir unusable", nettest.NetConf{PodCIDRs: dualStack()}, func(t *testing.T, node *nettest.Node) {
+		{"data dir unusable", nettest.NetConf{PodCIDRs: testkit.DualStack()}, func(t *testing.T, node *nettest.Node) {
 			if err := os.WriteFile(node.DataDir(), []byte("a file, not a dir"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}, "data dir"},
-		{"bridge name taken", nettest.NetConf{PodCIDRs: dualStack()}, func(t *testing.T, node *nettest.Node) {
+		{"bridge name taken", nettest.NetConf{PodCIDRs: testkit.DualStack()}, func(t *testing.T, node *nettest.Node) {
 			nettest.Do(t, node.NS, func() error {
 				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cbr0"}, PeerName: "cbr0peer"})
 			})
@@ -186,8 +188,8 @@ func TestStatus(t *testing.T) {
 				t.Errorf("STATUS failed on a ready node: %v", err)
 			case tc.wantMsg != "" && err == nil:
 				t.Errorf("STATUS ready, want not available: %s", tc.wantMsg)
-			case tc.wantMsg != "" && (cniCode(err) != core.ErrPluginNotAvailable || !strings.Contains(err.Error(), tc.wantMsg)):
-				t.Errorf("STATUS = %v (code %d), want code 50 naming %q", err, cniCode(err), tc.wantMsg)
+			case tc.wantMsg != "" && (testkit.CNICode(err) != core.ErrPluginNotAvailable || !strings.Contains(err.Error(), tc.wantMsg)):
+				t.Errorf("STATUS = %v (code %d), want code 50 naming %q", err, testkit.CNICode(err), tc.wantMsg)
 			}
 		})
 	}
@@ -198,7 +200,7 @@ func TestStatus(t *testing.T) {
 // the valid pods working, the lock and cursors, and other networks' files.
 func TestGC(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 	keep, gone1, gone2 := node.NewPod(t, "keep"), node.NewPod(t, "gone-1"), node.NewPod(t, "gone-2")
 	for i, p := range []*nettest.Pod{keep, gone1, gone2} {
 		p.RT.CapabilityArgs = map[string]any{
@@ -227,7 +229,7 @@ func TestGC(t *testing.T) {
 		t.Fatalf("GC: %v", err)
 	}
 	for _, p := range []*nettest.Pod{gone1, gone2} {
-		assertNoResidue(t, node, "kubenet", attachmentOf(p), p.IPs())
+		testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(p), p.IPs())
 	}
 	if _, err := os.Stat(orphan); err == nil {
 		t.Error("GC kept a reservation that no valid attachment holds")
@@ -239,13 +241,13 @@ func TestGC(t *testing.T) {
 		t.Errorf("the valid pod no longer passes CHECK after GC: %v", err)
 	}
 	peer := nettest.StartTCPEcho(t, keep.NS, netip.AddrPortFrom(keep.IPs()[0], 8080))
-	expectReachable(t, node.NS, peer, gatewayOf(nettest.PodCIDR4))
+	testkit.ExpectReachable(t, node.NS, peer, testkit.GatewayOf(nettest.PodCIDR4))
 
 	if err := node.GC(list, nil); err != nil {
 		t.Fatalf("GC with an empty list: %v", err)
 	}
-	assertNoResidue(t, node, "kubenet", attachmentOf(keep), keep.IPs())
-	files := dataDirFiles(t, node)
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(keep), keep.IPs())
+	files := testkit.DataDirFiles(t, node)
 	for _, want := range []string{"kubenet/lock", "kubenet/last_reserved_ip.0", "kubenet/last_reserved_ip.1", "other-net/10.244.1.201"} {
 		if !contains(files, want) {
 			t.Errorf("GC removed %s; data dir now %v", want, files)

@@ -1,10 +1,12 @@
-package test
+package shim
 
 import (
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -69,7 +71,7 @@ func TestCNIPluginConfDir(t *testing.T) {
 	pod := newShimPod(t, host, "shaped")
 	annotations := map[string]string{"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "10M"}
 	ips := setUp(t, pm, pod, annotations)
-	if names := core.NamesFor("kubenet", pod.att()); !linkExists(t, node.NS, names.IFB) {
+	if names := core.NamesFor("kubenet", pod.att()); !testkit.LinkExists(t, node.NS, names.IFB) {
 		t.Errorf("no egress shaping device %s: the bandwidth annotations did not reach the plugin", names.IFB)
 	}
 
@@ -87,7 +89,7 @@ func TestCNIPluginConfDir(t *testing.T) {
 	if err := pm.TearDownPod(pod.namespace, pod.name, pod.id); err != nil {
 		t.Fatalf("TearDownPod after the configuration was removed and the netns is gone: %v", err)
 	}
-	assertNoResidue(t, node, "kubenet", pod.att(), ips)
+	testkit.AssertNoResidue(t, node, "kubenet", pod.att(), ips)
 	if err := pm.TearDownPod(other.namespace, other.name, other.id); err == nil || !strings.Contains(err.Error(), "uninitialized") {
 		t.Errorf("TearDownPod of a pod never set up, without configuration: %v, want the missing configuration named", err)
 	}

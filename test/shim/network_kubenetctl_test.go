@@ -1,4 +1,4 @@
-package test
+package shim
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -96,14 +98,14 @@ func TestKubenetctl(t *testing.T) {
 				printed = append(printed, netip.MustParseAddr(f))
 			}
 			var onEth0 []netip.Addr
-			for _, p := range addrs(t, pod, "eth0") {
+			for _, p := range testkit.Addrs(t, pod, "eth0") {
 				onEth0 = append(onEth0, p.Addr())
 			}
-			if len(printed) != 2 || !slices.Equal(sortedAddrs(printed), sortedAddrs(onEth0)) {
+			if len(printed) != 2 || !slices.Equal(testkit.SortedAddrs(printed), testkit.SortedAddrs(onEth0)) {
 				t.Fatalf("setup printed %v, the pod's eth0 has %v", printed, onEth0)
 			}
 			srv := nettest.StartTCPEcho(t, pod, netip.AddrPortFrom(printed[0], 8085))
-			reply, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 30085), "hp", trafficTimeout)
+			reply, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 30085), "hp", testkit.TrafficTimeout)
 			if err := nettest.ExpectFrom(reply, err, nettest.External4.Addr()); err != nil {
 				t.Errorf("--port 30085:8085 to %s: %v", srv.Addr, err)
 			}
@@ -128,8 +130,8 @@ func TestKubenetctl(t *testing.T) {
 
 			att := core.Attachment{ContainerID: derivedSandboxID(t, node), IfName: "eth0"}
 			expect(ctl(append(withCIDR, "teardown", "default", "web", "--netns", pod.Path())...), 0, "teardown")
-			assertNoResidue(t, node, "kubenet", att, printed)
-			hpAuditEmpty(t, node, printed, 30085)
+			testkit.AssertNoResidue(t, node, "kubenet", att, printed)
+			testkit.AssertNoHostPortResidue(t, node, printed, 30085)
 			expect(ctl(append(withCIDR, "teardown", "default", "web", "--netns", pod.Path())...), 0, "repeated teardown")
 			// No record, and eth0 is gone from the netns.
 			expect(ctl(append(withCIDR, "status", "default", "web", "--netns", pod.Path())...), 1, "status after teardown")

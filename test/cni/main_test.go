@@ -1,6 +1,6 @@
 // Package test holds kubenet's end-to-end tests: the built plugin binary driven through libcni
 // inside simulated nodes (network namespaces), asserting kernel state and real traffic.
-package test
+package cni
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package test
+package cni
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -29,7 +31,7 @@ func soakDuration(t *testing.T) time.Duration {
 func TestConcurrencySoak(t *testing.T) {
 	const attachments, workers = 200, 16
 	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
 	pods := make([]*nettest.Pod, attachments)
 	for i := range pods {
 		pods[i] = node.NewPod(t, fmt.Sprintf("soak-%03d", i))
@@ -107,7 +109,7 @@ func TestConcurrencySoak(t *testing.T) {
 		t.Errorf("only %d cycles completed", total)
 	}
 	for _, p := range pods {
-		assertNoResidue(t, node, "kubenet", attachmentOf(p), nil)
+		testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(p), nil)
 	}
 	if left := stateFiles(t, node); len(left) > 0 {
 		t.Errorf("data dir holds %v after the soak", left)

@@ -1,4 +1,4 @@
-package test
+package cni
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/vishvananda/netlink"
 
@@ -151,7 +153,7 @@ func runtimeConfig(raw string) func(map[string]any) {
 // assertNodeUntouched checks that no bridge, veth, nftables table or state file exists.
 func assertNodeUntouched(t *testing.T, node *nettest.Node) {
 	t.Helper()
-	if linkExists(t, node.NS, "cbr0") {
+	if testkit.LinkExists(t, node.NS, "cbr0") {
 		t.Error("bad input created the bridge")
 	}
 	nettest.Do(t, node.NS, func() error {
@@ -166,7 +168,7 @@ func assertNodeUntouched(t *testing.T, node *nettest.Node) {
 	if tables := nettest.Run(t, node.NS, "nft", "list", "tables"); strings.TrimSpace(tables) != "" {
 		t.Errorf("bad input created nftables tables: %s", tables)
 	}
-	if files := dataDirFiles(t, node); len(files) > 0 {
+	if files := testkit.DataDirFiles(t, node); len(files) > 0 {
 		t.Errorf("bad input wrote state: %v", files)
 	}
 }
@@ -194,17 +196,17 @@ func TestMTU(t *testing.T) {
 				}
 				return nil
 			})
-			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), MTU: tc.mtu})
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), MTU: tc.mtu})
 			pod := node.NewPod(t, "mtu")
 			node.MustAdd(t, list, pod)
-			host := kubenetNames(pod).HostVeth
+			host := testkit.KubenetNames(pod).HostVeth
 			for _, l := range []struct {
 				where string
 				got   int
 			}{
-				{"bridge", link(t, node.NS, "cbr0").Attrs().MTU},
-				{"host veth", link(t, node.NS, host).Attrs().MTU},
-				{"pod eth0", link(t, pod.NS, "eth0").Attrs().MTU},
+				{"bridge", testkit.Link(t, node.NS, "cbr0").Attrs().MTU},
+				{"host veth", testkit.Link(t, node.NS, host).Attrs().MTU},
+				{"pod eth0", testkit.Link(t, pod.NS, "eth0").Attrs().MTU},
 				{"result", pod.Result.Interfaces[2].Mtu},
 			} {
 				if l.got != tc.want {
@@ -219,7 +221,7 @@ func TestMTU(t *testing.T) {
 // bridge carries only the new gateway, so the old address cannot break new pods.
 func TestPodCIDRChange(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
-	old := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+	old := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 	first := node.NewPod(t, "before")
 	if err := node.Add(old, first); err != nil {
 		t.Fatal(err)
@@ -232,24 +234,24 @@ func TestPodCIDRChange(t *testing.T) {
 	a, b := node.NewPod(t, "after-a"), node.NewPod(t, "after-b")
 	node.MustAdd(t, changed, a)
 	node.MustAdd(t, changed, b)
-	want := []netip.Prefix{netip.PrefixFrom(gatewayOf(newCIDR), 24)}
-	if got := addrs(t, node.NS, "cbr0"); !slicesEqual(got, want) {
+	want := []netip.Prefix{netip.PrefixFrom(testkit.GatewayOf(newCIDR), 24)}
+	if got := testkit.Addrs(t, node.NS, "cbr0"); !testkit.SamePrefixes(got, want) {
 		t.Errorf("cbr0 addresses %v after CIDR change, want only %v", got, want)
 	}
-	expectReachable(t, a.NS, nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(b.IPs()[0], 8080)), a.IPs()[0])
-	expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(gatewayOf(newCIDR), 8081)), a.IPs()[0])
+	testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(b.IPs()[0], 8080)), a.IPs()[0])
+	testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(testkit.GatewayOf(newCIDR), 8081)), a.IPs()[0])
 }
 
 // TestHairpinModeChange: switching from promiscuous-bridge to hairpin-veth removes promiscuous
 // mode and the dedup rules; an existing bridge keeps its ifindex throughout.
 func TestHairpinModeChange(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
-	promisc := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), HairpinMode: "promiscuous-bridge"})
+	promisc := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), HairpinMode: "promiscuous-bridge"})
 	node.MustAdd(t, promisc, node.NewPod(t, "p1"))
-	index := link(t, node.NS, "cbr0").Attrs().Index
-	veth := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), HairpinMode: "hairpin-veth"})
+	index := testkit.Link(t, node.NS, "cbr0").Attrs().Index
+	veth := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), HairpinMode: "hairpin-veth"})
 	node.MustAdd(t, veth, node.NewPod(t, "p2"))
-	br := link(t, node.NS, "cbr0")
+	br := testkit.Link(t, node.NS, "cbr0")
 	if br.Attrs().Index != index {
 		t.Errorf("cbr0 ifindex changed from %d to %d", index, br.Attrs().Index)
 	}

@@ -1,4 +1,4 @@
-package test
+package shim
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -142,30 +144,30 @@ func testPluginPods(t *testing.T, v pluginVariant) {
 		return netip.Addr{}
 	}
 	for _, cidr := range cidrs {
-		gw := gatewayOf(cidr)
+		gw := testkit.GatewayOf(cidr)
 		aIP, bIP := podIP(a, gw), podIP(b, gw)
 		external, nodeUplink, peer := nettest.External4, nettest.NodeUplink4, nettest.Peer4
 		if gw.Is6() {
 			external, nodeUplink, peer = nettest.External6, nettest.NodeUplink6, nettest.Peer6
 		}
 		t.Run("pod-to-pod "+cidr.String(), func(t *testing.T) {
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(bIP, 8080)), aIP)
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(bIP, 8080)), aIP)
 		})
 		t.Run("pod-to-gateway "+cidr.String(), func(t *testing.T) {
 			waitAddrUsable(t, node.NS, "cbr0", gw)
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(gw, 8081)), aIP)
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(gw, 8081)), aIP)
 		})
 		t.Run("pod-to-external is SNATed "+cidr.String(), func(t *testing.T) {
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(external.Addr(), 9000)), nodeUplink.Addr())
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(external.Addr(), 9000)), nodeUplink.Addr())
 		})
 		if v.nonMasq {
 			t.Run("pod-to-non-masquerade keeps source "+cidr.String(), func(t *testing.T) {
-				expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(peer.Addr(), 9001)), aIP)
+				testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(peer.Addr(), 9001)), aIP)
 			})
 		}
 		t.Run("hostPort from outside "+cidr.String(), func(t *testing.T) {
 			srv := nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(bIP, podPort))
-			r, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nodeUplink.Addr(), hostPort), "hp", trafficTimeout)
+			r, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nodeUplink.Addr(), hostPort), "hp", testkit.TrafficTimeout)
 			if err := nettest.ExpectFrom(r, err, external.Addr()); err != nil {
 				t.Errorf("hostPort %d of pod b via %s (server %s): %v", hostPort, nodeUplink.Addr(), srv.Addr, err)
 			}
@@ -183,7 +185,7 @@ func testPluginPods(t *testing.T, v pluginVariant) {
 			if err != nil {
 				return err
 			}
-			return netlink.AddrDel(eth0, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.PrefixFrom(podIP(a, gatewayOf(nettest.PodCIDR4)), 24))})
+			return netlink.AddrDel(eth0, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.PrefixFrom(podIP(a, testkit.GatewayOf(nettest.PodCIDR4)), 24))})
 		})
 		if err := cn.CheckPod(a.namespace, a.name, a.id); err == nil {
 			t.Error("CheckPod passed for a pod whose IPv4 address was removed")
@@ -201,14 +203,14 @@ func testPluginPods(t *testing.T, v pluginVariant) {
 		if !v.kubenetish {
 			auditIPs = nil
 		}
-		assertNoResidue(t, node, "kubenet", p.att(), auditIPs)
+		testkit.AssertNoResidue(t, node, "kubenet", p.att(), auditIPs)
 		if _, err := os.Stat(cacheFile("cni-loopback", p.id.ID, "lo")); err == nil {
 			t.Errorf("leak: loopback cache entry of %s remains", p.name)
 		}
 		all = append(all, ips[p]...)
 	}
 	if v.kubenetish {
-		hpAuditEmpty(t, node, all, hostPort)
+		testkit.AssertNoHostPortResidue(t, node, all, hostPort)
 	}
 	// A second teardown (the runtime retries) succeeds and changes nothing.
 	if err := pm.TearDownPod(a.namespace, a.name, a.id); err != nil {
@@ -221,10 +223,10 @@ func testPluginPods(t *testing.T, v pluginVariant) {
 func checkStatusMatchesPod(t *testing.T, p *shimPod, got []netip.Addr, cidrs []netip.Prefix) {
 	t.Helper()
 	var onEth0 []netip.Addr
-	for _, a := range addrs(t, p.NS, "eth0") {
+	for _, a := range testkit.Addrs(t, p.NS, "eth0") {
 		onEth0 = append(onEth0, a.Addr())
 	}
-	if !slices.Equal(sortedAddrs(got), sortedAddrs(onEth0)) {
+	if !slices.Equal(testkit.SortedAddrs(got), testkit.SortedAddrs(onEth0)) {
 		t.Errorf("pod %s: status IPs %v, eth0 has %v", p.name, got, onEth0)
 	}
 	if len(got) != len(cidrs) {

@@ -1,10 +1,12 @@
-package test
+package cni
 
 import (
 	"encoding/json"
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -65,7 +67,7 @@ func TestVerbVersionMatrix(t *testing.T) {
 			expect("GC", run("GC", map[string]any{"cni.dev/valid-attachments": []any{map[string]string{"containerID": pod.RT.ContainerID, "ifname": "eth0"}}}), v == "1.1.0")
 			expect("DEL", run("DEL", map[string]any{"prevResult": result}), true)
 			expect("DEL again", run("DEL", nil), true)
-			assertNoResidue(t, node, "kubenet", attachmentOf(pod), nil)
+			testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), nil)
 		})
 	}
 }
@@ -101,9 +103,9 @@ func TestCNIVersionsList(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	expectReachable(t, node.NS, nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(pod.IPs()[0], 80)), gatewayOf(nettest.PodCIDR4))
+	testkit.ExpectReachable(t, node.NS, nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(pod.IPs()[0], 80)), testkit.GatewayOf(nettest.PodCIDR4))
 	if err := node.Del(list, pod); err != nil {
 		t.Fatal(err)
 	}
-	assertNoResidue(t, node, "kubenet", attachmentOf(pod), pod.IPs())
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), pod.IPs())
 }

@@ -1,4 +1,4 @@
-package test
+package shim
 
 import (
 	"net/netip"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -37,7 +39,7 @@ func TestKubenetPluginPodCIDR(t *testing.T) {
 	if err := pm.Status(); err == nil {
 		t.Fatal("Status is ready after an invalid pod CIDR (host bits set)")
 	}
-	if linkExists(t, node.NS, "cbr0") {
+	if testkit.LinkExists(t, node.NS, "cbr0") {
 		t.Fatal("an invalid pod CIDR created the bridge")
 	}
 
@@ -46,10 +48,10 @@ func TestKubenetPluginPodCIDR(t *testing.T) {
 		t.Fatalf("Status after the event: %v", err)
 	}
 	wantGW := []netip.Prefix{netip.MustParsePrefix("10.244.1.1/24"), netip.MustParsePrefix("fd00:10:244:1::1/64")}
-	if got := addrs(t, node.NS, "cbr0"); !slicesEqual(got, wantGW) {
+	if got := testkit.Addrs(t, node.NS, "cbr0"); !testkit.SamePrefixes(got, wantGW) {
 		t.Errorf("cbr0 after the event, before any pod: %v, want %v", got, wantGW)
 	}
-	checkMasqRules(t, node.NS, []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6})
+	testkit.CheckMasqRules(t, node.NS, []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6})
 
 	old := newShimPod(t, host, "old")
 	oldIPs := setUp(t, pm, old, nil)
@@ -60,13 +62,13 @@ func TestKubenetPluginPodCIDR(t *testing.T) {
 		t.Fatalf("Status after the CIDR change: %v", err)
 	}
 	wantGW = []netip.Prefix{netip.MustParsePrefix("10.244.7.1/24"), netip.MustParsePrefix("fd00:10:244:7::1/64")}
-	if got := addrs(t, node.NS, "cbr0"); !slicesEqual(got, wantGW) {
+	if got := testkit.Addrs(t, node.NS, "cbr0"); !testkit.SamePrefixes(got, wantGW) {
 		t.Errorf("cbr0 after the CIDR change: %v, want exactly %v (no stale gateway)", got, wantGW)
 	}
 	fresh := newShimPod(t, host, "fresh")
 	freshIPs := setUp(t, pm, fresh, nil)
 	checkStatusMatchesPod(t, fresh, freshIPs, []netip.Prefix{netip.MustParsePrefix("10.244.7.0/24"), netip.MustParsePrefix("fd00:10:244:7::/64")})
-	expectReachable(t, fresh.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(nettest.External4.Addr(), 9000)), nettest.NodeUplink4.Addr())
+	testkit.ExpectReachable(t, fresh.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(nettest.External4.Addr(), 9000)), nettest.NodeUplink4.Addr())
 
 	for _, p := range []struct {
 		pod *shimPod
@@ -75,7 +77,7 @@ func TestKubenetPluginPodCIDR(t *testing.T) {
 		if err := pm.TearDownPod(p.pod.namespace, p.pod.name, p.pod.id); err != nil {
 			t.Fatal(err)
 		}
-		assertNoResidue(t, node, "kubenet", p.pod.att(), p.ips)
+		testkit.AssertNoResidue(t, node, "kubenet", p.pod.att(), p.ips)
 	}
 }
 
@@ -102,7 +104,7 @@ func TestKubenetPluginRestart(t *testing.T) {
 		t.Errorf("attachment record %+v, %v; want it to name pod default/web", rec, err)
 	}
 	names := core.NamesFor("kubenet", pod.att())
-	if !linkExists(t, node.NS, names.IFB) {
+	if !testkit.LinkExists(t, node.NS, names.IFB) {
 		t.Fatalf("the bandwidth annotations did not reach the core: no ifb %s", names.IFB)
 	}
 	held := []struct{ proto, addr string }{{"tcp", "0.0.0.0:30090"}, {"tcp", "[::]:30090"}, {"udp", "0.0.0.0:30090"}, {"udp", "[::]:30090"}}
@@ -124,8 +126,8 @@ func TestKubenetPluginRestart(t *testing.T) {
 		expectPortHeld(t, node.NS, h.proto, h.addr)
 	}
 	nettest.DeleteNS(t, pod.NS)
-	if err := nettest.Eventually(trafficTimeout, func() error {
-		if linkExists(t, node.NS, names.HostVeth) {
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+		if testkit.LinkExists(t, node.NS, names.HostVeth) {
 			return os.ErrExist
 		}
 		return nil
@@ -142,8 +144,8 @@ func TestKubenetPluginRestart(t *testing.T) {
 	if err := pm.TearDownPod(pod.namespace, pod.name, pod.id); err != nil {
 		t.Fatalf("TearDownPod after restart with the netns gone, before the CIDR event: %v", err)
 	}
-	assertNoResidue(t, node, "kubenet", pod.att(), ips)
-	hpAuditEmpty(t, node, ips, hostPort)
+	testkit.AssertNoResidue(t, node, "kubenet", pod.att(), ips)
+	testkit.AssertNoHostPortResidue(t, node, ips, hostPort)
 	for _, h := range held {
 		expectPortFree(t, node.NS, h.proto, h.addr)
 	}
@@ -168,9 +170,9 @@ func TestKubenetPluginHostPortTaken(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cannot open hostport tcp/0.0.0.0:30070") {
 		t.Fatalf("SetUpPod with a taken hostPort: %v, want it refused naming the port", err)
 	}
-	assertNoResidue(t, node, "kubenet", pod.att(), nil)
-	hpAuditEmpty(t, node, nil, 30070)
-	if linkExists(t, pod.NS, "eth0") {
+	testkit.AssertNoResidue(t, node, "kubenet", pod.att(), nil)
+	testkit.AssertNoHostPortResidue(t, node, nil, 30070)
+	if testkit.LinkExists(t, pod.NS, "eth0") {
 		t.Error("the pod got an interface although its set-up failed")
 	}
 	if entries, _ := os.ReadDir(filepath.Join(node.DataDir(), "kubenet", core.RecordDirName)); len(entries) > 0 {

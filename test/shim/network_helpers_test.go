@@ -1,4 +1,4 @@
-package test
+package shim
 
 import (
 	"encoding/json"
@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -179,7 +181,7 @@ func setLoDown(t *testing.T, n ns.NetNS) {
 
 func loIsUp(t *testing.T, n ns.NetNS) bool {
 	t.Helper()
-	return link(t, n, "lo").Attrs().Flags&net.FlagUp != 0
+	return testkit.Link(t, n, "lo").Attrs().Flags&net.FlagUp != 0
 }
 
 // statusAddrs converts a PodNetworkStatus to addresses, checking IP == IPs[0].

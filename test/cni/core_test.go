@@ -1,19 +1,17 @@
-package test
+package cni
 
 import (
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/google/nftables"
+	"github.com/kubenet-dev/kubenet/test/testkit"
+
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
-	"github.com/kubenet-dev/kubenet/masq"
 )
 
 var familyCases = []struct {
@@ -52,26 +50,26 @@ func testTwoPods(t *testing.T, cidrs []netip.Prefix, version string) {
 	checkResult(t, a, cidrs, version)
 	checkNodeState(t, node, cidrs, []*nettest.Pod{a, b})
 	checkPodState(t, a, cidrs)
-	checkMasqRules(t, node.NS, cidrs)
+	testkit.CheckMasqRules(t, node.NS, cidrs)
 
 	for _, cidr := range cidrs {
-		gw := gatewayOf(cidr)
+		gw := testkit.GatewayOf(cidr)
 		aIP, bIP := a.IP(gw), b.IP(gw)
 		t.Run("pod-to-pod "+cidr.String(), func(t *testing.T) {
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(bIP, 8080)), aIP)
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(bIP, 8080)), aIP)
 		})
 		t.Run("pod-to-gateway "+cidr.String(), func(t *testing.T) {
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(gw, 8081)), aIP)
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(gw, 8081)), aIP)
 		})
 		external, nodeUplink, peer := nettest.External4, nettest.NodeUplink4, nettest.Peer4
 		if gw.Is6() {
 			external, nodeUplink, peer = nettest.External6, nettest.NodeUplink6, nettest.Peer6
 		}
 		t.Run("pod-to-external is SNATed "+cidr.String(), func(t *testing.T) {
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(external.Addr(), 9000)), nodeUplink.Addr())
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(external.Addr(), 9000)), nodeUplink.Addr())
 		})
 		t.Run("pod-to-non-masquerade keeps source "+cidr.String(), func(t *testing.T) {
-			expectReachable(t, a.NS, nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(peer.Addr(), 9001)), aIP)
+			testkit.ExpectReachable(t, a.NS, nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(peer.Addr(), 9001)), aIP)
 		})
 	}
 
@@ -79,7 +77,7 @@ func testTwoPods(t *testing.T, cidrs []netip.Prefix, version string) {
 		if err := node.Del(list, p); err != nil {
 			t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
 		}
-		assertNoResidue(t, node, "kubenet", attachmentOf(p), p.IPs())
+		testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(p), p.IPs())
 	}
 }
 
@@ -92,7 +90,7 @@ func checkResult(t *testing.T, p *nettest.Pod, cidrs []netip.Prefix, version str
 	if len(r.Interfaces) != 3 {
 		t.Fatalf("result has %d interfaces, want [bridge, host veth, pod]: %v", len(r.Interfaces), r.Interfaces)
 	}
-	names := core.NamesFor("kubenet", attachmentOf(p))
+	names := core.NamesFor("kubenet", testkit.AttachmentOf(p))
 	if r.Interfaces[0].Name != "cbr0" || r.Interfaces[1].Name != names.HostVeth || r.Interfaces[2].Name != "eth0" {
 		t.Errorf("interfaces %s, %s, %s; want cbr0, %s, eth0", r.Interfaces[0].Name, r.Interfaces[1].Name, r.Interfaces[2].Name, names.HostVeth)
 	}
@@ -106,11 +104,11 @@ func checkResult(t *testing.T, p *nettest.Pod, cidrs []netip.Prefix, version str
 		addr, _ := netip.AddrFromSlice(ip.Address.IP)
 		addr = addr.Unmap()
 		gw, _ := netip.AddrFromSlice(ip.Gateway)
-		if !cidrs[i].Contains(addr) || addr == gatewayOf(cidrs[i]) || addr == cidrs[i].Addr() {
+		if !cidrs[i].Contains(addr) || addr == testkit.GatewayOf(cidrs[i]) || addr == cidrs[i].Addr() {
 			t.Errorf("IP %s not a pod address of %s", addr, cidrs[i])
 		}
-		if gw.Unmap() != gatewayOf(cidrs[i]) {
-			t.Errorf("IP %s gateway %s, want %s", addr, gw, gatewayOf(cidrs[i]))
+		if gw.Unmap() != testkit.GatewayOf(cidrs[i]) {
+			t.Errorf("IP %s gateway %s, want %s", addr, gw, testkit.GatewayOf(cidrs[i]))
 		}
 		if ip.Interface == nil || *ip.Interface != 2 {
 			t.Errorf("IP %s interface index %v, want 2", addr, ip.Interface)
@@ -123,15 +121,15 @@ func checkResult(t *testing.T, p *nettest.Pod, cidrs []netip.Prefix, version str
 
 func checkNodeState(t *testing.T, node *nettest.Node, cidrs []netip.Prefix, pods []*nettest.Pod) {
 	t.Helper()
-	br := link(t, node.NS, "cbr0")
+	br := testkit.Link(t, node.NS, "cbr0")
 	if br.Type() != "bridge" {
 		t.Fatalf("cbr0 is a %s", br.Type())
 	}
 	var wantAddrs []netip.Prefix
 	for _, c := range cidrs {
-		wantAddrs = append(wantAddrs, netip.PrefixFrom(gatewayOf(c), c.Bits()))
+		wantAddrs = append(wantAddrs, netip.PrefixFrom(testkit.GatewayOf(c), c.Bits()))
 	}
-	if got := addrs(t, node.NS, "cbr0"); !slices.Equal(sortedPrefixes(got), sortedPrefixes(wantAddrs)) {
+	if got := testkit.Addrs(t, node.NS, "cbr0"); !slices.Equal(testkit.SortedPrefixes(got), testkit.SortedPrefixes(wantAddrs)) {
 		t.Errorf("cbr0 addresses %v, want exactly the gateways %v", got, wantAddrs)
 	}
 	if br.Attrs().MTU != 1500 {
@@ -154,12 +152,12 @@ func checkNodeState(t *testing.T, node *nettest.Node, cidrs []netip.Prefix, pods
 		}
 	}
 	for k, v := range wantSysctl {
-		if got := sysctl(t, node.NS, k); got != v {
+		if got := testkit.Sysctl(t, node.NS, k); got != v {
 			t.Errorf("node sysctl %s = %s, want %s", k, got, v)
 		}
 	}
 	for _, p := range pods {
-		host := link(t, node.NS, core.NamesFor("kubenet", attachmentOf(p)).HostVeth)
+		host := testkit.Link(t, node.NS, core.NamesFor("kubenet", testkit.AttachmentOf(p)).HostVeth)
 		if host.Attrs().MasterIndex != br.Attrs().Index {
 			t.Errorf("host veth %s not on cbr0", host.Attrs().Name)
 		}
@@ -180,11 +178,11 @@ func checkNodeState(t *testing.T, node *nettest.Node, cidrs []netip.Prefix, pods
 
 func checkPodState(t *testing.T, p *nettest.Pod, cidrs []netip.Prefix) {
 	t.Helper()
-	eth0 := link(t, p.NS, "eth0")
+	eth0 := testkit.Link(t, p.NS, "eth0")
 	if eth0.Attrs().MTU != 1500 {
 		t.Errorf("pod eth0 MTU %d, want 1500", eth0.Attrs().MTU)
 	}
-	if lo := link(t, p.NS, "lo"); lo.Attrs().OperState != netlink.OperUp && lo.Attrs().Flags&1 == 0 {
+	if lo := testkit.Link(t, p.NS, "lo"); lo.Attrs().OperState != netlink.OperUp && lo.Attrs().Flags&1 == 0 {
 		t.Error("pod lo is down")
 	}
 	var want []netip.Prefix
@@ -192,69 +190,22 @@ func checkPodState(t *testing.T, p *nettest.Pod, cidrs []netip.Prefix) {
 		a, _ := netip.AddrFromSlice(p.Result.IPs[i].Address.IP)
 		want = append(want, netip.PrefixFrom(a.Unmap(), c.Bits()))
 	}
-	if got := addrs(t, p.NS, "eth0"); !slices.Equal(sortedPrefixes(got), sortedPrefixes(want)) {
+	if got := testkit.Addrs(t, p.NS, "eth0"); !slices.Equal(testkit.SortedPrefixes(got), testkit.SortedPrefixes(want)) {
 		t.Errorf("pod eth0 addresses %v, want %v", got, want)
 	}
 	var wantGW []netip.Addr
 	for _, c := range cidrs {
-		wantGW = append(wantGW, gatewayOf(c))
+		wantGW = append(wantGW, testkit.GatewayOf(c))
 	}
-	if got := defaultRoutes(t, p.NS); !slices.Equal(sortedAddrs(got), sortedAddrs(wantGW)) {
+	if got := testkit.DefaultRoutes(t, p.NS); !slices.Equal(testkit.SortedAddrs(got), testkit.SortedAddrs(wantGW)) {
 		t.Errorf("pod default routes via %v, want %v", got, wantGW)
 	}
-	if v := sysctl(t, p.NS, "net/ipv4/conf/eth0/arp_notify"); v != "1" {
+	if v := testkit.Sysctl(t, p.NS, "net/ipv4/conf/eth0/arp_notify"); v != "1" {
 		t.Errorf("pod arp_notify = %s, want 1", v)
 	}
 	if cidrs[len(cidrs)-1].Addr().Is6() {
-		if v := sysctl(t, p.NS, "net/ipv6/conf/eth0/accept_dad"); v != "0" {
+		if v := testkit.Sysctl(t, p.NS, "net/ipv6/conf/eth0/accept_dad"); v != "0" {
 			t.Errorf("pod accept_dad = %s, want 0 (no DAD delay)", v)
 		}
 	}
-}
-
-// checkMasqRules reads the SNAT chain back from the kernel and compares it with the plan.
-func checkMasqRules(t *testing.T, node ns.NetNS, cidrs []netip.Prefix) {
-	t.Helper()
-	want := masq.Plan(masq.Config{Network: "kubenet", PodCIDRs: cidrs,
-		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6}})
-	var got []*nftables.Rule
-	nettest.Do(t, node, func() error {
-		c, err := nftables.New()
-		if err != nil {
-			return err
-		}
-		table := &nftables.Table{Family: nftables.TableFamilyINet, Name: "kubenet-kubenet"}
-		got, err = c.GetRules(table, &nftables.Chain{Name: masq.ChainName, Table: table})
-		return err
-	})
-	if len(got) != len(want) {
-		t.Fatalf("SNAT chain has %d rules, want %d (per family: own CIDR, non-masquerade CIDR, local, masquerade)", len(got), len(want))
-	}
-	out := nettest.Run(t, node, "nft", "list", "chain", "inet", "kubenet-kubenet", masq.ChainName)
-	for _, c := range cidrs {
-		if !containsAll(out, "saddr "+c.String(), "masquerade", "fib daddr type local") {
-			t.Errorf("SNAT chain lacks the rules of %s:\n%s", c, out)
-		}
-	}
-}
-
-func containsAll(s string, subs ...string) bool {
-	for _, sub := range subs {
-		if !strings.Contains(s, sub) {
-			return false
-		}
-	}
-	return true
-}
-
-func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {
-	out := slices.Clone(ps)
-	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-	return out
-}
-
-func sortedAddrs(as []netip.Addr) []netip.Addr {
-	out := slices.Clone(as)
-	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
-	return out
 }

@@ -1,35 +1,23 @@
-package test
+package cni
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
+	"github.com/kubenet-dev/kubenet/test/testkit"
+
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
-
-func dualStack() []netip.Prefix { return []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6} }
-
-// cniCode extracts the CNI error code from a libcni error.
-func cniCode(err error) uint {
-	var e *types.Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return 0
-}
 
 // TestFailedAddLeavesNothing makes ADD fail at different steps and audits that nothing of the
 // attachment remains and that what existed before is untouched.
@@ -43,7 +31,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 	}{
 		{
 			name:  "pod already has the interface",
-			cidrs: dualStack(),
+			cidrs: testkit.DualStack(),
 			prepare: func(t *testing.T, node *nettest.Node, pod *nettest.Pod) {
 				nettest.Do(t, pod.NS, func() error {
 					return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0peer"})
@@ -54,7 +42,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 		},
 		{
 			name:  "bridge name taken by a non-bridge link",
-			cidrs: dualStack(),
+			cidrs: testkit.DualStack(),
 			prepare: func(t *testing.T, node *nettest.Node, pod *nettest.Pod) {
 				nettest.Do(t, node.NS, func() error {
 					return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cbr0"}, PeerName: "cbr0peer"})
@@ -86,13 +74,13 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 			if err == nil {
 				t.Fatal("ADD succeeded, want a failure")
 			}
-			if tc.wantCode != 0 && cniCode(err) != tc.wantCode {
-				t.Errorf("error code %d, want %d: %v", cniCode(err), tc.wantCode, err)
+			if tc.wantCode != 0 && testkit.CNICode(err) != tc.wantCode {
+				t.Errorf("error code %d, want %d: %v", testkit.CNICode(err), tc.wantCode, err)
 			}
 			if !strings.Contains(err.Error(), tc.wantMsg) {
 				t.Errorf("error %q does not name %q", err, tc.wantMsg)
 			}
-			assertNoResidue(t, node, "kubenet", attachmentOf(pod), nil)
+			testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), nil)
 			if after := stateFiles(t, node); !slices.Equal(before, after) {
 				t.Errorf("data dir changed by the failed ADD:\nbefore %v\nafter  %v", before, after)
 			}
@@ -104,27 +92,12 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 	}
 }
 
-// dataDirFiles lists every file below the node's data dir (relative paths, sorted).
-func dataDirFiles(t testing.TB, node *nettest.Node) []string {
-	t.Helper()
-	var out []string
-	_ = filepath.WalkDir(node.DataDir(), func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			rel, _ := filepath.Rel(node.DataDir(), p)
-			out = append(out, rel)
-		}
-		return nil
-	})
-	sort.Strings(out)
-	return out
-}
-
 // stateFiles lists the data dir's reservations and records, leaving out the lock and the
 // round-robin cursors, which any allocation attempt may create or move (as with host-local).
 func stateFiles(t testing.TB, node *nettest.Node) []string {
 	t.Helper()
 	var out []string
-	for _, f := range dataDirFiles(t, node) {
+	for _, f := range testkit.DataDirFiles(t, node) {
 		base := filepath.Base(f)
 		if base != "lock" && !strings.HasPrefix(base, "last_reserved_ip.") {
 			out = append(out, f)
@@ -137,22 +110,22 @@ func stateFiles(t testing.TB, node *nettest.Node) []string {
 // attachment working.
 func TestAddTwice(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 	a, b := node.NewPod(t, "twice"), node.NewPod(t, "peer")
 	node.MustAdd(t, list, a)
 	node.MustAdd(t, list, b)
-	files := dataDirFiles(t, node)
+	files := testkit.DataDirFiles(t, node)
 	again := &nettest.Pod{NS: a.NS, RT: a.RT}
 	err := node.Add(list, again)
-	if cniCode(err) != core.ErrAttachmentExists {
+	if testkit.CNICode(err) != core.ErrAttachmentExists {
 		t.Fatalf("second ADD: got %v, want code %d", err, core.ErrAttachmentExists)
 	}
-	if after := dataDirFiles(t, node); !slices.Equal(files, after) {
+	if after := testkit.DataDirFiles(t, node); !slices.Equal(files, after) {
 		t.Errorf("second ADD changed the data dir:\nbefore %v\nafter  %v", files, after)
 	}
 	for _, ip := range a.IPs() {
 		srv := nettest.StartTCPEcho(t, a.NS, netip.AddrPortFrom(ip, 8080))
-		expectReachable(t, b.NS, srv, b.IP(ip))
+		testkit.ExpectReachable(t, b.NS, srv, b.IP(ip))
 	}
 }
 
@@ -177,22 +150,22 @@ func TestDelVariants(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			node := nettest.NewNode(t, binDir)
-			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 			pod := node.NewPod(t, "deleted")
 			if err := node.Add(list, pod); err != nil {
 				t.Fatal(err)
 			}
-			att := attachmentOf(pod)
+			att := testkit.AttachmentOf(pod)
 			// Put a flow of the pod into conntrack, so the audit can see DEL remove it.
 			peer := nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(nettest.Peer4.Addr(), 9001))
-			expectReachable(t, pod.NS, peer, nettest.NodePeerLink4.Addr()) // no non-masquerade CIDRs: SNATed
+			testkit.ExpectReachable(t, pod.NS, peer, nettest.NodePeerLink4.Addr()) // no non-masquerade CIDRs: SNATed
 			tc.before(t, node, pod)
 			for i := range 2 {
 				if err := node.Del(list, pod); err != nil {
 					t.Fatalf("DEL #%d: %v", i+1, err)
 				}
 			}
-			assertNoResidue(t, node, "kubenet", att, pod.IPs())
+			testkit.AssertNoResidue(t, node, "kubenet", att, pod.IPs())
 		})
 	}
 }
@@ -202,7 +175,7 @@ func TestDelVariants(t *testing.T) {
 func TestParallelAdds(t *testing.T) {
 	const pods, workers = 200, 16
 	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 	all := make([]*nettest.Pod, pods)
 	for i := range all {
 		all[i] = node.NewPod(t, fmt.Sprintf("par-%03d", i))

@@ -1,10 +1,12 @@
-package test
+package cni
 
 import (
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -23,7 +25,7 @@ func TestCrashSafety(t *testing.T) {
 	for _, cleanup := range []string{"DEL", "GC"} {
 		t.Run(cleanup, func(t *testing.T) {
 			node := nettest.NewNode(t, crashBin)
-			list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
 			for i, point := range core.CrashPoints() {
 				pod := node.NewPod(t, fmt.Sprintf("crash-%02d", i))
 				// Everything ADD can create: addresses, veth, a host port, shaping both ways.
@@ -45,7 +47,7 @@ func TestCrashSafety(t *testing.T) {
 				if err != nil {
 					t.Errorf("%s after a crash at %q: %v", cleanup, point, err)
 				}
-				assertNoResidue(t, node, "kubenet", attachmentOf(pod), nil)
+				testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), nil)
 				if left := stateFiles(t, node); len(left) > 0 {
 					t.Errorf("after a crash at %q and %s the data dir still holds %v", point, cleanup, left)
 				}

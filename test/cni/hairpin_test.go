@@ -1,9 +1,11 @@
-package test
+package cni
 
 import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -45,7 +47,7 @@ func TestHairpinModes(t *testing.T) {
 				ip := pod.IP(svc)
 				srv := nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(ip, 8080))
 				installService(t, node, svc, "tcp", 80, srv.Addr)
-				r, err := nettest.TCPRequest(pod.NS, netip.AddrPortFrom(svc, 80), "self", unreachableTimeout*2)
+				r, err := nettest.TCPRequest(pod.NS, netip.AddrPortFrom(svc, 80), "self", testkit.UnreachableTimeout*2)
 				switch {
 				case mode == "none" && err == nil:
 					t.Errorf("%s: pod reached itself through service %s without hairpin (server saw %s)", mode, svc, r.From)
@@ -53,12 +55,12 @@ func TestHairpinModes(t *testing.T) {
 					t.Errorf("%s: pod cannot reach itself through service %s: %v", mode, svc, err)
 				}
 			}
-			br := link(t, node.NS, "cbr0")
+			br := testkit.Link(t, node.NS, "cbr0")
 			if promisc := br.Attrs().Promisc != 0; promisc != (mode == "promiscuous-bridge") {
 				t.Errorf("cbr0 promiscuous=%v in mode %s", promisc, mode)
 			}
 			rules, _ := nettest.Output(node.NS, "nft", "list", "table", "bridge", "kubenet-kubenet")
-			if hasDedup := rules != "" && containsAll(rules, "drop"); hasDedup != (mode == "promiscuous-bridge") {
+			if hasDedup := rules != "" && testkit.ContainsAll(rules, "drop"); hasDedup != (mode == "promiscuous-bridge") {
 				t.Errorf("dedup rules present=%v in mode %s:\n%s", hasDedup, mode, rules)
 			}
 		})
@@ -110,13 +112,13 @@ func countDuplicates(t *testing.T, node *nettest.Node, a, b *nettest.Pod) int {
 			dst := netip.AddrPortFrom(svc, port)
 			const n = 20
 			for i := range n {
-				if _, err := nettest.UDPRequest(a.NS, dst, fmt.Sprintf("d%d", i), trafficTimeout); err != nil {
+				if _, err := nettest.UDPRequest(a.NS, dst, fmt.Sprintf("d%d", i), testkit.TrafficTimeout); err != nil {
 					t.Fatalf("UDP %d to %s via %s: %v", i, target.RT.ContainerID, dst, err)
 				}
 			}
 			// A last datagram on the same path: duplicates of earlier ones would have arrived
 			// before its echo came back.
-			if _, err := nettest.UDPRequest(a.NS, dst, "marker", trafficTimeout); err != nil {
+			if _, err := nettest.UDPRequest(a.NS, dst, "marker", testkit.TrafficTimeout); err != nil {
 				t.Fatal(err)
 			}
 			for i := range n {

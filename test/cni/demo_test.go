@@ -1,4 +1,4 @@
-package test
+package cni
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -39,11 +41,11 @@ func TestDemo(t *testing.T) {
 		node.MustAdd(t, list, p)
 		say("ADD %s -> %v (%s)", p.RT.ContainerID, p.IPs(), time.Since(start).Round(time.Millisecond))
 	}
-	say("bridge cbr0: %v", addrs(t, node.NS, "cbr0"))
+	say("bridge cbr0: %v", testkit.Addrs(t, node.NS, "cbr0"))
 
 	for _, ip := range b.IPs() {
 		srv := nettest.StartTCPEcho(t, b.NS, netip.AddrPortFrom(ip, 8080))
-		r, err := nettest.TCPRequest(a.NS, srv.Addr, "hello", trafficTimeout)
+		r, err := nettest.TCPRequest(a.NS, srv.Addr, "hello", testkit.TrafficTimeout)
 		if err := nettest.ExpectFrom(r, err, a.IP(ip)); err != nil {
 			t.Fatalf("pod-to-pod %s: %v", srv.Addr, err)
 		}
@@ -55,7 +57,7 @@ func TestDemo(t *testing.T) {
 			uplink = nettest.NodeUplink6.Addr()
 		}
 		srv := nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(ext.Addr(), 9000))
-		r, err := nettest.TCPRequest(a.NS, srv.Addr, "hello", trafficTimeout)
+		r, err := nettest.TCPRequest(a.NS, srv.Addr, "hello", testkit.TrafficTimeout)
 		if err := nettest.ExpectFrom(r, err, uplink); err != nil {
 			t.Fatalf("SNAT to %s: %v", srv.Addr, err)
 		}
@@ -64,7 +66,7 @@ func TestDemo(t *testing.T) {
 
 	for _, uplink := range []netip.Addr{nettest.NodeUplink4.Addr(), nettest.NodeUplink6.Addr()} {
 		dst := netip.AddrPortFrom(uplink, 30080) // demo-b's echo server from above listens on 8080
-		r, err := nettest.TCPRequest(node.External, dst, "hello", trafficTimeout)
+		r, err := nettest.TCPRequest(node.External, dst, "hello", testkit.TrafficTimeout)
 		if err != nil {
 			t.Fatalf("hostPort %s from the external host: %v", dst, err)
 		}
@@ -85,7 +87,7 @@ func TestDemo(t *testing.T) {
 		if err := node.Del(list, p); err != nil {
 			t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
 		}
-		assertNoResidue(t, node, "kubenet", attachmentOf(p), p.IPs())
+		testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(p), p.IPs())
 		say("DEL %s: no veth, ifb, reservation, record, rule, conntrack or cache entry left", p.RT.ContainerID)
 	}
 	say("tearing down the node namespaces")

@@ -1,4 +1,4 @@
-package test
+package cni
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubenet-dev/kubenet/test/testkit"
+
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -25,9 +27,6 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
-
-// hpTable is the nftables table of the tests' network ("kubenet").
-const hpTable = "kubenet-kubenet"
 
 // hpMapping is one portMappings entry as a runtime sends it.
 type hpMapping struct {
@@ -61,7 +60,7 @@ func hpNode(t *testing.T) (*nettest.Node, *libcni.NetworkConfigList, map[bool]ne
 	t.Helper()
 	node := nettest.NewNode(t, binDir)
 	list := node.ConfList(t, nettest.NetConf{
-		PodCIDRs:           dualStack(),
+		PodCIDRs:           testkit.DualStack(),
 		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
 	})
 	nonLocal := map[bool]netip.Addr{false: netip.MustParseAddr("203.0.113.5"), true: netip.MustParseAddr("2001:db8:f::5")}
@@ -94,140 +93,11 @@ func hpRequest(proto string, n ns.NetNS, dst netip.AddrPort, payload string, tim
 	return nettest.TCPRequest(n, dst, payload, timeout)
 }
 
-// hpElement is one element of the network's hostPort maps, as the nft tool shows it.
-type hpElement struct {
-	Map, Key, Value, Comment string
-}
-
-func (e hpElement) String() string {
-	return fmt.Sprintf("%s: %s : %s [%s]", e.Map, e.Key, e.Value, e.Comment)
-}
-
-// hpElements lists the elements of the four hostPort maps with the nft tool (not with the code
-// under test). Missing maps are empty.
-func hpElements(t testing.TB, node *nettest.Node) []hpElement {
-	t.Helper()
-	var out []hpElement
-	for _, m := range []string{hostport.MapIPv4, hostport.MapIPv4Addr, hostport.MapIPv6, hostport.MapIPv6Addr} {
-		text, err := nettest.Output(node.NS, "nft", "-j", "list", "map", "inet", hpTable, m)
-		if err != nil {
-			if strings.Contains(text, "No such file") {
-				continue
-			}
-			t.Fatal(err)
-		}
-		var doc struct {
-			Nftables []struct {
-				Map *struct {
-					Elem [][2]json.RawMessage `json:"elem"`
-				} `json:"map"`
-			} `json:"nftables"`
-		}
-		if err := json.Unmarshal([]byte(text), &doc); err != nil {
-			t.Fatalf("nft -j list map %s: %v\n%s", m, err, text)
-		}
-		for _, o := range doc.Nftables {
-			if o.Map == nil {
-				continue
-			}
-			for _, el := range o.Map.Elem {
-				var key struct {
-					Concat []any `json:"concat"`
-					Elem   struct {
-						Val struct {
-							Concat []any `json:"concat"`
-						} `json:"val"`
-						Comment string `json:"comment"`
-					} `json:"elem"`
-				}
-				var val struct {
-					Concat []any `json:"concat"`
-				}
-				if err := errors.Join(json.Unmarshal(el[0], &key), json.Unmarshal(el[1], &val)); err != nil {
-					t.Fatalf("element of %s: %v", m, err)
-				}
-				k := key.Concat
-				if k == nil {
-					k = key.Elem.Val.Concat
-				}
-				out = append(out, hpElement{Map: m, Key: joinConcat(k), Value: joinConcat(val.Concat), Comment: key.Elem.Comment})
-			}
-		}
-	}
-	return out
-}
-
-func joinConcat(parts []any) string {
-	s := make([]string, len(parts))
-	for i, p := range parts {
-		s[i] = fmt.Sprint(p)
-	}
-	return strings.Join(s, " . ")
-}
-
-// hpIndexFiles lists the files of the hostPort reservation index.
-func hpIndexFiles(t testing.TB, node *nettest.Node) []string {
-	t.Helper()
-	var out []string
-	for _, f := range dataDirFiles(t, node) {
-		if strings.Contains(f, hostport.IndexDirName+string(filepath.Separator)) {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// hpConntrack lists the node's conntrack entries whose original destination port is in ports;
-// with translatedOnly, only those whose destination was translated (the reply comes from
-// another address than the one the client sent to).
-func hpConntrack(t testing.TB, node *nettest.Node, translatedOnly bool, ports ...int) []string {
-	t.Helper()
-	var out []string
-	nettest.Do(t, node.NS, func() error {
-		for _, family := range []netlink.InetFamily{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-			flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, family)
-			if err != nil {
-				return err
-			}
-			for _, f := range flows {
-				if !slices.Contains(ports, int(f.Forward.DstPort)) || translatedOnly && f.Forward.DstIP.Equal(f.Reverse.SrcIP) {
-					continue
-				}
-				out = append(out, f.String())
-			}
-		}
-		return nil
-	})
-	return out
-}
-
-// hpAuditEmpty is the hostPort leak audit: no map element, no index file, no conntrack entry
-// that ties one of the ports to a pod (untranslated entries of the same ports, made by requests
-// that tests expect to fail, are the node's own), and no rule that names a pod address.
-func hpAuditEmpty(t testing.TB, node *nettest.Node, podIPs []netip.Addr, ports ...int) {
-	t.Helper()
-	if els := hpElements(t, node); len(els) > 0 {
-		t.Errorf("leak: hostPort map elements remain: %v", els)
-	}
-	if files := hpIndexFiles(t, node); len(files) > 0 {
-		t.Errorf("leak: hostPort index files remain: %v", files)
-	}
-	if flows := hpConntrack(t, node, true, ports...); len(flows) > 0 {
-		t.Errorf("leak: conntrack entries of the host ports remain:\n%s", strings.Join(flows, "\n"))
-	}
-	ruleset := nettest.Run(t, node.NS, "nft", "list", "ruleset")
-	for _, ip := range podIPs {
-		if strings.Contains(ruleset, ip.String()+" ") {
-			t.Errorf("leak: the ruleset still names pod address %s:\n%s", ip, ruleset)
-		}
-	}
-}
-
 // expectNotReached checks that a request did not reach the pod: for TCP the node itself refused
 // it (nothing translated it), for UDP the pod's server never saw the payload.
 func expectNotReached(t testing.TB, proto string, src ns.NetNS, dst netip.AddrPort, pod *nettest.EchoServer, payload string) {
 	t.Helper()
-	r, err := hpRequest(proto, src, dst, payload, unreachableTimeout)
+	r, err := hpRequest(proto, src, dst, payload, testkit.UnreachableTimeout)
 	if err == nil {
 		t.Errorf("%s to %s was answered (%+v), want it not to reach the pod", proto, dst, r)
 		return
@@ -261,14 +131,14 @@ func TestHostPortReachability(t *testing.T) {
 		"tcp": nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8080)),
 		"udp": nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081)),
 	}
-	if got := sysctl(t, node.NS, "net/ipv4/conf/cbr0/route_localnet"); got != "1" {
+	if got := testkit.Sysctl(t, node.NS, "net/ipv4/conf/cbr0/route_localnet"); got != "1" {
 		t.Errorf("route_localnet on the bridge = %s, want 1 (localhost access)", got)
 	}
 
 	external := map[bool]netip.Addr{false: nettest.External4.Addr(), true: nettest.External6.Addr()}
 	peer := map[bool]netip.Addr{false: nettest.Peer4.Addr(), true: nettest.Peer6.Addr()}
 	peerLink := map[bool]netip.Addr{false: nettest.NodePeerLink4.Addr(), true: nettest.NodePeerLink6.Addr()}
-	gateway := map[bool]netip.Addr{false: gatewayOf(nettest.PodCIDR4), true: gatewayOf(nettest.PodCIDR6)}
+	gateway := map[bool]netip.Addr{false: testkit.GatewayOf(nettest.PodCIDR4), true: testkit.GatewayOf(nettest.PodCIDR6)}
 
 	type source struct {
 		name string
@@ -319,7 +189,7 @@ func TestHostPortReachability(t *testing.T) {
 					expectNotReached(t, tc.proto, s.from, dst, servers[tc.proto], payload)
 					continue
 				}
-				err := nettest.Eventually(trafficTimeout, func() error {
+				err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 					r, err := hpRequest(tc.proto, s.from, dst, payload, time.Second)
 					return nettest.ExpectFrom(r, err, s.want)
 				})
@@ -338,14 +208,14 @@ func TestHostPortReachability(t *testing.T) {
 				real = nettest.StartUDPEcho(t, node.Peer, dst)
 			}
 			payload := t.Name() + "-transit"
-			r, err := hpRequest(tc.proto, node.External, dst, payload, trafficTimeout)
+			r, err := hpRequest(tc.proto, node.External, dst, payload, testkit.TrafficTimeout)
 			if err := nettest.ExpectFrom(r, err, external[tc.is6]); err != nil {
 				t.Errorf("transit to %s: %v", dst, err)
 			}
 			if tc.proto == "udp" && (real.Received(payload) != 1 || servers["udp"].Received(payload) != 0) {
 				t.Errorf("transit UDP to %s: destination got %d, pod got %d, want 1 and 0", dst, real.Received(payload), servers["udp"].Received(payload))
 			}
-			for _, f := range hpConntrack(t, node, false, int(tc.hostPort)) {
+			for _, f := range testkit.HostPortConntrack(t, node, false, int(tc.hostPort)) {
 				if strings.Contains(f, "dst="+nonLocal[tc.is6].String()+" ") && !strings.Contains(f, "src="+nonLocal[tc.is6].String()+" ") {
 					t.Errorf("transit flow was translated: %s", f)
 				}
@@ -358,19 +228,19 @@ func TestHostPortReachability(t *testing.T) {
 		owner := "hp-reach/eth0"
 		v4, v6 := pod.IP(uplink[false]).String(), pod.IP(uplink[true]).String()
 		want := []string{
-			hpElement{hostport.MapIPv4, "tcp . 30080", v4 + " . 8080", owner}.String(),
-			hpElement{hostport.MapIPv4, "udp . 30081", v4 + " . 8081", owner}.String(),
-			hpElement{hostport.MapIPv4, "sctp . 30084", v4 + " . 9000", owner}.String(),
-			hpElement{hostport.MapIPv4Addr, "198.18.0.1 . tcp . 30082", v4 + " . 8080", owner}.String(),
-			hpElement{hostport.MapIPv4Addr, "198.18.0.1 . udp . 30083", v4 + " . 8081", owner}.String(),
-			hpElement{hostport.MapIPv6, "tcp . 30080", v6 + " . 8080", owner}.String(),
-			hpElement{hostport.MapIPv6, "udp . 30081", v6 + " . 8081", owner}.String(),
-			hpElement{hostport.MapIPv6, "sctp . 30084", v6 + " . 9000", owner}.String(),
-			hpElement{hostport.MapIPv6Addr, "2001:db8:e::1 . tcp . 30082", v6 + " . 8080", owner}.String(),
-			hpElement{hostport.MapIPv6Addr, "2001:db8:e::1 . udp . 30083", v6 + " . 8081", owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv4, Key: "tcp . 30080", Value: v4 + " . 8080", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv4, Key: "udp . 30081", Value: v4 + " . 8081", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv4, Key: "sctp . 30084", Value: v4 + " . 9000", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv4Addr, Key: "198.18.0.1 . tcp . 30082", Value: v4 + " . 8080", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv4Addr, Key: "198.18.0.1 . udp . 30083", Value: v4 + " . 8081", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv6, Key: "tcp . 30080", Value: v6 + " . 8080", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv6, Key: "udp . 30081", Value: v6 + " . 8081", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv6, Key: "sctp . 30084", Value: v6 + " . 9000", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv6Addr, Key: "2001:db8:e::1 . tcp . 30082", Value: v6 + " . 8080", Comment: owner}.String(),
+			testkit.HostPortElement{Map: hostport.MapIPv6Addr, Key: "2001:db8:e::1 . udp . 30083", Value: v6 + " . 8081", Comment: owner}.String(),
 		}
 		var got []string
-		for _, e := range hpElements(t, node) {
+		for _, e := range testkit.HostPortElements(t, node) {
 			got = append(got, e.String())
 		}
 		slices.Sort(got)
@@ -384,7 +254,7 @@ func TestHostPortReachability(t *testing.T) {
 		if err := node.Del(list, pod); err != nil {
 			t.Fatal(err)
 		}
-		hpAuditEmpty(t, node, pod.IPs(), 30080, 30081, 30082, 30083, 30084)
+		testkit.AssertNoHostPortResidue(t, node, pod.IPs(), 30080, 30081, 30082, 30083, 30084)
 		for _, is6 := range []bool{false, true} {
 			expectNotReached(t, "tcp", node.External, netip.AddrPortFrom(uplink[is6], 30080), servers["tcp"], "after-del")
 		}
@@ -457,7 +327,7 @@ func TestHostPortUDPPodReplaced(t *testing.T) {
 
 	client := startUDPClient(t, node.External, netip.AddrPortFrom(nettest.External4.Addr(), 40000),
 		netip.AddrPortFrom(nettest.NodeUplink4.Addr(), hostPort))
-	if err := nettest.Eventually(trafficTimeout, func() error {
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 		if oldSrv.Received("seq-1") == 0 && client.replies.Load() == 0 {
 			return errors.New("no echo from the old pod yet")
 		}
@@ -471,14 +341,14 @@ func TestHostPortUDPPodReplaced(t *testing.T) {
 	}
 	// Wait until the client's flow is an untranslated entry to the node itself.
 	untranslated := func() error {
-		for _, f := range hpConntrack(t, node, false, hostPort) {
+		for _, f := range testkit.HostPortConntrack(t, node, false, hostPort) {
 			if strings.Contains(f, "sport=40000") && strings.Contains(f, "\tsrc=198.18.0.1 ") {
 				return nil
 			}
 		}
 		return errors.New("no untranslated conntrack entry for the client yet")
 	}
-	if err := nettest.Eventually(trafficTimeout, untranslated); err != nil {
+	if err := nettest.Eventually(testkit.TrafficTimeout, untranslated); err != nil {
 		t.Fatal(err)
 	}
 
@@ -490,13 +360,13 @@ func TestHostPortUDPPodReplaced(t *testing.T) {
 		t.Fatalf("the new pod got the old pod's address %s; the test needs a new one", newPod.IPs())
 	}
 	before := client.replies.Load()
-	if err := nettest.Eventually(trafficTimeout, func() error {
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 		if client.replies.Load() <= before {
 			return fmt.Errorf("the client got no echo since the new pod came up (sent %d)", client.sent.Load())
 		}
 		return nil
 	}); err != nil {
-		t.Errorf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(hpConntrack(t, node, false, hostPort), "\n"))
+		t.Errorf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(testkit.HostPortConntrack(t, node, false, hostPort), "\n"))
 	}
 	received := 0
 	for i := range client.sent.Load() {
@@ -563,8 +433,8 @@ func TestHostPortConflict(t *testing.T) {
 					t.Cleanup(func() { _ = node.Del(list, other) })
 					t.Fatal("ADD of an overlapping mapping succeeded")
 				}
-				if cniCode(err) != core.ErrPortConflict || !strings.Contains(err.Error(), "32000/"+tc.req.proto) || !strings.Contains(err.Error(), `"`+holder.RT.ContainerID+`"`) {
-					t.Errorf("ADD error = %v (code %d), want code %d naming 32000/%s and %q", err, cniCode(err), core.ErrPortConflict, tc.req.proto, holder.RT.ContainerID)
+				if testkit.CNICode(err) != core.ErrPortConflict || !strings.Contains(err.Error(), "32000/"+tc.req.proto) || !strings.Contains(err.Error(), `"`+holder.RT.ContainerID+`"`) {
+					t.Errorf("ADD error = %v (code %d), want code %d naming 32000/%s and %q", err, testkit.CNICode(err), core.ErrPortConflict, tc.req.proto, holder.RT.ContainerID)
 				}
 				if after := hpSnapshot(t, node); after != before {
 					t.Errorf("the refused ADD changed the node:\nbefore %s\nafter  %s", before, after)
@@ -580,7 +450,7 @@ func TestHostPortConflict(t *testing.T) {
 			if other.Result != nil {
 				ips = append(ips, other.IPs()...)
 			}
-			hpAuditEmpty(t, node, ips, 32000, 32001)
+			testkit.AssertNoHostPortResidue(t, node, ips, 32000, 32001)
 		})
 	}
 }
@@ -600,15 +470,15 @@ func TestHostPortDelKeepsNewHolder(t *testing.T) {
 	second.RT.CapabilityArgs = args
 	node.MustAdd(t, list, second)
 	srv := nettest.StartTCPEcho(t, second.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8080))
-	held := hpElements(t, node)
+	held := testkit.HostPortElements(t, node)
 
 	if err := node.Del(list, first); err != nil { // with runtimeConfig.portMappings again
 		t.Fatal(err)
 	}
-	if after := hpElements(t, node); !slices.Equal(after, held) {
+	if after := testkit.HostPortElements(t, node); !slices.Equal(after, held) {
 		t.Errorf("DEL of the former holder changed the maps:\nbefore %v\nafter  %v", held, after)
 	}
-	r, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 32100), "still", trafficTimeout)
+	r, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 32100), "still", testkit.TrafficTimeout)
 	if err := nettest.ExpectFrom(r, err, nettest.External4.Addr()); err != nil {
 		t.Errorf("the new holder's port after DEL of the old one: %v (server %s)", err, srv.Addr)
 	}
@@ -639,7 +509,7 @@ func TestHostPortManyPods(t *testing.T) {
 			_ = node.Del(list, p)
 		}
 	})
-	if got := len(hpElements(t, node)); got != 4*pods {
+	if got := len(testkit.HostPortElements(t, node)); got != 4*pods {
 		t.Errorf("%d map elements, want %d", got, 4*pods)
 	}
 	external := map[bool]netip.Addr{false: nettest.External4.Addr(), true: nettest.External6.Addr()}
@@ -650,7 +520,7 @@ func TestHostPortManyPods(t *testing.T) {
 				port  int
 			}{{"tcp", 33000 + i}, {"udp", 34000 + i}} {
 				dst := netip.AddrPortFrom(uplink, uint16(c.port))
-				err := nettest.Eventually(trafficTimeout, func() error {
+				err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 					r, err := hpRequest(c.proto, node.External, dst, "many", time.Second)
 					return nettest.ExpectFrom(r, err, external[uplink.Is6()])
 				})
@@ -665,7 +535,7 @@ func TestHostPortManyPods(t *testing.T) {
 		ips = append(ips, p.IPs()...)
 	}
 	runParallel(t, 8, all, func(p *nettest.Pod) error { return node.Del(list, p) })
-	hpAuditEmpty(t, node, ips, ports...)
+	testkit.AssertNoHostPortResidue(t, node, ips, ports...)
 }
 
 // TestHostPortDelWithoutNetNSOrRuntimeConfig: DEL after the pod's netns is gone, with no
@@ -676,7 +546,7 @@ func TestHostPortDelWithoutNetNSOrRuntimeConfig(t *testing.T) {
 	pod.RT.CapabilityArgs = hpArgs(false,
 		hpMapping{32200, 8080, "tcp", ""}, hpMapping{32201, 8081, "udp", "198.18.0.1"}, hpMapping{32202, 9000, "sctp", "2001:db8:e::1"})
 	node.MustAdd(t, list, pod)
-	if got := len(hpElements(t, node)); got != 4 {
+	if got := len(testkit.HostPortElements(t, node)); got != 4 {
 		t.Fatalf("%d map elements after ADD, want 4", got)
 	}
 	// A flow through the UDP port, so the audit sees its conntrack entry go.
@@ -689,8 +559,8 @@ func TestHostPortDelWithoutNetNSOrRuntimeConfig(t *testing.T) {
 			t.Fatalf("DEL #%d: %v", i+1, err)
 		}
 	}
-	hpAuditEmpty(t, node, ips, 32200, 32201, 32202)
-	assertNoResidue(t, node, "kubenet", attachmentOf(pod), ips)
+	testkit.AssertNoHostPortResidue(t, node, ips, 32200, 32201, 32202)
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), ips)
 }
 
 // TestHostPortDelLeavesAReusedAddressAlone: a DEL that lost the pod's record and reservations
@@ -735,23 +605,23 @@ func TestHostPortDelLeavesAReusedAddressAlone(t *testing.T) {
 	}
 	// A flow of the new pod: UDP to an external host, masqueraded.
 	nettest.StartUDPEcho(t, node.External, netip.AddrPortFrom(nettest.External4.Addr(), 9000))
-	if err := nettest.Eventually(trafficTimeout, func() error {
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 		r, err := nettest.UDPRequest(reuser.NS, netip.AddrPortFrom(nettest.External4.Addr(), 9000), "mine", time.Second)
 		return nettest.ExpectFrom(r, err, nettest.NodeUplink4.Addr())
 	}); err != nil {
 		t.Fatalf("UDP from the new pod to the external host: %v", err)
 	}
-	if len(hpConntrack(t, node, false, 9000)) == 0 {
+	if len(testkit.HostPortConntrack(t, node, false, 9000)) == 0 {
 		t.Fatal("no conntrack entry for the new pod's flow; the test needs one")
 	}
 
 	if err := node.Del(list, old); err != nil {
 		t.Fatal(err)
 	}
-	if len(hpConntrack(t, node, false, 9000)) == 0 {
+	if len(testkit.HostPortConntrack(t, node, false, 9000)) == 0 {
 		t.Errorf("the old pod's DEL forgot the new pod's flow from %v", oldIPs)
 	}
-	hpAuditEmpty(t, node, nil, 32400)
+	testkit.AssertNoHostPortResidue(t, node, nil, 32400)
 	if err := node.Del(list, reuser); err != nil {
 		t.Fatal(err)
 	}
@@ -762,7 +632,7 @@ func TestHostPortDelLeavesAReusedAddressAlone(t *testing.T) {
 func udpFlowThroughHostPort(t *testing.T, node *nettest.Node, pod *nettest.Pod, containerPort uint16, hostPort netip.AddrPort) {
 	t.Helper()
 	srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), containerPort))
-	if err := nettest.Eventually(trafficTimeout, func() error {
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 		r, err := nettest.UDPRequest(node.External, hostPort, "flow", time.Second)
 		return nettest.ExpectFrom(r, err, nettest.External4.Addr())
 	}); err != nil {
@@ -798,7 +668,7 @@ func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 			pod.RT.CapabilityArgs = hpArgs(true, hpMapping{32300, 8081, "udp", ""})
 			node.MustAdd(t, list, pod)
 			udpFlowThroughHostPort(t, node, pod, 8081, netip.MustParseAddrPort("198.18.0.1:32300"))
-			if flows := hpConntrack(t, node, true, 32300); len(flows) == 0 {
+			if flows := testkit.HostPortConntrack(t, node, true, 32300); len(flows) == 0 {
 				t.Fatal("no translated conntrack entry for the host port before DEL; the test needs one")
 			}
 			for _, f := range tc.loses(filepath.Join(node.DataDir(), "kubenet"), pod) {
@@ -810,8 +680,8 @@ func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 			if err := node.Del(list, pod); err != nil {
 				t.Fatal(err)
 			}
-			hpAuditEmpty(t, node, ips, 32300)
-			assertNoResidue(t, node, "kubenet", attachmentOf(pod), ips)
+			testkit.AssertNoHostPortResidue(t, node, ips, 32300)
+			testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), ips)
 		})
 	}
 }
@@ -843,7 +713,7 @@ func TestHostPortFailedAddRollsBack(t *testing.T) {
 	pod := node.NewPod(t, "rollback")
 	conf, err := json.Marshal(map[string]any{
 		"cniVersion": "1.1.0", "name": "kubenet", "type": "kubenet", "dataDir": node.DataDir(),
-		"podCIDRs": dualStack(), "nonMasqueradeCIDRs": []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
+		"podCIDRs": testkit.DualStack(), "nonMasqueradeCIDRs": []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
 		"runtimeConfig": hpArgs(false, hpMapping{32300, 8080, "tcp", ""}, hpMapping{32301, 8081, "udp", "198.18.0.1"}),
 	})
 	if err != nil {
@@ -853,7 +723,7 @@ func TestHostPortFailedAddRollsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	att := attachmentOf(pod)
+	att := testkit.AttachmentOf(pod)
 	run := func(ctx context.Context, f func(context.Context) error) error {
 		return node.NS.Do(func(ns.NetNS) error { return f(ctx) })
 	}
@@ -866,10 +736,10 @@ func TestHostPortFailedAddRollsBack(t *testing.T) {
 	if err := run(context.Background(), func(ctx context.Context) error { return core.Del(ctx, cfg, att) }); err != nil {
 		t.Fatalf("probe DEL: %v", err)
 	}
-	hpAuditEmpty(t, node, nil, 32300, 32301)
+	testkit.AssertNoHostPortResidue(t, node, nil, 32300, 32301)
 
-	var installed []hpElement
-	failing := &hookCtx{Context: context.Background(), failAt: probe.calls.Load(), onFail: func() { installed = hpElements(t, node) }}
+	var installed []testkit.HostPortElement
+	failing := &hookCtx{Context: context.Background(), failAt: probe.calls.Load(), onFail: func() { installed = testkit.HostPortElements(t, node) }}
 	err = run(failing, func(ctx context.Context) error { _, err := core.Add(ctx, cfg, att); return err })
 	if err == nil {
 		t.Fatal("ADD succeeded with a context that fails before its last step")
@@ -877,8 +747,8 @@ func TestHostPortFailedAddRollsBack(t *testing.T) {
 	if len(installed) != 3 {
 		t.Errorf("before the failing step the maps held %v, want the pod's 3 elements (host ports come before the last step)", installed)
 	}
-	hpAuditEmpty(t, node, nil, 32300, 32301)
-	assertNoResidue(t, node, "kubenet", att, nil)
+	testkit.AssertNoHostPortResidue(t, node, nil, 32300, 32301)
+	testkit.AssertNoResidue(t, node, "kubenet", att, nil)
 }
 
 // TestHostPortSCTP: an SCTP mapping is installed for both families and removed by DEL. (Go
@@ -889,7 +759,7 @@ func TestHostPortSCTP(t *testing.T) {
 	pod.RT.CapabilityArgs = hpArgs(true, hpMapping{32400, 9000, "SCTP", ""}, hpMapping{32401, 9001, "sctp", "198.18.0.1"})
 	node.MustAdd(t, list, pod)
 	var got []string
-	for _, e := range hpElements(t, node) {
+	for _, e := range testkit.HostPortElements(t, node) {
 		got = append(got, e.Map+": "+e.Key)
 	}
 	want := []string{hostport.MapIPv4 + ": sctp . 32400", hostport.MapIPv4Addr + ": 198.18.0.1 . sctp . 32401", hostport.MapIPv6 + ": sctp . 32400"}
@@ -901,7 +771,7 @@ func TestHostPortSCTP(t *testing.T) {
 	if err := node.Del(list, pod); err != nil {
 		t.Fatal(err)
 	}
-	hpAuditEmpty(t, node, pod.IPs(), 32400, 32401)
+	testkit.AssertNoHostPortResidue(t, node, pod.IPs(), 32400, 32401)
 }
 
 // TestHostPortLocalnetGuard: localhost access turns route_localnet on for the bridge, which
@@ -924,13 +794,13 @@ func TestHostPortLocalnetGuard(t *testing.T) {
 		return netlink.AddrDel(lo, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.MustParsePrefix("127.0.0.1/8"))})
 	})
 	nettest.WriteSysctl(t, pod.NS, "net/ipv4/conf/eth0/route_localnet", "1")
-	nettest.AddRoute(t, pod.NS, netip.MustParsePrefix("127.0.0.0/8"), gatewayOf(nettest.PodCIDR4))
+	nettest.AddRoute(t, pod.NS, netip.MustParsePrefix("127.0.0.0/8"), testkit.GatewayOf(nettest.PodCIDR4))
 
-	if r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", unreachableTimeout); err == nil {
+	if r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", testkit.UnreachableTimeout); err == nil {
 		t.Fatalf("a pod reached the node's 127.0.0.1 service: %+v", r)
 	}
-	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", hpTable, hostport.ChainLocalnet)
-	err := nettest.Eventually(trafficTimeout, func() error {
+	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnet)
+	err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 		r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", time.Second)
 		return nettest.ExpectFrom(r, err, pod.IP(nettest.NodeUplink4.Addr()))
 	})

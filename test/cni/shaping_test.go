@@ -1,4 +1,4 @@
-package test
+package cni
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -118,7 +120,7 @@ func TestShapingThroughput(t *testing.T) {
 			pod := node.NewPod(t, "shaped")
 			pod.RT.CapabilityArgs = c.args
 			node.MustAdd(t, list, pod)
-			names := kubenetNames(pod)
+			names := testkit.KubenetNames(pod)
 			limits := shaping.Limits{Ingress: shaping.Limit{Rate: c.ingress}, Egress: shaping.Limit{Rate: c.egress}}
 			nettest.Do(t, node.NS, func() error { return checkShaping(names, limits) })
 
@@ -185,7 +187,7 @@ func TestShapingFailedAdd(t *testing.T) {
 	node, list := dualStackNode(t)
 	pod := node.NewPod(t, "blocked")
 	pod.RT.CapabilityArgs = map[string]any{"bandwidth": map[string]any{"ingressRate": slowRate, "egressRate": slowRate}}
-	names := kubenetNames(pod)
+	names := testkit.KubenetNames(pod)
 	nettest.Do(t, node.NS, func() error {
 		return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: names.IFB}})
 	})
@@ -261,7 +263,7 @@ func TestShapingCheck(t *testing.T) {
 			if err := node.Check(list, pod); err != nil {
 				t.Fatalf("CHECK right after ADD: %v", err)
 			}
-			names := kubenetNames(pod)
+			names := testkit.KubenetNames(pod)
 			nettest.Do(t, node.NS, func() error {
 				veth, err := netlink.LinkByName(names.HostVeth)
 				if err != nil {
@@ -340,7 +342,7 @@ func shapingLeftovers(t *testing.T, node *nettest.Node) []string {
 // (veth, ifb name, reservations, record, cache) and no ifb or shaping qdisc of anyone's.
 func auditRolledBack(t *testing.T, node *nettest.Node, p *nettest.Pod) {
 	t.Helper()
-	assertNoResidue(t, node, "kubenet", attachmentOf(p), nil)
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(p), nil)
 	if left := shapingLeftovers(t, node); len(left) > 0 {
 		t.Errorf("shaping left behind: %v", left)
 	}

@@ -1,4 +1,4 @@
-package test
+package shim
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -19,7 +21,7 @@ func TestOperatorFindsAndClearsLeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dualStack()})
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 	keep, leaked := node.NewPod(t, "keep"), node.NewPod(t, "leaked")
 	node.MustAdd(t, list, keep)
 	node.MustAdd(t, list, leaked)
@@ -67,12 +69,12 @@ func TestOperatorFindsAndClearsLeaks(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("gc: exit %d: %s", r.code, r.stderr)
 	}
-	for _, ip := range append(leaked.IPs(), netipMust("10.244.1.250")) {
+	for _, ip := range append(leaked.IPs(), testkit.MustAddr("10.244.1.250")) {
 		if !strings.Contains(r.stdout, "released "+ip.String()) {
 			t.Errorf("gc output does not report releasing %s:\n%s", ip, r.stdout)
 		}
 	}
-	assertNoResidue(t, node, "kubenet", attachmentOf(leaked), leaked.IPs())
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(leaked), leaked.IPs())
 	if _, err := os.Stat(orphan); err == nil {
 		t.Error("gc kept the orphan reservation")
 	}
