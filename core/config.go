@@ -45,10 +45,13 @@ type RuntimeConfig struct {
 	PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
 }
 
-// PortMapping is one entry of the portMappings capability.
+// PortMapping is one host port of a pod: an entry of the portMappings capability, and (as
+// network.PortMapping) what a runtime shim's Host returns. The field widths are kubelet's and
+// CRI's. Protocol is tcp, udp or sctp in any case, empty meaning TCP; HostIP empty means every
+// local address of each family the pod has. NormalizePortMappings checks and normalises them.
 type PortMapping struct {
-	HostPort      int    `json:"hostPort"`
-	ContainerPort int    `json:"containerPort"`
+	HostPort      int32  `json:"hostPort"`
+	ContainerPort int32  `json:"containerPort"`
 	Protocol      string `json:"protocol,omitempty"`
 	HostIP        string `json:"hostIP,omitempty"`
 }

@@ -105,3 +105,21 @@ func gcHostPorts(cfg *Config, store *ipam.Store, valid []ValidAttachment) error 
 	}
 	return nil
 }
+
+// HostPortKey is one (protocol, local address, port) that a pod's host ports claim on the node;
+// the address is its family's unspecified address for "every local address of that family". It
+// is the hostport mechanism's key, named here so that the layers above core can use it.
+type HostPortKey = hostport.Key
+
+// HostPortKeys checks mappings (NormalizePortMappings) and returns the keys ADD would give them
+// for a pod with addresses of the given families (true: IPv6), sorted: exactly the keys of the
+// DNAT entries ADD installs. A hostIP of a family the pod lacks claims nothing; 0.0.0.0 or ::
+// claims every local address of its own family only; no hostIP claims the unspecified address
+// of each of the pod's families.
+func HostPortKeys(mappings []PortMapping, families []bool) ([]HostPortKey, error) {
+	pms, err := NormalizePortMappings(mappings)
+	if err != nil {
+		return nil, err
+	}
+	return hostport.Keys(toMappings(pms), families), nil
+}

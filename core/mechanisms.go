@@ -39,12 +39,9 @@ func ownerOf(att Attachment) hostport.Owner {
 func toMappings(pms []PortMapping) []hostport.Mapping {
 	out := make([]hostport.Mapping, 0, len(pms))
 	for _, pm := range pms {
-		m := hostport.Mapping{HostPort: uint16(pm.HostPort), ContainerPort: uint16(pm.ContainerPort), Protocol: pm.Protocol}
+		m := hostport.Mapping{HostPort: uint16(pm.HostPort), ContainerPort: uint16(pm.ContainerPort), Protocol: protocolOf(pm.Protocol)}
 		if pm.HostIP != "" {
 			m.HostIP, _ = netip.ParseAddr(pm.HostIP)
-		}
-		if m.Protocol == "" {
-			m.Protocol = "tcp"
 		}
 		out = append(out, m)
 	}

@@ -9,6 +9,8 @@ import (
 	"net"
 	"sort"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // Names and values kubelet used; shims and flags rely on them.
@@ -60,23 +62,49 @@ type PodNetworkStatus struct {
 	IPs []net.IP `json:"ips"`
 }
 
-// PortMapping is one hostPort of a pod. Protocol is TCP, UDP or SCTP in any case (kubelet's API
-// spells them in capitals, checkpoints in lower case); empty means TCP. HostIP empty means every
-// local address.
-type PortMapping struct {
-	HostPort      int32
-	ContainerPort int32
-	Protocol      string
-	HostIP        string
-}
+// PortMapping is one host port of a pod, as the shim's Host returns it: HostPort,
+// ContainerPort, Protocol (TCP, UDP or SCTP in any case, as kubelet's API and checkpoints spell
+// them; empty means TCP) and HostIP (empty: every local address). It is the core's type, so the
+// shim path and the CNI path accept, normalise and reserve mappings the same way.
+type PortMapping = core.PortMapping
 
-// Host is what a plugin needs from the runtime shim.
-type Host interface {
+// NamespaceGetter is the part of the Host that finds a sandbox's network namespace.
+type NamespaceGetter interface {
 	// GetNetNS returns the path of the sandbox's network namespace. It never returns "" with a
 	// nil error.
 	GetNetNS(containerID string) (string, error)
+}
+
+// PortMappingGetter is the part of the Host that knows a sandbox's host ports.
+type PortMappingGetter interface {
 	// GetPodPortMappings returns the sandbox's host ports (nil when it has none).
 	GetPodPortMappings(containerID string) ([]*PortMapping, error)
+}
+
+// Host is what a plugin needs from the runtime shim, kubelet's composition of the two getters.
+type Host interface {
+	NamespaceGetter
+	PortMappingGetter
+}
+
+// NoopPortMappingGetter is a PortMappingGetter for shims without host ports: every sandbox has
+// none.
+type NoopPortMappingGetter struct{}
+
+// GetPodPortMappings returns no mappings.
+func (NoopPortMappingGetter) GetPodPortMappings(string) ([]*PortMapping, error) { return nil, nil }
+
+// HostPorts returns the entries of pms that are host ports, in order: nil entries and those
+// without a host port (a container port that is only declared) are dropped, as kubelet did.
+// Checking and normalising the rest is the core's (core.NormalizePortMappings).
+func HostPorts(pms []*PortMapping) []PortMapping {
+	var out []PortMapping
+	for _, pm := range pms {
+		if pm != nil && pm.HostPort > 0 {
+			out = append(out, *pm)
+		}
+	}
+	return out
 }
 
 // Capabilities is a set of plugin capability numbers. kubelet once had one (shaping, 1); no
@@ -141,3 +169,10 @@ func PodCIDRs(details map[string]interface{}) string {
 	s, _ := details[PodCIDRChangeDetailCIDR].(string)
 	return s
 }
+
+// EscapePluginName turns a qualified plugin name (vendor/name) into a name that is safe as one
+// directory name on disk (vendor~name), as kubelet did for its plugin directories.
+func EscapePluginName(in string) string { return strings.ReplaceAll(in, "/", "~") }
+
+// UnescapePluginName is EscapePluginName's inverse: vendor~name becomes vendor/name.
+func UnescapePluginName(in string) string { return strings.ReplaceAll(in, "~", "/") }

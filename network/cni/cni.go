@@ -465,16 +465,12 @@ func runtimeConf(namespace, name string, id network.ContainerID, netns, ifName s
 // pod annotations.
 func capabilityArgs(pms []*network.PortMapping, annotations map[string]string, cidrs []netip.Prefix) (map[string]interface{}, error) {
 	caps := map[string]interface{}{}
-	mappings := []core.PortMapping{}
-	for _, pm := range pms {
-		if pm == nil || pm.HostPort <= 0 {
-			continue
-		}
-		proto := strings.ToLower(pm.Protocol)
-		if proto == "" {
-			proto = "tcp"
-		}
-		mappings = append(mappings, core.PortMapping{HostPort: int(pm.HostPort), ContainerPort: int(pm.ContainerPort), Protocol: proto, HostIP: pm.HostIP})
+	mappings, err := core.NormalizePortMappings(network.HostPorts(pms))
+	if err != nil {
+		return nil, err
+	}
+	if mappings == nil {
+		mappings = []core.PortMapping{} // kubelet sent an empty list too
 	}
 	caps[capPortMappings] = mappings
 

@@ -32,6 +32,16 @@ func TestCapabilityArgs(t *testing.T) {
 			want: `{"portMappings":[{"hostPort":80,"containerPort":8080,"protocol":"tcp"},{"hostPort":53,"containerPort":53,"protocol":"udp","hostIP":"10.0.0.1"},{"hostPort":443,"containerPort":443,"protocol":"tcp"}]}`,
 		},
 		{
+			name:    "a bad mapping is refused before any plugin runs, naming it",
+			pms:     []*network.PortMapping{{HostPort: 80, ContainerPort: 80}, {HostPort: 81, ContainerPort: 81, Protocol: "icmp"}},
+			wantErr: `runtimeConfig.portMappings[1].protocol "icmp"`,
+		},
+		{
+			name: "hostIP in canonical form, as the kubenet binary keys it",
+			pms:  []*network.PortMapping{{HostPort: 80, ContainerPort: 80, HostIP: "::ffff:10.0.0.1"}},
+			want: `{"portMappings":[{"hostPort":80,"containerPort":80,"protocol":"tcp","hostIP":"10.0.0.1"}]}`,
+		},
+		{
 			name:  "dual-stack pod CIDR: one range set per family",
 			cidrs: dual,
 			want:  `{"ipRanges":[[{"subnet":"10.244.1.0/24"}],[{"subnet":"fd00:10:244:1::/64"}]],"portMappings":[]}`,

@@ -296,7 +296,7 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 	if err != nil {
 		return fmt.Errorf("port mappings of sandbox %s: %w", id.ID, err)
 	}
-	conf.RuntimeConfig = core.RuntimeConfig{PortMappings: toCore(pms), PodAnnotations: annotations}
+	conf.RuntimeConfig = core.RuntimeConfig{PortMappings: network.HostPorts(pms), PodAnnotations: annotations}
 	cfg, err := conf.Validate()
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: %w", namespace, name, err)
@@ -307,10 +307,14 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 	for _, c := range cfg.PodCIDRs() {
 		families = append(families, c.Addr().Is6())
 	}
+	keys, err := portKeys(cfg.Runtime.PortMappings, families)
+	if err != nil {
+		return fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+	}
 	var opened []portKey
 	if err := p.inNode(func() error {
 		var err error
-		opened, err = p.ports.open(ownerOf(att), portKeys(cfg.Runtime.PortMappings, families))
+		opened, err = p.ports.open(ownerOf(att), keys)
 		return err
 	}); err != nil {
 		return err
@@ -325,22 +329,6 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 		return errors.Join(err, p.ports.close(ownerOf(att), opened))
 	}
 	return nil
-}
-
-// toCore converts the Host's mappings; entries without a host port are not host ports (kubelet
-// skipped them too). Validation and normalisation (protocol case, hostIP) is the core's.
-func toCore(pms []*network.PortMapping) []core.PortMapping {
-	var out []core.PortMapping
-	for _, pm := range pms {
-		if pm == nil || pm.HostPort <= 0 {
-			continue
-		}
-		out = append(out, core.PortMapping{
-			HostPort: int(pm.HostPort), ContainerPort: int(pm.ContainerPort),
-			Protocol: pm.Protocol, HostIP: pm.HostIP,
-		})
-	}
-	return out
 }
 
 // TearDownPod removes everything of the sandbox on the node: veth, addresses, host ports,
@@ -474,10 +462,13 @@ func (p *Plugin) reacquirePorts() {
 			families = append(families, ip.Addr().Is6())
 		}
 		att := core.Attachment{ContainerID: r.ContainerID, IfName: r.IfName}
-		err := p.inNode(func() error {
-			_, err := p.ports.open(ownerOf(att), portKeys(r.PortMappings, families))
-			return err
-		})
+		keys, err := portKeys(r.PortMappings, families)
+		if err == nil {
+			err = p.inNode(func() error {
+				_, err := p.ports.open(ownerOf(att), keys)
+				return err
+			})
+		}
 		if err != nil {
 			p.log.Error("host port of an attached pod could not be re-acquired", "sandbox", r.ContainerID, "err", err)
 		}

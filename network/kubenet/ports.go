@@ -35,41 +35,23 @@ func (k portKey) network() string {
 }
 
 // portKeys lists the sockets that hold mappings for a pod with addresses of the given families
-// (true: IPv6). A mapping with a hostIP is held on that address only; SCTP is not held (the
-// standard library has no SCTP sockets, and old kubelet skipped it too).
-func portKeys(mappings []core.PortMapping, families []bool) []portKey {
-	seen := map[portKey]bool{}
-	var out []portKey
-	add := func(k portKey) {
-		if !seen[k] {
-			seen[k] = true
-			out = append(out, k)
-		}
+// (true: IPv6): one per key of the core's DNAT entries (core.HostPortKeys), so a socket is held
+// exactly where a DNAT element steers traffic. SCTP is not held (the standard library has no
+// SCTP sockets, and old kubelet skipped it too).
+func portKeys(mappings []core.PortMapping, families []bool) ([]portKey, error) {
+	keys, err := core.HostPortKeys(mappings, families)
+	if err != nil {
+		return nil, err
 	}
-	for _, m := range mappings {
-		if m.Protocol != "tcp" && m.Protocol != "udp" && m.Protocol != "" {
+	var out []portKey
+	for _, k := range keys {
+		if k.Protocol != "tcp" && k.Protocol != "udp" {
 			continue
 		}
-		proto := m.Protocol
-		if proto == "" {
-			proto = "tcp"
-		}
-		if m.HostIP != "" {
-			if a, err := netip.ParseAddr(m.HostIP); err == nil && !a.IsUnspecified() {
-				add(portKey{proto: proto, addr: a.Unmap(), port: uint16(m.HostPort)})
-				continue
-			}
-		}
-		for _, v6 := range families {
-			a := netip.IPv4Unspecified()
-			if v6 {
-				a = netip.IPv6Unspecified()
-			}
-			add(portKey{proto: proto, addr: a, port: uint16(m.HostPort)})
-		}
+		out = append(out, portKey{proto: k.Protocol, addr: k.HostIP, port: k.HostPort})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
-	return out
+	return out, nil
 }
 
 // ports holds one socket per host port of the node's pods, so no process on the node can bind a

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -130,20 +131,21 @@ func writeConf(t testing.TB, dir, file string, conf any) {
 }
 
 // listenIn tries to bind proto addr inside n the way a host process would (Go's listeners set
-// SO_REUSEADDR) and returns the error; a successful socket is closed at once.
+// SO_REUSEADDR) and returns the error; a successful socket is closed at once. proto is a Go
+// network name: "tcp6" and "udp6" bind IPv6 only, "tcp" and "udp" on [::] both families.
 func listenIn(t *testing.T, n ns.NetNS, proto, addr string) error {
 	t.Helper()
 	var lerr error
 	nettest.Do(t, n, func() error {
-		if proto == "udp" {
-			c, err := net.ListenPacket("udp", addr)
+		if strings.HasPrefix(proto, "udp") {
+			c, err := net.ListenPacket(proto, addr)
 			if err == nil {
 				c.Close()
 			}
 			lerr = err
 			return nil
 		}
-		l, err := net.Listen("tcp", addr)
+		l, err := net.Listen(proto, addr)
 		if err == nil {
 			l.Close()
 		}

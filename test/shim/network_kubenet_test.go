@@ -202,3 +202,53 @@ func TestKubenetPluginInitValidates(t *testing.T) {
 		})
 	}
 }
+
+// TestKubenetPluginHostPortFamilies: the plugin holds a socket exactly where the pod's DNAT entry
+// steers traffic. An explicit 0.0.0.0 on a dual-stack pod is IPv4 only (a host process may take
+// the port on IPv6, where no DNAT entry exists, and the IPv4 mapping works); a hostIP of a family
+// the pod lacks claims nothing (no socket, no entry, the pod still starts).
+func TestKubenetPluginHostPortFamilies(t *testing.T) {
+	t.Parallel()
+	node := nettest.NewNode(t, binDir)
+	host := newShimHost()
+	kn, _, plugins := allPlugins(t, node, t.TempDir())
+	pm := managerFor(t, plugins, "kubenet", host)
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent(dualStackCIDRs))
+
+	const anyV4Port, otherFamilyPort = 30072, 30073
+	pod := newShimPod(t, host, "families",
+		&network.PortMapping{HostPort: anyV4Port, ContainerPort: 8080, HostIP: "0.0.0.0"})
+	ips := setUp(t, pm, pod, nil)
+	t.Cleanup(func() { _ = pm.TearDownPod(pod.namespace, pod.name, pod.id) })
+	if got, want := kn.HeldPorts(pod.id), []string{"tcp/0.0.0.0:30072"}; !slices.Equal(got, want) {
+		t.Errorf("held ports %v, want %v (no IPv6 socket for an IPv4 hostIP)", got, want)
+	}
+	expectPortHeld(t, node.NS, "tcp4", "0.0.0.0:30072")
+	expectPortFree(t, node.NS, "tcp6", "[::]:30072")
+	srv := nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(ips[0], 8080))
+	r, err := nettest.TCPRequest(node.External, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), anyV4Port), "hp", testkit.TrafficTimeout)
+	if err := nettest.ExpectFrom(r, err, nettest.External4.Addr()); err != nil {
+		t.Errorf("hostPort %d over IPv4 to %s: %v", anyV4Port, srv.Addr, err)
+	}
+	if err := pm.TearDownPod(pod.namespace, pod.name, pod.id); err != nil {
+		t.Fatal(err)
+	}
+	testkit.AssertNoHostPortResidue(t, node, ips, anyV4Port)
+
+	// An IPv4-only node, a mapping on the node's IPv6 uplink address.
+	node4 := nettest.NewNode(t, binDir)
+	kn4, _, plugins4 := allPlugins(t, node4, t.TempDir())
+	pm4 := managerFor(t, plugins4, "kubenet", host)
+	pm4.Event(network.PodCIDRChangeEvent, podCIDREvent(nettest.PodCIDR4.String()))
+	v6Only := newShimPod(t, host, "other-family",
+		&network.PortMapping{HostPort: otherFamilyPort, ContainerPort: 8080, HostIP: nettest.NodeUplink6.Addr().String()})
+	ips4 := setUp(t, pm4, v6Only, nil)
+	t.Cleanup(func() { _ = pm4.TearDownPod(v6Only.namespace, v6Only.name, v6Only.id) })
+	if got := kn4.HeldPorts(v6Only.id); len(got) != 0 {
+		t.Errorf("held ports %v for an IPv6 hostIP on an IPv4-only pod, want none", got)
+	}
+	expectPortFree(t, node4.NS, "tcp6", netip.AddrPortFrom(nettest.NodeUplink6.Addr(), otherFamilyPort).String())
+	if els := testkit.HostPortElements(t, node4); len(els) > 0 {
+		t.Errorf("DNAT entries %v for an IPv6 hostIP on an IPv4-only pod %v, want none", els, ips4)
+	}
+}
