@@ -12,6 +12,13 @@ import (
 // FallbackMTU is used when no link tells us better, as old kubenet did.
 const FallbackMTU = 1460
 
+// The MTUs a link may report and still be believed: below IPv4's minimum datagram size a link is
+// misconfigured, and old kubenet treated 999999 and more as "unset".
+const (
+	minPlausibleMTU = 576
+	maxPlausibleMTU = 999999
+)
+
 // DetectMTU picks the pod MTU for a node: the smallest MTU of the links that carry the node's
 // default routes, since that is the path pod traffic leaves by. Old kubenet took the smallest MTU
 // of every up link, so an unrelated small link (docker0, a VPN) shrank every pod's MTU; that rule
@@ -20,9 +27,30 @@ const FallbackMTU = 1460
 //
 // Only the default routes' links are looked up: listing every link would cost one entry per
 // host veth and ifb, on every ADD of a node that leaves mtu at 0.
-func DetectMTU(bridgeName string) int {
+func DetectMTU(bridgeName string) int { return detectMTU(kernelLinks{}, bridgeName) }
+
+// nodeLinks is what MTU detection reads of the node. kernelLinks reads the calling thread's
+// network namespace over netlink; tests pass a table of links and routes.
+type nodeLinks interface {
+	// Find returns the link called name, or nil when there is none.
+	Find(name string) (netlink.Link, error)
+	Routes(family int) ([]netlink.Route, error)
+	ByIndex(index int) (netlink.Link, error)
+	All() ([]netlink.Link, error)
+}
+
+type kernelLinks struct{}
+
+func (kernelLinks) Find(name string) (netlink.Link, error) { return links.Find(name) }
+func (kernelLinks) Routes(family int) ([]netlink.Route, error) {
+	return netlinksafe.RouteList(nil, family)
+}
+func (kernelLinks) ByIndex(index int) (netlink.Link, error) { return netlink.LinkByIndex(index) }
+func (kernelLinks) All() ([]netlink.Link, error)            { return netlinksafe.LinkList() }
+
+func detectMTU(node nodeLinks, bridgeName string) int {
 	bridgeIndex := -1
-	if br, err := links.Find(bridgeName); err == nil && br != nil {
+	if br, err := node.Find(bridgeName); err == nil && br != nil {
 		bridgeIndex = br.Attrs().Index
 	}
 	ignored := func(l netlink.Link) bool {
@@ -32,30 +60,35 @@ func DetectMTU(bridgeName string) int {
 	}
 	best := 0
 	consider := func(l netlink.Link) {
-		if mtu := l.Attrs().MTU; !ignored(l) && mtu >= 576 && mtu < 999999 && (best == 0 || mtu < best) {
+		if mtu := l.Attrs().MTU; !ignored(l) && mtu >= minPlausibleMTU && mtu < maxPlausibleMTU && (best == 0 || mtu < best) {
 			best = mtu
 		}
 	}
 	seen := map[int]bool{}
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlinksafe.RouteList(nil, family)
+		routes, err := node.Routes(family)
 		if err != nil {
 			continue
 		}
 		for _, r := range routes {
-			if !isDefault(r) || r.LinkIndex == 0 || seen[r.LinkIndex] {
+			if !isDefault(r) {
 				continue
 			}
-			seen[r.LinkIndex] = true
-			if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-				consider(l)
+			for _, index := range routeLinks(r) {
+				if seen[index] {
+					continue
+				}
+				seen[index] = true
+				if l, err := node.ByIndex(index); err == nil {
+					consider(l)
+				}
 			}
 		}
 	}
 	if best > 0 {
 		return best
 	}
-	all, err := netlinksafe.LinkList()
+	all, err := node.All()
 	if err != nil {
 		return FallbackMTU
 	}
@@ -74,4 +107,19 @@ func isDefault(r netlink.Route) bool {
 	}
 	ones, _ := r.Dst.Mask.Size()
 	return ones == 0
+}
+
+// routeLinks are the links a route leaves by: its own, or each next hop's of a multipath (ECMP)
+// route, which has none of its own.
+func routeLinks(r netlink.Route) []int {
+	var out []int
+	if r.LinkIndex > 0 {
+		out = append(out, r.LinkIndex)
+	}
+	for _, nh := range r.MultiPath {
+		if nh != nil && nh.LinkIndex > 0 {
+			out = append(out, nh.LinkIndex)
+		}
+	}
+	return out
 }
