@@ -250,3 +250,32 @@ func TestPluginManagerErrorsAndMetrics(t *testing.T) {
 		t.Error("second registration on one registry succeeded")
 	}
 }
+
+func TestEscapePluginName(t *testing.T) {
+	for _, c := range []struct{ name, escaped string }{
+		{"kubenet", "kubenet"},
+		{"kubernetes.io/no-op", "kubernetes.io~no-op"},
+		{"vendor.example/a/b", "vendor.example~a~b"},
+	} {
+		if got := EscapePluginName(c.name); got != c.escaped {
+			t.Errorf("EscapePluginName(%q) = %q, want %q", c.name, got, c.escaped)
+		}
+		if got := UnescapePluginName(c.escaped); got != c.name {
+			t.Errorf("UnescapePluginName(%q) = %q, want %q", c.escaped, got, c.name)
+		}
+	}
+}
+
+func TestNoopPortMappingGetter(t *testing.T) {
+	var g PortMappingGetter = NoopPortMappingGetter{}
+	if pms, err := g.GetPodPortMappings("any"); pms != nil || err != nil {
+		t.Errorf("GetPodPortMappings = %v, %v; want nil, nil", pms, err)
+	}
+}
+
+func TestHostPorts(t *testing.T) {
+	got := HostPorts([]*PortMapping{nil, {HostPort: 0, ContainerPort: 80}, {HostPort: 8080, ContainerPort: 80, Protocol: "UDP"}, {HostPort: -1, ContainerPort: 1}})
+	if len(got) != 1 || got[0] != (PortMapping{HostPort: 8080, ContainerPort: 80, Protocol: "UDP"}) {
+		t.Errorf("HostPorts = %+v, want only the 8080 mapping, untouched", got)
+	}
+}

@@ -10,12 +10,18 @@ import (
 // BuildCommand compiles ./cmd/<name> of this module with the given build tags into dir and
 // returns the binary's path.
 func BuildCommand(dir, name string, tags ...string) (string, error) {
+	return BuildPackage(dir, "./cmd/"+name, name, tags...)
+}
+
+// BuildPackage compiles the main package pkg (a path relative to the module root, such as
+// ./test/fakecni) into dir/name and returns the binary's path.
+func BuildPackage(dir, pkg, name string, tags ...string) (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
 	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", out, "./cmd/"+name)
+	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", out, pkg)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build %s: %v\n%s", name, err, b)

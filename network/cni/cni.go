@@ -60,17 +60,29 @@ const (
 	capBandwidth      = "bandwidth"
 	capIPRanges       = "ipRanges"
 	capPodAnnotations = "io.kubernetes.cri.pod-annotations"
+	capDNS            = "dns"
 )
+
+// VendorCNIDirTemplate is where kubelet looked for a vendor's plugin binaries: prefix, then the
+// plugin type.
+const VendorCNIDirTemplate = "%s/opt/%s/bin"
 
 // Options configure the plugin; zero values take the defaults.
 type Options struct {
 	ConfDir  string
 	BinDirs  []string // searched in order; empty entries dropped
 	CacheDir string
+	// VendorCNIDirPrefix is kubelet's vendor directory prefix: a plugin of type T is also
+	// looked for in <prefix>/opt/T/bin, after BinDirs. "" (kubelet's production value) searches
+	// /opt/T/bin.
+	VendorCNIDirPrefix string
 	// NodeNS is the node's network namespace, where plugins are executed (a child process
 	// inherits the namespace of the thread that starts it). nil: the calling process's.
 	NodeNS ns.NetNS
 	Logger *slog.Logger
+	// Timeout bounds each ADD, CHECK or DEL (and the loading of the conf dir); 0 means
+	// network.CNITimeoutSec. A plugin still running then is killed and the call fails.
+	Timeout time.Duration
 }
 
 // Plugin is the CNI NetworkPlugin. Create it with New.
@@ -113,7 +125,41 @@ func New(opts Options) *Plugin {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = network.CNITimeoutSec * time.Second
+	}
 	return &Plugin{opts: opts, log: opts.Logger.With("plugin", PluginName), cni: libcni.NewCNIConfigWithCacheDir(bins, opts.CacheDir, nil)}
+}
+
+// cniFor is the libcni client that runs list: the bin dirs, then each of its plugin types'
+// vendor dir. A type that is not a plain file name gets no vendor dir (it could not name a binary
+// in one anyway, and must not steer the search elsewhere).
+func (p *Plugin) cniFor(list *libcni.NetworkConfigList) *libcni.CNIConfig {
+	path := slices.Clone(p.opts.BinDirs)
+	for _, pl := range list.Plugins {
+		t := pl.Network.Type
+		if t == "" || t == "." || t == ".." || strings.ContainsAny(t, "/\\\x00") {
+			continue
+		}
+		if dir := fmt.Sprintf(VendorCNIDirTemplate, p.opts.VendorCNIDirPrefix, t); !slices.Contains(path, dir) {
+			path = append(path, dir)
+		}
+	}
+	return libcni.NewCNIConfigWithCacheDir(path, p.opts.CacheDir, nil)
+}
+
+// callContext bounds one operation by the configured timeout.
+func (p *Plugin) callContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), p.opts.Timeout)
+}
+
+// callError wraps a failed libcni call, saying so when the timeout killed it.
+func callError(ctx context.Context, timeout time.Duration, err error, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%s: timed out after %s: %w", msg, timeout, errors.Join(err, ctx.Err()))
+	}
+	return fmt.Errorf("%s: %w", msg, err)
 }
 
 // Name is "cni".
@@ -249,7 +295,7 @@ func (p *Plugin) load() (*libcni.NetworkConfigList, string, error) {
 		return nil, "", fmt.Errorf("no networks found in %s", p.opts.ConfDir)
 	}
 	sort.Strings(files)
-	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
+	ctx, cancel := p.callContext()
 	defer cancel()
 	var reasons []string
 	for _, f := range files {
@@ -286,7 +332,7 @@ func (p *Plugin) validList(ctx context.Context, file string) (*libcni.NetworkCon
 	// Runs VERSION on every plugin: a list whose binaries are missing or do not speak its
 	// cniVersion is not usable.
 	if err := p.inNode(func() error {
-		_, err := p.cni.ValidateNetworkList(ctx, list)
+		_, err := p.cniFor(list).ValidateNetworkList(ctx, list)
 		return err
 	}); err != nil {
 		return nil, err
@@ -328,7 +374,7 @@ func (p *Plugin) ensureLoopback(ctx context.Context) {
 		return
 	}
 	lo := loopbackConf()
-	if _, err := p.cni.ValidateNetworkList(ctx, lo); err != nil {
+	if _, err := p.cniFor(lo).ValidateNetworkList(ctx, lo); err != nil {
 		p.log.Debug("no usable loopback plugin; lo is set up over netlink", "binDirs", p.opts.BinDirs, "err", err)
 		return
 	}
@@ -385,7 +431,9 @@ func (p *Plugin) sandbox(id network.ContainerID) (sandboxCall, error) {
 	return s, err
 }
 
-// SetUpPod adds the sandbox to the loopback network and to the default network.
+// SetUpPod adds the sandbox to the loopback network and to the default network. options["dns"]
+// (the shim's JSON of the pod's CRI DNSConfig) becomes the dns capability when the network
+// declares it, as kubelet did.
 func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annotations, options map[string]string) error {
 	s, err := p.sandbox(id)
 	if err != nil {
@@ -397,10 +445,13 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 		return fmt.Errorf("port mappings of sandbox %s: %w", id.ID, err)
 	}
 	caps, err := capabilityArgs(pms, annotations, cidrs)
+	if err == nil && wantsCapability(list, capDNS) {
+		err = addDNS(caps, options)
+	}
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: %w", namespace, name, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
+	ctx, cancel := p.callContext()
 	defer cancel()
 	if err := p.addLoopback(ctx, id, netns); err != nil {
 		return err
@@ -408,8 +459,8 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 	rt := runtimeConf(namespace, name, id, netns, network.DefaultInterfaceName)
 	rt.CapabilityArgs = caps
 	return p.inNode(func() error {
-		if _, err := p.cni.AddNetworkList(ctx, list, rt); err != nil {
-			return fmt.Errorf("error adding pod %s/%s to CNI network %q: %w", namespace, name, list.Name, err)
+		if _, err := p.cniFor(list).AddNetworkList(ctx, list, rt); err != nil {
+			return callError(ctx, p.opts.Timeout, err, "error adding pod %s/%s to CNI network %q", namespace, name, list.Name)
 		}
 		return nil
 	})
@@ -427,8 +478,8 @@ func (p *Plugin) addLoopback(ctx context.Context, id network.ContainerID, netns 
 	}
 	rt := &libcni.RuntimeConf{ContainerID: id.ID, NetNS: netns, IfName: loopbackIfName}
 	return p.inNode(func() error {
-		if _, err := p.cni.AddNetworkList(ctx, lo, rt); err != nil {
-			return fmt.Errorf("error adding sandbox %s to the loopback network: %w", id.ID, err)
+		if _, err := p.cniFor(lo).AddNetworkList(ctx, lo, rt); err != nil {
+			return callError(ctx, p.opts.Timeout, err, "error adding sandbox %s to the loopback network", id.ID)
 		}
 		return nil
 	})
@@ -494,6 +545,37 @@ func capabilityArgs(pms []*network.PortMapping, annotations map[string]string, c
 	return caps, nil
 }
 
+// dnsConfig is the dns capability (CNI conventions), and the JSON of the CRI DNSConfig that a
+// shim passes in SetUpPod's options["dns"]: the same three keys.
+type dnsConfig struct {
+	Servers  []string `json:"servers,omitempty"`
+	Searches []string `json:"searches,omitempty"`
+	Options  []string `json:"options,omitempty"`
+}
+
+// addDNS adds options["dns"] as the dns capability. Servers must be IP addresses; an option
+// that is not JSON of that shape fails the set-up, naming it. Without the option nothing is
+// added.
+func addDNS(caps map[string]interface{}, options map[string]string) error {
+	raw, ok := options["dns"]
+	if !ok {
+		return nil
+	}
+	var dns dnsConfig
+	if err := json.Unmarshal([]byte(raw), &dns); err != nil {
+		return fmt.Errorf("SetUpPod option dns %q: %w", raw, err)
+	}
+	for _, s := range dns.Servers {
+		if _, err := netip.ParseAddr(s); err != nil {
+			return fmt.Errorf("SetUpPod option dns: server %q is not an IP address", s)
+		}
+	}
+	if len(dns.Servers)+len(dns.Searches)+len(dns.Options) > 0 {
+		caps[capDNS] = dns
+	}
+	return nil
+}
+
 // CheckPod runs CHECK for the sandbox on the default network (CNI ≥ 0.4.0 configurations).
 func (p *Plugin) CheckPod(namespace, name string, id network.ContainerID) error {
 	s, err := p.sandbox(id)
@@ -501,14 +583,20 @@ func (p *Plugin) CheckPod(namespace, name string, id network.ContainerID) error 
 		return err
 	}
 	list, netns := s.list, s.netns
-	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
+	ctx, cancel := p.callContext()
 	defer cancel()
 	rt := runtimeConf(namespace, name, id, netns, network.DefaultInterfaceName)
+	c := p.cniFor(list)
 	// CHECK must see the runtimeConfig of ADD: take it from libcni's cache.
-	if _, cached, err := p.cni.GetNetworkListCachedConfig(list, rt); err == nil && cached != nil {
+	if _, cached, err := c.GetNetworkListCachedConfig(list, rt); err == nil && cached != nil {
 		rt.CapabilityArgs = cached.CapabilityArgs
 	}
-	return p.inNode(func() error { return p.cni.CheckNetworkList(ctx, list, rt) })
+	return p.inNode(func() error {
+		if err := c.CheckNetworkList(ctx, list, rt); err != nil {
+			return callError(ctx, p.opts.Timeout, err, "CHECK of pod %s/%s on CNI network %q", namespace, name, list.Name)
+		}
+		return nil
+	})
 }
 
 // TearDownPod deletes the sandbox from the loopback network and from every network libcni's cache
@@ -524,7 +612,7 @@ func (p *Plugin) TearDownPod(namespace, name string, id network.ContainerID) err
 			netns = ""
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), network.CNITimeoutSec*time.Second)
+	ctx, cancel := p.callContext()
 	defer cancel()
 
 	p.mu.Lock()
@@ -532,7 +620,7 @@ func (p *Plugin) TearDownPod(namespace, name string, id network.ContainerID) err
 	p.mu.Unlock()
 	if lo != nil {
 		rt := &libcni.RuntimeConf{ContainerID: id.ID, NetNS: netns, IfName: loopbackIfName}
-		if err := p.inNode(func() error { return p.cni.DelNetworkList(ctx, lo, rt) }); err != nil {
+		if err := p.inNode(func() error { return p.cniFor(lo).DelNetworkList(ctx, lo, rt) }); err != nil {
 			p.log.Warn("loopback teardown failed", "sandbox", id.ID, "err", err)
 		}
 	}
@@ -543,14 +631,14 @@ func (p *Plugin) TearDownPod(namespace, name string, id network.ContainerID) err
 	}
 	var errs []error
 	for _, d := range dels {
-		err := p.inNode(func() error { return p.cni.DelNetworkList(ctx, d.list, d.rt) })
-		if err != nil && strings.Contains(err.Error(), "no such file or directory") {
+		err := p.inNode(func() error { return p.cniFor(d.list).DelNetworkList(ctx, d.list, d.rt) })
+		if err != nil && ctx.Err() == nil && strings.Contains(err.Error(), "no such file or directory") {
 			// Old plugins fail DEL when the netns is gone although there is nothing left to do.
 			p.log.Info("ignoring DEL error for a vanished netns", "sandbox", id.ID, "network", d.list.Name, "err", err)
 			err = nil
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("error removing pod %s/%s from CNI network %q: %w", namespace, name, d.list.Name, err))
+			errs = append(errs, callError(ctx, p.opts.Timeout, err, "error removing pod %s/%s from CNI network %q", namespace, name, d.list.Name))
 		}
 	}
 	return errors.Join(errs...)

@@ -115,3 +115,42 @@ func fmtPrefixes(ps []netip.Prefix) string {
 	}
 	return "[" + strings.Join(s, " ") + "]"
 }
+
+// TestAddDNS: SetUpPod's options["dns"] (the CRI DNSConfig as JSON) becomes the dns capability
+// with CNI's key names; a malformed one is refused, naming it.
+func TestAddDNS(t *testing.T) {
+	for _, c := range []struct {
+		name, option string
+		none         bool // no "dns" option at all
+		want         string
+		wantErr      string
+	}{
+		{name: "no option", none: true, want: `{}`},
+		{name: "full", option: `{"servers":["10.96.0.10","fd00:96::a"],"searches":["default.svc.cluster.local","svc.cluster.local"],"options":["ndots:5"]}`,
+			want: `{"dns":{"servers":["10.96.0.10","fd00:96::a"],"searches":["default.svc.cluster.local","svc.cluster.local"],"options":["ndots:5"]}}`},
+		{name: "empty config adds nothing", option: `{}`, want: `{}`},
+		{name: "not JSON", option: `nameserver 10.96.0.10`, wantErr: `option dns "nameserver 10.96.0.10"`},
+		{name: "server not an address", option: `{"servers":["kube-dns"]}`, wantErr: `server "kube-dns" is not an IP address`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			options := map[string]string{"dns": c.option}
+			if c.none {
+				options = nil
+			}
+			caps := map[string]interface{}{}
+			err := addDNS(caps, options)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("error %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := json.Marshal(caps); string(got) != c.want {
+				t.Errorf("capabilities %s, want %s", got, c.want)
+			}
+		})
+	}
+}

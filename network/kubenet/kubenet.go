@@ -40,8 +40,13 @@ const (
 	DefaultNetwork = "kubenet"
 	// DefaultNonMasqueradeCIDR is kubelet's --non-masquerade-cidr default, used when Init gets "".
 	DefaultNonMasqueradeCIDR = "10.0.0.0/8"
-	// DefaultHairpinMode is used when Init gets "": hairpin on the bridge port works on every
-	// kernel without promiscuous mode and its duplicate frames.
+	// DefaultHairpinMode is used when Init gets "", and is kubenetctl's --hairpin-mode default.
+	// kubelet's default was promiscuous-bridge; kubenet's is hairpin-veth on purpose: it is the
+	// CNI configuration's default too, so the two faces agree on the node-wide bridge without
+	// flags; since Linux 6.8 a promiscuous bridge no longer hairpins by itself (kubenet sets the
+	// port flag in both modes anyway); and promiscuous mode makes the bridge see every frame and
+	// duplicate some, which needs the dedup rules. A shim that passes kubelet's value through
+	// still gets promiscuous-bridge.
 	DefaultHairpinMode = network.HairpinVeth
 )
 

@@ -252,3 +252,65 @@ func TestKubenetPluginHostPortFamilies(t *testing.T) {
 		t.Errorf("DNAT entries %v for an IPv6 hostIP on an IPv4-only pod %v, want none", els, ips4)
 	}
 }
+
+// TestKubenetPluginPromiscuousMTU: kubelet's --hairpin-mode=promiscuous-bridge and a non-default
+// --network-plugin-mtu given to Init reach the node and the pods: the bridge is promiscuous with
+// the duplicate-frame rules, bridge, host veth and pod eth0 have the MTU, a pod reaches itself
+// through its own hostPort on the node's address (hairpin) in both families, and teardown leaves
+// nothing.
+func TestKubenetPluginPromiscuousMTU(t *testing.T) {
+	t.Parallel()
+	node := nettest.NewNode(t, binDir)
+	host := newShimHost()
+	_, _, plugins := allPlugins(t, node, t.TempDir())
+	const mtu = 1400
+	p, err := network.InitNetworkPlugin(plugins, "kubenet", host, network.PromiscuousBridge, "10.0.0.0/8,fd00::/8", mtu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := network.NewPluginManager(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm.Event(network.PodCIDRChangeEvent, podCIDREvent(dualStackCIDRs))
+
+	const hostPort = 30074
+	pod := newShimPod(t, host, "self", &network.PortMapping{HostPort: hostPort, ContainerPort: 8080})
+	ips := setUp(t, pm, pod, nil)
+	t.Cleanup(func() { _ = pm.TearDownPod(pod.namespace, pod.name, pod.id) })
+
+	br := testkit.Link(t, node.NS, "cbr0")
+	if br.Attrs().Promisc == 0 {
+		t.Error("cbr0 is not promiscuous in promiscuous-bridge mode")
+	}
+	names := core.NamesFor("kubenet", pod.att())
+	for _, l := range []struct {
+		what string
+		mtu  int
+	}{
+		{"cbr0", br.Attrs().MTU},
+		{"host veth " + names.HostVeth, testkit.Link(t, node.NS, names.HostVeth).Attrs().MTU},
+		{"pod eth0", testkit.Link(t, pod.NS, "eth0").Attrs().MTU},
+	} {
+		if l.mtu != mtu {
+			t.Errorf("%s has MTU %d, want %d from Init", l.what, l.mtu, mtu)
+		}
+	}
+	if rules, _ := nettest.Output(node.NS, "nft", "list", "table", "bridge", "kubenet-kubenet"); !testkit.ContainsAll(rules, "drop") {
+		t.Errorf("no duplicate-frame rules in promiscuous-bridge mode:\n%s", rules)
+	}
+	for i, uplink := range []netip.Addr{nettest.NodeUplink4.Addr(), nettest.NodeUplink6.Addr()} {
+		srv := nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(ips[i], 8080))
+		r, err := nettest.TCPRequest(pod.NS, netip.AddrPortFrom(uplink, hostPort), "self", testkit.TrafficTimeout)
+		if err != nil {
+			t.Errorf("pod to its own hostPort %s:%d (server %s): %v", uplink, hostPort, srv.Addr, err)
+		} else if r.From == ips[i] {
+			t.Errorf("hairpin via %s reached the pod with its own source %s: not masqueraded", uplink, r.From)
+		}
+	}
+	if err := pm.TearDownPod(pod.namespace, pod.name, pod.id); err != nil {
+		t.Fatal(err)
+	}
+	testkit.AssertNoResidue(t, node, "kubenet", pod.att(), ips)
+	testkit.AssertNoHostPortResidue(t, node, ips, hostPort)
+}
