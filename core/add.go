@@ -204,8 +204,12 @@ func prefixAddrs(ps []netip.Prefix) []netip.Addr {
 	return out
 }
 
-// ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge.
+// ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge, once
+// the node-wide settings are the caller's to apply (claimNode).
 func (a *addition) ensureBridge(*undoStack) error {
+	if err := claimNode(a.cfg, a.store); err != nil {
+		return err
+	}
 	a.mtu = a.cfg.MTU
 	if a.mtu == 0 {
 		a.mtu = bridge.DetectMTU(a.cfg.Bridge)

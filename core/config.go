@@ -86,6 +86,11 @@ type Config struct {
 	DataDir            string
 	Runtime            RuntimeConfig
 	PrevResult         *current.Result
+	// Owner names who applies the node-wide settings (OwnerCNI for a CNI configuration; the
+	// in-process plugin sets its own). TakeOverNode lets it replace another owner's different
+	// settings instead of failing (see claimNode).
+	Owner        string
+	TakeOverNode bool
 }
 
 // PodCIDRs returns the pod CIDR of each family, IPv4 first when both exist.
@@ -131,6 +136,7 @@ func (nc *NetConf) Validate() (*Config, error) {
 		MTU:        nc.MTU,
 		DataDir:    nc.DataDir,
 		Runtime:    nc.RuntimeConfig,
+		Owner:      OwnerCNI,
 	}
 	if c.Network == "" {
 		return nil, configError("name", "", "the network needs a name")

@@ -22,6 +22,8 @@ const (
 	ErrNoAddresses uint = 102
 	// ErrPortConflict: a hostPort is already held by another attachment.
 	ErrPortConflict uint = 103
+	// ErrNodeOwned: the network's node-wide settings belong to another caller and differ.
+	ErrNodeOwned uint = 104
 )
 
 // configError is a CNI "invalid network configuration" (7) error naming the key and value.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/ipam"
 )
 
 // EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
@@ -15,7 +16,12 @@ import (
 // gateway stays on the bridge) before the first pod arrives. Runs in the caller's network
 // namespace.
 func EnsureNode(ctx context.Context, cfg *Config) error {
-	a := &addition{cfg: cfg}
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err != nil {
+		return fmt.Errorf("address store: %w", err)
+	}
+	defer store.Close()
+	a := &addition{cfg: cfg, store: store}
 	steps := []struct {
 		name string
 		run  func() error

@@ -63,7 +63,16 @@ type Options struct {
 	// one-shot tools (kubenetctl): their sockets would close at exit anyway, and a long-lived
 	// shim on the node holds them.
 	SkipPortReacquire bool
+	// Owner names this caller as the owner of the network's node-wide settings (bridge, pod
+	// CIDRs, non-masquerade CIDRs, MTU, hairpin mode); default DefaultOwner. When the node's
+	// settings belong to another owner (a conflist: core.OwnerCNI) and differ, node set-up and
+	// SetUpPod fail naming the differences, unless TakeOverNode makes this caller the owner.
+	Owner        string
+	TakeOverNode bool
 }
+
+// DefaultOwner is the owner of the node-wide settings the in-process plugin applies.
+const DefaultOwner = "network/kubenet"
 
 // Plugin is the kubenet NetworkPlugin. Create it with New; Close releases its host-port sockets.
 type Plugin struct {
@@ -94,6 +103,9 @@ func New(opts Options) *Plugin {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Owner == "" {
+		opts.Owner = DefaultOwner
 	}
 	return &Plugin{opts: opts, log: opts.Logger.With("plugin", PluginName, "network", opts.Network), ports: newPorts()}
 }
@@ -169,7 +181,7 @@ func (p *Plugin) Event(name string, details map[string]interface{}) {
 	}
 	conf := *p.base
 	conf.PodCIDRs = cidrs
-	cfg, err := conf.Validate()
+	cfg, err := p.validate(&conf)
 	if err != nil {
 		p.mu.Unlock()
 		p.log.Error("ignoring invalid pod CIDR", "podCIDR", strings.Join(cidrs, ","), "err", err)
@@ -302,7 +314,7 @@ func (p *Plugin) SetUpPod(namespace, name string, id network.ContainerID, annota
 		return fmt.Errorf("port mappings of sandbox %s: %w", id.ID, err)
 	}
 	conf.RuntimeConfig = core.RuntimeConfig{PortMappings: network.HostPorts(pms), PodAnnotations: annotations}
-	cfg, err := conf.Validate()
+	cfg, err := p.validate(&conf)
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: %w", namespace, name, err)
 	}
@@ -395,7 +407,17 @@ func (p *Plugin) teardownConfig(att core.Attachment) (*core.Config, error) {
 	if len(conf.PodCIDRs) == 0 {
 		conf.PodCIDRs = []string{"192.0.2.0/24"}
 	}
-	return conf.Validate()
+	return p.validate(&conf)
+}
+
+// validate is conf.Validate with this plugin as the owner of the node-wide settings.
+func (p *Plugin) validate(conf *core.NetConf) (*core.Config, error) {
+	cfg, err := conf.Validate()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Owner, cfg.TakeOverNode = p.opts.Owner, p.opts.TakeOverNode
+	return cfg, nil
 }
 
 // GC removes every attachment of the network that is not in valid (core.GC: records, host

@@ -93,13 +93,14 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 }
 
 // stateFiles lists the data dir's reservations and records, leaving out the lock and the
-// round-robin cursors, which any allocation attempt may create or move (as with host-local).
+// round-robin cursors, which any allocation attempt may create or move (as with host-local), and
+// the node-wide settings, which belong to the node (like its bridge), not to an attachment.
 func stateFiles(t testing.TB, node *nettest.Node) []string {
 	t.Helper()
 	var out []string
 	for _, f := range testkit.DataDirFiles(t, node) {
 		base := filepath.Base(f)
-		if base != "lock" && !strings.HasPrefix(base, "last_reserved_ip.") {
+		if base != "lock" && !strings.HasPrefix(base, "last_reserved_ip.") && base != core.NodeSettingsFile {
 			out = append(out, f)
 		}
 	}

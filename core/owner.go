@@ -1,0 +1,159 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/kubenet-dev/kubenet/internal/atomicfile"
+	"github.com/kubenet-dev/kubenet/ipam"
+)
+
+// NodeSettingsFile, in the network's directory of the data dir, records the node-wide settings
+// that the network's node state (bridge addresses, MTU and promiscuous mode, dedup and SNAT rules)
+// was last made from, and who made it. host-local ignores it (its content is no container ID).
+const NodeSettingsFile = "kubenet-node.json"
+
+// OwnerCNI is the owner of node-wide settings that come from a CNI configuration (the CNI
+// binary, run by a runtime with a conflist). ParseConfig sets it.
+const OwnerCNI = "cni"
+
+// NodeSettings are the settings of a network that every pod of the node shares: applying other
+// values rewrites the node for all of them.
+type NodeSettings struct {
+	Owner              string   `json:"owner"`
+	Bridge             string   `json:"bridge"`
+	PodCIDRs           []string `json:"podCIDRs"`
+	NonMasqueradeCIDRs []string `json:"nonMasqueradeCIDRs"`
+	MTU                int      `json:"mtu"` // as configured: 0 detects
+	HairpinMode        string   `json:"hairpinMode"`
+}
+
+// nodeSettings are cfg's node-wide settings in canonical form.
+func (c *Config) nodeSettings() NodeSettings {
+	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin)}
+	for _, p := range c.PodCIDRs() {
+		s.PodCIDRs = append(s.PodCIDRs, p.String())
+	}
+	for _, p := range c.NonMasqueradeCIDRs {
+		s.NonMasqueradeCIDRs = append(s.NonMasqueradeCIDRs, p.Masked().String())
+	}
+	slices.Sort(s.NonMasqueradeCIDRs)
+	s.NonMasqueradeCIDRs = slices.Compact(s.NonMasqueradeCIDRs)
+	return s
+}
+
+// differences lists the settings in which s and o differ, "key: s's value (where), o's (here)".
+func (s NodeSettings) differences(o NodeSettings) []string {
+	var out []string
+	diff := func(key string, a, b any) {
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			out = append(out, fmt.Sprintf("%s %v on the node, %v here", key, a, b))
+		}
+	}
+	diff("bridge", s.Bridge, o.Bridge)
+	diff("podCIDRs", s.PodCIDRs, o.PodCIDRs)
+	diff("nonMasqueradeCIDRs", s.NonMasqueradeCIDRs, o.NonMasqueradeCIDRs)
+	diff("mtu", s.MTU, o.MTU)
+	diff("hairpinMode", s.HairpinMode, o.HairpinMode)
+	return out
+}
+
+// ReadNodeSettings returns the node-wide settings recorded for the network in dataDir, or nil
+// when none are (or the file is unreadable as such: it is then rewritten by the next owner).
+func ReadNodeSettings(dataDir, network string) (*NodeSettings, error) {
+	store, err := ipam.Open(dataDir, network)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	return readNodeSettings(store.Dir())
+}
+
+// maxNodeSettingsSize bounds what is read of the file: it is a few hundred bytes when kubenet
+// wrote it, and anything else in the data dir is not trusted.
+const maxNodeSettingsSize = 64 << 10
+
+func readNodeSettings(networkDir string) (*NodeSettings, error) {
+	f, err := os.Open(filepath.Join(networkDir, NodeSettingsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node settings: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxNodeSettingsSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("node settings: %w", err)
+	}
+	var s NodeSettings
+	if len(data) > maxNodeSettingsSize || json.Unmarshal(data, &s) != nil || s.Owner == "" {
+		return nil, nil
+	}
+	return &s, nil
+}
+
+// claimNode makes sure that cfg may apply its node-wide settings, before ADD or EnsureNode
+// touches node-wide state. Node-wide settings have one owner: the first caller records its
+// settings; a caller with the same settings proceeds, whoever owns them; the owner may change
+// its own settings (a new pod CIDR); a different caller with different settings gets
+// ErrNodeOwned naming every difference, unless it takes the node over (cfg.TakeOverNode), which
+// makes it the owner. Without this, two faces with different defaults (a conflist with both
+// families, kubenetctl with one) would rewrite each other's bridge and SNAT rules pod by pod.
+func claimNode(cfg *Config, store *ipam.Store) error {
+	want := cfg.nodeSettings()
+	have, err := readNodeSettings(store.Dir())
+	if err != nil {
+		return err
+	}
+	if have != nil && len(have.differences(want)) == 0 {
+		return nil
+	}
+	var refusal *types.Error // returned as it is, so that the binary reports its code
+	err = withNetworkLock(store, func() error {
+		have, err := readNodeSettings(store.Dir())
+		if err != nil {
+			return err
+		}
+		if have != nil {
+			diffs := have.differences(want)
+			if len(diffs) == 0 {
+				return nil
+			}
+			if have.Owner != want.Owner && !cfg.TakeOverNode {
+				refusal = types.NewError(ErrNodeOwned, fmt.Sprintf(
+					"network %q: the node-wide settings belong to %s and differ: %s; use the node's settings, or take the node over explicitly (kubenetctl --take-over-node)",
+					cfg.Network, describeOwner(have.Owner), strings.Join(diffs, "; ")), "")
+				return nil
+			}
+		}
+		data, err := json.Marshal(want)
+		if err != nil {
+			return err
+		}
+		return atomicfile.WriteNoSync(filepath.Join(store.Dir(), NodeSettingsFile), data, 0o644)
+	})
+	if err != nil {
+		return fmt.Errorf("node settings: %w", err)
+	}
+	if refusal != nil {
+		return refusal
+	}
+	return nil
+}
+
+func describeOwner(owner string) string {
+	if owner == OwnerCNI {
+		return "the CNI configuration (cni)"
+	}
+	return fmt.Sprintf("%q", owner)
+}
