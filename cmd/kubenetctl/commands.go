@@ -11,15 +11,98 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/network"
-	"github.com/kubenet-dev/kubenet/network/cni"
 	"github.com/kubenet-dev/kubenet/network/kubenet"
+	"github.com/kubenet-dev/kubenet/network/plugins"
 )
 
+// command is one row of kubenetctl's command table.
+type command struct {
+	name string
+	// args names the positional arguments; a run must give exactly these.
+	args []string
+	// flags are the per-command flags the command takes (the global ones are for every command).
+	flags []string
+	// needsNetns: --netns is required.
+	needsNetns bool
+	// synopsis follows the name on the usage line; summary explains the command.
+	synopsis, summary string
+	run               func(*invocation) error
+}
+
+// invocation is one run of a command: the flags, the positional arguments, the output.
+type invocation struct {
+	o              *options
+	args           []string
+	stdout, stderr io.Writer
+}
+
+// commands is the table of every command, in the order the usage text lists them.
+func commands() []command {
+	pod := []string{"NAMESPACE", "NAME"}
+	return []command{
+		{
+			name: "setup", args: pod, needsNetns: true, flags: []string{"netns", "id", "port", "annotation", "json"},
+			synopsis: "NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]... [--json]",
+			summary:  "attach the pod sandbox whose network namespace is PATH and print its IPs (on failure, tear down what was done, as the kubelet shim does)",
+			run:      runSetup,
+		},
+		{
+			name: "teardown", args: pod, needsNetns: true, flags: []string{"netns", "id"},
+			synopsis: "NAMESPACE NAME --netns PATH",
+			summary:  "remove the pod sandbox's network (PATH may be gone already)",
+			run:      runTeardown,
+		},
+		{
+			name: "status", args: pod, needsNetns: true, flags: []string{"netns", "id", "json"},
+			synopsis: "NAMESPACE NAME --netns PATH [--json]",
+			summary:  "print the pod's IPs",
+			run:      runStatus,
+		},
+		{
+			name: "ready", synopsis: "", summary: "fail with the reason while the plugin cannot set up pods",
+			run: runReady,
+		},
+		{
+			name: "allocations", flags: []string{"json"}, synopsis: "[--json]",
+			summary: "list kubenet's reserved addresses with their container, interface, pod and whether kubenet has a record of them (reads only)",
+			run:     runAllocations,
+		},
+		{
+			name: "gc", flags: []string{"valid", "all"}, synopsis: "(--valid ID[/IFNAME]... | --all)",
+			summary: `remove every kubenet attachment not listed with --valid (e.g. --valid "$(crictl pods -q | paste -sd,)"), including reservations nobody holds any more`,
+			run:     runGC,
+		},
+		{
+			name: "node", flags: []string{"json"}, synopsis: "[--json]",
+			summary: "print who owns kubenet's node-wide settings and what they are (reads only)",
+			run:     runNode,
+		},
+	}
+}
+
+func findCommand(name string) (command, bool) {
+	i := slices.IndexFunc(commands(), func(c command) bool { return c.name == name })
+	if i < 0 {
+		return command{}, false
+	}
+	return commands()[i], true
+}
+
+func commandNames() string {
+	var names []string
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// execute parses the command line, checks it against the command's row and runs the command.
 func execute(args []string, stdout, stderr io.Writer) error {
 	var o options
 	fs := newFlagSet(&o)
@@ -32,68 +115,71 @@ func execute(args []string, stdout, stderr io.Writer) error {
 		return usageError{err.Error()}
 	}
 	if len(pos) == 0 {
-		return usagef("missing command (%s)", commandNames)
+		return usagef("missing command (%s)", commandNames())
 	}
-	cmd, pos := pos[0], pos[1:]
-	if _, ok := commandFlags()[cmd]; !ok {
-		return usagef("unknown command %q (%s)", cmd, commandNames)
+	cmd, ok := findCommand(pos[0])
+	if !ok {
+		return usagef("unknown command %q (%s)", pos[0], commandNames())
 	}
+	pos = pos[1:]
 	if err := checkCommandFlags(fs, cmd); err != nil {
 		return err
 	}
-	switch cmd {
-	case "allocations", "gc":
-		if len(pos) != 0 {
-			return usagef("%s takes no arguments", cmd)
+	if len(pos) != len(cmd.args) {
+		if len(cmd.args) == 0 {
+			return usagef("%s takes no arguments", cmd.name)
 		}
-		if cmd == "gc" {
-			return collectGarbage(&o, stdout, stderr)
-		}
-		allocs, err := listAllocations(&o)
-		if err != nil {
-			return err
-		}
-		return printAllocations(stdout, allocs, o.json)
+		return usagef("%s needs %s, got %d argument(s)", cmd.name, strings.Join(cmd.args, " "), len(pos))
 	}
-	var pod podRef
-	if cmd != "ready" {
-		if len(pos) != 2 {
-			return usagef("%s needs NAMESPACE NAME, got %d argument(s)", cmd, len(pos))
-		}
-		if o.netns == "" {
-			return usagef("%s needs --netns PATH", cmd)
-		}
-		pod = podRef{namespace: pos[0], name: pos[1], id: network.ContainerID{Type: "kubenetctl", ID: sandboxID(o.netns, o.id)}}
-	} else if len(pos) != 0 {
-		return usagef("ready takes no arguments")
+	if cmd.needsNetns && o.netns == "" {
+		return usagef("%s needs --netns PATH", cmd.name)
 	}
-
-	pm, closePlugin, err := o.pluginManager(stderr)
-	if err != nil {
+	if err := o.validate(); err != nil {
 		return err
 	}
-	defer closePlugin()
-	switch cmd {
-	case "ready":
-		if err := pm.Status(); err != nil {
-			return fmt.Errorf("network plugin %q is not ready: %w", pm.PluginName(), err)
-		}
-		fmt.Fprintf(stdout, "network plugin %q is ready\n", pm.PluginName())
-		return nil
-	case "setup":
-		if err := pm.SetUpPod(pod.namespace, pod.name, pod.id, o.annotations, nil); err != nil {
+	return cmd.run(&invocation{o: &o, args: pos, stdout: stdout, stderr: stderr})
+}
+
+// pod is the sandbox of a pod command: its namespace, name and ID.
+func (in *invocation) pod() podRef {
+	return podRef{namespace: in.args[0], name: in.args[1], id: network.ContainerID{Type: "kubenetctl", ID: sandboxID(in.o.netns, in.o.id)}}
+}
+
+func runSetup(in *invocation) error {
+	return in.withPlugin(func(pm *network.PluginManager) error {
+		pod := in.pod()
+		if err := pm.SetUpPod(pod.namespace, pod.name, pod.id, in.o.annotations, nil); err != nil {
 			// As the shim does: undo whatever part of the set-up happened.
 			if terr := pm.TearDownPod(pod.namespace, pod.name, pod.id); terr != nil {
 				err = fmt.Errorf("%w (and tearing down failed: %v)", err, terr)
 			}
 			return err
 		}
-		return printStatus(stdout, pm, pod, o.json)
-	case "teardown":
+		return printStatus(in.stdout, pm, pod, in.o.json)
+	})
+}
+
+func runTeardown(in *invocation) error {
+	return in.withPlugin(func(pm *network.PluginManager) error {
+		pod := in.pod()
 		return pm.TearDownPod(pod.namespace, pod.name, pod.id)
-	default: // status
-		return printStatus(stdout, pm, pod, o.json)
-	}
+	})
+}
+
+func runStatus(in *invocation) error {
+	return in.withPlugin(func(pm *network.PluginManager) error {
+		return printStatus(in.stdout, pm, in.pod(), in.o.json)
+	})
+}
+
+func runReady(in *invocation) error {
+	return in.withPlugin(func(pm *network.PluginManager) error {
+		if err := pm.Status(); err != nil {
+			return fmt.Errorf("network plugin %q is not ready: %w", pm.PluginName(), err)
+		}
+		fmt.Fprintf(in.stdout, "network plugin %q is ready\n", pm.PluginName())
+		return nil
+	})
 }
 
 type podRef struct {
@@ -132,49 +218,61 @@ func printStatus(w io.Writer, pm *network.PluginManager, pod podRef, asJSON bool
 	return nil
 }
 
-// pluginManager builds both plugins, selects one by --network-plugin as kubelet does, sends the
-// pod CIDR event and wraps the plugin in a PluginManager.
-func (o *options) pluginManager(stderr io.Writer) (*network.PluginManager, func(), error) {
-	kn, nodeNS, logger, closeAll, err := o.newKubenet(stderr)
+// withPlugin probes the plugins as kubelet did, selects one by --network-plugin, sends the pod
+// CIDR event, wraps the plugin in a PluginManager for f and releases everything afterwards.
+// InitNetworkPlugin only fails on the flags' values (an unknown plugin, a bad hairpin mode,
+// non-masquerade CIDR or MTU), so its error is a usage error.
+func (in *invocation) withPlugin(f func(*network.PluginManager) error) error {
+	o := in.o
+	logger, nodeNS, closeNS, err := o.environment(in.stderr)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	cn := cni.New(cni.Options{ConfDir: o.confDir, BinDirs: strings.Split(o.binDirs, ","), CacheDir: o.cacheDir, NodeNS: nodeNS, Logger: logger})
+	defer closeNS()
+	all := plugins.Probe(plugins.Options{
+		CNIConfDir: o.confDir, CNIBinDirs: network.SplitList(o.binDirs), CNICacheDir: o.cacheDir,
+		NodeNS: nodeNS, Logger: logger, Kubenet: o.kubenetOptions(),
+	})
+	defer plugins.Close(all)
 	host := &cliHost{netns: o.netns, ports: o.ports}
-	plugin, err := network.InitNetworkPlugin([]network.NetworkPlugin{kn, cn}, o.plugin, host, network.HairpinMode(o.hairpin), o.nonMasq, o.mtu)
+	plugin, err := network.InitNetworkPlugin(all, o.plugin, host, network.HairpinMode(o.hairpin), o.nonMasq, o.mtu)
 	if err != nil {
-		closeAll()
-		return nil, nil, err
+		return usageError{err.Error()}
 	}
 	if o.podCIDR != "" {
 		plugin.Event(network.PodCIDRChangeEvent, map[string]interface{}{network.PodCIDRChangeDetailCIDR: o.podCIDR})
 	}
 	pm, err := network.NewPluginManager(plugin, nil)
 	if err != nil {
-		closeAll()
-		return nil, nil, err
+		return err
 	}
-	return pm, closeAll, nil
+	return f(pm)
 }
 
-func (o *options) logger(stderr io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return nil, usagef("--log-level %q: %v", o.logLevel, err)
+// kubenetOptions are the kubenet plugin's options from the flags. A one-shot command does not
+// hold host ports: its sockets would close at exit, and a long-lived shim holds them.
+func (o *options) kubenetOptions() kubenet.Options {
+	return kubenet.Options{
+		DataDir: o.dataDir, Network: o.network, Bridge: o.bridge,
+		SkipPortReacquire: true, Owner: Owner, TakeOverNode: o.takeOver,
 	}
-	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})), nil
 }
 
-// openNodeNS opens --node-netns (nil without it) and returns its closer.
-func (o *options) openNodeNS() (ns.NetNS, func(), error) {
+// Owner is kubenetctl's name as the owner of node-wide settings it applies.
+const Owner = "kubenetctl"
+
+// environment opens what every plugin command needs: the logger the flags ask for and the node
+// namespace (--node-netns; nil without it), with the function that closes the namespace.
+func (o *options) environment(stderr io.Writer) (*slog.Logger, ns.NetNS, func(), error) {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.level}))
 	if o.nodeNetns == "" {
-		return nil, func() {}, nil
+		return logger, nil, func() {}, nil
 	}
 	n, err := ns.GetNS(o.nodeNetns)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--node-netns: %w", err)
+		return nil, nil, nil, fmt.Errorf("--node-netns: %w", err)
 	}
-	return n, func() { _ = n.Close() }, nil
+	return logger, n, func() { _ = n.Close() }, nil
 }
 
 // cliHost is the Host of one command: the sandbox is --netns, its host ports --port.
@@ -191,18 +289,3 @@ func (h *cliHost) GetNetNS(string) (string, error) {
 }
 
 func (h *cliHost) GetPodPortMappings(string) ([]*network.PortMapping, error) { return h.ports, nil }
-
-// newKubenet makes the kubenet plugin both paths use, in the node namespace and with the
-// logger the flags ask for. closeAll closes the plugin and then the namespace.
-func (o *options) newKubenet(stderr io.Writer) (kn *kubenet.Plugin, nodeNS ns.NetNS, logger *slog.Logger, closeAll func(), err error) {
-	logger, err = o.logger(stderr)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	nodeNS, closeNS, err := o.openNodeNS()
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	kn = kubenet.New(kubenet.Options{NodeNS: nodeNS, DataDir: o.dataDir, Network: o.network, Bridge: o.bridge, Logger: logger, SkipPortReacquire: true})
-	return kn, nodeNS, logger, func() { _ = kn.Close(); closeNS() }, nil
-}

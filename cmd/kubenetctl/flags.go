@@ -5,9 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/network"
@@ -32,7 +35,9 @@ type options struct {
 	network   string
 	bridge    string
 	nodeNetns string
+	takeOver  bool
 	logLevel  string
+	level     slog.Level // logLevel, parsed by validate
 	// per command
 	netns       string
 	id          string
@@ -42,28 +47,6 @@ type options struct {
 	valid       validList
 	all         bool
 }
-
-// commandNames lists the commands for error messages.
-const commandNames = "setup, teardown, status, ready, allocations or gc"
-
-const usageText = `Usage:
-  kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]...
-  kubenetctl [flags] teardown NAMESPACE NAME --netns PATH
-  kubenetctl [flags] status NAMESPACE NAME --netns PATH [--json]
-  kubenetctl [flags] ready
-  kubenetctl [flags] allocations [--json]
-  kubenetctl [flags] gc (--valid ID[/IFNAME]... | --all)
-
-setup attaches the pod sandbox whose network namespace is PATH and prints its IPs (on failure it
-tears down what was done, as the kubelet shim does); teardown removes it (PATH may be gone);
-status prints the pod's IPs; ready fails with the reason while the plugin cannot set up pods.
-The sandbox ID is derived from PATH unless --id is given. allocations lists kubenet's reserved
-addresses with their container, interface, pod and whether kubenet has a record of them; gc
-removes every kubenet attachment not listed with --valid (e.g. --valid "$(crictl pods -q |
-paste -sd,)"), including reservations nobody holds any more. Exit status: 0 ok, 1 failed, 2 usage.
-
-Flags:
-`
 
 // newFlagSet registers every flag on a set that reports errors only through Parse's result (so
 // the command prints them as one line); printUsage writes the help text to out.
@@ -82,16 +65,44 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.dataDir, "kubenet-data-dir", core.DefaultDataDir, "kubenet's address and attachment state directory (kubenet)")
 	fs.StringVar(&o.network, "kubenet-network", kubenet.DefaultNetwork, "kubenet's network name (kubenet)")
 	fs.StringVar(&o.bridge, "kubenet-bridge", core.DefaultBridge, "kubenet's bridge (kubenet)")
+	fs.BoolVar(&o.takeOver, "take-over-node", false, "apply these settings to the node even though another owner (a CNI configuration, a shim) set it up with different ones; kubenetctl becomes the owner (kubenet)")
 	fs.StringVar(&o.nodeNetns, "node-netns", "", "the node's network namespace, when kubenetctl does not run in it")
 	fs.StringVar(&o.logLevel, "log-level", "error", "log level on stderr: debug, info, warn or error")
 	fs.StringVar(&o.netns, "netns", "", "the pod sandbox's network namespace (setup, teardown, status)")
 	fs.StringVar(&o.id, "id", "", "the pod sandbox ID (default: derived from --netns)")
 	fs.Var(&o.ports, "port", "a host port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP] (setup; repeatable)")
 	fs.Var(&o.annotations, "annotation", "a pod annotation K=V, e.g. kubernetes.io/ingress-bandwidth=10M (setup; repeatable)")
-	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations)")
+	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations, node)")
 	fs.Var(&o.valid, "valid", "an attachment to keep, ID or ID/IFNAME, comma-separated or repeated (gc)")
 	fs.BoolVar(&o.all, "all", false, "remove every attachment (gc)")
 	return fs
+}
+
+// validate checks the values of the global flags that no plugin sees before it acts: a bad one is
+// bad usage (exit 2), not a failed operation.
+func (o *options) validate() error {
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usagef("--log-level %q: %v", o.logLevel, err)
+	}
+	if !network.HairpinMode(o.hairpin).Valid() {
+		return usagef("--hairpin-mode %q: valid values are %q, %q and %q", o.hairpin, network.HairpinVeth, network.PromiscuousBridge, network.HairpinNone)
+	}
+	var v4, v6 int
+	for _, s := range network.SplitList(o.podCIDR) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p.Masked() != p {
+			return usagef("--pod-cidr %q: %q is not a network address with a prefix length (10.244.1.0/24)", o.podCIDR, s)
+		}
+		if p.Addr().Is4() {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	if v4 > 1 || v6 > 1 {
+		return usagef("--pod-cidr %q: at most one CIDR per family", o.podCIDR)
+	}
+	return nil
 }
 
 // parse reads flags anywhere among the positional arguments, which it returns.
@@ -110,38 +121,22 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// commandFlags are the per-command flags each command accepts.
-func commandFlags() map[string][]string {
-	return map[string][]string{
-		"setup":       {"netns", "id", "port", "annotation", "json"},
-		"teardown":    {"netns", "id"},
-		"status":      {"netns", "id", "json"},
-		"ready":       {},
-		"allocations": {"json"},
-		"gc":          {"valid", "all"},
-	}
-}
-
-// checkCommandFlags refuses per-command flags given to a command that ignores them.
-func checkCommandFlags(fs *flag.FlagSet, cmd string) error {
+// checkCommandFlags refuses per-command flags given to a command that does not take them.
+func checkCommandFlags(fs *flag.FlagSet, cmd command) error {
 	perCommand := map[string]bool{}
-	for _, names := range commandFlags() {
-		for _, name := range names {
+	for _, c := range commands() {
+		for _, name := range c.flags {
 			perCommand[name] = true
 		}
 	}
-	allowed := map[string]bool{}
-	for _, name := range commandFlags()[cmd] {
-		allowed[name] = true
-	}
 	var bad []string
 	fs.Visit(func(f *flag.Flag) {
-		if perCommand[f.Name] && !allowed[f.Name] {
+		if perCommand[f.Name] && !slices.Contains(cmd.flags, f.Name) {
 			bad = append(bad, "--"+f.Name)
 		}
 	})
 	if len(bad) > 0 {
-		return usagef("%s does not take %s", cmd, strings.Join(bad, ", "))
+		return usagef("%s does not take %s", cmd.name, strings.Join(bad, ", "))
 	}
 	return nil
 }
@@ -206,8 +201,23 @@ func (a *annotationList) Set(s string) error {
 	return nil
 }
 
+// printUsage writes the usage text, made from the command table, and the flags to out.
 func printUsage(fs *flag.FlagSet, out io.Writer) {
-	fmt.Fprint(out, usageText)
+	fmt.Fprintln(out, "Usage:")
+	for _, c := range commands() {
+		fmt.Fprintln(out, strings.TrimRight("  kubenetctl [flags] "+c.name+" "+c.synopsis, " "))
+	}
+	fmt.Fprintln(out, "\nCommands:")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, c := range commands() {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
+	_ = tw.Flush()
+	fmt.Fprint(out, `
+The sandbox ID is derived from PATH unless --id is given. Exit status: 0 ok, 1 failed, 2 usage.
+
+Flags:
+`)
 	fs.SetOutput(out)
 	fs.PrintDefaults()
 }

@@ -1,16 +1,22 @@
 // Command kubenetctl drives the network plugin layer (network/) the way kubelet's dockershim did,
 // one operation per run, with kubelet's flag names: select a plugin (--network-plugin=kubenet,
 // cni or ""), give it the node's pod CIDR, and set up, inspect or tear down one pod sandbox
-// given by its network namespace. Shims embed network/ instead; kubenetctl is for operators,
+// given by its network namespace. It also lists and collects kubenet's allocations and shows who
+// owns the node-wide settings. Shims embed network/ instead; kubenetctl is for operators,
 // scripts and tests.
 //
-//	kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]...
+//	kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]... [--json]
 //	kubenetctl [flags] teardown NAMESPACE NAME --netns PATH
 //	kubenetctl [flags] status NAMESPACE NAME --netns PATH [--json]
 //	kubenetctl [flags] ready
+//	kubenetctl [flags] allocations [--json]
+//	kubenetctl [flags] gc (--valid ID[/IFNAME]... | --all)
+//	kubenetctl [flags] node [--json]
 //
-// Exit status: 0 success, 1 the operation failed (or the plugin is not ready), 2 bad usage.
-// Errors are one line on stderr.
+// The commands are one table (commands.go); the usage text is made from it. Exit status: 0
+// success, 1 the operation failed (or the plugin is not ready), 2 bad usage (an unknown command
+// or flag, a wrong number of arguments, a flag the command does not take, a flag value the
+// plugins refuse). Errors are one line on stderr.
 package main
 
 import (
@@ -19,6 +25,13 @@ import (
 	"io"
 	"os"
 	"strings"
+)
+
+// Exit statuses.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
 )
 
 func main() {
@@ -36,13 +49,13 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 func run(args []string, stdout, stderr io.Writer) int {
 	err := execute(args, stdout, stderr)
 	if err == nil {
-		return 0
+		return exitOK
 	}
 	// One line: joined errors (errors.Join) are separated by "; ".
 	fmt.Fprintln(stderr, "kubenetctl: "+strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
 	var ue usageError
 	if errors.As(err, &ue) {
-		return 2
+		return exitUsage
 	}
-	return 1
+	return exitFailed
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 
@@ -53,29 +54,80 @@ func TestSandboxID(t *testing.T) {
 	}
 }
 
-// TestUsageErrors: bad command lines exit 2 with one line on stderr, before any plugin runs.
+// TestUsageErrors: bad command lines, and flag values the plugins refuse, exit 2 with one line on
+// stderr, before any plugin acts.
 func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{
-		{},
-		{"frobnicate"},
-		{"setup", "default"},
-		{"setup", "default", "web"},
-		{"ready", "extra"},
-		{"ready", "--netns", "/x"},
-		{"--no-such-flag", "ready"},
-		{"status", "default", "web", "--netns", "/x", "--port", "80:80"},
+	dataDir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "missing command"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"setup", "default"}, "setup needs NAMESPACE NAME, got 1"},
+		{[]string{"setup", "default", "web"}, "setup needs --netns"},
+		{[]string{"ready", "extra"}, "ready takes no arguments"},
+		{[]string{"ready", "--netns", "/x"}, "ready does not take --netns"},
+		{[]string{"--no-such-flag", "ready"}, "no-such-flag"},
+		{[]string{"status", "default", "web", "--netns", "/x", "--port", "80:80"}, "status does not take --port"},
+		{[]string{"node", "--all"}, "node does not take --all"},
+		{[]string{"gc"}, "gc needs --valid"},
+		{[]string{"gc", "--all", "--valid", "x"}, "not both"},
+		{[]string{"--log-level", "loud", "ready"}, "--log-level"},
+		{[]string{"--hairpin-mode", "sometimes", "ready"}, `--hairpin-mode "sometimes"`},
+		{[]string{"--pod-cidr", "10.244.1.5/24", "ready"}, `"10.244.1.5/24" is not a network address`},
+		{[]string{"--pod-cidr", "10.244.1.0/24,10.244.2.0/24", "ready"}, "one CIDR per family"},
+		{[]string{"--network-plugin", "calico", "ready"}, `network plugin "calico" not found`},
+		{[]string{"--kubenet-data-dir", dataDir, "--non-masquerade-cidr", "10.0.0.1/8", "ready"}, "nonMasqueradeCIDRs"},
+		{[]string{"--kubenet-data-dir", dataDir, "--network-plugin-mtu", "100", "ready"}, "mtu"},
+		{[]string{"--kubenet-data-dir", dataDir, "--network-plugin-mtu", "100", "gc", "--all"}, "mtu"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(args, &stdout, &stderr)
-		if code != 2 {
-			t.Errorf("%q: exit %d, want 2 (stderr %q)", args, code, stderr.String())
+		code := run(c.args, &stdout, &stderr)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want 2 (stderr %q)", c.args, code, stderr.String())
 		}
-		if lines := strings.Count(stderr.String(), "\n"); lines != 1 || !strings.HasPrefix(stderr.String(), "kubenetctl: ") {
-			t.Errorf("%q: stderr %q, want one line", args, stderr.String())
+		if lines := strings.Count(stderr.String(), "\n"); lines != 1 || !strings.HasPrefix(stderr.String(), "kubenetctl: ") || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%q: stderr %q, want one line naming %q", c.args, stderr.String(), c.want)
 		}
 	}
+}
+
+// TestUsageText: -h prints the usage made from the command table (every command with its
+// synopsis and summary) and the flags, and exits 0.
+func TestUsageText(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "--network-plugin") && !strings.Contains(stdout.String(), "-network-plugin") {
-		t.Errorf("-h: exit %d, usage %q", code, stdout.String())
+	if code := run([]string{"-h"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("-h: exit %d", code)
+	}
+	for _, c := range commands() {
+		line := strings.TrimSpace("kubenetctl [flags] " + c.name + " " + c.synopsis)
+		if !strings.Contains(stdout.String(), line) || !strings.Contains(stdout.String(), c.summary) {
+			t.Errorf("usage lacks %q or its summary:\n%s", line, stdout.String())
+		}
+	}
+	if !strings.Contains(stdout.String(), "-take-over-node") {
+		t.Errorf("usage lacks the flags:\n%s", stdout.String())
+	}
+}
+
+// TestDocsListEveryCommand: docs/networkplugin.md and the package documentation show every
+// command of the table with its synopsis, so the docs cannot fall behind the code.
+func TestDocsListEveryCommand(t *testing.T) {
+	var docs []string
+	for _, f := range []string{"../../docs/networkplugin.md", "main.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, string(b))
+	}
+	for _, c := range commands() {
+		line := strings.TrimSpace("kubenetctl [flags] " + c.name + " " + c.synopsis)
+		for i, d := range docs {
+			if !strings.Contains(d, line) {
+				t.Errorf("document %d does not show %q", i, line)
+			}
+		}
 	}
 }

@@ -18,6 +18,13 @@ func listAllocations(o *options) ([]core.Allocation, error) {
 	return core.Allocations(o.dataDir, o.network)
 }
 
+func runAllocations(in *invocation) error {
+	allocs, err := listAllocations(in.o)
+	if err != nil {
+		return err
+	}
+	return printAllocations(in.stdout, allocs, in.o.json)
+}
 func printAllocations(w io.Writer, allocs []core.Allocation, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(allocs)
@@ -58,20 +65,33 @@ func (l *validList) Set(s string) error {
 	return nil
 }
 
-// collectGarbage runs kubenet's GC with the valid list and reports what it removed.
-func collectGarbage(o *options, stdout, stderr io.Writer) error {
+// runGC runs kubenet's GC with the valid list and reports what it removed.
+func runGC(in *invocation) error {
+	o := in.o
 	if len(o.valid) == 0 && !o.all {
 		return usagef("gc needs --valid ID[/IFNAME] for the attachments to keep (the runtime's pod sandboxes), or --all to remove every attachment")
+	}
+	if len(o.valid) > 0 && o.all {
+		return usagef("gc takes --valid or --all, not both")
 	}
 	before, err := listAllocations(o)
 	if err != nil {
 		return err
 	}
-	kn, closePlugin, err := o.kubenetPlugin(stderr)
+	logger, nodeNS, closeNS, err := o.environment(in.stderr)
 	if err != nil {
 		return err
 	}
-	defer closePlugin()
+	defer closeNS()
+	opts := o.kubenetOptions()
+	opts.NodeNS, opts.Logger = nodeNS, logger
+	kn := kubenet.New(opts)
+	defer kn.Close()
+	if err := kn.Init(&cliHost{}, network.HairpinMode(o.hairpin), o.nonMasq, o.mtu); err != nil {
+		return usageError{err.Error()}
+	}
+	// No pod CIDR event: it would reconcile the node (bridge, SNAT) to kubenetctl's flags, and
+	// collecting garbage must not change the configuration of the pods that stay.
 	gcErr := kn.GC(o.valid)
 	after, err := listAllocations(o)
 	if err != nil {
@@ -83,24 +103,31 @@ func collectGarbage(o *options, stdout, stderr io.Writer) error {
 	}
 	for _, a := range before {
 		if !still[a.Address] {
-			fmt.Fprintf(stdout, "released %s (container %s %s)\n", a.Address, a.ContainerID, a.IfName)
+			fmt.Fprintf(in.stdout, "released %s (container %s %s)\n", a.Address, a.ContainerID, a.IfName)
 		}
 	}
 	return gcErr
 }
 
-// kubenetPlugin is an initialised kubenet plugin for operations that bypass the plugin manager
-// and only remove state.
-func (o *options) kubenetPlugin(stderr io.Writer) (*kubenet.Plugin, func(), error) {
-	kn, _, _, closeAll, err := o.newKubenet(stderr)
+// runNode prints the owner and the values of the network's node-wide settings, as recorded by
+// whoever last applied them (a CNI configuration, a shim, kubenetctl).
+func runNode(in *invocation) error {
+	s, err := core.ReadNodeSettings(in.o.dataDir, in.o.network)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	if err := kn.Init(&cliHost{}, network.HairpinMode(o.hairpin), o.nonMasq, o.mtu); err != nil {
-		closeAll()
-		return nil, nil, err
+	if s == nil {
+		return fmt.Errorf("network %q in %s has no node-wide settings yet: nothing set the node up", in.o.network, in.o.dataDir)
 	}
-	// No pod CIDR event: it would reconcile the node (bridge, SNAT) to kubenetctl's flags, and
-	// collecting garbage must not change the configuration of the pods that stay.
-	return kn, closeAll, nil
+	if in.o.json {
+		return json.NewEncoder(in.stdout).Encode(s)
+	}
+	tw := tabwriter.NewWriter(in.stdout, 0, 4, 2, ' ', 0)
+	for _, row := range [][2]any{
+		{"owner", s.Owner}, {"bridge", s.Bridge}, {"podCIDRs", strings.Join(s.PodCIDRs, ",")},
+		{"nonMasqueradeCIDRs", strings.Join(s.NonMasqueradeCIDRs, ",")}, {"mtu", s.MTU}, {"hairpinMode", s.HairpinMode},
+	} {
+		fmt.Fprintf(tw, "%s\t%v\n", row[0], row[1])
+	}
+	return tw.Flush()
 }

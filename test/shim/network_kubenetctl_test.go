@@ -155,3 +155,88 @@ func derivedSandboxID(t *testing.T, node *nettest.Node) string {
 	}
 	return recs[0].ContainerID
 }
+
+// TestKubenetctlOnConflistNode is the trap of a node set up from a dual-stack conflist: kubenetctl
+// with its default --non-masquerade-cidr (IPv4 only) used to rewrite the node, removing the IPv6
+// SNAT rule. Now it is refused with every difference named and the node keeps its IPv6 gateway
+// and SNAT rules and its pod passes CHECK; `node` shows the owner; with the conflist's values
+// kubenetctl works and the owner stays; --take-over-node applies kubenetctl's settings and makes
+// it the owner, after which the conflist's ADDs are the ones refused (code 104).
+func TestKubenetctlOnConflistNode(t *testing.T) {
+	t.Parallel()
+	bin, err := nettest.BuildCommand(t.TempDir(), "kubenetctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := nettest.NewNode(t, binDir)
+	dual := []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6}
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: dual, NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6}})
+	cniPod := node.NewPod(t, "from-conflist")
+	node.MustAdd(t, list, cniPod)
+	t.Cleanup(func() { _ = node.Del(list, cniPod) })
+	gateways := []netip.Prefix{netip.MustParsePrefix("10.244.1.1/24"), netip.MustParsePrefix("fd00:10:244:1::1/64")}
+
+	global := []string{"--kubenet-data-dir", node.DataDir(), "--pod-cidr", dualStackCIDRs}
+	ctl := func(args ...string) ctlRun { return kubenetctl(t, bin, node, append(slices.Clone(global), args...)...) }
+	nodeOwner := func() string {
+		t.Helper()
+		r := ctl("node", "--json")
+		var s core.NodeSettings
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &s) != nil {
+			t.Fatalf("node --json: exit %d: %s%s", r.code, r.stdout, r.stderr)
+		}
+		return s.Owner
+	}
+	pod := nettest.NewNS(t)
+
+	r := ctl("setup", "default", "web", "--netns", pod.Path())
+	if r.code != 1 || !testkit.ContainsAll(r.stderr, "belong to the CNI configuration (cni)", "nonMasqueradeCIDRs [10.0.0.0/8 fd00::/8] on the node, [10.0.0.0/8] here", "--take-over-node") {
+		t.Fatalf("setup with differing defaults: exit %d, stderr %q; want exit 1 naming the owner and the difference", r.code, r.stderr)
+	}
+	if got := testkit.Addrs(t, node.NS, "cbr0"); !testkit.SamePrefixes(got, gateways) {
+		t.Errorf("the refused kubenetctl changed the bridge: %v, want %v", got, gateways)
+	}
+	testkit.CheckMasqRules(t, node.NS, dual)
+	if err := node.Check(list, cniPod); err != nil {
+		t.Errorf("the conflist's pod fails CHECK after the refused kubenetctl: %v", err)
+	}
+	if testkit.LinkExists(t, pod, "eth0") {
+		t.Error("the refused setup left an interface in the pod")
+	}
+	if r := ctl("ready"); r.code != 1 || !strings.Contains(r.stderr, "belong to the CNI configuration") {
+		t.Errorf("ready with differing settings: exit %d, %q", r.code, r.stderr)
+	}
+	if owner := nodeOwner(); owner != core.OwnerCNI {
+		t.Errorf("owner %q, want cni", owner)
+	}
+
+	// With the conflist's values kubenetctl works alongside, and changes nothing.
+	same := []string{"--non-masquerade-cidr", "10.0.0.0/8,fd00::/8"}
+	if r := ctl(append(same, "setup", "default", "web", "--netns", pod.Path())...); r.code != 0 {
+		t.Fatalf("setup with the node's settings: exit %d: %s", r.code, r.stderr)
+	}
+	if r := ctl(append(same, "teardown", "default", "web", "--netns", pod.Path())...); r.code != 0 {
+		t.Fatalf("teardown: exit %d: %s", r.code, r.stderr)
+	}
+	if owner := nodeOwner(); owner != core.OwnerCNI {
+		t.Errorf("owner %q after kubenetctl with the same settings, want cni", owner)
+	}
+	testkit.CheckMasqRules(t, node.NS, dual)
+
+	// An explicit take-over: kubenetctl's single-family settings win and it owns the node.
+	r = kubenetctl(t, bin, node, "--kubenet-data-dir", node.DataDir(), "--pod-cidr", nettest.PodCIDR4.String(), "--take-over-node", "ready")
+	if r.code != 0 {
+		t.Fatalf("ready --take-over-node: exit %d: %s", r.code, r.stderr)
+	}
+	if got := testkit.Addrs(t, node.NS, "cbr0"); !testkit.SamePrefixes(got, gateways[:1]) {
+		t.Errorf("bridge after the take-over: %v, want %v", got, gateways[:1])
+	}
+	if owner := nodeOwner(); owner != "kubenetctl" {
+		t.Errorf("owner %q after --take-over-node, want kubenetctl", owner)
+	}
+	late := node.NewPod(t, "late")
+	if err := node.Add(list, late); testkit.CNICode(err) != core.ErrNodeOwned {
+		t.Errorf("conflist ADD after the take-over: %v, want code %d", err, core.ErrNodeOwned)
+	}
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(late), nil)
+}
