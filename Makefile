@@ -42,8 +42,12 @@ lint:
 	@command -v staticcheck >/dev/null 2>&1 || [ -x $(GOBIN)/staticcheck ] || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	PATH=$(GOBIN):$$PATH staticcheck ./...
 
+# The demo is TestDemo (test/cni), filtered to what it prints. pipefail: a failing test fails
+# make, loudly. The test binary first removes test namespaces that dead runs left (only those whose
+# creating process is gone; see internal/nettest) and removes its own when interrupted.
 demo: deps build
-	$(GO) test -count=1 -run "^TestDemo$$" -v ./test/cni/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok"
+	@set -o pipefail; $(GO) test -count=1 -run "^TestDemo$$" -v ./test/cni/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok" \
+	  || { echo "make demo: FAILED (the output above says where)" >&2; exit 1; }
 
 # kubenet against the reference CNI chain (bridge + host-local, portmap, bandwidth of
 # containernetworking/plugins, go-installed into a temporary dir), both through libcni in one

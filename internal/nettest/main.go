@@ -6,10 +6,18 @@ import (
 	"testing"
 )
 
-// MainWithPlugin is the body of a TestMain for tests of the built plugin: it builds
-// ./cmd/kubenet into a temporary directory, stores that directory in *binDir before any test
-// runs, runs the tests, removes the directory and returns the exit code for os.Exit.
+// MainWithPlugin is the body of a TestMain for tests of the built plugin: it sweeps the test
+// namespaces that dead runs left, builds ./cmd/kubenet into a temporary directory, stores that
+// directory in *binDir before any test runs, runs the tests (removing this run's namespaces if
+// SIGINT or SIGTERM ends it), removes the directory and returns the exit code for os.Exit.
 func MainWithPlugin(m *testing.M, binDir *string) int {
+	if os.Geteuid() == 0 {
+		if err := SweepStaleNamespaces(os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "sweep stale test namespaces:", err)
+			return 1
+		}
+		defer sweepOnSignal()()
+	}
 	dir, err := os.MkdirTemp("", "kubenet-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

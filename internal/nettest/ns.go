@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -22,11 +21,13 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
-// NewNS creates a persistent network namespace with loopback up and removes it at cleanup.
+// NewNS creates a persistent network namespace with loopback up and removes it at cleanup. Its
+// name carries this process's pid and start time, so that a later run can sweep it if this one
+// dies before its cleanup (SweepStaleNamespaces).
 func NewNS(t testing.TB) ns.NetNS {
 	t.Helper()
 	RequireRoot(t)
-	n, err := testutils.NewNS()
+	n, err := newMarkedNS()
 	if err != nil {
 		t.Fatalf("create netns: %v", err)
 	}
