@@ -26,7 +26,8 @@ test: deps
 
 # Tests that need no root (pure logic).
 unit:
-	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ ./core/ ./cmd/kubenet/
+	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ ./core/ ./cmd/kubenet/ ./cmd/kubenetctl/ \
+	  ./network/... ./internal/verblog/
 
 # Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
 FUZZTIME ?= 30s

@@ -32,6 +32,8 @@ type NetConf struct {
 	MTU                int           `json:"mtu,omitempty"`
 	HairpinMode        string        `json:"hairpinMode,omitempty"`
 	DataDir            string        `json:"dataDir,omitempty"`
+	LogFile            string        `json:"logFile,omitempty"`
+	LogMaxBytes        int64         `json:"logMaxBytes,omitempty"`
 	RuntimeConfig      RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
@@ -86,6 +88,7 @@ type Config struct {
 	DataDir            string
 	Runtime            RuntimeConfig
 	PrevResult         *current.Result
+	Log                LogSettings
 	// Owner names who applies the node-wide settings (OwnerCNI for a CNI configuration; the
 	// in-process plugin sets its own). TakeOverNode lets it replace another owner's different
 	// settings instead of failing (see claimNode).
@@ -173,6 +176,9 @@ func (nc *NetConf) Validate() (*Config, error) {
 			return nil, configError("nonMasqueradeCIDRs", s, "%v", err)
 		}
 		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, p)
+	}
+	if c.Log, err = nc.logSettings(); err != nil {
+		return nil, err
 	}
 	if err := validateRuntime(&c.Runtime); err != nil {
 		return nil, err

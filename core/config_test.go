@@ -19,6 +19,9 @@ func TestParseConfigDefaults(t *testing.T) {
 	if cfg.Bridge != "cbr0" || cfg.DataDir != "/var/lib/cni/networks" || cfg.Hairpin != hairpin.HairpinVeth || cfg.MTU != 0 {
 		t.Errorf("defaults: bridge %q dataDir %q hairpin %q mtu %d", cfg.Bridge, cfg.DataDir, cfg.Hairpin, cfg.MTU)
 	}
+	if cfg.Log != (LogSettings{MaxBytes: DefaultLogMaxBytes}) || cfg.Owner != OwnerCNI {
+		t.Errorf("defaults: log %+v (want off, %d bytes), owner %q", cfg.Log, DefaultLogMaxBytes, cfg.Owner)
+	}
 	if got := cfg.Gateways(); len(got) != 1 || got[0] != netip.MustParsePrefix("10.244.1.1/24") {
 		t.Errorf("gateways %v, want [10.244.1.1/24]", got)
 	}
@@ -83,6 +86,11 @@ func TestParseConfigRejects(t *testing.T) {
 		{"containerPort too big", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":65536}]}}`, types.ErrInvalidNetworkConfig, []string{"containerPort", "65536"}},
 		{"protocol", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":80,"protocol":"gre"}]}}`, types.ErrInvalidNetworkConfig, []string{"protocol", "gre"}},
 		{"hostIP", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":80,"hostIP":"1.2.3"}]}}`, types.ErrInvalidNetworkConfig, []string{"hostIP", "1.2.3"}},
+		{"hostPort beyond int32", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":{"portMappings":[{"hostPort":4294967376,"containerPort":80}]}}`, types.ErrInvalidNetworkConfig, []string{"hostPort"}},
+		{"logFile relative", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logFile":"kubenet.log"}`, types.ErrInvalidNetworkConfig, []string{"logFile", "kubenet.log"}},
+		{"logFile not clean", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logFile":"/var/log/../kubenet.log"}`, types.ErrInvalidNetworkConfig, []string{"logFile"}},
+		{"logMaxBytes too small", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logFile":"/var/log/kubenet.log","logMaxBytes":100}`, types.ErrInvalidNetworkConfig, []string{"logMaxBytes", "100"}},
+		{"logMaxBytes negative", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logMaxBytes":-1}`, types.ErrInvalidNetworkConfig, []string{"logMaxBytes", "-1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 // Command kubenet is the kubenet CNI plugin (`"type": "kubenet"`). It reads the CNI environment
-// and configuration, calls the core package and prints the result or error. Run without
-// CNI_COMMAND it prints its name, version and the CNI versions it supports.
+// and configuration, calls the core package and prints the result or error; with the logFile
+// key it also appends one JSON line per call to that file (calllog.go). Run without CNI_COMMAND
+// it prints its name, version and the CNI versions it supports.
 package main
 
 import (
@@ -16,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/verblog"
 )
 
 // buildVersion is stamped by the Makefile (-ldflags -X main.buildVersion=...).
@@ -31,66 +33,95 @@ func main() {
 		os.Exit(1)
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
-		Add:    run(onAttachment(add)),
-		Del:    run(onAttachment(core.Del)),
-		Check:  run(onAttachment(core.Check)),
-		Status: run(status),
-		GC:     run(gc),
+		Add:    run("ADD", onAttachment(add)),
+		Del:    run("DEL", onAttachment(done(core.Del))),
+		Check:  run("CHECK", onAttachment(done(core.Check))),
+		Status: run("STATUS", status),
+		GC:     run("GC", gc),
 	}, version.PluginSupports(core.SupportedVersions()...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
 }
 
-// run gives each verb a context that ends at the timeout or on SIGTERM/SIGINT.
-func run(f func(context.Context, *skel.CmdArgs) error) func(*skel.CmdArgs) error {
+// verb is one CNI verb: it returns what the call log records of a success.
+type verb func(context.Context, *skel.CmdArgs) (*verblog.Result, error)
+
+// run gives each verb a context that ends at the timeout or on SIGTERM/SIGINT, and logs the call.
+func run(name string, f verb) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), operationTimeout)
 		defer cancel()
 		ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
-		return f(ctx, args)
+		result, err := f(ctx, args)
+		logCall(name, args, start, result, err)
+		return err
 	}
 }
 
 // onAttachment adapts a verb that works on one attachment: it parses the configuration and the
 // attachment (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS, CNI_ARGS) before calling it.
-func onAttachment(verb func(context.Context, *core.Config, core.Attachment) error) func(context.Context, *skel.CmdArgs) error {
-	return func(ctx context.Context, args *skel.CmdArgs) error {
+func onAttachment(f func(context.Context, *core.Config, core.Attachment) (*verblog.Result, error)) verb {
+	return func(ctx context.Context, args *skel.CmdArgs) (*verblog.Result, error) {
 		cfg, err := core.ParseConfig(args.StdinData)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		pod, err := ParseCNIArgs(args.Args)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		return verb(ctx, cfg, core.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()})
+		return f(ctx, cfg, core.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()})
+	}
+}
+
+// done adapts a verb without a result of its own.
+func done(f func(context.Context, *core.Config, core.Attachment) error) func(context.Context, *core.Config, core.Attachment) (*verblog.Result, error) {
+	return func(ctx context.Context, cfg *core.Config, att core.Attachment) (*verblog.Result, error) {
+		if err := f(ctx, cfg, att); err != nil {
+			return nil, err
+		}
+		return &verblog.Result{}, nil
 	}
 }
 
 // add prints the result in the caller's CNI version.
-func add(ctx context.Context, cfg *core.Config, att core.Attachment) error {
+func add(ctx context.Context, cfg *core.Config, att core.Attachment) (*verblog.Result, error) {
 	result, err := core.Add(ctx, cfg, att)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return types.PrintResult(result, cfg.CNIVersion)
+	if err := types.PrintResult(result, cfg.CNIVersion); err != nil {
+		return nil, err
+	}
+	logged := &verblog.Result{}
+	for _, ip := range result.IPs {
+		logged.IPs = append(logged.IPs, ip.Address.String())
+	}
+	return logged, nil
 }
 
-func status(ctx context.Context, args *skel.CmdArgs) error {
+func status(ctx context.Context, args *skel.CmdArgs) (*verblog.Result, error) {
 	cfg, err := core.ParseConfig(args.StdinData)
 	if err != nil {
-		return core.StatusConfigError(err)
+		return nil, core.StatusConfigError(err)
 	}
-	return core.Status(ctx, cfg)
+	if err := core.Status(ctx, cfg); err != nil {
+		return nil, err
+	}
+	return &verblog.Result{}, nil
 }
 
-func gc(ctx context.Context, args *skel.CmdArgs) error {
+func gc(ctx context.Context, args *skel.CmdArgs) (*verblog.Result, error) {
 	cfg, err := core.ParseConfig(args.StdinData)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	valid, err := core.ParseValidAttachments(args.StdinData)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return core.GC(ctx, cfg, valid)
+	if err := core.GC(ctx, cfg, valid); err != nil {
+		return nil, err
+	}
+	return &verblog.Result{}, nil
 }
