@@ -119,7 +119,7 @@ func checkRecord(t *testing.T, w runtimeWorld, id string, ips []netip.Addr, host
 	Check(t, sameAddrs(recIPs, ips), "the runtime reports the addresses kubenet assigned: %v", ips)
 	var ports []int
 	for _, m := range rec.PortMappings {
-		ports = append(ports, m.HostPort)
+		ports = append(ports, int(m.HostPort))
 	}
 	var portErr error
 	if !slices.Contains(ports, hostPort) {
