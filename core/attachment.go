@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kubenet-dev/kubenet/internal/atomicfile"
 )
@@ -95,6 +96,16 @@ func readRecord(path string) (*Record, error) {
 		return nil, fmt.Errorf("attachment record %s: %w", path, err)
 	}
 	return &rec, nil
+}
+
+// Written returns when the record of a was written (its file's modification time; Save
+// replaces the file, so this is the last Save). The error wraps fs.ErrNotExist when there is none.
+func (r Records) Written(a Attachment) (time.Time, error) {
+	fi, err := os.Lstat(r.path(a))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("attachment record: %w", err)
+	}
+	return fi.ModTime(), nil
 }
 
 // Save writes rec atomically.

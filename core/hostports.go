@@ -89,23 +89,6 @@ func checkHostPorts(cfg *Config, att Attachment, rec *Record, networkDir string)
 	return nil
 }
 
-// gcHostPorts removes host-port reservations and map elements whose owner is not in valid (GC):
-// the records' DELs removed those they knew; this catches what no record describes.
-func gcHostPorts(cfg *Config, store *ipam.Store, valid []ValidAttachment) error {
-	keep := map[hostport.Owner]bool{}
-	for _, v := range valid {
-		keep[hostport.Owner{ContainerID: v.ContainerID, IfName: v.IfName}] = true
-	}
-	err := withNetworkLock(store, func() error {
-		_, err := hostport.GC(hostportConfig(cfg, store.Dir()), func(o hostport.Owner) bool { return keep[o] })
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("host ports: %w", err)
-	}
-	return nil
-}
-
 // HostPortKey is one (protocol, local address, port) that a pod's host ports claim on the node;
 // the address is its family's unspecified address for "every local address of that family". It
 // is the hostport mechanism's key, named here so that the layers above core can use it.

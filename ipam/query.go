@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"time"
 )
 
 // Holds reports whether a is reserved for (id, ifname); legacy ID-only files count. It reads one
@@ -19,6 +20,17 @@ func (s *Store) Holds(a netip.Addr, id, ifname string) (bool, error) {
 		return false, fmt.Errorf("reservation %s: %w", a, err)
 	}
 	return ok && o.holds(id, ifname), nil
+}
+
+// Written returns when the reservation of a was made (its file's modification time: a
+// reservation file is written once and never changed). The error wraps fs.ErrNotExist when a is
+// free. Garbage collectors that spare young reservations call it under the lock.
+func (s *Store) Written(a netip.Addr) (time.Time, error) {
+	fi, err := os.Lstat(s.path(a))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reservation %s: %w", a, err)
+	}
+	return fi.ModTime(), nil
 }
 
 // Free returns how many addresses of each set are not reserved, in the order of sets. It lists

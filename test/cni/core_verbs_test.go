@@ -1,15 +1,16 @@
 package cni
 
 import (
+	"context"
 	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/kubenet-dev/kubenet/test/testkit"
-
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/masq"
+	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 // TestCheck: CHECK passes right after ADD, and catches each tampering with what the attachment
@@ -256,6 +258,110 @@ func TestGC(t *testing.T) {
 	if left := stateFiles(t, node); len(left) != 1 {
 		t.Errorf("after GC with an empty list the data dir holds %v, want only the other network's file", left)
 	}
+}
+
+// TestCollectSparesYoung: Collect with a cutoff (what kubenet-agent's stale-sandbox GC passes)
+// removes attachments and orphan reservations written before it and spares those written after
+// it, though the caller did not list them as in use: an ADD that started after the caller asked
+// the runtime. Without the cutoff the same attachment is collected, so the cutoff is what spared
+// it.
+func TestCollectSparesYoung(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
+	cfg := coreConfig(t, list)
+	live, old, young := node.NewPod(t, "live"), node.NewPod(t, "old"), node.NewPod(t, "young")
+	for i, p := range []*nettest.Pod{live, old, young} {
+		p.RT.CapabilityArgs = map[string]any{
+			"portMappings": []map[string]any{{"hostPort": 30180 + i, "containerPort": 80, "protocol": "tcp"}},
+		}
+		node.MustAdd(t, list, p)
+	}
+	netDir := filepath.Join(node.DataDir(), "kubenet")
+	oldOrphan, youngOrphan := filepath.Join(netDir, "10.244.1.200"), filepath.Join(netDir, "10.244.1.201")
+	for path, content := range map[string]string{oldOrphan: "crashed-long-ago\r\neth0", youngOrphan: "crashed-just-now\r\neth0"} {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An hour ago: the old pod's reservations and record, and the old orphan.
+	longAgo := time.Now().Add(-time.Hour)
+	oldFiles := []string{oldOrphan, filepath.Join(netDir, core.RecordDirName, "old_eth0.json")}
+	for _, ip := range old.IPs() {
+		oldFiles = append(oldFiles, filepath.Join(netDir, ip.String()))
+	}
+	for _, f := range oldFiles {
+		if err := os.Chtimes(f, longAgo, longAgo); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	collect := func(k core.Keeper) core.GCReport {
+		t.Helper()
+		var report core.GCReport
+		nettest.Do(t, node.NS, func() error {
+			var err error
+			report, err = core.Collect(context.Background(), cfg, k)
+			return err
+		})
+		return report
+	}
+	onlyLive := func(id, _ string) bool { return id == "live" }
+	report := collect(core.Keeper{InUse: onlyLive, WrittenBefore: time.Now().Add(-10 * time.Minute)})
+
+	if len(report.Attachments) != 1 || report.Attachments[0].ContainerID != "old" {
+		t.Errorf("collected attachments %+v, want only old", report.Attachments)
+	}
+	if len(report.Addresses) != 1 || report.Addresses[0] != netip.MustParseAddr("10.244.1.200") {
+		t.Errorf("released orphan reservations %v, want only 10.244.1.200", report.Addresses)
+	}
+	// The runtime's result cache is libcni's, not kubenet's: a runtime that lost the sandbox
+	// lost that too.
+	_ = os.Remove(filepath.Join(node.Dir, "cache", "results", "kubenet-old-eth0"))
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(old), old.IPs())
+	if _, err := os.Stat(oldOrphan); err == nil {
+		t.Error("the orphan reservation written an hour ago was kept")
+	}
+	if _, err := os.Stat(youngOrphan); err != nil {
+		t.Errorf("the orphan reservation written after the cutoff was released: %v", err)
+	}
+	for _, p := range []*nettest.Pod{live, young} {
+		// CHECK covers the reservation, record, veth, addresses, routes and host-port rules.
+		if err := node.Check(list, p); err != nil {
+			t.Errorf("%s no longer passes CHECK after the collection: %v", p.RT.ContainerID, err)
+		}
+		srv := nettest.StartTCPEcho(t, p.NS, netip.AddrPortFrom(p.IPs()[0], 8080))
+		testkit.ExpectReachable(t, node.NS, srv, testkit.GatewayOf(nettest.PodCIDR4))
+	}
+
+	// The control: the same call without a cutoff takes the young attachment and orphan.
+	report = collect(core.Keeper{InUse: onlyLive})
+	if len(report.Attachments) != 1 || report.Attachments[0].ContainerID != "young" || len(report.Addresses) != 1 {
+		t.Errorf("without a cutoff collected %+v and released %v, want young and its orphan", report.Attachments, report.Addresses)
+	}
+	_ = os.Remove(filepath.Join(node.Dir, "cache", "results", "kubenet-young-eth0"))
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(young), young.IPs())
+	if err := node.Check(list, live); err != nil {
+		t.Errorf("live no longer passes CHECK: %v", err)
+	}
+}
+
+// coreConfig parses the plugin entry of list as the runtime would pass it.
+func coreConfig(t *testing.T, list *libcni.NetworkConfigList) *core.Config {
+	t.Helper()
+	var plugin map[string]any
+	if err := json.Unmarshal(list.Plugins[0].Bytes, &plugin); err != nil {
+		t.Fatal(err)
+	}
+	plugin["name"], plugin["cniVersion"] = list.Name, list.CNIVersion
+	raw, err := json.Marshal(plugin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := core.ParseConfig(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 func contains(list []string, s string) bool {
