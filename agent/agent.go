@@ -30,6 +30,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
 	"github.com/kubenet-dev/kubenet/agent/routes"
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // Defaults of Config.
@@ -37,6 +38,11 @@ const (
 	DefaultConfDir      = "/etc/cni/net.d"
 	DefaultBinDir       = "/opt/cni/bin"
 	DefaultResyncPeriod = 5 * time.Minute
+	// DefaultStaleGrace is how long an attachment without a sandbox is spared. It must exceed
+	// the longest time from CNI ADD to the sandbox appearing in the runtime's list (the rest of
+	// RunPodSandbox); kubelet gives RunPodSandbox 2 minutes (--runtime-request-timeout).
+	DefaultStaleGrace    = 5 * time.Minute
+	DefaultStaleInterval = time.Minute
 	// syncKey is the one item of the work queue: every event asks for the same full sync, so a
 	// burst of node events collapses into one.
 	syncKey = "sync"
@@ -59,7 +65,13 @@ type Config struct {
 	ManageRoutes  bool
 	RouteProtocol int           // default routes.DefaultProtocol
 	ResyncPeriod  time.Duration // informer resync: also repairs routes removed behind the agent's back
-	Logger        *slog.Logger
+	// RuntimeEndpoint is the container runtime's CRI socket, asked which pod sandboxes exist so
+	// that attachments of sandboxes that died without a CNI DEL are collected; "" turns the
+	// collection off.
+	RuntimeEndpoint string
+	StaleGrace      time.Duration // default DefaultStaleGrace
+	StaleInterval   time.Duration // default DefaultStaleInterval
+	Logger          *slog.Logger
 	// Registry receives the agent's metrics and is what /metrics serves; nil: a private one.
 	Registry *prometheus.Registry
 }
@@ -80,6 +92,9 @@ type Agent struct {
 	notReady string    // why not, for /readyz
 	inSync   time.Time // start of the running sync; zero between syncs
 	lastCIDR []netip.Prefix
+	// network is the plugin's configuration of the conflist last written (nil before): the
+	// network the stale-attachment collection works on.
+	network *core.Config
 }
 
 // New checks cfg and builds the agent.
@@ -104,6 +119,15 @@ func New(client kubernetes.Interface, cfg Config) (*Agent, error) {
 	}
 	if cfg.ResyncPeriod == 0 {
 		cfg.ResyncPeriod = DefaultResyncPeriod
+	}
+	if cfg.StaleGrace == 0 {
+		cfg.StaleGrace = DefaultStaleGrace
+	}
+	if cfg.StaleInterval == 0 {
+		cfg.StaleInterval = DefaultStaleInterval
+	}
+	if cfg.StaleGrace < 0 || cfg.StaleInterval < 0 {
+		return nil, fmt.Errorf("agent: stale-attachment grace %s and interval %s must be positive", cfg.StaleGrace, cfg.StaleInterval)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -150,6 +174,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("agent: %w", err)
 		}
 		a.log.Info("kubenet binary in place", "dir", a.cfg.BinDir, "installed", changed)
+	}
+	if a.cfg.RuntimeEndpoint != "" {
+		collector, closeRuntime, err := a.newCollector()
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		defer closeRuntime()
+		gcCtx, stopGC := context.WithCancel(ctx)
+		done := make(chan struct{})
+		defer func() { stopGC(); <-done }()
+		go func() {
+			defer close(done)
+			a.collectStale(gcCtx, collector)
+		}()
 	}
 	factory := informers.NewSharedInformerFactory(a.client, a.cfg.ResyncPeriod)
 	inf := factory.Core().V1().Nodes()
@@ -289,6 +327,11 @@ func (a *Agent) syncConflist(self *corev1.Node) (bool, error) {
 		a.setReady(false, err.Error())
 		return false, err
 	}
+	network, err := cnidir.NetworkConfig(opts)
+	if err != nil {
+		a.setReady(false, err.Error())
+		return false, err
+	}
 	path := filepath.Join(a.cfg.ConfDir, a.cfg.ConfFile)
 	changed, err := cnidir.WriteFile(path, data, 0o644)
 	if err != nil {
@@ -298,6 +341,7 @@ func (a *Agent) syncConflist(self *corev1.Node) (bool, error) {
 	a.mu.Lock()
 	old := a.lastCIDR
 	a.lastCIDR = cidrs
+	a.network = network
 	a.mu.Unlock()
 	if changed {
 		a.metrics.confWrites.Inc()

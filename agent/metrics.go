@@ -7,12 +7,14 @@ import (
 // metrics are the agent's Prometheus series. They live on a registry the caller gives, never
 // on the global default one, so tests and embedders can run several agents in one process.
 type metrics struct {
-	routes        prometheus.Gauge
-	routeFailures *prometheus.GaugeVec
-	syncErrors    prometheus.Counter
-	lastSync      prometheus.Gauge
-	ready         prometheus.Gauge
-	confWrites    prometheus.Counter
+	routes         prometheus.Gauge
+	routeFailures  *prometheus.GaugeVec
+	syncErrors     prometheus.Counter
+	lastSync       prometheus.Gauge
+	ready          prometheus.Gauge
+	confWrites     prometheus.Counter
+	stalePasses    *prometheus.CounterVec
+	staleCollected *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -41,8 +43,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_conflist_writes_total",
 			Help: "Times the conflist was (re)written because its content changed.",
 		}),
+		stalePasses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubenet_agent_stale_passes_total",
+			Help: "Passes of the stale-attachment collection, by result: ok, runtime_unavailable (nothing collected), error (collected in part).",
+		}, []string{"result"}),
+		staleCollected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubenet_agent_stale_collected_total",
+			Help: "Attachments of sandboxes the runtime no longer lists, and reservations without sandbox or record, that were collected.",
+		}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.ready, m.confWrites} {
+	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.ready, m.confWrites, m.stalePasses, m.staleCollected} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -76,11 +77,18 @@ func TestRender(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			out, err := Render(tt.opts)
+			network, netErr := NetworkConfig(tt.opts)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("Render = %v, want an error mentioning %q\n%s", err, tt.wantErr, out)
 				}
+				if netErr == nil {
+					t.Fatalf("NetworkConfig accepted what Render refuses: %+v", network)
+				}
 				return
+			}
+			if netErr != nil {
+				t.Fatal(netErr)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -110,6 +118,12 @@ func TestRender(t *testing.T) {
 				t.Fatalf("the plugin refuses its entry: %v\n%s", err, stdin)
 			}
 			tt.check(t, c, plugin)
+			// The agent's own calls into the core work on what the runtime passes the plugin
+			// (but for the version, which is the runtime's pick among cniVersions).
+			network.CNIVersion = c.CNIVersion
+			if !reflect.DeepEqual(network, c) {
+				t.Errorf("NetworkConfig = %+v, the plugin parses the file as %+v", network, c)
+			}
 		})
 	}
 }

@@ -68,8 +68,28 @@ type confList struct {
 // validated by the plugin's own parser first: a file the plugin would refuse at every ADD is
 // never written, the error names the key instead.
 func Render(o Options) ([]byte, error) {
+	list, _, err := build(o)
+	if err != nil {
+		return nil, err
+	}
+	out, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("render conflist: %w", err)
+	}
+	return append(out, '\n'), nil
+}
+
+// NetworkConfig returns the plugin's configuration as the runtime passes it with the conflist
+// for o: what the plugin itself works with, for the agent's own calls into the core.
+func NetworkConfig(o Options) (*core.Config, error) {
+	_, cfg, err := build(o)
+	return cfg, err
+}
+
+// build assembles the conflist for o and runs the plugin's parser over its plugin entry.
+func build(o Options) (confList, *core.Config, error) {
 	if len(o.PodCIDRs) == 0 {
-		return nil, fmt.Errorf("render conflist: the node has no pod CIDR")
+		return confList{}, nil, fmt.Errorf("render conflist: the node has no pod CIDR")
 	}
 	if o.Name == "" {
 		o.Name = DefaultName
@@ -89,30 +109,28 @@ func Render(o Options) ([]byte, error) {
 			"portMappings": true, "bandwidth": true, "ipRanges": true, "io.kubernetes.cri.pod-annotations": true,
 		},
 	}
-	if err := validate(o, p); err != nil {
-		return nil, err
-	}
-	out, err := json.MarshalIndent(confList{CNIVersion: o.CNIVersion, CNIVersions: cniVersions, Name: o.Name, Plugins: []pluginConf{p}}, "", "  ")
+	cfg, err := validate(o, p)
 	if err != nil {
-		return nil, fmt.Errorf("render conflist: %w", err)
+		return confList{}, nil, err
 	}
-	return append(out, '\n'), nil
+	return confList{CNIVersion: o.CNIVersion, CNIVersions: cniVersions, Name: o.Name, Plugins: []pluginConf{p}}, cfg, nil
 }
 
 // validate runs the plugin's parser over the plugin entry as a runtime would pass it.
-func validate(o Options, p pluginConf) error {
+func validate(o Options, p pluginConf) (*core.Config, error) {
 	raw, err := json.Marshal(struct {
 		pluginConf
 		CNIVersion string `json:"cniVersion"`
 		Name       string `json:"name"`
 	}{p, o.CNIVersion, o.Name})
 	if err != nil {
-		return fmt.Errorf("render conflist: %w", err)
+		return nil, fmt.Errorf("render conflist: %w", err)
 	}
-	if _, err := core.ParseConfig(raw); err != nil {
-		return fmt.Errorf("render conflist: the plugin would refuse it: %w", err)
+	cfg, err := core.ParseConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("render conflist: the plugin would refuse it: %w", err)
 	}
-	return nil
+	return cfg, nil
 }
 
 func cidrStrings(ps []netip.Prefix) []string {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
+	"github.com/kubenet-dev/kubenet/agent/cri"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 )
 
@@ -60,11 +61,17 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")
 	fs.IntVar(&o.cfg.RouteProtocol, "route-protocol", routes.DefaultProtocol, "route protocol number that marks the agent's routes (1-255)")
 	fs.DurationVar(&o.cfg.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "full re-sync interval; also repairs routes removed behind the agent's back")
+	fs.StringVar(&o.cfg.RuntimeEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "CRI socket of the runtime that runs the node's pods, asked which sandboxes exist so that attachments of dead sandboxes are collected; empty: collect nothing")
+	fs.DurationVar(&o.cfg.StaleGrace, "stale-gc-grace", agent.DefaultStaleGrace, "an attachment is collected only after its sandbox has been missing, and its files old, for this long (longer than any RunPodSandbox)")
+	fs.DurationVar(&o.cfg.StaleInterval, "stale-gc-interval", agent.DefaultStaleInterval, "how often the runtime is asked for its sandboxes")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:9309", "address of /healthz, /readyz and /metrics; empty: no HTTP server")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.cfg.StaleGrace <= 0 || o.cfg.StaleInterval <= 0 {
+		return nil, fmt.Errorf("--stale-gc-grace %s and --stale-gc-interval %s must be positive", o.cfg.StaleGrace, o.cfg.StaleInterval)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -147,7 +154,7 @@ func run(o *options) error {
 		log.Info("serving /healthz, /readyz, /metrics", "addr", l.Addr().String())
 	}
 	log.Info("kubenet-agent starting", "version", buildVersion, "node", o.cfg.NodeName,
-		"confDir", o.cfg.ConfDir, "binDir", o.cfg.BinDir, "manageRoutes", o.cfg.ManageRoutes)
+		"confDir", o.cfg.ConfDir, "binDir", o.cfg.BinDir, "manageRoutes", o.cfg.ManageRoutes, "runtimeEndpoint", o.cfg.RuntimeEndpoint)
 	// Files and routes stay when the agent stops: an upgrade or restart must not disturb pods.
 	return a.Run(ctx)
 }

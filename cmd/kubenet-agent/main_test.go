@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -20,7 +21,8 @@ func TestParseFlags(t *testing.T) {
 			env:  "node-a",
 			check: func(t *testing.T, o *options) {
 				if o.cfg.NodeName != "node-a" || !o.cfg.ManageRoutes || o.cfg.ConfDir != "/etc/cni/net.d" || o.cfg.BinDir != "/opt/cni/bin" ||
-					o.cfg.BinSource != "" || o.cfg.Conflist.HairpinMode != "hairpin-veth" || o.metricsAddr != "127.0.0.1:9309" || o.cfg.RouteProtocol != 75 {
+					o.cfg.BinSource != "" || o.cfg.Conflist.HairpinMode != "hairpin-veth" || o.metricsAddr != "127.0.0.1:9309" || o.cfg.RouteProtocol != 75 ||
+					o.cfg.RuntimeEndpoint != "unix:///run/containerd/containerd.sock" || o.cfg.StaleGrace != 5*time.Minute || o.cfg.StaleInterval != time.Minute {
 					t.Errorf("defaults: %+v", o)
 				}
 			},
@@ -35,6 +37,17 @@ func TestParseFlags(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "stale-attachment collection off, and its timing",
+			args: []string{"--container-runtime-endpoint=", "--stale-gc-grace=30s", "--stale-gc-interval=10s"},
+			check: func(t *testing.T, o *options) {
+				if o.cfg.RuntimeEndpoint != "" || o.cfg.StaleGrace != 30*time.Second || o.cfg.StaleInterval != 10*time.Second {
+					t.Errorf("parsed: %+v", o.cfg)
+				}
+			},
+		},
+		{name: "no grace", args: []string{"--stale-gc-grace=0s"}, wantErr: "must be positive"},
+		{name: "negative interval", args: []string{"--stale-gc-interval=-1s"}, wantErr: "must be positive"},
 		{name: "cluster CIDR with host bits", args: []string{"--cluster-cidr=10.244.1.1/16"}, wantErr: `--cluster-cidr "10.244.1.1/16"`},
 		{name: "cluster CIDR that is no CIDR", args: []string{"--cluster-cidr=10.244.0.0"}, wantErr: "not a network CIDR"},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},

@@ -39,19 +39,13 @@ const converge = 30 * time.Second
 // the segment, a node deletion and a pod CIDR change. The steps share the cluster and run in
 // order; the first failing step ends the test.
 func TestAgentCluster(t *testing.T) {
-	objs := manifestObjects(t)
-	agentTok := serviceAccountUser(t, objs)
-	adminTok := token{value: "admin-token", user: "admin", groups: []string{"system:masters"}}
-
-	u := nettest.NewUnderlay(t, 0)
-	cp := startControlPlane(t, u, controlPlaneAddr, []token{adminTok, agentTok})
-	applyManifest(t, cp.admin, objs)
+	u, cp, agentTok := startCluster(t)
 	api := cp.admin
 
 	nodes := []*simNode{
-		newSimNode(t, u, cp, "node-1", 1, agentTok.value),
-		newSimNode(t, u, cp, "node-2", 2, agentTok.value),
-		newSimNode(t, u, cp, "node-3", 3, agentTok.value),
+		newSimNode(t, u, cp, "node-1", 1, agentTok),
+		newSimNode(t, u, cp, "node-2", 2, agentTok),
+		newSimNode(t, u, cp, "node-3", 3, agentTok),
 	}
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	// What the API says each node's pod CIDRs are; the routes everywhere must follow it.

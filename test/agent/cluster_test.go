@@ -88,6 +88,9 @@ func (n *simNode) confFile() string { return filepath.Join(n.dir, "net.d", "10-k
 func (n *simNode) binDir() string   { return filepath.Join(n.dir, "bin") }
 func (n *simNode) logFile() string  { return filepath.Join(n.dir, "agent.log") }
 
+// runtimeSocket is where the node's container runtime would listen.
+func (n *simNode) runtimeSocket() string { return filepath.Join(n.dir, "cri.sock") }
+
 // addr returns the node's underlay address of like's family.
 func (n *simNode) addr(like netip.Addr) netip.Addr {
 	for _, p := range n.addrs {
@@ -116,12 +119,19 @@ func (n *simNode) agentArgs() []string {
 		"--data-dir=" + n.cni.DataDir(),
 		"--metrics-bind-address=" + metricsAddr,
 		"--log-level=debug",
+		// No runtime listens there: the stale-attachment collection must collect nothing (the
+		// pods here are attached through libcni, no runtime lists them).
+		"--container-runtime-endpoint=unix://" + n.runtimeSocket(),
+		"--stale-gc-grace=1s",
+		"--stale-gc-interval=500ms",
 	}
 }
 
-func (n *simNode) startAgent(t *testing.T) {
+// startAgent starts the node's agent with agentArgs and then extra (a flag given twice takes
+// the later value).
+func (n *simNode) startAgent(t *testing.T, extra ...string) {
 	t.Helper()
-	n.agent = nettest.StartProcess(t, n.ns, n.logFile(), testBins.agent, n.agentArgs()...)
+	n.agent = nettest.StartProcess(t, n.ns, n.logFile(), testBins.agent, append(n.agentArgs(), extra...)...)
 }
 
 // get fetches path from the agent's HTTP server inside the node's namespace.

@@ -130,6 +130,20 @@ func startControlPlane(t *testing.T, u *nettest.Underlay, addr netip.Prefix, tok
 	return cp
 }
 
+// startCluster starts a control plane on a new underlay, creates the objects of
+// deploy/kubenet.yaml through it, and returns the token the agents authenticate with: the
+// manifest's ServiceAccount, so they run with exactly the manifest's RBAC.
+func startCluster(t *testing.T) (*nettest.Underlay, *controlPlane, string) {
+	t.Helper()
+	objs := manifestObjects(t)
+	agentTok := serviceAccountUser(t, objs)
+	adminTok := token{value: "admin-token", user: "admin", groups: []string{"system:masters"}}
+	u := nettest.NewUnderlay(t, 0)
+	cp := startControlPlane(t, u, controlPlaneAddr, []token{adminTok, agentTok})
+	applyManifest(t, cp.admin, objs)
+	return u, cp, agentTok.value
+}
+
 func (cp *controlPlane) restConfig(bearer string) *rest.Config {
 	return &rest.Config{Host: cp.url, BearerToken: bearer, TLSClientConfig: rest.TLSClientConfig{CAData: cp.caPEM}}
 }
