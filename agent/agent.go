@@ -6,6 +6,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,8 +25,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
@@ -65,6 +69,10 @@ type Config struct {
 	ManageRoutes  bool
 	RouteProtocol int           // default routes.DefaultProtocol
 	ResyncPeriod  time.Duration // informer resync: also repairs routes removed behind the agent's back
+	// ServiceCIDRs are the cluster's service CIDRs (kube-apiserver's --service-cluster-ip-range),
+	// which no pod CIDR may overlap; empty: unknown. The cluster CIDRs are
+	// Conflist.NonMasqueradeCIDRs.
+	ServiceCIDRs []netip.Prefix
 	// RuntimeEndpoint is the container runtime's CRI socket, asked which pod sandboxes exist so
 	// that attachments of sandboxes that died without a CNI DEL are collected; "" turns the
 	// collection off.
@@ -95,6 +103,11 @@ type Agent struct {
 	// network is the plugin's configuration of the conflist last written (nil before): the
 	// network the stale-attachment collection works on.
 	network *core.Config
+	// events records Events on the agent's Node; refusedOwn and refusedRoutes are what was
+	// reported last, so that each reason is recorded once.
+	events        record.EventRecorder
+	refusedOwn    string
+	refusedRoutes map[string]bool
 }
 
 // New checks cfg and builds the agent.
@@ -189,6 +202,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.collectStale(gcCtx, collector)
 		}()
 	}
+	if a.events == nil {
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+		defer broadcaster.Shutdown()
+		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubenet-agent", Host: a.cfg.NodeName})
+	}
 	factory := informers.NewSharedInformerFactory(a.client, a.cfg.ResyncPeriod)
 	inf := factory.Core().V1().Nodes()
 	a.nodes = inf.Lister()
@@ -271,19 +290,26 @@ func (a *Agent) sync(ctx context.Context) error {
 	} else if err != nil {
 		return fmt.Errorf("get node %s from the cache: %w", a.cfg.NodeName, err)
 	}
+	nodes, err := a.nodes.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("list nodes from the cache: %w", err)
+	}
+	// The node's own networks, which no pod CIDR may overlap. Without them nothing is decided.
+	networks, err := routes.NodeNetworks(cmp.Or(a.cfg.Conflist.Bridge, core.DefaultBridge))
+	if err != nil {
+		return err
+	}
+	cl := newClaims(nodes, CIDRRules{Cluster: a.cfg.Conflist.NonMasqueradeCIDRs, Services: a.cfg.ServiceCIDRs, Networks: networks})
 	var errs []error
-	cidrsReady, err := a.syncConflist(self)
+	cidrsReady, err := a.syncConflist(self, cl)
 	if err != nil {
 		errs = append(errs, err)
 	}
 	if !a.cfg.ManageRoutes {
 		return errors.Join(errs...)
 	}
-	nodes, err := a.nodes.List(labels.Everything())
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("list nodes from the cache: %w", err))...)
-	}
-	want := DesiredRoutes(a.cfg.NodeName, nodes)
+	want := cl.routes(a.cfg.NodeName, nodes)
+	a.reportRefusedRoutes(self, want.Unusable)
 	failures, err := a.syncRoutes(want)
 	if err != nil {
 		errs = append(errs, err)
@@ -303,16 +329,22 @@ func (a *Agent) sync(ctx context.Context) error {
 }
 
 // syncConflist writes the conflist for the node's pod CIDRs and reports whether it is in place.
-func (a *Agent) syncConflist(self *corev1.Node) (bool, error) {
+// Refused pod CIDRs write nothing: the conflist already there, if any, stays, so that the pods
+// it attached can still be torn down.
+func (a *Agent) syncConflist(self *corev1.Node, cl *claims) (bool, error) {
 	if self == nil {
 		a.setReady(false, fmt.Sprintf("node %s not found in the API", a.cfg.NodeName))
 		a.log.Warn("own node not found; the conflist and routes stay as they are", "node", a.cfg.NodeName)
 		return false, nil
 	}
-	cidrs, err := PodCIDRs(self)
+	cidrs, err := cl.own(self.Name)
+	a.reportRefusedPodCIDRs(self, err)
 	if err != nil {
+		// Not retried: only a change of the Node (an event) or of the node's networks (the
+		// periodic resync) can make these CIDRs acceptable.
 		a.setReady(false, err.Error())
-		return false, err
+		a.log.Error("pod CIDRs refused: no conflist written", "node", self.Name, "err", err)
+		return false, nil
 	}
 	if len(cidrs) == 0 {
 		// Nothing is written: a conflist without a pod CIDR would make every pod fail, while no

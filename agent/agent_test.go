@@ -34,6 +34,7 @@ func TestDesiredRoutes(t *testing.T) {
 	tests := []struct {
 		name     string
 		nodes    []*corev1.Node
+		rules    CIDRRules
 		routes   []string // "dst via gw (node)"
 		unusable []string // "node dst: error", prefixes
 		peers    []string
@@ -85,15 +86,102 @@ func TestDesiredRoutes(t *testing.T) {
 			peers:    []string{"b"},
 		},
 		{
-			name: "two peers claiming one CIDR: the first by name wins, the other is reported",
+			name: "two peers claiming one CIDR: neither gets a route (which one is right is unknown)",
 			nodes: []*corev1.Node{
 				node("z", []string{"10.244.2.0/24"}, "192.168.1.26"),
 				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
 				node("b", []string{"10.244.2.0/24"}, "192.168.1.2"),
+				node("c", []string{"10.244.3.0/24"}, "192.168.1.3"),
 			},
-			routes:   []string{"10.244.2.0/24 via 192.168.1.2 (b)"},
-			unusable: []string{"z 10.244.2.0/24: overlaps the pod CIDR of node b"},
-			peers:    []string{"b", "z"},
+			routes:   []string{"10.244.3.0/24 via 192.168.1.3 (c)"},
+			unusable: []string{"b 10.244.2.0/24: overlaps the pod CIDR of node z", "z 10.244.2.0/24: overlaps the pod CIDR of node b"},
+			peers:    []string{"b", "c", "z"},
+		},
+		{
+			name: "a peer claiming a CIDR that covers others' takes their routes too",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.2.0/24"}, "192.168.1.2"),
+				node("c", []string{"10.244.3.0/24"}, "192.168.1.3"),
+				node("wide", []string{"10.244.2.0/23"}, "192.168.1.4"),
+			},
+			unusable: []string{"b 10.244.2.0/24: overlaps the pod CIDR of node wide", "c 10.244.3.0/24: overlaps the pod CIDR of node wide", "wide 10.244.2.0/23: overlaps the pod CIDR of node b, c"},
+			peers:    []string{"b", "c", "wide"},
+		},
+		{
+			name: "CIDRs against the cluster's rules: outside the cluster CIDR, over the services, special ranges",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("outside", []string{"10.245.0.0/24"}, "192.168.1.2"),
+				node("services", []string{"10.244.96.0/24"}, "192.168.1.3"),
+				node("v6-outside", []string{"fd00:99::/64"}, "fd00:1::4"),
+				node("good", []string{"10.244.5.0/24", "fd00:10:244:5::/64"}, "192.168.1.5", "fd00:1::5"),
+			},
+			rules:  CIDRRules{Cluster: mustPrefixes("10.244.0.0/16", "fd00:10:244::/48"), Services: mustPrefixes("10.244.96.0/20")},
+			routes: []string{"10.244.5.0/24 via 192.168.1.5 (good)", "fd00:10:244:5::/64 via fd00:1::5 (good)"},
+			unusable: []string{
+				"outside 10.245.0.0/24: is outside the cluster CIDRs 10.244.0.0/16, fd00:10:244::/48",
+				"services 10.244.96.0/24: overlaps the service CIDR 10.244.96.0/20",
+				"v6-outside fd00:99::/64: is outside the cluster CIDRs",
+			},
+			peers: []string{"good", "outside", "services", "v6-outside"},
+		},
+		{
+			name: "special ranges, with no cluster CIDR to check against",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("default", []string{"0.0.0.0/0"}, "192.168.1.2"),
+				node("loopback", []string{"127.0.0.0/24"}, "192.168.1.3"),
+				node("link-local", []string{"169.254.0.0/24", "fe80::/64"}, "192.168.1.4", "fd00:1::4"),
+				node("multicast", []string{"224.0.0.0/24", "ff02::/64"}, "192.168.1.5", "fd00:1::5"),
+				node("broadcast", []string{"255.255.255.255/32"}, "192.168.1.6"),
+				node("v6-default", []string{"::/0"}, "fd00:1::7"),
+				node("mapped", []string{"::ffff:10.9.0.0/120"}, "fd00:1::8"),
+			},
+			unusable: []string{
+				"broadcast 255.255.255.255/32: overlaps 255.255.255.255/32 (the broadcast address)",
+				"default 0.0.0.0/0: overlaps 0.0.0.0/8",
+				"link-local 169.254.0.0/24: overlaps 169.254.0.0/16 (link-local)",
+				"link-local fe80::/64: overlaps fe80::/10 (link-local)",
+				"loopback 127.0.0.0/24: overlaps 127.0.0.0/8 (loopback)",
+				"mapped ::ffff:10.9.0.0/120: overlaps ::ffff:0.0.0.0/96 (IPv4-mapped addresses)",
+				"multicast 224.0.0.0/24: overlaps 224.0.0.0/4 (multicast)",
+				"multicast ff02::/64: overlaps ff00::/8 (multicast)",
+				"v6-default ::/0: overlaps ::/128",
+			},
+			peers: []string{"broadcast", "default", "link-local", "loopback", "mapped", "multicast", "v6-default"},
+		},
+		{
+			name: "CIDRs over this node's own networks, and gateways that cannot be a peer's",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("lan", []string{"192.168.1.128/25"}, "192.168.1.2"),
+				node("connected", []string{"10.50.3.0/24"}, "192.168.1.3"),
+				node("gw-self", []string{"10.244.4.0/24"}, "192.168.1.1"),
+				node("gw-loopback", []string{"10.244.5.0/24"}, "127.0.0.1"),
+				node("gw-mapped", []string{"fd00:10:244:6::/64"}, "::ffff:192.168.1.6"),
+			},
+			rules: CIDRRules{Networks: []routes.Network{
+				{Prefix: netip.MustParsePrefix("192.168.1.0/24"), Addr: netip.MustParseAddr("192.168.1.1"), Source: "address 192.168.1.1/24 on eth0"},
+				{Prefix: netip.MustParsePrefix("10.50.0.0/16"), Source: "route 10.50.0.0/16 dev eth1"},
+			}},
+			unusable: []string{
+				"connected 10.50.3.0/24: overlaps this node's network 10.50.0.0/16 (route 10.50.0.0/16 dev eth1)",
+				"gw-loopback 10.244.5.0/24: its InternalIP 127.0.0.1 is in 127.0.0.0/8 (loopback)",
+				"gw-mapped fd00:10:244:6::/64: node has no IPv6 InternalIP",
+				"gw-self 10.244.4.0/24: its InternalIP 192.168.1.1 is this node's own address",
+				"lan 192.168.1.128/25: overlaps this node's network 192.168.1.0/24 (address 192.168.1.1/24 on eth0)",
+			},
+			peers: []string{"connected", "gw-loopback", "gw-mapped", "gw-self", "lan"},
+		},
+		{
+			name: "host bits set: not a network, refused whole",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.2.7/24"}, "192.168.1.2"),
+			},
+			unusable: []string{`b invalid Prefix: node b: pod CIDR "10.244.2.7/24" has host bits set`},
+			peers:    []string{"b"},
 		},
 		{
 			name: "an unparsable pod CIDR is reported",
@@ -115,7 +203,7 @@ func TestDesiredRoutes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := DesiredRoutes("a", tt.nodes)
+			w := DesiredRoutes("a", tt.nodes, tt.rules)
 			var got, unusable []string
 			for _, r := range w.Routes {
 				got = append(got, fmt.Sprintf("%s via %s (%s)", r.Dst, r.Gw, r.Node))

@@ -39,6 +39,7 @@ type options struct {
 	logLevel    string
 	version     bool
 	clusterCIDR string
+	serviceCIDR string
 	cfg         agent.Config
 }
 
@@ -47,7 +48,8 @@ func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("kubenet-agent", flag.ContinueOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: the in-cluster service account")
 	fs.StringVar(&o.cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's Node object (default $NODE_NAME)")
-	fs.StringVar(&o.clusterCIDR, "cluster-cidr", "", "cluster pod CIDR(s), comma-separated: the conflist's nonMasqueradeCIDRs (pods reach them with their own address)")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", "", "cluster pod CIDR(s), comma-separated: the conflist's nonMasqueradeCIDRs (pods reach them with their own address); a Node's pod CIDR outside them is refused")
+	fs.StringVar(&o.serviceCIDR, "service-cidr", "", "service CIDR(s), comma-separated (kube-apiserver's --service-cluster-ip-range): a Node's pod CIDR overlapping one is refused")
 	fs.IntVar(&o.cfg.Conflist.MTU, "mtu", 0, "MTU of the bridge and veths; 0: the plugin detects it")
 	fs.StringVar(&o.cfg.Conflist.HairpinMode, "hairpin-mode", "hairpin-veth", "hairpin-veth, promiscuous-bridge or none")
 	fs.StringVar(&o.cfg.Conflist.Bridge, "bridge", "", "bridge name (default: the plugin's, cbr0)")
@@ -76,17 +78,30 @@ func parseFlags(args []string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	for _, s := range strings.Split(o.clusterCIDR, ",") {
+	var err error
+	if o.cfg.Conflist.NonMasqueradeCIDRs, err = parseCIDRs("--cluster-cidr", o.clusterCIDR); err != nil {
+		return nil, err
+	}
+	if o.cfg.ServiceCIDRs, err = parseCIDRs("--service-cidr", o.serviceCIDR); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// parseCIDRs reads a comma-separated list of network CIDRs.
+func parseCIDRs(flagName, list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
 		p, err := netip.ParsePrefix(s)
 		if err != nil || p.Masked() != p {
-			return nil, fmt.Errorf("--cluster-cidr %q: not a network CIDR", s)
+			return nil, fmt.Errorf("%s %q: not a network CIDR", flagName, s)
 		}
-		o.cfg.Conflist.NonMasqueradeCIDRs = append(o.cfg.Conflist.NonMasqueradeCIDRs, p)
+		out = append(out, p)
 	}
-	return o, nil
+	return out, nil
 }
 
 func main() {

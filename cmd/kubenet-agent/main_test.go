@@ -48,6 +48,16 @@ func TestParseFlags(t *testing.T) {
 		},
 		{name: "no grace", args: []string{"--stale-gc-grace=0s"}, wantErr: "must be positive"},
 		{name: "negative interval", args: []string{"--stale-gc-interval=-1s"}, wantErr: "must be positive"},
+		{
+			name: "service CIDRs",
+			args: []string{"--service-cidr=10.96.0.0/12,fd00:10:96::/112"},
+			check: func(t *testing.T, o *options) {
+				if want := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:10:96::/112")}; !slices.Equal(o.cfg.ServiceCIDRs, want) {
+					t.Errorf("service CIDRs %v", o.cfg.ServiceCIDRs)
+				}
+			},
+		},
+		{name: "service CIDR that is no CIDR", args: []string{"--service-cidr=10.96.0.1"}, wantErr: `--service-cidr "10.96.0.1": not a network CIDR`},
 		{name: "cluster CIDR with host bits", args: []string{"--cluster-cidr=10.244.1.1/16"}, wantErr: `--cluster-cidr "10.244.1.1/16"`},
 		{name: "cluster CIDR that is no CIDR", args: []string{"--cluster-cidr=10.244.0.0"}, wantErr: "not a network CIDR"},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},

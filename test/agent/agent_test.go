@@ -65,20 +65,7 @@ func TestAgentCluster(t *testing.T) {
 	routesConverge := func(t *testing.T) {
 		t.Helper()
 		for _, n := range nodes {
-			want := wantRoutes(n, nodes, cidrs)
-			err := nettest.Eventually(converge, func() error {
-				got, err := agentRoutes(n.ns)
-				if err != nil {
-					return err
-				}
-				if !slices.Equal(got, want) {
-					return fmt.Errorf("routes of %s:\n got %q\nwant %q", n.name, got, want)
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			expectRoutes(t, n, wantRoutes(n, nodes, cidrs))
 		}
 	}
 	conditionIs := func(t *testing.T, n *simNode, status corev1.ConditionStatus, reason string, msgParts ...string) {
@@ -142,16 +129,7 @@ func TestAgentCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, n := range nodes {
-				err := nettest.Eventually(converge, func() error {
-					code, body, err := n.get("/readyz")
-					if err != nil || code != 200 {
-						return fmt.Errorf("/readyz of %s: %d %q %v", n.name, code, body, err)
-					}
-					return nil
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
+				expectReady(t, n)
 				checkConflist(t, n, cidrs[n.name])
 			}
 		}},
@@ -221,16 +199,7 @@ func TestAgentCluster(t *testing.T) {
 			deleteNode(t, api, n3.name)
 			delete(cidrs, n3.name)
 			routesConverge(t)
-			err := nettest.Eventually(converge, func() error {
-				code, body, err := n3.get("/readyz")
-				if err != nil || code != 503 || !strings.Contains(body, "not found") {
-					return fmt.Errorf("/readyz of a deleted node: %d %q %v", code, body, err)
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			expectNotReady(t, n3, "not found")
 			// Its pods keep running until drained: the conflist stays.
 			checkConflist(t, n3, podCIDRs(3))
 		}},

@@ -40,6 +40,7 @@ import (
 var (
 	controlPlaneAddr = netip.MustParsePrefix("192.168.77.10/24")
 	clusterCIDRs     = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}
+	serviceCIDR      = netip.MustParsePrefix("10.96.0.0/16") // the API server's --service-cluster-ip-range
 )
 
 // nodeAddrs are node i's underlay addresses (i from 1).
@@ -111,6 +112,7 @@ func (n *simNode) agentArgs() []string {
 		"--kubeconfig=" + n.kubeconfig,
 		"--node-name=" + n.name,
 		"--cluster-cidr=" + strings.Join(cidrs, ","),
+		"--service-cidr=" + serviceCIDR.String(),
 		"--mtu=1450",
 		"--hairpin-mode=hairpin-veth",
 		"--cni-conf-dir=" + filepath.Dir(n.confFile()),
@@ -205,6 +207,56 @@ func agentRoutes(n ns.NetNS) ([]string, error) {
 	})
 	slices.Sort(out)
 	return out, err
+}
+
+// expectNotReady waits until the agent's /readyz answers 503 with a body containing why.
+func expectNotReady(t *testing.T, n *simNode, why string) {
+	t.Helper()
+	err := nettest.Eventually(converge, func() error {
+		code, body, err := n.get("/readyz")
+		if err != nil || code != 503 || !strings.Contains(body, why) {
+			return fmt.Errorf("/readyz of %s: %d %q %v, want 503 saying %q", n.name, code, body, err, why)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectReady waits until the agent's /readyz answers 200.
+func expectReady(t *testing.T, n *simNode) {
+	t.Helper()
+	err := nettest.Eventually(converge, func() error {
+		code, body, err := n.get("/readyz")
+		if err != nil || code != 200 {
+			return fmt.Errorf("/readyz of %s: %d %q %v", n.name, code, body, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectRoutes waits until the routes carrying the agent's mark on n are exactly want ("dst via
+// gw", any order).
+func expectRoutes(t *testing.T, n *simNode, want []string) {
+	t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	err := nettest.Eventually(converge, func() error {
+		got, err := agentRoutes(n.ns)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("routes of %s:\n got %q\nwant %q", n.name, got, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // wantRoutes is what the agent on self should have: every other node's pod CIDRs via its

@@ -97,7 +97,7 @@ func startControlPlane(t *testing.T, u *nettest.Underlay, addr netip.Prefix, tok
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+filepath.Join(dir, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/16",
+		"--service-cluster-ip-range="+serviceCIDR.String(),
 		"--endpoint-reconciler-type=none",
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",

@@ -1,0 +1,232 @@
+package agent
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubenet-dev/kubenet/agent/routes"
+)
+
+// specialRanges are the ranges no pod CIDR may touch: the kernel treats their addresses
+// specially (or a route to them would take the node's own traffic), so pods there could not be
+// reached or would capture what is not theirs.
+var specialRanges = []struct {
+	prefix netip.Prefix
+	what   string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "the unspecified address, \"this network\""},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
+	{netip.MustParsePrefix("255.255.255.255/32"), "the broadcast address"},
+	{netip.MustParsePrefix("::/128"), "the unspecified address"},
+	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("::ffff:0:0/96"), "IPv4-mapped addresses"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+}
+
+// CIDRRules are what a Node's pod CIDR must pass before the agent writes a conflist or a route
+// for it. Node objects are input: whoever can write one must not be able to take the node's
+// own networks, another node's pods or the services with it.
+type CIDRRules struct {
+	// Cluster are the cluster CIDRs (--cluster-cidr): every pod CIDR lies inside one of its
+	// family. Empty: not checked.
+	Cluster []netip.Prefix
+	// Services are the service CIDRs (--service-cidr): no pod CIDR overlaps one.
+	Services []netip.Prefix
+	// Networks are this node's own networks (routes.NodeNetworks): no pod CIDR overlaps one.
+	Networks []routes.Network
+}
+
+// clusterError says why c can be no node's pod CIDR anywhere in the cluster, or nil.
+func (r CIDRRules) clusterError(c netip.Prefix) error {
+	for _, s := range specialRanges {
+		if c.Overlaps(s.prefix) {
+			return fmt.Errorf("overlaps %s (%s)", s.prefix, s.what)
+		}
+	}
+	if len(r.Cluster) > 0 && !slices.ContainsFunc(r.Cluster, func(cc netip.Prefix) bool { return cc.Bits() <= c.Bits() && cc.Contains(c.Addr()) }) {
+		return fmt.Errorf("is outside the cluster CIDRs %s (--cluster-cidr)", prefixList(r.Cluster))
+	}
+	if i := slices.IndexFunc(r.Services, c.Overlaps); i >= 0 {
+		return fmt.Errorf("overlaps the service CIDR %s (--service-cidr)", r.Services[i])
+	}
+	return nil
+}
+
+// nodeError says why c cannot be a pod CIDR seen from this node, or nil.
+func (r CIDRRules) nodeError(c netip.Prefix) error {
+	for _, n := range r.Networks {
+		if c.Overlaps(n.Prefix) {
+			return fmt.Errorf("overlaps this node's network %s (%s)", n.Prefix, n.Source)
+		}
+	}
+	return nil
+}
+
+// gatewayError says why a peer's address cannot be the gateway of a route to its pods, or nil.
+func (r CIDRRules) gatewayError(gw netip.Addr) error {
+	for _, s := range specialRanges {
+		if s.prefix.Contains(gw) {
+			return fmt.Errorf("its InternalIP %s is in %s (%s)", gw, s.prefix, s.what)
+		}
+	}
+	for _, n := range r.Networks {
+		if n.Addr == gw {
+			return fmt.Errorf("its InternalIP %s is this node's own address (%s)", gw, n.Source)
+		}
+	}
+	return nil
+}
+
+func prefixList(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// claim is one pod CIDR one Node claims.
+type claim struct {
+	node string
+	cidr netip.Prefix
+}
+
+// claims are every Node's pod CIDRs, checked against the rules that hold cluster-wide, with the
+// other Nodes each valid one overlaps. Two Nodes claiming overlapping CIDRs cannot both be
+// right and the agent cannot tell which one is: neither gets a route, and a node whose own CIDR
+// is claimed by another writes no conflist.
+type claims struct {
+	rules    CIDRRules
+	byNode   map[string][]netip.Prefix // every parsed CIDR, valid or not
+	parseErr map[string]error
+	invalid  map[claim]error
+	shared   map[claim][]string // valid claim -> the other nodes with an overlapping valid claim
+}
+
+func newClaims(nodes []*corev1.Node, rules CIDRRules) *claims {
+	c := &claims{rules: rules, byNode: map[string][]netip.Prefix{}, parseErr: map[string]error{}, invalid: map[claim]error{}, shared: map[claim][]string{}}
+	var valid []claim
+	for _, n := range nodes {
+		cidrs, err := PodCIDRs(n)
+		if err != nil {
+			c.parseErr[n.Name] = err
+			continue
+		}
+		cidrs = dedup(cidrs)
+		c.byNode[n.Name] = cidrs
+		for _, p := range cidrs {
+			cl := claim{n.Name, p}
+			if err := rules.clusterError(p); err != nil {
+				c.invalid[cl] = err
+				continue
+			}
+			valid = append(valid, cl)
+		}
+	}
+	c.findShared(valid)
+	return c
+}
+
+// findShared records every pair of overlapping valid claims of different nodes. CIDRs either
+// nest or are disjoint, so in address order each claim overlaps exactly the claims still open
+// around it (a stack of nested CIDRs): n log n for the sort, then one pass.
+func (c *claims) findShared(valid []claim) {
+	slices.SortFunc(valid, func(a, b claim) int {
+		return cmp.Or(comparePrefix(a.cidr, b.cidr), strings.Compare(a.node, b.node))
+	})
+	var open []claim
+	for _, cl := range valid {
+		for len(open) > 0 && !open[len(open)-1].cidr.Overlaps(cl.cidr) {
+			open = open[:len(open)-1]
+		}
+		for _, o := range open {
+			if o.node != cl.node {
+				c.shared[cl] = append(c.shared[cl], o.node)
+				c.shared[o] = append(c.shared[o], cl.node)
+			}
+		}
+		open = append(open, cl)
+	}
+}
+
+// dedup drops repeated CIDRs, keeping the Node's order.
+func dedup(ps []netip.Prefix) []netip.Prefix {
+	out := ps[:0:0]
+	for _, p := range ps {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// comparePrefix orders IPv4 before IPv6, then by address, then wider first.
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+// own returns the pod CIDRs of the node named self that a conflist may be written for: none
+// when it has none yet, an error naming every reason when any of them is refused.
+func (c *claims) own(self string) ([]netip.Prefix, error) {
+	if err := c.parseErr[self]; err != nil {
+		return nil, err
+	}
+	cidrs := c.byNode[self]
+	var errs []error
+	for _, p := range cidrs {
+		if err := cmp.Or(c.ruleError(claim{self, p}), c.sharedError(claim{self, p})); err != nil {
+			errs = append(errs, fmt.Errorf("pod CIDR %s of node %s %w", p, self, err))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return cidrs, nil
+}
+
+// ruleError says why the claim breaks a rule, cluster-wide or of this node, or nil.
+func (c *claims) ruleError(cl claim) error {
+	if err := c.invalid[cl]; err != nil {
+		return err
+	}
+	return c.rules.nodeError(cl.cidr)
+}
+
+// sharedError says which other nodes claim addresses of cl too, or nil.
+func (c *claims) sharedError(cl claim) error {
+	if others := c.shared[cl]; len(others) > 0 {
+		return fmt.Errorf("overlaps the pod CIDR of node %s: two nodes claim these addresses, neither is trusted", strings.Join(slices.Compact(slices.Sorted(slices.Values(others))), ", "))
+	}
+	return nil
+}
+
+// PodCIDRs returns a Node's pod CIDRs: spec.podCIDRs, or spec.podCIDR on objects written by
+// clients that only know the single-stack field. A CIDR with host bits is refused: it is no
+// network, and guessing which one was meant would route addresses nobody assigned.
+func PodCIDRs(n *corev1.Node) ([]netip.Prefix, error) {
+	raw := n.Spec.PodCIDRs
+	if len(raw) == 0 && n.Spec.PodCIDR != "" {
+		raw = []string{n.Spec.PodCIDR}
+	}
+	out := make([]netip.Prefix, 0, len(raw))
+	for _, s := range raw {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("node %s: pod CIDR %q: %w", n.Name, s, err)
+		}
+		if p.Masked() != p {
+			return nil, fmt.Errorf("node %s: pod CIDR %q has host bits set", n.Name, s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

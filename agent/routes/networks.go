@@ -1,0 +1,64 @@
+package routes
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
+)
+
+// Network is one of the node's own networks: a subnet the node has an address in, or reaches
+// directly through a link. A pod CIDR that overlaps one would take the node's own traffic.
+type Network struct {
+	Prefix netip.Prefix
+	Addr   netip.Addr // the node's address in it; invalid for a route
+	Source string     // "address 192.168.1.5/24 on eth0", "route 10.9.0.0/16 dev eth1"
+}
+
+// NodeNetworks returns the calling thread's namespace's own networks: the network of every
+// address, and every directly connected route of the main table (a unicast route out of a
+// link with no gateway: scope link in IPv4, any scope in IPv6), on every link but the one named
+// exclude (the kubenet bridge, whose networks are the pod CIDR itself).
+func NodeNetworks(exclude string) ([]Network, error) {
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("node networks: list links: %w", err)
+	}
+	names := make(map[int]string, len(links))
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("node networks: list addresses: %w", err)
+	}
+	var out []Network
+	for _, a := range addrs {
+		name := names[a.LinkIndex]
+		p, ok := ipnet.ToPrefix(a.IPNet)
+		if name == exclude || !ok {
+			continue
+		}
+		out = append(out, Network{Prefix: p.Masked(), Addr: p.Addr(), Source: fmt.Sprintf("address %s on %s", p, name)})
+	}
+	rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("node networks: list routes: %w", err)
+	}
+	for _, r := range rs {
+		name := names[r.LinkIndex]
+		if r.Gw != nil || len(r.MultiPath) > 0 || r.Type != unix.RTN_UNICAST || r.LinkIndex == 0 || name == exclude || r.Dst == nil {
+			continue
+		}
+		p, ok := ipnet.ToPrefix(r.Dst)
+		if !ok {
+			continue
+		}
+		out = append(out, Network{Prefix: p.Masked(), Source: fmt.Sprintf("route %s dev %s", p, name)})
+	}
+	return out, nil
+}
