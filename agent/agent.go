@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -23,9 +24,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -87,7 +88,7 @@ type Config struct {
 // Agent is one node's agent. Create it with New and start it with Run.
 type Agent struct {
 	cfg     Config
-	client  kubernetes.Interface
+	client  typedcorev1.CoreV1Interface
 	log     *slog.Logger
 	metrics *metrics
 	table   routes.Table
@@ -111,7 +112,7 @@ type Agent struct {
 }
 
 // New checks cfg and builds the agent.
-func New(client kubernetes.Interface, cfg Config) (*Agent, error) {
+func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: no node name (set NODE_NAME or --node-name)")
 	}
@@ -204,15 +205,27 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.events == nil {
 		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.Events("")})
 		defer broadcaster.Shutdown()
-		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubenet-agent", Host: a.cfg.NodeName})
+		a.events = broadcaster.NewRecorder(eventScheme(), corev1.EventSource{Component: "kubenet-agent", Host: a.cfg.NodeName})
 	}
-	factory := informers.NewSharedInformerFactory(a.client, a.cfg.ResyncPeriod)
-	inf := factory.Core().V1().Nodes()
-	a.nodes = inf.Lister()
-	a.synced = inf.Informer().HasSynced
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	inf := cache.NewSharedIndexInformerWithOptions(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return a.client.Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return a.client.Nodes().Watch(ctx, o)
+		},
+	}, &corev1.Node{}, cache.SharedIndexInformerOptions{ResyncPeriod: a.cfg.ResyncPeriod})
+	// The cache keeps only what the agent reads: a kubelet's Node carries images, capacity and
+	// node info (10 KB and more each), which at a thousand Nodes would be most of the agent's
+	// memory.
+	if err := inf.SetTransform(slimNode); err != nil {
+		return fmt.Errorf("agent: node informer: %w", err)
+	}
+	a.nodes = corelisters.NewNodeLister(inf.GetIndexer())
+	a.synced = inf.HasSynced
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { a.queue.Add(syncKey) },
 		UpdateFunc: func(oldObj, newObj any) {
 			// Resyncs deliver old == new: they are the periodic repair, so they sync too.
@@ -226,12 +239,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("agent: node informer: %w", err)
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	informerCtx, stopInformer := context.WithCancel(ctx)
+	informerDone := make(chan struct{})
+	go func() {
+		defer close(informerDone)
+		inf.RunWithContext(informerCtx)
+	}()
+	defer func() { stopInformer(); <-informerDone }()
 	if !cache.WaitForCacheSync(ctx.Done(), a.synced) {
 		return fmt.Errorf("agent: node informer did not sync: %w", ctx.Err())
 	}
 	a.log.Info("node informer synced", "node", a.cfg.NodeName)
+	// Receiving every Node is the agent's one burst of allocation; the heap it grew for it would
+	// otherwise stay resident for minutes.
+	debug.FreeOSMemory()
 	go func() {
 		<-ctx.Done()
 		a.queue.ShutDown()
@@ -274,14 +295,16 @@ func (a *Agent) processNext(ctx context.Context) bool {
 
 // sync converges the conflist, the routes and the node condition with the informer's view.
 func (a *Agent) sync(ctx context.Context) error {
+	started := time.Now()
 	a.mu.Lock()
-	a.inSync = time.Now()
+	a.inSync = started
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
 		a.inSync = time.Time{}
 		a.mu.Unlock()
 		a.metrics.lastSync.SetToCurrentTime()
+		a.metrics.syncDuration.Observe(time.Since(started).Seconds())
 	}()
 
 	self, err := a.nodes.Get(a.cfg.NodeName)
@@ -295,11 +318,11 @@ func (a *Agent) sync(ctx context.Context) error {
 		return fmt.Errorf("list nodes from the cache: %w", err)
 	}
 	// The node's own networks, which no pod CIDR may overlap. Without them nothing is decided.
-	networks, err := routes.NodeNetworks(cmp.Or(a.cfg.Conflist.Bridge, core.DefaultBridge))
+	kernel, err := a.table.Read(cmp.Or(a.cfg.Conflist.Bridge, core.DefaultBridge))
 	if err != nil {
 		return err
 	}
-	cl := newClaims(nodes, CIDRRules{Cluster: a.cfg.Conflist.NonMasqueradeCIDRs, Services: a.cfg.ServiceCIDRs, Networks: networks})
+	cl := newClaims(nodes, CIDRRules{Cluster: a.cfg.Conflist.NonMasqueradeCIDRs, Services: a.cfg.ServiceCIDRs, Networks: kernel.Networks})
 	var errs []error
 	cidrsReady, err := a.syncConflist(self, cl)
 	if err != nil {
@@ -310,10 +333,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	want := cl.routes(a.cfg.NodeName, nodes)
 	a.reportRefusedRoutes(self, want.Unusable)
-	failures, err := a.syncRoutes(want)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	failures := a.syncRoutes(want, kernel.Routes)
 	a.log.Debug("routes synced", "nodes", len(nodes), "peers", len(want.Peers), "wanted", len(want.Routes), "failures", len(failures))
 	if len(failures) > 0 {
 		errs = append(errs, fmt.Errorf("%d route(s) not programmed", len(failures)))
@@ -388,12 +408,9 @@ func (a *Agent) syncConflist(self *corev1.Node, cl *claims) (bool, error) {
 	return true, nil
 }
 
-// syncRoutes converges the main table and returns the wanted routes that are not in place.
-func (a *Agent) syncRoutes(want Want) ([]routes.Failure, error) {
-	current, err := a.table.List()
-	if err != nil {
-		return nil, err
-	}
+// syncRoutes converges the main table, read as current, and returns the wanted routes that are
+// not in place.
+func (a *Agent) syncRoutes(want Want, current []routes.Existing) []routes.Failure {
 	plan := routes.Diff(current, want.Routes, a.cfg.RouteProtocol)
 	for _, e := range plan.Delete {
 		a.log.Info("deleting route", "dst", e.Dst, "gw", e.Gw)
@@ -417,7 +434,7 @@ func (a *Agent) syncRoutes(want Want) ([]routes.Failure, error) {
 		}
 	}
 	a.metrics.routes.Set(float64(programmed))
-	return failures, nil
+	return failures
 }
 
 // syncCondition patches the node's NetworkUnavailable condition when it differs from c.
@@ -444,11 +461,38 @@ func (a *Agent) syncCondition(ctx context.Context, self *corev1.Node, c Conditio
 		return fmt.Errorf("node condition: %w", err)
 	}
 	// A strategic merge patch merges conditions by type: other conditions (kubelet's) stay.
-	if _, err := a.client.CoreV1().Nodes().PatchStatus(ctx, self.Name, patch); err != nil {
+	if _, err := a.client.Nodes().PatchStatus(ctx, self.Name, patch); err != nil {
 		return fmt.Errorf("set node %s condition NetworkUnavailable=%s: %w", self.Name, c.Status, err)
 	}
 	a.log.Info("node condition set", "type", corev1.NodeNetworkUnavailable, "status", c.Status, "reason", c.Reason, "message", c.Message)
 	return nil
+}
+
+// slimNode is the informer's transform: a Node with only the fields the agent reads (name,
+// version, pod CIDRs, addresses, the NetworkUnavailable condition). Other objects (a deletion's
+// tombstone) pass unchanged.
+func slimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}
+	if c := findCondition(n); c != nil {
+		slim.Status.Conditions = []corev1.NodeCondition{*c}
+	}
+	return slim, nil
+}
+
+// eventScheme knows the one kind the agent records Events about. client-go's scheme would know
+// every API group, and with it bring all of their code into the binary.
+func eventScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(corev1.AddToScheme(s))
+	return s
 }
 
 func findCondition(n *corev1.Node) *corev1.NodeCondition {

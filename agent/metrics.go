@@ -11,6 +11,7 @@ type metrics struct {
 	routeFailures  *prometheus.GaugeVec
 	syncErrors     prometheus.Counter
 	lastSync       prometheus.Gauge
+	syncDuration   prometheus.Histogram
 	ready          prometheus.Gauge
 	confWrites     prometheus.Counter
 	stalePasses    *prometheus.CounterVec
@@ -35,6 +36,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_last_sync_timestamp_seconds",
 			Help: "Unix time at which the last sync finished, with or without errors.",
 		}),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubenet_agent_sync_duration_seconds",
+			Help:    "Time one sync took: read the Nodes and the kernel, write the conflist, routes and condition.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14), // 1 ms to 8 s
+		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kubenet_agent_ready",
 			Help: "1 when the conflist for the node's pod CIDRs is written, else 0.",
@@ -52,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Attachments of sandboxes the runtime no longer lists, and reservations without sandbox or record, that were collected.",
 		}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.ready, m.confWrites, m.stalePasses, m.staleCollected} {
+	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.syncDuration, m.ready, m.confWrites, m.stalePasses, m.staleCollected} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -19,11 +19,28 @@ type Network struct {
 	Source string     // "address 192.168.1.5/24 on eth0", "route 10.9.0.0/16 dev eth1"
 }
 
-// NodeNetworks returns the calling thread's namespace's own networks: the network of every
-// address, and every directly connected route of the main table (a unicast route out of a
-// link with no gateway: scope link in IPv4, any scope in IPv6), on every link but the one named
-// exclude (the kubenet bridge, whose networks are the pod CIDR itself).
-func NodeNetworks(exclude string) ([]Network, error) {
+// Snapshot is one reading of the node: the main table and the node's own networks.
+type Snapshot struct {
+	Routes   []Existing // every route of the main table, for Diff
+	Networks []Network
+}
+
+// Read reads the calling thread's namespace: the main table once, for both the routes and the
+// connected networks, and the addresses. exclude names the kubenet bridge (see nodeNetworks).
+func (t Table) Read(exclude string) (Snapshot, error) {
+	rs, err := mainTable()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	networks, err := nodeNetworks(rs, exclude)
+	return Snapshot{Routes: existing(rs), Networks: networks}, err
+}
+
+// nodeNetworks returns the node's own networks: the network of every address, and every
+// directly connected route of the main table (a unicast route out of a link with no gateway:
+// scope link in IPv4, any scope in IPv6), on every link but the one named exclude (the kubenet
+// bridge, whose networks are the pod CIDR itself).
+func nodeNetworks(mainRoutes []netlink.Route, exclude string) ([]Network, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("node networks: list links: %w", err)
@@ -45,11 +62,7 @@ func NodeNetworks(exclude string) ([]Network, error) {
 		}
 		out = append(out, Network{Prefix: p.Masked(), Addr: p.Addr(), Source: fmt.Sprintf("address %s on %s", p, name)})
 	}
-	rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("node networks: list routes: %w", err)
-	}
-	for _, r := range rs {
+	for _, r := range mainRoutes {
 		name := names[r.LinkIndex]
 		if r.Gw != nil || len(r.MultiPath) > 0 || r.Type != unix.RTN_UNICAST || r.LinkIndex == 0 || name == exclude || r.Dst == nil {
 			continue

@@ -12,7 +12,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
-// TestNodeNetworks reads a namespace's own networks from the kernel: every address's network
+// TestNodeNetworks reads a namespace's own networks from the kernel (Table.Read): every address's network
 // and every connected route, on every link but the excluded bridge; routes via a gateway are
 // not the node's networks.
 func TestNodeNetworks(t *testing.T) {
@@ -48,12 +48,18 @@ func TestNodeNetworks(t *testing.T) {
 		}
 		return netlink.LinkSetUp(br)
 	})
-	var got []Network
+	var snap Snapshot
 	nettest.Do(t, node, func() error {
 		var err error
-		got, err = NodeNetworks("cbr0")
+		snap, err = Table{}.Read("cbr0")
 		return err
 	})
+	got := snap.Networks
+	if !slices.ContainsFunc(snap.Routes, func(e Existing) bool {
+		return e.Dst == netip.MustParsePrefix("10.244.2.0/24") && e.Gw == netip.MustParseAddr("192.168.1.2")
+	}) {
+		t.Errorf("the snapshot's routes lack 10.244.2.0/24 via 192.168.1.2: %+v", snap.Routes)
+	}
 	var sources []string
 	for _, n := range got {
 		sources = append(sources, n.Prefix.String()+" "+n.Source)

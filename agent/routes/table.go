@@ -24,10 +24,22 @@ type Table struct {
 
 // List returns every route of the main table, both families.
 func (t Table) List() ([]Existing, error) {
+	rs, err := mainTable()
+	if err != nil {
+		return nil, err
+	}
+	return existing(rs), nil
+}
+
+func mainTable() ([]netlink.Route, error) {
 	rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
+	return rs, nil
+}
+
+func existing(rs []netlink.Route) []Existing {
 	out := make([]Existing, 0, len(rs))
 	for _, r := range rs {
 		e := Existing{Protocol: int(r.Protocol), Priority: r.Priority}
@@ -44,7 +56,7 @@ func (t Table) List() ([]Existing, error) {
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out
 }
 
 // Apply carries out p and returns the routes it could not make or remove. Each change is one

@@ -432,7 +432,7 @@ type routeEvents struct {
 	done chan struct{}
 }
 
-func subscribeRoutes(t *testing.T, n ns.NetNS) *routeEvents {
+func subscribeRoutes(t testing.TB, n ns.NetNS) *routeEvents {
 	t.Helper()
 	h, err := netns.GetFromPath(n.Path())
 	if err != nil {

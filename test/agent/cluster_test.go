@@ -73,7 +73,7 @@ type simNode struct {
 	agent      *nettest.Process
 }
 
-func newSimNode(t *testing.T, u *nettest.Underlay, cp *controlPlane, name string, i int, bearer string) *simNode {
+func newSimNode(t testing.TB, u *nettest.Underlay, cp *controlPlane, name string, i int, bearer string) *simNode {
 	t.Helper()
 	n := &simNode{name: name, addrs: nodeAddrs(i), ns: nettest.NewNS(t), dir: t.TempDir()}
 	u.Attach(t, n.ns, "eth0", n.addrs...)
@@ -131,7 +131,7 @@ func (n *simNode) agentArgs() []string {
 
 // startAgent starts the node's agent with agentArgs and then extra (a flag given twice takes
 // the later value).
-func (n *simNode) startAgent(t *testing.T, extra ...string) {
+func (n *simNode) startAgent(t testing.TB, extra ...string) {
 	t.Helper()
 	n.agent = nettest.StartProcess(t, n.ns, n.logFile(), testBins.agent, append(n.agentArgs(), extra...)...)
 }
@@ -174,7 +174,7 @@ func (n *simNode) metrics() (map[string]float64, error) {
 }
 
 // waitSynced waits until the running agent has finished a sync.
-func (n *simNode) waitSynced(t *testing.T) map[string]float64 {
+func (n *simNode) waitSynced(t testing.TB) map[string]float64 {
 	t.Helper()
 	var m map[string]float64
 	err := nettest.Eventually(30*time.Second, func() error {
@@ -294,7 +294,7 @@ func nodeObject(name string, addrs []netip.Prefix, cidrs []netip.Prefix) *corev1
 
 // createNode creates the Node and, since status is not taken from a create, writes its
 // addresses through the status subresource as a kubelet does.
-func createNode(t *testing.T, c kubernetes.Interface, node *corev1.Node) {
+func createNode(t testing.TB, c kubernetes.Interface, node *corev1.Node) {
 	t.Helper()
 	ctx := context.Background()
 	created, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
@@ -309,7 +309,7 @@ func createNode(t *testing.T, c kubernetes.Interface, node *corev1.Node) {
 	}
 }
 
-func deleteNode(t *testing.T, c kubernetes.Interface, name string) {
+func deleteNode(t testing.TB, c kubernetes.Interface, name string) {
 	t.Helper()
 	if err := c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("delete node %s: %v", name, err)
@@ -331,7 +331,7 @@ func networkCondition(c kubernetes.Interface, name string) (*corev1.NodeConditio
 }
 
 // manifestObjects decodes deploy/kubenet.yaml.
-func manifestObjects(t *testing.T) []runtime.Object {
+func manifestObjects(t testing.TB) []runtime.Object {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "kubenet.yaml"))
 	if err != nil {
@@ -361,7 +361,7 @@ func manifestObjects(t *testing.T) []runtime.Object {
 
 // applyManifest creates every object of deploy/kubenet.yaml through the API, so the server
 // validates all of them (the DaemonSet too, which nothing here runs).
-func applyManifest(t *testing.T, c kubernetes.Interface, objs []runtime.Object) {
+func applyManifest(t testing.TB, c kubernetes.Interface, objs []runtime.Object) {
 	t.Helper()
 	ctx := context.Background()
 	for _, obj := range objs {
@@ -386,7 +386,7 @@ func applyManifest(t *testing.T, c kubernetes.Interface, objs []runtime.Object) 
 
 // serviceAccountUser is the user name the manifest's ServiceAccount authenticates as; the
 // agents get a static token for it, so they run with exactly the manifest's RBAC.
-func serviceAccountUser(t *testing.T, objs []runtime.Object) token {
+func serviceAccountUser(t testing.TB, objs []runtime.Object) token {
 	t.Helper()
 	for _, obj := range objs {
 		if sa, ok := obj.(*corev1.ServiceAccount); ok {

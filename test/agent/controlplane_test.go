@@ -52,7 +52,7 @@ type controlPlane struct {
 // startControlPlane starts etcd and the API server in a new namespace attached to u with addr,
 // waits until /readyz answers, and returns an admin client (system:masters) that dials inside
 // that namespace. Both processes are stopped by pid at cleanup.
-func startControlPlane(t *testing.T, u *nettest.Underlay, addr netip.Prefix, tokens []token) *controlPlane {
+func startControlPlane(t testing.TB, u *nettest.Underlay, addr netip.Prefix, tokens []token) *controlPlane {
 	t.Helper()
 	dir := t.TempDir()
 	cp := &controlPlane{ns: nettest.NewNS(t), url: fmt.Sprintf("https://%s", net.JoinHostPort(addr.Addr().String(), fmt.Sprint(apiPort)))}
@@ -133,7 +133,7 @@ func startControlPlane(t *testing.T, u *nettest.Underlay, addr netip.Prefix, tok
 // startCluster starts a control plane on a new underlay, creates the objects of
 // deploy/kubenet.yaml through it, and returns the token the agents authenticate with: the
 // manifest's ServiceAccount, so they run with exactly the manifest's RBAC.
-func startCluster(t *testing.T) (*nettest.Underlay, *controlPlane, string) {
+func startCluster(t testing.TB) (*nettest.Underlay, *controlPlane, string) {
 	t.Helper()
 	objs := manifestObjects(t)
 	agentTok := serviceAccountUser(t, objs)
