@@ -109,6 +109,9 @@ type Agent struct {
 	events        record.EventRecorder
 	refusedOwn    string
 	refusedRoutes map[string]bool
+	// patched is the NetworkUnavailable condition the agent last wrote: its own write, seen
+	// again by the informer, needs no sync.
+	patched Condition
 }
 
 // New checks cfg and builds the agent.
@@ -274,7 +277,14 @@ func (a *Agent) relevant(o, n *corev1.Node) bool {
 		return false
 	}
 	oc, nc := findCondition(o), findCondition(n)
-	return (oc == nil) != (nc == nil) || (oc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason || oc.Message != nc.Message))
+	if (oc == nil) == (nc == nil) && (oc == nil || conditionOf(oc) == conditionOf(nc)) {
+		return false
+	}
+	// The agent's own patch coming back is no news; anybody else's change is.
+	a.mu.Lock()
+	patched := a.patched
+	a.mu.Unlock()
+	return nc == nil || conditionOf(nc) != patched
 }
 
 func (a *Agent) processNext(ctx context.Context) bool {
@@ -464,6 +474,9 @@ func (a *Agent) syncCondition(ctx context.Context, self *corev1.Node, c Conditio
 	if _, err := a.client.Nodes().PatchStatus(ctx, self.Name, patch); err != nil {
 		return fmt.Errorf("set node %s condition NetworkUnavailable=%s: %w", self.Name, c.Status, err)
 	}
+	a.mu.Lock()
+	a.patched = c
+	a.mu.Unlock()
 	a.log.Info("node condition set", "type", corev1.NodeNetworkUnavailable, "status", c.Status, "reason", c.Reason, "message", c.Message)
 	return nil
 }
@@ -493,6 +506,10 @@ func eventScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(corev1.AddToScheme(s))
 	return s
+}
+
+func conditionOf(c *corev1.NodeCondition) Condition {
+	return Condition{Status: c.Status, Reason: c.Reason, Message: c.Message}
 }
 
 func findCondition(n *corev1.Node) *corev1.NodeCondition {

@@ -241,23 +241,23 @@ func TestRouteCondition(t *testing.T) {
 		reason   string
 		message  []string
 	}{
-		{name: "all in place", peers: []string{"b", "c"}, status: corev1.ConditionFalse, reason: ReasonRoutesCreated, message: []string{"2 other node(s)"}},
-		{name: "single-node cluster", status: corev1.ConditionFalse, reason: ReasonRoutesCreated, message: []string{"0 other node(s)"}},
+		{name: "all in place", peers: []string{"b", "c"}, status: corev1.ConditionFalse, reason: ReasonRoutesCreated, message: []string{"every other node's pod CIDRs are in place"}},
+		{name: "single-node cluster", status: corev1.ConditionFalse, reason: ReasonRoutesCreated, message: []string{"every other node's pod CIDRs are in place"}},
 		{
 			name:  "one peer off the segment: the rest of the cluster still works, so False",
 			peers: []string{"b", "c", "far"}, failures: []routes.Failure{fail("far", "10.244.9.0/24"), fail("far", "fd00:10:244:9::/64")},
 			status: corev1.ConditionFalse, reason: ReasonRoutesIncomplete,
-			message: []string{"2 route(s) missing", "2 of 3 other node(s)", "node far", "10.244.9.0/24", "L2 segment"},
+			message: []string{"2 route(s) missing", "node far", "10.244.9.0/24", "L2 segment"},
 		},
 		{
 			name:  "no peer reachable: True",
 			peers: []string{"b", "c"}, failures: []routes.Failure{fail("b", "10.244.2.0/24"), fail("c", "10.244.3.0/24")},
-			status: corev1.ConditionTrue, reason: ReasonNoRoutes, message: []string{"no route to any of 2 other node(s)", "node b", "node c"},
+			status: corev1.ConditionTrue, reason: ReasonNoRoutes, message: []string{"no route to any other node", "node b", "node c"},
 		},
 		{
 			name:  "a stale route that cannot be deleted (no node): incomplete, but every peer reachable",
 			peers: []string{"b"}, failures: []routes.Failure{{Route: routes.Route{Dst: netip.MustParsePrefix("10.244.7.0/24")}, Err: errors.New("delete: permission denied")}},
-			status: corev1.ConditionFalse, reason: ReasonRoutesIncomplete, message: []string{"1 of 1 other node(s)", "permission denied"},
+			status: corev1.ConditionFalse, reason: ReasonRoutesIncomplete, message: []string{"1 route(s) missing", "permission denied"},
 		},
 		{
 			name:  "many failures: the message stays bounded",
@@ -283,10 +283,22 @@ func TestRouteCondition(t *testing.T) {
 			}
 		})
 	}
+	// A node joining or leaving the cluster must not change any other node's condition (each
+	// change would be a write of every Node).
+	many := make([]string, 1000)
+	for i := range many {
+		many[i] = fmt.Sprintf("n%d", i)
+	}
+	far := []routes.Failure{fail("far", "10.244.9.0/24")}
+	for _, failures := range [][]routes.Failure{nil, far} {
+		if a, b := RouteCondition(many[:2], failures), RouteCondition(append(many, "far"), failures); a != b {
+			t.Errorf("the condition depends on the number of peers: %+v and %+v", a, b)
+		}
+	}
 }
 
 func TestRelevantUpdates(t *testing.T) {
-	a := &Agent{cfg: Config{NodeName: "self"}}
+	a := &Agent{cfg: Config{NodeName: "self"}, patched: Condition{corev1.ConditionFalse, ReasonRoutesCreated, "set by us"}}
 	base := func(name string) *corev1.Node {
 		n := node(name, []string{"10.244.1.0/24"}, "192.168.1.1")
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
@@ -308,6 +320,12 @@ func TestRelevantUpdates(t *testing.T) {
 			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionTrue})
 		}, true},
 		{"own heartbeat", "self", func(n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.Now() }, false},
+		{"own NetworkUnavailable as the agent itself last set it", "self", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: ReasonRoutesCreated, Message: "set by us"})
+		}, false},
+		{"own NetworkUnavailable changed back by somebody else after that", "self", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: ReasonRoutesCreated, Message: "set by somebody"})
+		}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -35,11 +35,13 @@ type Condition struct {
 }
 
 // RouteCondition derives the node's NetworkUnavailable condition from the route sync: the peers
-// the node should reach and the routes that failed.
+// the node should reach and the routes that failed. The message depends on the failures only,
+// never on how many peers there are: otherwise every node joining or leaving would make every
+// agent of the cluster write its Node, N writes to the API server for one change.
 func RouteCondition(peers []string, failures []routes.Failure) Condition {
 	if len(failures) == 0 {
 		return Condition{corev1.ConditionFalse, ReasonRoutesCreated,
-			fmt.Sprintf("kubenet-agent: routes to the pod CIDRs of %d other node(s) are in place", len(peers))}
+			"kubenet-agent: the routes to every other node's pod CIDRs are in place"}
 	}
 	failedPeers := map[string]bool{}
 	for _, f := range failures {
@@ -59,8 +61,8 @@ func RouteCondition(peers []string, failures []routes.Failure) Condition {
 	reachable := slices.DeleteFunc(slices.Clone(peers), func(p string) bool { return failedPeers[p] })
 	if len(peers) > 0 && len(reachable) == 0 {
 		return Condition{corev1.ConditionTrue, ReasonNoRoutes,
-			fmt.Sprintf("kubenet-agent: no route to any of %d other node(s): %s", len(peers), detail)}
+			fmt.Sprintf("kubenet-agent: no route to any other node: %s", detail)}
 	}
 	return Condition{corev1.ConditionFalse, ReasonRoutesIncomplete,
-		fmt.Sprintf("kubenet-agent: %d route(s) missing, %d of %d other node(s) fully reachable: %s", len(failures), len(reachable), len(peers), detail)}
+		fmt.Sprintf("kubenet-agent: %d route(s) missing: %s", len(failures), detail)}
 }

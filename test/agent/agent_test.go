@@ -136,7 +136,7 @@ func TestAgentCluster(t *testing.T) {
 		{"routes converge on every node", routesConverge},
 		{"condition NetworkUnavailable=False", func(t *testing.T) {
 			for _, n := range nodes {
-				conditionIs(t, n, corev1.ConditionFalse, agent.ReasonRoutesCreated, "2 other node(s)")
+				conditionIs(t, n, corev1.ConditionFalse, agent.ReasonRoutesCreated, "every other node's pod CIDRs are in place")
 			}
 		}},
 		{"pods on different nodes talk with their own addresses", func(t *testing.T) {
@@ -162,7 +162,7 @@ func TestAgentCluster(t *testing.T) {
 			far := nodeObject("far", []netip.Prefix{netip.MustParsePrefix("192.168.99.4/24"), netip.MustParsePrefix("fd00:99::4/64")}, podCIDRs(9))
 			createNode(t, api, far)
 			for _, n := range nodes {
-				conditionIs(t, n, corev1.ConditionFalse, agent.ReasonRoutesIncomplete, "node far", "L2 segment", "2 of 3 other node(s)")
+				conditionIs(t, n, corev1.ConditionFalse, agent.ReasonRoutesIncomplete, "node far", "L2 segment", "2 route(s) missing")
 			}
 			err := nettest.Eventually(converge, func() error {
 				m, err := n1.metrics()
