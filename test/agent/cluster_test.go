@@ -296,17 +296,25 @@ func nodeObject(name string, addrs []netip.Prefix, cidrs []netip.Prefix) *corev1
 // addresses through the status subresource as a kubelet does.
 func createNode(t testing.TB, c kubernetes.Interface, node *corev1.Node) {
 	t.Helper()
+	if err := registerNode(c, node); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// registerNode is createNode for any goroutine: it returns the error.
+func registerNode(c kubernetes.Interface, node *corev1.Node) error {
 	ctx := context.Background()
 	created, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("create node %s: %v", node.Name, err)
+		return fmt.Errorf("create node %s: %w", node.Name, err)
 	}
 	if len(created.Status.Addresses) == 0 {
 		created.Status = node.Status
 		if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("node %s status: %v", node.Name, err)
+			return fmt.Errorf("node %s status: %w", node.Name, err)
 		}
 	}
+	return nil
 }
 
 func deleteNode(t testing.TB, c kubernetes.Interface, name string) {

@@ -196,7 +196,7 @@ func kubeletNode(name string, addrs, cidrs []netip.Prefix) *corev1.Node {
 	id := fmt.Sprintf("%032x", len(name)*7919+int(name[len(name)-1]))
 	n.Status.NodeInfo = corev1.NodeSystemInfo{
 		MachineID: id, SystemUUID: id, BootID: id, KernelVersion: "6.1.0-28-amd64", OSImage: "Debian GNU/Linux 12 (bookworm)",
-		ContainerRuntimeVersion: "containerd://1.7.24", KubeletVersion: "v1.34.1", KubeProxyVersion: "v1.34.1",
+		ContainerRuntimeVersion: "containerd://1.7.24", KubeletVersion: "v1.34.1",
 		OperatingSystem: "linux", Architecture: "amd64",
 	}
 	for i := range 50 {
@@ -212,13 +212,16 @@ func kubeletNode(name string, addrs, cidrs []netip.Prefix) *corev1.Node {
 // createMany creates count Nodes made by gen, eight at a time.
 func createMany(b *testing.B, api kubernetes.Interface, count int, gen func(i int) *corev1.Node) {
 	work := make(chan int)
+	errs := make(chan error, count)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				createNode(b, api, gen(i))
+				if err := registerNode(api, gen(i)); err != nil {
+					errs <- err
+				}
 			}
 		}()
 	}
@@ -227,6 +230,10 @@ func createMany(b *testing.B, api kubernetes.Interface, count int, gen func(i in
 	}
 	close(work)
 	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
 }
 
 func nodeSize(b *testing.B, api kubernetes.Interface, name string) int {
