@@ -1,0 +1,294 @@
+// Package netpol is the kernel side of NetworkPolicy on a kubenet node: one nftables table per
+// network that filters pod traffic by what the node agent compiled from the cluster's policies.
+// It knows nothing of Kubernetes objects: its input is, per local pod, the addresses, protocols
+// and ports each direction allows (Ruleset), and it never reads the API.
+//
+// Layout of the table (see rules.go for the names):
+//
+//   - two base chains, forward (pod to pod, pod to other hosts, other hosts to pod) and input (pod
+//     to the node itself), that accept packets of connections conntrack already knows (replies
+//     of allowed connections), accept IPv6 neighbour discovery, drop every packet from or to a
+//     pending address (below), and then dispatch through verdict maps keyed by the local pod's
+//     address: egress by source, ingress by destination;
+//   - one chain per distinct "allow list" (a group: pods with the same allowed peers and ports
+//     share it, whatever the number of policies that produced it), which looks the peer address,
+//     protocol and port up in two concatenated interval sets and returns on a hit or drops. A new
+//     connection costs two map lookups and at most four set lookups, however many policies
+//     select its pods;
+//   - the pending sets: ADD puts a new pod's addresses there before the pod's interface exists,
+//     and only the agent's Apply takes them out, in the same transaction that installs the pod's
+//     rules. A pod's traffic is denied until its policies are known: there is no window at pod
+//     start. The element's comment names the attachment, so an address that a new pod got after
+//     an old one was deleted is never released on the old pod's account.
+//
+// The agent owns the groups and the maps; the plugin only adds and removes pending elements and
+// removes a deleted pod's map elements. Nothing is removed when the agent stops: a node whose
+// agent is down keeps its last rules.
+package netpol
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Protocol numbers a port rule can name (NetworkPolicyPort.protocol).
+const (
+	TCP  uint8 = 6
+	UDP  uint8 = 17
+	SCTP uint8 = 132
+)
+
+// Range is an inclusive range of addresses of one family: a pod's address (First == Last) or
+// what is left of an ipBlock after its exceptions.
+type Range struct{ First, Last netip.Addr }
+
+// Single is the range of one address.
+func Single(a netip.Addr) Range { return Range{a, a} }
+
+// PrefixRange is the range of a prefix.
+func PrefixRange(p netip.Prefix) Range {
+	p = p.Masked()
+	return Range{p.Addr(), lastOf(p)}
+}
+
+func (r Range) String() string {
+	if r.First == r.Last {
+		return r.First.String()
+	}
+	return r.First.String() + "-" + r.Last.String()
+}
+
+// Valid tells whether r is a non-empty range of one family.
+func (r Range) Valid() bool {
+	return r.First.IsValid() && r.Last.IsValid() && r.First.Is4() == r.Last.Is4() && !r.First.Is4In6() && !r.Last.Is4In6() && r.First.Compare(r.Last) <= 0
+}
+
+// Ports is one protocol and an inclusive port range of it.
+type Ports struct {
+	Protocol    uint8
+	First, Last uint16
+}
+
+func (p Ports) String() string {
+	if p.First == p.Last {
+		return fmt.Sprintf("%s/%d", protoName(p.Protocol), p.First)
+	}
+	return fmt.Sprintf("%s/%d-%d", protoName(p.Protocol), p.First, p.Last)
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	case SCTP:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}
+
+// Entry allows one peer range: on every protocol and port (Ports nil), or on Ports.
+type Entry struct {
+	Peer  Range
+	Ports *Ports
+}
+
+// Direction is what one direction of a pod allows. A pod that is not Isolated in a direction
+// (no policy of that type selects it) is not filtered in it; an isolated pod is allowed exactly
+// the union of Allow.
+type Direction struct {
+	Isolated bool
+	Allow    []Entry
+}
+
+// Pod is one local pod whose policies are known.
+type Pod struct {
+	// Owner is the attachment ("containerID/ifname"): the pending element of each address is
+	// released only when its comment names this owner.
+	Owner   string
+	IPs     []netip.Addr
+	Ingress Direction
+	Egress  Direction
+}
+
+// Ruleset is the whole policy state of the node's pods. Pods not in it stay as they are in the
+// pending sets (denied), and have no map elements.
+type Ruleset struct {
+	Pods []Pod
+}
+
+// box is a disjoint element of a ports set: addresses × one protocol × a port range.
+type box struct {
+	addrs Range
+	ports Ports
+}
+
+// group is the canonical form of one direction's allow list: disjoint, sorted elements of the
+// any-port set and of the ports set, per family. Equal allow lists give equal groups, whatever
+// the order or the overlaps in which the compiler produced them.
+type group struct {
+	any4, any6     []Range
+	ports4, ports6 []box
+}
+
+// canonical builds the group of allow.
+func canonical(allow []Entry) group {
+	var g group
+	var any4, any6 []Range
+	type portsKey struct {
+		is6   bool
+		proto uint8
+	}
+	byProto := map[portsKey][]Entry{}
+	for _, e := range allow {
+		if !e.Peer.Valid() {
+			continue
+		}
+		is6 := e.Peer.First.Is6()
+		if e.Ports == nil {
+			if is6 {
+				any6 = append(any6, e.Peer)
+			} else {
+				any4 = append(any4, e.Peer)
+			}
+			continue
+		}
+		if e.Ports.First > e.Ports.Last {
+			continue
+		}
+		k := portsKey{is6, e.Ports.Protocol}
+		byProto[k] = append(byProto[k], e)
+	}
+	g.any4, g.any6 = mergeRanges(any4), mergeRanges(any6)
+	keys := make([]portsKey, 0, len(byProto))
+	for k := range byProto {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b portsKey) int { return cmp.Compare(a.proto, b.proto) })
+	for _, k := range keys {
+		boxes := disjointBoxes(k.proto, byProto[k])
+		if k.is6 {
+			g.ports6 = append(g.ports6, boxes...)
+		} else {
+			g.ports4 = append(g.ports4, boxes...)
+		}
+	}
+	return g
+}
+
+// disjointBoxes turns the port entries of one family and protocol into boxes that do not
+// overlap (the kernel's concatenated interval sets refuse overlapping elements): the port axis is
+// cut at every entry's bounds, each piece gets the union of the address ranges covering it, and
+// neighbouring pieces with equal unions are joined again.
+func disjointBoxes(proto uint8, entries []Entry) []box {
+	cuts := []uint32{}
+	for _, e := range entries {
+		cuts = append(cuts, uint32(e.Ports.First), uint32(e.Ports.Last)+1)
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	type piece struct {
+		first, last uint16
+		addrs       []Range
+	}
+	var pieces []piece
+	for i := 0; i+1 < len(cuts); i++ {
+		first, last := uint16(cuts[i]), uint16(cuts[i+1]-1)
+		var covering []Range
+		for _, e := range entries {
+			if e.Ports.First <= first && last <= e.Ports.Last {
+				covering = append(covering, e.Peer)
+			}
+		}
+		if len(covering) == 0 {
+			continue
+		}
+		addrs := mergeRanges(covering)
+		if n := len(pieces); n > 0 && pieces[n-1].last+1 == first && slices.Equal(pieces[n-1].addrs, addrs) {
+			pieces[n-1].last = last
+			continue
+		}
+		pieces = append(pieces, piece{first, last, addrs})
+	}
+	var out []box
+	for _, p := range pieces {
+		for _, r := range p.addrs {
+			out = append(out, box{addrs: r, ports: Ports{Protocol: proto, First: p.first, Last: p.last}})
+		}
+	}
+	return out
+}
+
+// mergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
+func mergeRanges(in []Range) []Range {
+	if len(in) == 0 {
+		return nil
+	}
+	rs := slices.Clone(in)
+	slices.SortFunc(rs, func(a, b Range) int { return a.First.Compare(b.First) })
+	out := []Range{rs[0]}
+	for _, r := range rs[1:] {
+		last := &out[len(out)-1]
+		if next := last.Last.Next(); r.First.Compare(last.Last) <= 0 || (next.IsValid() && next == r.First) {
+			if r.Last.Compare(last.Last) > 0 {
+				last.Last = r.Last
+			}
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// lastOf is the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// name is the content address of the group: the chain and sets of a group are named after it,
+// so equal allow lists share them and a changed list is a new name, swapped in atomically.
+func (g group) name(dir string) string {
+	var b strings.Builder
+	for _, rs := range [][]Range{g.any4, g.any6} {
+		for _, r := range rs {
+			fmt.Fprintf(&b, "a%s;", r)
+		}
+	}
+	for _, bs := range [][]box{g.ports4, g.ports6} {
+		for _, x := range bs {
+			fmt.Fprintf(&b, "p%s:%s;", x.addrs, x.ports)
+		}
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return dir + "-" + hex.EncodeToString(sum[:8])
+}
+
+// String describes the group for logs and tests.
+func (g group) String() string {
+	var parts []string
+	for _, rs := range [][]Range{g.any4, g.any6} {
+		for _, r := range rs {
+			parts = append(parts, r.String())
+		}
+	}
+	for _, bs := range [][]box{g.ports4, g.ports6} {
+		for _, x := range bs {
+			parts = append(parts, x.addrs.String()+" "+x.ports.String())
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}

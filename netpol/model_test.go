@@ -1,0 +1,98 @@
+package netpol
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func r(s string) Range {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return PrefixRange(p)
+	}
+	return Single(netip.MustParseAddr(s))
+}
+
+func tcp(first, last uint16) *Ports { return &Ports{Protocol: TCP, First: first, Last: last} }
+
+func TestCanonical(t *testing.T) {
+	cases := []struct {
+		name  string
+		allow []Entry
+		want  string
+	}{
+		{"nothing", nil, "nothing"},
+		{"one pod any port", []Entry{{Peer: r("10.0.0.5")}}, "10.0.0.5"},
+		{"adjacent addresses join", []Entry{{Peer: r("10.0.0.5")}, {Peer: r("10.0.0.6")}, {Peer: r("10.0.0.4")}}, "10.0.0.4-10.0.0.6"},
+		{"overlapping prefixes join", []Entry{{Peer: r("10.0.0.0/24")}, {Peer: r("10.0.0.128/25")}, {Peer: r("10.0.1.0/24")}}, "10.0.0.0-10.0.1.255"},
+		{"families apart", []Entry{{Peer: r("fd00::1")}, {Peer: r("10.0.0.1")}}, "10.0.0.1, fd00::1"},
+		{"duplicate rule", []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}}, "10.0.0.1 tcp/80"},
+		{"same port, peers join", []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2"), Ports: tcp(80, 80)}}, "10.0.0.1-10.0.0.2 tcp/80"},
+		{"overlapping port ranges cut into disjoint boxes", []Entry{
+			{Peer: r("10.0.0.1"), Ports: tcp(80, 90)},
+			{Peer: r("10.0.0.2"), Ports: tcp(85, 95)},
+		}, "10.0.0.1 tcp/80-84, 10.0.0.1-10.0.0.2 tcp/85-90, 10.0.0.2 tcp/91-95"},
+		{"contained range", []Entry{
+			{Peer: r("10.0.0.1"), Ports: tcp(1, 65535)},
+			{Peer: r("10.0.0.1"), Ports: tcp(443, 443)},
+		}, "10.0.0.1 tcp/1-65535"},
+		{"protocols apart", []Entry{
+			{Peer: r("10.0.0.1"), Ports: &Ports{Protocol: UDP, First: 53, Last: 53}},
+			{Peer: r("10.0.0.1"), Ports: tcp(53, 53)},
+		}, "10.0.0.1 tcp/53, 10.0.0.1 udp/53"},
+		{"invalid peer and inverted ports dropped", []Entry{
+			{Peer: Range{netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("10.0.0.1")}},
+			{Peer: Range{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}},
+			{Peer: r("10.0.0.1"), Ports: tcp(90, 80)},
+		}, "nothing"},
+		{"whole address space", []Entry{{Peer: r("0.0.0.0/0")}, {Peer: r("::/0")}}, "0.0.0.0-255.255.255.255, ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := canonical(tc.allow).String(); got != tc.want {
+				t.Errorf("canonical = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestGroupNames shows that equal allow lists share a group whatever their order, and that any
+// difference is a new group.
+func TestGroupNames(t *testing.T) {
+	a := []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
+	b := []Entry{{Peer: r("10.0.0.2")}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
+	if canonical(a).name(ingressDir) != canonical(b).name(ingressDir) {
+		t.Error("equal allow lists got different groups")
+	}
+	if canonical(a).name(ingressDir) == canonical(a).name(egressDir) {
+		t.Error("ingress and egress share a group name")
+	}
+	c := []Entry{{Peer: r("10.0.0.1"), Ports: tcp(81, 81)}, {Peer: r("10.0.0.2")}}
+	if canonical(a).name(ingressDir) == canonical(c).name(ingressDir) {
+		t.Error("different allow lists share a group")
+	}
+	if canonical(nil).name(ingressDir) == canonical([]Entry{{Peer: r("10.0.0.1")}}).name(ingressDir) {
+		t.Error("deny-all shares a group with an allow")
+	}
+}
+
+func TestPlan(t *testing.T) {
+	deny := Direction{Isolated: true}
+	rs := Ruleset{Pods: []Pod{
+		{Owner: "a/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}, Ingress: deny},
+		{Owner: "b/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, Ingress: deny, Egress: deny},
+		{Owner: "c/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}},
+	}}
+	d := plan(rs)
+	if len(d.groups) != 2 {
+		t.Errorf("groups = %d, want 2 (deny-all ingress shared by a and b, deny-all egress)", len(d.groups))
+	}
+	if len(d.maps[MapIngress4]) != 2 || len(d.maps[MapIngress6]) != 1 || len(d.maps[MapEgress4]) != 1 || len(d.maps[MapEgress6]) != 0 {
+		t.Errorf("map sizes in4=%d in6=%d out4=%d out6=%d, want 2 1 1 0", len(d.maps[MapIngress4]), len(d.maps[MapIngress6]), len(d.maps[MapEgress4]), len(d.maps[MapEgress6]))
+	}
+	if d.maps[MapIngress4][netip.MustParseAddr("10.0.0.1")] != d.maps[MapIngress4][netip.MustParseAddr("10.0.0.2")] {
+		t.Error("a and b with equal ingress got different chains")
+	}
+	if d.owners[netip.MustParseAddr("10.0.0.3")] != "c/eth0" {
+		t.Error("a pod with no policy is not released")
+	}
+}
