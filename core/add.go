@@ -94,6 +94,7 @@ type step struct {
 func (a *addition) steps() []step {
 	return []step{
 		{"reserve addresses", a.reserve},
+		{"hold for policies", a.holdForPolicies},
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
 		{"pod interface", a.configurePod},

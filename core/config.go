@@ -34,7 +34,10 @@ type NetConf struct {
 	DataDir            string        `json:"dataDir,omitempty"`
 	LogFile            string        `json:"logFile,omitempty"`
 	LogMaxBytes        int64         `json:"logMaxBytes,omitempty"`
-	RuntimeConfig      RuntimeConfig `json:"runtimeConfig,omitempty"`
+	// NetworkPolicy: kubenet-agent enforces NetworkPolicy on this node, so ADD holds a new pod's
+	// addresses in the pending sets until the agent has installed the pod's policies.
+	NetworkPolicy bool          `json:"networkPolicy,omitempty"`
+	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
 // RuntimeConfig carries the capability arguments a runtime passes. encoding/json matches keys
@@ -86,6 +89,7 @@ type Config struct {
 	MTU                int // 0: detect at ADD time
 	Hairpin            hairpin.Mode
 	DataDir            string
+	NetworkPolicy      bool
 	Runtime            RuntimeConfig
 	PrevResult         *current.Result
 	Log                LogSettings
@@ -137,9 +141,10 @@ func (nc *NetConf) Validate() (*Config, error) {
 		CNIVersion: nc.CNIVersion,
 		Bridge:     nc.Bridge,
 		MTU:        nc.MTU,
-		DataDir:    nc.DataDir,
-		Runtime:    nc.RuntimeConfig,
-		Owner:      OwnerCNI,
+		DataDir:       nc.DataDir,
+		NetworkPolicy: nc.NetworkPolicy,
+		Runtime:       nc.RuntimeConfig,
+		Owner:         OwnerCNI,
 	}
 	if c.Network == "" {
 		return nil, configError("name", "", "the network needs a name")

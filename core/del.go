@@ -60,7 +60,7 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	removedAll := errors.Join(errs...) == nil
 
 	errs = append(errs, withNetworkLock(store, func() error {
-		return releaseLocked(store, records, att, hint, unmapped, removedAll)
+		return releaseLocked(cfg.Network, store, records, att, hint, unmapped, removedAll)
 	}))
 	return errors.Join(errs...)
 }
@@ -68,10 +68,14 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 // releaseLocked is DEL's part under the network lock: release the reservations, forget the flows
 // of addresses only the release revealed and of host ports that led elsewhere, and remove the
 // record once everything before it succeeded (removedAll).
-func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry, removedAll bool) error {
+func releaseLocked(network string, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry, removedAll bool) error {
 	var errs []error
+	// The policy elements of the addresses go first, while the addresses are still this
+	// attachment's: once released, the next ADD may hold them for another pod.
+	errs = append(errs, forgetPolicies(network, hint))
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	errs = append(errs, err)
+	errs = append(errs, forgetPolicies(network, slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })))
 	// Without a record the addresses are known only now; forget their flows under the lock.
 	errs = append(errs, flushConntrack(slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })))
 	// A host port that led to an address that is not the pod's (a DEL that lost record and

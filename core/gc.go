@@ -107,7 +107,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 	}
 	released, err := gcReservations(store, k)
 	report.Addresses = released
-	errs = append(errs, err, gcHostPorts(cfg, store, records, k))
+	errs = append(errs, err, gcHostPorts(cfg, store, records, k), gcPolicies(store, cfg.Network, records))
 	return report, errors.Join(errs...)
 }
 

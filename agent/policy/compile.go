@@ -1,0 +1,420 @@
+// Package policy turns the cluster's NetworkPolicies (networking.k8s.io/v1) into what the node's
+// kernel enforces: for every pod on this node, whether each direction is isolated and which peer
+// addresses, protocols and ports it allows (core.PolicyRuleset). Compile is pure: the controller
+// (controller.go) feeds it from informers and the node's attachment records, and the core
+// installs the result (netpol).
+//
+// The semantics are the API's (k8s.io/api/networking/v1 documentation):
+//
+//   - a pod is isolated for ingress (egress) when at least one policy in its namespace selects it
+//     and has Ingress (Egress) in policyTypes; policyTypes left empty means Ingress, plus Egress
+//     when the policy has egress rules;
+//   - an isolated pod is allowed the union of the rules of every policy that isolates it; a
+//     connection needs the source's egress and the destination's ingress to allow it;
+//   - a rule's peers: none listed means every address; a podSelector alone selects pods of the
+//     policy's namespace, a namespaceSelector alone every pod of the selected namespaces, both
+//     together the selected pods of the selected namespaces; an ipBlock its CIDR minus except;
+//   - a rule's ports: none listed means every protocol and port; a port's protocol defaults to
+//     TCP; a missing port means every port of the protocol; endPort makes a range; a named port
+//     is the container port of that name and protocol of the pod at the receiving end (the
+//     selected pod for ingress, each peer pod for egress); a name no container has matches
+//     nothing;
+//   - hostNetwork pods are not subject to policies and are no pod peers (their address is the
+//     node's); pods that have ended (Succeeded, Failed) are no peers.
+package policy
+
+import (
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/kubenet-dev/kubenet/core"
+)
+
+// Local is one attachment on this node, from its record.
+type Local struct {
+	Owner     string // core.PolicyOwner of the attachment
+	Namespace string // the pod, from CNI_ARGS; both empty for a container that is no pod
+	Name      string
+	IPs       []netip.Addr
+}
+
+// Input is everything Compile reads.
+type Input struct {
+	Policies   []*networkingv1.NetworkPolicy
+	Namespaces []*corev1.Namespace
+	Pods       []*corev1.Pod // every pod of the cluster (peers), this node's among them
+	Local      []Local
+}
+
+// Result is the ruleset and what Compile noticed on the way.
+type Result struct {
+	Ruleset core.PolicyRuleset
+	// Unknown are local attachments that name a pod the API does not have (yet): they are left
+	// out of the ruleset, so their addresses stay pending (denied).
+	Unknown []Local
+	// Isolated counts local pods isolated in at least one direction.
+	Isolated int
+}
+
+var (
+	allIPv4 = core.PolicyPrefix(netip.MustParsePrefix("0.0.0.0/0"))
+	allIPv6 = core.PolicyPrefix(netip.MustParsePrefix("::/0"))
+)
+
+// peerPod is a pod that can be a peer: its labels, addresses and named ports.
+type peerPod struct {
+	pod *corev1.Pod
+	ips []netip.Addr
+}
+
+// compiler holds the indexes of one Compile call.
+type compiler struct {
+	nsLabels map[string]labels.Set
+	pods     []peerPod            // every pod that can be a peer
+	byKey    map[string]*peerPod // namespace/name → pod
+	selCache map[selectorKey][]*peerPod
+}
+
+type selectorKey struct {
+	namespace string // the policy's namespace
+	peer      *networkingv1.NetworkPolicyPeer
+}
+
+// Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset.
+func Compile(in Input) Result {
+	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}}
+	for _, ns := range in.Namespaces {
+		c.nsLabels[ns.Name] = labels.Set(ns.Labels)
+	}
+	localIPs := map[string][]netip.Addr{}
+	for _, l := range in.Local {
+		if l.Name != "" {
+			localIPs[l.Namespace+"/"+l.Name] = append(localIPs[l.Namespace+"/"+l.Name], l.IPs...)
+		}
+	}
+	for _, p := range in.Pods {
+		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		key := p.Namespace + "/" + p.Name
+		// This node's pods are known by their records, before the API's status has them.
+		ips := localIPs[key]
+		if ips == nil {
+			ips = podIPs(p)
+		}
+		if len(ips) == 0 {
+			continue
+		}
+		c.pods = append(c.pods, peerPod{pod: p, ips: ips})
+	}
+	for i := range c.pods {
+		c.byKey[c.pods[i].pod.Namespace+"/"+c.pods[i].pod.Name] = &c.pods[i]
+	}
+
+	var res Result
+	for _, l := range in.Local {
+		pp := core.PolicyPod{Owner: l.Owner, IPs: l.IPs}
+		if l.Name == "" {
+			// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
+			// can select it.
+			res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
+			continue
+		}
+		target, ok := c.byKey[l.Namespace+"/"+l.Name]
+		if !ok {
+			res.Unknown = append(res.Unknown, l)
+			continue
+		}
+		for _, np := range in.Policies {
+			if np.Namespace != l.Namespace || !selects(&np.Spec.PodSelector, target.pod.Labels) {
+				continue
+			}
+			ingress, egress := policyTypes(np)
+			if ingress {
+				pp.Ingress.Isolated = true
+				for i := range np.Spec.Ingress {
+					r := &np.Spec.Ingress[i]
+					pp.Ingress.Allow = append(pp.Ingress.Allow, c.rule(np.Namespace, r.From, r.Ports, target, true)...)
+				}
+			}
+			if egress {
+				pp.Egress.Isolated = true
+				for i := range np.Spec.Egress {
+					r := &np.Spec.Egress[i]
+					pp.Egress.Allow = append(pp.Egress.Allow, c.rule(np.Namespace, r.To, r.Ports, target, false)...)
+				}
+			}
+		}
+		if pp.Ingress.Isolated || pp.Egress.Isolated {
+			res.Isolated++
+		}
+		res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
+	}
+	return res
+}
+
+// policyTypes says which directions np isolates.
+func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress bool) {
+	if len(np.Spec.PolicyTypes) == 0 {
+		return true, len(np.Spec.Egress) > 0
+	}
+	return slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress), slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+}
+
+// selects applies a label selector; one that does not parse selects nothing (the API server
+// validates selectors, so this is a corrupted object, and selecting nothing fails closed for
+// peers; for the policy's own podSelector it leaves the policy out).
+func selects(sel *metav1.LabelSelector, l map[string]string) bool {
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	return err == nil && s.Matches(labels.Set(l))
+}
+
+// rule expands one ingress (from) or egress (to) rule of a policy in namespace for the local pod
+// target into entries.
+func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool) []core.PolicyEntry {
+	type peerSet struct {
+		ranges []core.PolicyRange // ipBlocks, or everything
+		pods   []*peerPod
+	}
+	var ps peerSet
+	if len(peers) == 0 {
+		ps.ranges = []core.PolicyRange{allIPv4, allIPv6}
+	}
+	for i := range peers {
+		p := &peers[i]
+		if p.IPBlock != nil {
+			ps.ranges = append(ps.ranges, blockRanges(p.IPBlock)...)
+			continue
+		}
+		ps.pods = append(ps.pods, c.selectPeers(namespace, p)...)
+	}
+
+	var out []core.PolicyEntry
+	if len(ports) == 0 {
+		out = append(out, entries(ps.ranges, nil)...)
+		for _, pod := range ps.pods {
+			out = append(out, entries(singles(pod.ips), nil)...)
+		}
+		return out
+	}
+	for i := range ports {
+		pt := &ports[i]
+		proto := protocol(pt.Protocol)
+		if proto == 0 {
+			continue
+		}
+		if pt.Port == nil || pt.Port.Type == 0 {
+			// A numbered port (or every port of the protocol): the same for every peer.
+			first, last := uint16(0), uint16(65535)
+			if pt.Port != nil {
+				if pt.Port.IntVal < 1 || pt.Port.IntVal > 65535 {
+					continue
+				}
+				first, last = uint16(pt.Port.IntVal), uint16(pt.Port.IntVal)
+				if pt.EndPort != nil {
+					if *pt.EndPort < pt.Port.IntVal || *pt.EndPort > 65535 {
+						continue
+					}
+					last = uint16(*pt.EndPort)
+				}
+			}
+			ports := &core.PolicyPorts{Protocol: proto, First: first, Last: last}
+			out = append(out, entries(ps.ranges, ports)...)
+			for _, pod := range ps.pods {
+				out = append(out, entries(singles(pod.ips), ports)...)
+			}
+			continue
+		}
+		// A named port: resolved on the pod that receives the connection.
+		name := pt.Port.StrVal
+		if ingress {
+			if n, ok := namedPort(target.pod, name, pt.Protocol); ok {
+				ports := &core.PolicyPorts{Protocol: proto, First: n, Last: n}
+				out = append(out, entries(ps.ranges, ports)...)
+				for _, pod := range ps.pods {
+					out = append(out, entries(singles(pod.ips), ports)...)
+				}
+			}
+			continue
+		}
+		// Egress: each destination pod's own port of that name. Address ranges only reach
+		// the pods inside them that have the port: other addresses have no named ports.
+		dests := ps.pods
+		for _, r := range ps.ranges {
+			for i := range c.pods {
+				if slices.ContainsFunc(c.pods[i].ips, func(a netip.Addr) bool { return inRange(a, r) }) {
+					dests = append(dests, &c.pods[i])
+				}
+			}
+		}
+		for _, pod := range dests {
+			if n, ok := namedPort(pod.pod, name, pt.Protocol); ok {
+				var ips []netip.Addr
+				for _, a := range pod.ips {
+					if len(ps.ranges) == 0 || slices.Contains(ps.pods, pod) || slices.ContainsFunc(ps.ranges, func(r core.PolicyRange) bool { return inRange(a, r) }) {
+						ips = append(ips, a)
+					}
+				}
+				out = append(out, entries(singles(ips), &core.PolicyPorts{Protocol: proto, First: n, Last: n})...)
+			}
+		}
+	}
+	return out
+}
+
+// selectPeers returns the pods a pod or namespace selector peer of a policy in namespace selects.
+func (c *compiler) selectPeers(namespace string, p *networkingv1.NetworkPolicyPeer) []*peerPod {
+	key := selectorKey{namespace, p}
+	if got, ok := c.selCache[key]; ok {
+		return got
+	}
+	var podSel, nsSel labels.Selector = labels.Everything(), nil
+	if p.PodSelector != nil {
+		s, err := metav1.LabelSelectorAsSelector(p.PodSelector)
+		if err != nil {
+			return nil
+		}
+		podSel = s
+	}
+	if p.NamespaceSelector != nil {
+		s, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
+		if err != nil {
+			return nil
+		}
+		nsSel = s
+	}
+	var out []*peerPod
+	for i := range c.pods {
+		pod := c.pods[i].pod
+		if nsSel == nil {
+			if pod.Namespace != namespace {
+				continue
+			}
+		} else if nsl, ok := c.nsLabels[pod.Namespace]; !ok || !nsSel.Matches(nsl) {
+			continue
+		}
+		if podSel.Matches(labels.Set(pod.Labels)) {
+			out = append(out, &c.pods[i])
+		}
+	}
+	c.selCache[key] = out
+	return out
+}
+
+// blockRanges is an ipBlock's CIDR minus its exceptions, as ranges. A CIDR that does not parse
+// allows nothing; an exception that does not parse (or of the other family) is ignored, since the
+// API server refuses both and the exception can only narrow the block.
+func blockRanges(b *networkingv1.IPBlock) []core.PolicyRange {
+	cidr, err := netip.ParsePrefix(b.CIDR)
+	if err != nil {
+		return nil
+	}
+	cidr = cidr.Masked()
+	out := []core.PolicyRange{core.PolicyPrefix(cidr)}
+	for _, e := range b.Except {
+		ex, err := netip.ParsePrefix(e)
+		if err != nil || ex.Addr().Is4() != cidr.Addr().Is4() {
+			continue
+		}
+		out = subtract(out, core.PolicyPrefix(ex))
+	}
+	return out
+}
+
+// subtract removes cut from every range of rs.
+func subtract(rs []core.PolicyRange, cut core.PolicyRange) []core.PolicyRange {
+	var out []core.PolicyRange
+	for _, r := range rs {
+		if cut.Last.Compare(r.First) < 0 || cut.First.Compare(r.Last) > 0 {
+			out = append(out, r)
+			continue
+		}
+		if cut.First.Compare(r.First) > 0 {
+			out = append(out, core.PolicyRange{First: r.First, Last: cut.First.Prev()})
+		}
+		if cut.Last.Compare(r.Last) < 0 {
+			out = append(out, core.PolicyRange{First: cut.Last.Next(), Last: r.Last})
+		}
+	}
+	return out
+}
+
+func inRange(a netip.Addr, r core.PolicyRange) bool {
+	return a.Is4() == r.First.Is4() && a.Compare(r.First) >= 0 && a.Compare(r.Last) <= 0
+}
+
+func singles(ips []netip.Addr) []core.PolicyRange {
+	out := make([]core.PolicyRange, 0, len(ips))
+	for _, a := range ips {
+		out = append(out, core.PolicySingle(a))
+	}
+	return out
+}
+
+func entries(rs []core.PolicyRange, ports *core.PolicyPorts) []core.PolicyEntry {
+	out := make([]core.PolicyEntry, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, core.PolicyEntry{Peer: r, Ports: ports})
+	}
+	return out
+}
+
+// protocol maps a NetworkPolicyPort's protocol (default TCP) to its number; 0 for one the API
+// does not know.
+func protocol(p *corev1.Protocol) uint8 {
+	if p == nil {
+		return core.PolicyTCP
+	}
+	switch *p {
+	case corev1.ProtocolTCP:
+		return core.PolicyTCP
+	case corev1.ProtocolUDP:
+		return core.PolicyUDP
+	case corev1.ProtocolSCTP:
+		return core.PolicySCTP
+	}
+	return 0
+}
+
+// namedPort finds the container port called name with protocol (default TCP) in pod.
+func namedPort(pod *corev1.Pod, name string, proto *corev1.Protocol) (uint16, bool) {
+	want := corev1.ProtocolTCP
+	if proto != nil {
+		want = *proto
+	}
+	for _, cs := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+		for _, ctr := range cs {
+			for _, p := range ctr.Ports {
+				pp := p.Protocol
+				if pp == "" {
+					pp = corev1.ProtocolTCP
+				}
+				if p.Name == name && pp == want && p.ContainerPort > 0 && p.ContainerPort <= 65535 {
+					return uint16(p.ContainerPort), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// podIPs are a pod's addresses from its status.
+func podIPs(p *corev1.Pod) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	if len(out) == 0 && p.Status.PodIP != "" {
+		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
