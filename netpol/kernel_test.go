@@ -167,4 +167,3 @@ func TestApplyKeepsTableWhenNothingChanges(t *testing.T) {
 		t.Errorf("second Apply of the same ruleset = %+v, want no change", again)
 	}
 }
-

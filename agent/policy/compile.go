@@ -75,7 +75,7 @@ type peerPod struct {
 // compiler holds the indexes of one Compile call.
 type compiler struct {
 	nsLabels map[string]labels.Set
-	pods     []peerPod            // every pod that can be a peer
+	pods     []peerPod           // every pod that can be a peer
 	byKey    map[string]*peerPod // namespace/name → pod
 	selCache map[selectorKey][]*peerPod
 }

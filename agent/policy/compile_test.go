@@ -249,7 +249,7 @@ func TestCompile(t *testing.T) {
 func TestCompileLocalPods(t *testing.T) {
 	in := testInput()
 	in.Local = append(in.Local,
-		Local{Owner: "x/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.20")}},                                 // not a pod
+		Local{Owner: "x/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.20")}},                                // not a pod
 		Local{Owner: "y/eth0", Namespace: "a", Name: "ghost", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.21")}}, // not in the API
 	)
 	in.Policies = []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{PolicyTypes: both})}
