@@ -94,7 +94,6 @@ type step struct {
 func (a *addition) steps() []step {
 	return []step{
 		{"reserve addresses", a.reserve},
-		{"hold for policies", a.holdForPolicies},
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
 		{"pod interface", a.configurePod},
@@ -164,6 +163,9 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 	}
 	undo.push(func() error {
 		return withNetworkLock(a.store, func() error {
+			if err := forgetPolicies(a.cfg.Network, prefixAddrs(a.ips)); err != nil {
+				return err
+			}
 			if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
 				return err
 			}
@@ -194,7 +196,12 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 		Bandwidth:    a.cfg.Runtime.Bandwidth,
 	})
 	crashPoint("record written")
-	return err
+	if err != nil {
+		return err
+	}
+	// Under the same lock as the record: the agent reads records and pending elements under it,
+	// so it never sees the pod's record without its pending addresses.
+	return a.holdForPolicies()
 }
 
 func prefixAddrs(ps []netip.Prefix) []netip.Addr {

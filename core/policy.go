@@ -39,19 +39,13 @@ func PolicyOwner(containerID, ifName string) string { return containerID + "/" +
 // holdForPolicies puts the new pod's addresses into the pending sets before its interface
 // exists, when the node enforces NetworkPolicy: the pod sends and receives nothing until the
 // agent has installed its policies (ApplyPolicies). One small transaction, whatever the node's
-// pods and the cluster's policies.
-func (a *addition) holdForPolicies(undo *undoStack) error {
+// pods and the cluster's policies. The caller holds the network lock; the undo of the
+// reservation forgets the addresses again.
+func (a *addition) holdForPolicies() error {
 	if !a.cfg.NetworkPolicy {
 		return nil
 	}
-	addrs := prefixAddrs(a.ips)
-	undo.push(func() error {
-		return withNetworkLock(a.store, func() error { return netpol.Forget(a.cfg.Network, addrs) })
-	})
-	err := withNetworkLock(a.store, func() error {
-		return netpol.Hold(a.cfg.Network, PolicyOwner(a.att.ContainerID, a.att.IfName), addrs)
-	})
-	if err != nil {
+	if err := netpol.Hold(a.cfg.Network, PolicyOwner(a.att.ContainerID, a.att.IfName), prefixAddrs(a.ips)); err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
 	return nil
