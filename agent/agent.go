@@ -28,12 +28,14 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	typednetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
+	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/core"
 )
@@ -80,7 +82,14 @@ type Config struct {
 	RuntimeEndpoint string
 	StaleGrace      time.Duration // default DefaultStaleGrace
 	StaleInterval   time.Duration // default DefaultStaleInterval
-	Logger          *slog.Logger
+	// NetworkPolicy turns NetworkPolicy enforcement on (agent/policy; the conflist's
+	// networkPolicy key). Off, the agent removes the policy table once the conflist without the
+	// key is written.
+	NetworkPolicy bool
+	// Networking is the networking/v1 client the NetworkPolicy controller watches policies
+	// with; required when NetworkPolicy is on.
+	Networking typednetworkingv1.NetworkingV1Interface
+	Logger     *slog.Logger
 	// Registry receives the agent's metrics and is what /metrics serves; nil: a private one.
 	Registry *prometheus.Registry
 }
@@ -95,6 +104,8 @@ type Agent struct {
 	queue   workqueue.TypedRateLimitingInterface[string]
 	nodes   corelisters.NodeLister
 	synced  cache.InformerSynced
+
+	policy *policy.Controller // nil when NetworkPolicy is off
 
 	mu       sync.Mutex
 	ready    bool      // the conflist for the current pod CIDRs is written
@@ -166,7 +177,16 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
+	cfg.Conflist.NetworkPolicy = cfg.NetworkPolicy
+	var pc *policy.Controller
+	if cfg.NetworkPolicy {
+		pc, err = policy.New(client, cfg.Networking, policy.Config{DataDir: dataDir(cfg), Network: networkName(cfg), Logger: cfg.Logger, Registry: cfg.Registry})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
 	return &Agent{
+		policy:  pc,
 		cfg:     cfg,
 		client:  client,
 		log:     cfg.Logger,
@@ -260,9 +280,29 @@ func (a *Agent) Run(ctx context.Context) error {
 		<-ctx.Done()
 		a.queue.ShutDown()
 	}()
+	policyDone := make(chan error, 1)
+	if a.policy != nil {
+		go func() { policyDone <- a.policy.Run(ctx) }()
+	} else {
+		policyDone <- nil
+	}
 	for a.processNext(ctx) {
 	}
-	return nil
+	return <-policyDone
+}
+
+func dataDir(cfg Config) string {
+	if cfg.Conflist.DataDir != "" {
+		return cfg.Conflist.DataDir
+	}
+	return core.DefaultDataDir
+}
+
+func networkName(cfg Config) string {
+	if cfg.Conflist.Name != "" {
+		return cfg.Conflist.Name
+	}
+	return cnidir.DefaultName
 }
 
 // relevant reports whether a Node update can change what the agent does: pod CIDRs and
@@ -337,6 +377,13 @@ func (a *Agent) sync(ctx context.Context) error {
 	cidrsReady, err := a.syncConflist(self, cl)
 	if err != nil {
 		errs = append(errs, err)
+	}
+	if cidrsReady && !a.cfg.NetworkPolicy {
+		// The conflist without networkPolicy is in place, so no ADD holds addresses any more:
+		// whatever policy table an earlier run left goes (a no-op read when there is none).
+		if err := core.RemovePolicies(networkName(a.cfg)); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if !a.cfg.ManageRoutes {
 		return errors.Join(errs...)

@@ -108,12 +108,11 @@ func ApplyPolicies(dataDir, network string, compile func([]Record) PolicyRuleset
 	return res, err
 }
 
-// RemovePolicies deletes the network's policy table (NetworkPolicy turned off on the node).
-func RemovePolicies(dataDir, network string) error {
-	store, err := ipam.Open(dataDir, network)
-	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+// RemovePolicies deletes the network's policy table (NetworkPolicy turned off on the node). It
+// reads only, when there is none.
+func RemovePolicies(network string) error {
+	if err := netpol.Remove(network); err != nil {
+		return fmt.Errorf("network policy: %w", err)
 	}
-	defer store.Close()
-	return withNetworkLock(store, func() error { return netpol.Remove(network) })
+	return nil
 }

@@ -41,6 +41,9 @@ type Options struct {
 	HairpinMode        string         // kubelet's --hairpin-mode values
 	Bridge             string
 	DataDir            string
+	// NetworkPolicy tells the plugin that the agent enforces NetworkPolicy: ADD holds a new
+	// pod's addresses until the agent has installed its policies.
+	NetworkPolicy bool
 }
 
 // pluginConf is the plugin entry of the conflist: kubenet's keys (README) and the capabilities
@@ -54,6 +57,7 @@ type pluginConf struct {
 	MTU                int             `json:"mtu,omitempty"`
 	HairpinMode        string          `json:"hairpinMode,omitempty"`
 	DataDir            string          `json:"dataDir,omitempty"`
+	NetworkPolicy      bool            `json:"networkPolicy,omitempty"`
 	Capabilities       map[string]bool `json:"capabilities"`
 }
 
@@ -105,6 +109,7 @@ func build(o Options) (confList, *core.Config, error) {
 		MTU:                o.MTU,
 		HairpinMode:        o.HairpinMode,
 		DataDir:            o.DataDir,
+		NetworkPolicy:      o.NetworkPolicy,
 		Capabilities: map[string]bool{
 			"portMappings": true, "bandwidth": true, "ipRanges": true, "io.kubernetes.cri.pod-annotations": true,
 		},

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientfeatures "k8s.io/client-go/features"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	typednetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -62,6 +63,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cfg.ConfFile, "cni-conf-name", cnidir.DefaultFileName, "conflist file name in the conf dir")
 	fs.StringVar(&o.cfg.BinDir, "cni-bin-dir", agent.DefaultBinDir, "CNI bin dir the runtime executes plugins from")
 	fs.StringVar(&o.cfg.BinSource, "cni-bin-source", "", "kubenet binary to install into --cni-bin-dir when it differs; empty: install nothing")
+	fs.BoolVar(&o.cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy on this node (off: the policy table is removed)")
 	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")
 	fs.IntVar(&o.cfg.RouteProtocol, "route-protocol", routes.DefaultProtocol, "route protocol number that marks the agent's routes (1-255)")
 	fs.DurationVar(&o.cfg.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "full re-sync interval; also repairs routes removed behind the agent's back")
@@ -152,6 +154,12 @@ func run(o *options) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	if o.cfg.NetworkPolicy {
+		// NetworkPolicies are the one object of another group the agent reads.
+		if o.cfg.Networking, err = typednetworkingv1.NewForConfig(restCfg); err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+	}
 	o.cfg.Logger = log
 	a, err := agent.New(client, o.cfg)
 	if err != nil {
@@ -179,7 +187,8 @@ func run(o *options) error {
 		log.Info("serving /healthz, /readyz, /metrics", "addr", l.Addr().String())
 	}
 	log.Info("kubenet-agent starting", "version", buildVersion, "node", o.cfg.NodeName,
-		"confDir", o.cfg.ConfDir, "binDir", o.cfg.BinDir, "manageRoutes", o.cfg.ManageRoutes, "runtimeEndpoint", o.cfg.RuntimeEndpoint)
+		"confDir", o.cfg.ConfDir, "binDir", o.cfg.BinDir, "manageRoutes", o.cfg.ManageRoutes, "runtimeEndpoint", o.cfg.RuntimeEndpoint,
+		"networkPolicy", o.cfg.NetworkPolicy)
 	// Files and routes stay when the agent stops: an upgrade or restart must not disturb pods.
 	return a.Run(ctx)
 }

@@ -1,0 +1,325 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	typednetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubenet-dev/kubenet/core"
+)
+
+// Defaults of Config.
+const (
+	// DefaultResync is how often the controller applies the ruleset with no event at all: it
+	// repairs a table someone flushed and catches a missed file event. A pass that finds the
+	// kernel as wanted only reads.
+	DefaultResync = 30 * time.Second
+	// retryMin and retryMax bound the backoff after a failed pass.
+	retryMin = 200 * time.Millisecond
+	retryMax = 30 * time.Second
+)
+
+// Config is the controller's configuration.
+type Config struct {
+	DataDir string // the plugin's dataDir
+	Network string // the CNI network name
+	Resync  time.Duration
+	Logger  *slog.Logger
+	// Registry receives the controller's metrics; nil: none.
+	Registry prometheus.Registerer
+}
+
+// Controller keeps the node's policy table equal to what the cluster's NetworkPolicies say about
+// the node's pods. Every event (a policy, pod or namespace changed in the API; an attachment
+// record written or removed on the node) asks for one pass; a pass compiles everything and
+// applies the difference. Passes never overlap and a burst of events collapses into one.
+type Controller struct {
+	cfg        Config
+	core       typedcorev1.CoreV1Interface
+	networking typednetworkingv1.NetworkingV1Interface
+	log        *slog.Logger
+	kick       chan struct{}
+	metrics    *metrics
+
+	policies   func() ([]*networkingv1.NetworkPolicy, error)
+	namespaces func() ([]*corev1.Namespace, error)
+	pods       func() ([]*corev1.Pod, error)
+	// passed, when set, is told of every pass (tests).
+	passed func(Pass)
+}
+
+// Pass is what one pass did.
+type Pass struct {
+	Applied core.PolicyApplied
+	Unknown int // local attachments whose pod the API does not have: still pending
+	Took    time.Duration
+	Err     error
+}
+
+// New builds the controller over the core/v1 (pods, namespaces) and networking/v1 clients.
+func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.NetworkingV1Interface, cfg Config) (*Controller, error) {
+	if coreClient == nil || networking == nil {
+		return nil, errors.New("network policy: no API client")
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = core.DefaultDataDir
+	}
+	if cfg.Network == "" {
+		return nil, errors.New("network policy: no network name")
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("network policy metrics: %w", err)
+	}
+	return &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, kick: make(chan struct{}, 1), metrics: m}, nil
+}
+
+// OnPass registers f to be told of every pass (for tests). Call before Run.
+func (c *Controller) OnPass(f func(Pass)) { c.passed = f }
+
+func (c *Controller) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run watches the API and the node's attachment records and applies until ctx ends. Nothing is
+// applied before the informers have synced: a half-filled cache would look like fewer policies
+// and release pods too early. The table stays when Run returns (a restart keeps the node's rules).
+func (c *Controller) Run(ctx context.Context) error {
+	podInf := informer(&corev1.Pod{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.core.Pods("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.core.Pods("").Watch(ctx, o)
+		})
+	nsInf := informer(&corev1.Namespace{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.core.Namespaces().List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.core.Namespaces().Watch(ctx, o)
+		})
+	npInf := informer(&networkingv1.NetworkPolicy{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.networking.NetworkPolicies("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.networking.NetworkPolicies("").Watch(ctx, o)
+		})
+	for inf, transform := range map[cache.SharedIndexInformer]cache.TransformFunc{podInf: slimPod, nsInf: slimMeta, npInf: slimMeta} {
+		if err := inf.SetTransform(transform); err != nil {
+			return fmt.Errorf("network policy: %w", err)
+		}
+	}
+	wake := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.wake() },
+		UpdateFunc: func(o, n any) { c.wakeOnChange(o, n) },
+		DeleteFunc: func(any) { c.wake() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{podInf, nsInf, npInf} {
+		if _, err := inf.AddEventHandler(wake); err != nil {
+			return fmt.Errorf("network policy: %w", err)
+		}
+	}
+	podLister := corelisters.NewPodLister(podInf.GetIndexer())
+	nsLister := corelisters.NewNamespaceLister(nsInf.GetIndexer())
+	npLister := networkinglisters.NewNetworkPolicyLister(npInf.GetIndexer())
+	c.pods = func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) }
+	c.namespaces = func() ([]*corev1.Namespace, error) { return nsLister.List(labels.Everything()) }
+	c.policies = func() ([]*networkingv1.NetworkPolicy, error) { return npLister.List(labels.Everything()) }
+
+	informerCtx, stopInformers := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	for _, inf := range []cache.SharedIndexInformer{podInf, nsInf, npInf} {
+		running.Go(func() { inf.RunWithContext(informerCtx) })
+	}
+	defer func() { stopInformers(); running.Wait() }()
+	if !cache.WaitForCacheSync(ctx.Done(), podInf.HasSynced, nsInf.HasSynced, npInf.HasSynced) {
+		return fmt.Errorf("network policy: informers did not sync: %w", ctx.Err())
+	}
+	c.log.Info("network policy informers synced")
+
+	watcher, err := watchRecords(filepath.Join(c.cfg.DataDir, c.cfg.Network), c.wake)
+	if err != nil {
+		// Without file events new pods still get their rules at the next API event or resync;
+		// slower, not wrong (they stay pending until then).
+		c.log.Warn("network policy: no file events for attachment records; relying on API events and the resync", "err", err)
+	} else {
+		defer watcher.close()
+	}
+
+	c.wake()
+	resync := time.NewTicker(c.cfg.Resync)
+	defer resync.Stop()
+	backoff := time.Duration(0)
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.kick:
+		case <-resync.C:
+		case <-retry:
+		}
+		p := c.pass()
+		if p.Err != nil {
+			backoff = min(max(2*backoff, retryMin), retryMax)
+			c.log.Warn("network policy pass failed, retrying", "err", p.Err, "in", backoff)
+			retry = time.After(backoff)
+			continue
+		}
+		backoff, retry = 0, nil
+	}
+}
+
+// informer is a shared informer over one list and watch (the agent links only the typed
+// clients it needs, not a clientset of every API group).
+func informer(obj runtime.Object, list func(context.Context, metav1.ListOptions) (runtime.Object, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformerWithOptions(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}, obj,
+		cache.SharedIndexInformerOptions{Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}})
+}
+
+// wakeOnChange wakes the loop unless an update changed nothing the compiler reads (the slim
+// objects are equal): pods' status updates are frequent and mostly about conditions.
+func (c *Controller) wakeOnChange(o, n any) {
+	if om, ok := o.(metav1.Object); ok {
+		if nm, ok := n.(metav1.Object); ok && om.GetResourceVersion() == nm.GetResourceVersion() {
+			return // a resync of the informer, with no change
+		}
+	}
+	op, ok1 := o.(*corev1.Pod)
+	np, ok2 := n.(*corev1.Pod)
+	if ok1 && ok2 && samePod(op, np) {
+		return
+	}
+	c.wake()
+}
+
+// pass compiles and applies once.
+func (c *Controller) pass() Pass {
+	start := time.Now()
+	p := Pass{}
+	in, err := c.input()
+	if err == nil {
+		p.Applied, err = core.ApplyPolicies(c.cfg.DataDir, c.cfg.Network, func(recs []core.Record) core.PolicyRuleset {
+			in.Local = localsOf(recs)
+			res := Compile(in)
+			p.Unknown = len(res.Unknown)
+			c.metrics.observe(in, res)
+			return res.Ruleset
+		})
+	}
+	p.Took, p.Err = time.Since(start), err
+	c.metrics.pass(p)
+	if err == nil && (p.Applied.NewGroups > 0 || p.Applied.RemovedGroups > 0 || p.Applied.MapChanges > 0 || p.Applied.Released > 0 || p.Applied.BaseWritten) {
+		c.log.Info("network policy applied", "groups", p.Applied.Groups, "newGroups", p.Applied.NewGroups,
+			"removedGroups", p.Applied.RemovedGroups, "mapChanges", p.Applied.MapChanges, "released", p.Applied.Released,
+			"baseWritten", p.Applied.BaseWritten, "unknownPods", p.Unknown, "took", p.Took)
+	}
+	if c.passed != nil {
+		c.passed(p)
+	}
+	return p
+}
+
+func (c *Controller) input() (Input, error) {
+	var in Input
+	var err error
+	if in.Policies, err = c.policies(); err != nil {
+		return in, err
+	}
+	if in.Namespaces, err = c.namespaces(); err != nil {
+		return in, err
+	}
+	in.Pods, err = c.pods()
+	return in, err
+}
+
+// localsOf turns the node's attachment records into Locals. The pod's name comes from CNI_ARGS
+// ("namespace/name"); a record without one is a container that is no Kubernetes pod.
+func localsOf(recs []core.Record) []Local {
+	out := make([]Local, 0, len(recs))
+	for _, r := range recs {
+		l := Local{Owner: core.PolicyOwner(r.ContainerID, r.IfName)}
+		if ns, name, ok := strings.Cut(r.Pod, "/"); ok && ns != "" && name != "" {
+			l.Namespace, l.Name = ns, name
+		}
+		for _, p := range r.IPs {
+			l.IPs = append(l.IPs, p.Addr().Unmap())
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// slimPod keeps of a pod what the compiler reads (name, labels, node, host network, container
+// ports, phase, addresses): a thousand pods then cost a few MiB, not tens.
+func slimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a tombstone: deletions only need the key
+	}
+	slim := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, Labels: p.Labels, ResourceVersion: p.ResourceVersion},
+		Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+	}
+	slim.Spec.Containers = portsOnly(p.Spec.Containers)
+	slim.Spec.InitContainers = portsOnly(p.Spec.InitContainers)
+	return slim, nil
+}
+
+func portsOnly(cs []corev1.Container) []corev1.Container {
+	var out []corev1.Container
+	for _, c := range cs {
+		if len(c.Ports) > 0 {
+			out = append(out, corev1.Container{Name: c.Name, Ports: c.Ports})
+		}
+	}
+	return out
+}
+
+// slimMeta drops what no controller reads of namespaces and policies (managed fields and
+// annotations, which hold a copy of the whole object after kubectl apply).
+func slimMeta(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+		m.SetAnnotations(nil)
+	}
+	return obj, nil
+}
+
+// samePod compares what the compiler reads of two slim pods.
+func samePod(a, b *corev1.Pod) bool {
+	a2, b2 := *a, *b
+	a2.ResourceVersion, b2.ResourceVersion = "", ""
+	return reflect.DeepEqual(a2.ObjectMeta, b2.ObjectMeta) && reflect.DeepEqual(a2.Spec, b2.Spec) && reflect.DeepEqual(a2.Status, b2.Status)
+}

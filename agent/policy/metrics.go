@@ -1,0 +1,76 @@
+package policy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the controller's Prometheus series.
+type metrics struct {
+	policies prometheus.Gauge
+	isolated prometheus.Gauge
+	unknown  prometheus.Gauge
+	groups   prometheus.Gauge
+	passes   *prometheus.CounterVec
+	passTime prometheus.Histogram
+	released prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		policies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_network_policies",
+			Help: "NetworkPolicies in the cluster at the last pass.",
+		}),
+		isolated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_network_policy_isolated_pods",
+			Help: "Pods of this node isolated in at least one direction at the last pass.",
+		}),
+		unknown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_network_policy_unknown_pods",
+			Help: "Attachments on this node whose pod the API does not have: their traffic stays denied.",
+		}),
+		groups: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_network_policy_groups",
+			Help: "Distinct allow lists (a chain and its sets each) in the node's policy table.",
+		}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubenet_agent_network_policy_passes_total",
+			Help: "Compile-and-apply passes, by result (ok, error).",
+		}, []string{"result"}),
+		passTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubenet_agent_network_policy_pass_seconds",
+			Help:    "Time of one compile-and-apply pass.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		released: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_network_policy_released_total",
+			Help: "Pending pod addresses released after their policies were installed.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.passes, m.passTime, m.released} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observe(in Input, res Result) {
+	m.policies.Set(float64(len(in.Policies)))
+	m.isolated.Set(float64(res.Isolated))
+	m.unknown.Set(float64(len(res.Unknown)))
+}
+
+func (m *metrics) pass(p Pass) {
+	m.passTime.Observe(p.Took.Seconds())
+	if p.Err != nil {
+		m.passes.WithLabelValues("error").Inc()
+		return
+	}
+	m.passes.WithLabelValues("ok").Inc()
+	m.groups.Set(float64(p.Applied.Groups))
+	m.released.Add(float64(p.Applied.Released))
+}

@@ -1,0 +1,58 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/core"
+)
+
+// recordWatcher calls kick when an attachment record of the network is written or removed
+// (inotify): ADD writes the record, with the pod's addresses pending, before the pod's interface
+// exists, and the controller's next pass releases them. The records directory comes and goes
+// with the node's first and last pod, so the network directory is watched too and the records
+// directory's watch is added again whenever something happens there.
+type recordWatcher struct {
+	f *os.File
+}
+
+const recordEvents = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_CLOSE_WRITE
+
+func watchRecords(networkDir string, kick func()) (*recordWatcher, error) {
+	if err := os.MkdirAll(networkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("watch %s: %w", networkDir, err)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("inotify: %w", err)
+	}
+	// A non-blocking descriptor goes to the runtime's poller, so Close wakes the reader.
+	w := &recordWatcher{f: os.NewFile(uintptr(fd), "inotify")}
+	if _, err := unix.InotifyAddWatch(fd, networkDir, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_DELETE); err != nil {
+		w.close()
+		return nil, fmt.Errorf("watch %s: %w", networkDir, err)
+	}
+	recordsDir := filepath.Join(networkDir, core.RecordDirName)
+	addRecords := func() { _, _ = unix.InotifyAddWatch(fd, recordsDir, recordEvents) }
+	addRecords()
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := w.f.Read(buf); err != nil {
+				if errors.Is(err, os.ErrClosed) {
+					return
+				}
+				continue
+			}
+			addRecords()
+			kick()
+		}
+	}()
+	return w, nil
+}
+
+func (w *recordWatcher) close() { _ = w.f.Close() }
