@@ -12,7 +12,9 @@
 //   - a fixed set of rules (at most 16, from the node's pod CIDRs): nat prerouting and output
 //     chains that jump to the DNAT chain only for `fib daddr type local` (never for traffic that
 //     merely passes the node, cf. GHSA-jv3w-x3r3-g6rm); the DNAT chain, which marks connections
-//     that need SNAT with the bit Mark; a postrouting chain that masquerades marked packets; and,
+//     that may need SNAT with the bit Mark; a postrouting chain that masquerades the marked
+//     packets of a pod reaching its own hostPort (the hairpin sets: one "pod . pod" element per
+//     pod with mappings) and of localhost, and leaves every other client's address alone; and,
 //     with IPv4, a filter that drops 127.0.0.0/8 packets not from lo, because localhost access
 //     needs route_localnet=1 on the bridge (plugins#729).
 //
@@ -139,6 +141,11 @@ func ensureMaps(c *nftables.Conn, table *nftables.Table, families []bool) (map[s
 			}
 			sets[name] = s
 		}
+		hp := hairpinSetDef(table, is6)
+		if err := c.AddSet(hp, nil); err != nil {
+			return nil, fmt.Errorf("hostport set %s: %w", hp.Name, err)
+		}
+		sets[hp.Name] = hp
 	}
 	return sets, nil
 }
@@ -153,13 +160,22 @@ func addMap(c *nftables.Conn, table *nftables.Table, name string) (*nftables.Set
 }
 
 func addElements(c *nftables.Conn, sets map[string]*nftables.Set, owner Owner, entries []Entry) error {
+	hairpin := map[netip.Addr]bool{}
 	for _, e := range entries {
 		s, ok := sets[mapName(e.Key)]
 		if !ok {
 			return fmt.Errorf("%s: the network has no pod CIDR of that family", e)
 		}
-		if err := c.SetAddElements(s, []nftables.SetElement{element(Reservation{Entry: e, Owner: owner})}); err != nil {
+		r := Reservation{Entry: e, Owner: owner}
+		if err := c.SetAddElements(s, []nftables.SetElement{element(r)}); err != nil {
 			return fmt.Errorf("hostport map element %s: %w", e, err)
+		}
+		if hairpin[e.PodIP] {
+			continue
+		}
+		hairpin[e.PodIP] = true
+		if err := c.SetAddElements(sets[hairpinSet(e.Key.Is6())], []nftables.SetElement{hairpinElement(r)}); err != nil {
+			return fmt.Errorf("hostport hairpin element %s: %w", e.PodIP, err)
 		}
 	}
 	return nil
@@ -210,6 +226,7 @@ func uninstall(network string, rs []Reservation) error {
 	}
 	table := c.AddTable(nft.InetTable(network))
 	sets := map[string]*nftables.Set{}
+	hairpin := map[netip.Addr]bool{}
 	for _, r := range rs {
 		name := mapName(r.Key)
 		s, ok := sets[name]
@@ -225,6 +242,22 @@ func uninstall(network string, rs []Reservation) error {
 		}
 		if err := c.SetDeleteElements(s, el); err != nil {
 			return fmt.Errorf("hostport map element %s: %w", r.Entry, err)
+		}
+		// The pod's hairpin element goes with its mappings (all of an owner's go together).
+		if hairpin[r.PodIP] || !r.PodIP.IsValid() {
+			continue
+		}
+		hairpin[r.PodIP] = true
+		hp := hairpinSetDef(table, r.Key.Is6())
+		if err := c.AddSet(hp, nil); err != nil {
+			return fmt.Errorf("hostport set %s: %w", hp.Name, err)
+		}
+		hel := []nftables.SetElement{hairpinElement(r)}
+		if err := c.SetAddElements(hp, hel); err != nil {
+			return fmt.Errorf("hostport hairpin element %s: %w", r.PodIP, err)
+		}
+		if err := c.SetDeleteElements(hp, hel); err != nil {
+			return fmt.Errorf("hostport hairpin element %s: %w", r.PodIP, err)
 		}
 	}
 	if err := c.Flush(); err != nil {

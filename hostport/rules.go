@@ -3,6 +3,7 @@ package hostport
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -33,12 +34,20 @@ const (
 	MapIPv4Addr = "hostports-ipv4-addr"
 	MapIPv6     = "hostports-ipv6"
 	MapIPv6Addr = "hostports-ipv6-addr"
+
+	// The hairpin sets, one per family, hold "pod address . pod address" for every pod with a
+	// mapping: a translated connection whose source is its own destination (a pod reaching its
+	// own hostPort) must be masqueraded, or the pod would get a packet from itself. Any other
+	// pod keeps its own address as the source: with bridge netfilter on, the reply crosses the
+	// node's hooks on the bridge and is translated back there.
+	SetHairpinIPv4 = "hostports-hairpin-ipv4"
+	SetHairpinIPv6 = "hostports-hairpin-ipv6"
 )
 
 // Mark is the one packet-mark bit this package uses. ChainDNAT ORs it into the mark of the
-// first packet of a hostPort connection that needs SNAT (a pod reaching a hostPort of its own
-// node, itself included, and connections from 127.0.0.0/8); ChainMasquerade masquerades those
-// packets and clears the bit again. No other bit of the mark is read or changed. 0x1000 is clear
+// first packet of a hostPort connection that may need SNAT (from a pod of the node, or from
+// 127.0.0.0/8); ChainMasquerade masquerades those from localhost and those whose pod reached
+// its own hostPort (the hairpin sets), and clears the bit again. No other bit of the mark is read or changed. 0x1000 is clear
 // of kube-proxy (0x4000, 0x8000), the portmap plugin (0x2000), Calico (0xffff0000) and Cilium
 // (0x0f00).
 const Mark uint32 = 0x1000
@@ -203,7 +212,7 @@ func Rules(podCIDRs []netip.Prefix) []Rule {
 			from *netip.Prefix
 			mark bool
 		}{
-			{"from pods of this node, " + pod.String() + " (SNAT so replies come back through the node)", &pod, true},
+			{"from pods of this node, " + pod.String() + " (marked: SNAT only for a pod reaching itself)", &pod, true},
 			{"from localhost (SNAT: 127.0.0.0/8 cannot leave the node)", &loopback4, true},
 			{"from anywhere else (client address kept)", nil, false},
 		}
@@ -234,19 +243,7 @@ func Rules(podCIDRs []netip.Prefix) []Rule {
 			}
 		}
 	}
-	rules = append(rules, Rule{
-		Chain:   ChainMasquerade,
-		Comment: fmt.Sprintf("hostPort connections marked 0x%x: clear the bit and masquerade", Mark),
-		Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(Mark), Xor: native(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^Mark), Xor: native(0)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
-			&expr.Masq{},
-		},
-	})
+	rules = append(rules, masqueradeRules(podCIDRs, hasV4)...)
 	if hasV4 {
 		for _, d := range []struct {
 			dir  nft.Direction
@@ -264,6 +261,69 @@ func Rules(podCIDRs []netip.Prefix) []Rule {
 		}
 	}
 	return rules
+}
+
+// masqueradeRules are ChainMasquerade's rules: marked connections of a pod to itself (per family
+// of the pod CIDRs) and from localhost (IPv4) are masqueraded; every marked packet has the bit
+// cleared; other marked connections keep the client's address.
+func masqueradeRules(podCIDRs []netip.Prefix, hasV4 bool) []Rule {
+	marked := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(Mark), Xor: native(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
+	}
+	clear := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^Mark), Xor: native(0)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+	}
+	rule := func(comment string, match []expr.Any, masq bool) Rule {
+		exprs := slices.Concat(marked, match, clear)
+		if masq {
+			exprs = append(exprs, &expr.Masq{})
+		}
+		return Rule{Chain: ChainMasquerade, Comment: comment, Exprs: exprs}
+	}
+	var rules []Rule
+	for _, pod := range podCIDRs {
+		is6 := pod.Addr().Is6()
+		set := hairpinSet(is6)
+		n := addrLen(is6)
+		saddr, daddr := uint32(12), uint32(16)
+		if is6 {
+			saddr, daddr = 8, 24
+		}
+		match := append(nft.MatchFamily(pod.Addr()),
+			&expr.Payload{DestRegister: reg32, Base: expr.PayloadBaseNetworkHeader, Offset: saddr, Len: n},
+			&expr.Payload{DestRegister: reg32 + n/4, Base: expr.PayloadBaseNetworkHeader, Offset: daddr, Len: n},
+			&expr.Lookup{SourceRegister: reg32, SetName: set})
+		rules = append(rules, rule(fmt.Sprintf("hostPort connections marked 0x%x of a pod to itself (%s): clear the bit and masquerade", Mark, set), match, true))
+	}
+	if hasV4 {
+		rules = append(rules, rule(fmt.Sprintf("hostPort connections marked 0x%x from localhost: clear the bit and masquerade", Mark),
+			append(nft.MatchFamily(loopback4.Addr()), nft.MatchPrefix(nft.Source, loopback4, false)...), true))
+	}
+	return append(rules, rule(fmt.Sprintf("other hostPort connections marked 0x%x: clear the bit, keep the client's address", Mark), nil, false))
+}
+
+// hairpinSet is the hairpin set of a family.
+func hairpinSet(is6 bool) string {
+	if is6 {
+		return SetHairpinIPv6
+	}
+	return SetHairpinIPv4
+}
+
+// hairpinSetDef is the definition of a family's hairpin set.
+func hairpinSetDef(table *nftables.Table, is6 bool) *nftables.Set {
+	return &nftables.Set{Table: table, Name: hairpinSet(is6), Concatenation: true,
+		KeyType: nftables.MustConcatSetType(addrType(is6), addrType(is6))}
+}
+
+// hairpinElement is the hairpin element of a reservation (comment: its owner, as in the maps).
+func hairpinElement(r Reservation) nftables.SetElement {
+	a := r.PodIP.AsSlice()
+	return nftables.SetElement{Key: append(slices.Clone(a), a...), Comment: r.Owner.String()}
 }
 
 // dnatExprs builds: [family] [saddr in from] key-lookup in mapName into the data registers,

@@ -31,10 +31,11 @@ func TestRulesPerConfiguration(t *testing.T) {
 		want map[string]int
 	}{
 		// Per IPv4 CIDR: 2 maps x (pods, localhost, others); per IPv6 CIDR: the ::1 return, then
-		// 2 maps x (pods, others). The localnet guard exists only with IPv4.
-		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 1, ChainLocalnet: 2}},
-		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 1, ChainLocalnet: 2}},
-		{"IPv6", []netip.Prefix{cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 5, ChainMasquerade: 1}},
+		// 2 maps x (pods, others). The localnet guard exists only with IPv4. Masquerade: a pod
+		// to itself per family, localhost with IPv4, and the rule that keeps other sources.
+		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnet: 2}},
+		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnet: 2}},
+		{"IPv6", []netip.Prefix{cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 5, ChainMasquerade: 2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,9 +96,9 @@ func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 			}
 		}
 	}
-	// Set in the 4 rules for pods and the 2 for localhost, cleared in the masquerade rule.
-	if marks != 7 {
-		t.Errorf("%d mark writes, want 7", marks)
+	// Set in the 4 rules for pods and the 2 for localhost, cleared in the 4 masquerade rules.
+	if marks != 10 {
+		t.Errorf("%d mark writes, want 10", marks)
 	}
 }
 

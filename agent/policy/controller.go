@@ -230,7 +230,7 @@ func (c *Controller) pass() Pass {
 	in, err := c.input()
 	if err == nil {
 		p.Applied, err = core.ApplyPolicies(c.cfg.DataDir, c.cfg.Network, func(recs []core.Record) core.PolicyRuleset {
-			in.Local = localsOf(recs)
+			in.Local = LocalsOf(recs)
 			res := Compile(in)
 			p.Unknown = len(res.Unknown)
 			c.metrics.observe(in, res)
@@ -263,9 +263,9 @@ func (c *Controller) input() (Input, error) {
 	return in, err
 }
 
-// localsOf turns the node's attachment records into Locals. The pod's name comes from CNI_ARGS
+// LocalsOf turns the node's attachment records into Locals. The pod's name comes from CNI_ARGS
 // ("namespace/name"); a record without one is a container that is no Kubernetes pod.
-func localsOf(recs []core.Record) []Local {
+func LocalsOf(recs []core.Record) []Local {
 	out := make([]Local, 0, len(recs))
 	for _, r := range recs {
 		l := Local{Owner: core.PolicyOwner(r.ContainerID, r.IfName)}
