@@ -88,6 +88,17 @@ func (p *Process) Stop() error {
 	return nil
 }
 
+// Kill ends the process with SIGKILL, as a crash or an OOM kill would, and waits for it.
+func (p *Process) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
 // ErrExited is returned by WhileRunning when a process ended before the condition held.
 var ErrExited = errors.New("process exited")
 
