@@ -59,6 +59,18 @@ bench: deps
 	refdir=$$(mktemp -d /tmp/kubenet-refplugins-XXXXXX) && trap 'rm -rf "$$refdir"' EXIT && \
 	KUBENET_REFPLUGINS_DIR=$$refdir $(GO) test -count=1 -run '^$$' -bench '^BenchmarkKubenetVsReference$$' \
 	  -benchtime 1x -timeout 30m ./bench/ -args -bench.out ../docs/bench.md $(BENCH_ARGS)
+	$(MAKE) bench-netpol
+
+# NetworkPolicy's cost (docs/networkpolicy.md): new connections and throughput between two pods
+# with and without 100 policies (and with kube-network-policies v0.8.0, built from hack/knp),
+# and a policy change's way to the node with 1000 pods and 200 policies in a real API server
+# (hack/apiserver). As root, about 5 minutes; writes the table into docs/networkpolicy.md.
+NETPOL_BENCH_ARGS ?=
+.PHONY: bench-netpol
+bench-netpol: deps
+	hack/apiserver/build.sh >/dev/null
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkNetworkPolicy$$' -benchtime 1x -timeout 30m ./bench/ \
+	  -args -bench.netpol-out ../docs/networkpolicy.md $(NETPOL_BENCH_ARGS)
 
 clean:
 	rm -rf bin

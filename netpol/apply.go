@@ -462,6 +462,33 @@ func PendingOwners(network string) (map[netip.Addr]string, error) {
 	return out, nil
 }
 
+// Dispatch reads the four dispatch maps: map name → pod address → the group chain it jumps to
+// (operators' tools and the bench, which watches a policy change arrive).
+func Dispatch(network string) (map[string]map[netip.Addr]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("policy rules: netlink: %w", err)
+	}
+	t := Table(network)
+	out := map[string]map[netip.Addr]string{}
+	if ok, err := tableExists(c, t); err != nil || !ok {
+		return out, err
+	}
+	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
+		out[m] = map[netip.Addr]string{}
+		els, err := c.GetSetElements(&nftables.Set{Table: t, Name: m, IsMap: true})
+		if err != nil {
+			return nil, fmt.Errorf("read map %s: %w", m, err)
+		}
+		for _, el := range els {
+			if a, ok := netip.AddrFromSlice(el.Key); ok {
+				out[m][a] = verdictChain(el.Val)
+			}
+		}
+	}
+	return out, nil
+}
+
 // Remove deletes the network's policy table (the agent with policies turned off). Missing is fine.
 func Remove(network string) error {
 	c, err := nftables.New()
