@@ -47,7 +47,9 @@ type controlPlaneResult struct {
 	idleRSS   int64         // the agent's resident memory before the objects were created
 }
 
-func cpAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(2 + i/200), byte(i%200 + 2)}) }
+func cpAddr(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 244, byte(2 + i/200), byte(i%200 + 2)})
+}
 
 func npControlPlane(b *testing.B) controlPlaneResult {
 	var res controlPlaneResult
