@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -229,6 +230,14 @@ func knpObjects(path string, w npWorkload) error {
 		o.Policies = append(o.Policies, *x)
 	}
 	return writeJSON(path, o)
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
 }
 
 // rates are the per-round results of one mode.

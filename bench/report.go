@@ -3,10 +3,11 @@ package bench
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 const (
@@ -162,14 +163,5 @@ const (
 
 // writeInto replaces the generated block of the markdown file at path with body.
 func writeInto(path, body string) error {
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	before, rest, ok := strings.Cut(string(old), beginMarker)
-	_, after, ok2 := strings.Cut(rest, endMarker)
-	if !ok || !ok2 {
-		return fmt.Errorf("%s lacks the markers %q and %q", path, beginMarker, endMarker)
-	}
-	return os.WriteFile(path, []byte(before+beginMarker+"\n"+body+endMarker+after), 0o644)
+	return nettest.ReplaceGenerated(path, beginMarker, endMarker, body)
 }

@@ -24,7 +24,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/agent/routes"
@@ -143,7 +142,7 @@ func TestAgentCluster(t *testing.T) {
 		{"pods on different nodes talk with their own addresses", func(t *testing.T) {
 			pods := make([]*nettest.Pod, len(nodes))
 			for i, n := range nodes {
-				pods[i] = addPod(t, api, n, fmt.Sprintf("pod-%s", n.name))
+				pods[i] = addPod(t, n, fmt.Sprintf("pod-%s", n.name))
 			}
 			for i := range nodes {
 				for j := range nodes {
@@ -215,12 +214,12 @@ func TestAgentCluster(t *testing.T) {
 			}
 			routesConverge(t)
 			conditionIs(t, n3, corev1.ConditionFalse, agent.ReasonRoutesCreated)
-			pod3 := addPod(t, api, n3, "pod-after-change")
+			pod3 := addPod(t, n3, "pod-after-change")
 			if ip := pod3.IP(netip.IPv4Unspecified()); !cidrs[n3.name][0].Contains(ip) {
 				t.Fatalf("new pod on %s got %s, outside the new pod CIDR %s", n3.name, ip, cidrs[n3.name][0])
 			}
 			expectBridgeGateways(t, n3, cidrs[n3.name])
-			pod1 := addPod(t, api, n1, "pod-1-again")
+			pod1 := addPod(t, n1, "pod-1-again")
 			expectTraffic(t, pod1, pod3)
 			expectTraffic(t, pod3, pod1)
 			expectForeignRoute(t, n1, foreign)
@@ -291,13 +290,13 @@ func conflistHas(n *simNode, cidrs []netip.Prefix) error {
 // addPod creates a pod object in the default namespace, bound to n, and attaches it on n through
 // libcni with the agent's conflist and installed binary (the agent releases the pod's addresses
 // once it knows the pod: NetworkPolicy is on), and starts a TCP echo server in it.
-func addPod(t *testing.T, api kubernetes.Interface, n *simNode, id string) *nettest.Pod {
+func addPod(t *testing.T, n *simNode, id string) *nettest.Pod {
 	t.Helper()
 	list, err := libcni.ConfListFromFile(n.confFile())
 	if err != nil {
 		t.Fatal(err)
 	}
-	createPod(t, api, "default", id, n.name, nil)
+	createPod(t, n.admin, "default", id, n.name, nil)
 	pod := n.cni.NewPod(t, id)
 	n.cni.MustAdd(t, list, pod)
 	nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 7777))

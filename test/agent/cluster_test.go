@@ -71,11 +71,13 @@ type simNode struct {
 	cni        *nettest.Node // libcni over the bin dir the agent installs into
 	kubeconfig string
 	agent      *nettest.Process
+	// admin is the test's own API client (pods a test attaches exist in the API first).
+	admin kubernetes.Interface
 }
 
 func newSimNode(t testing.TB, u *nettest.Underlay, cp *controlPlane, name string, i int, bearer string) *simNode {
 	t.Helper()
-	n := &simNode{name: name, addrs: nodeAddrs(i), ns: nettest.NewNS(t), dir: t.TempDir()}
+	n := &simNode{name: name, addrs: nodeAddrs(i), ns: nettest.NewNS(t), dir: t.TempDir(), admin: cp.admin}
 	u.Attach(t, n.ns, "eth0", n.addrs...)
 	n.cni = &nettest.Node{NS: n.ns, Dir: n.dir, CNI: libcni.NewCNIConfigWithCacheDir([]string{n.binDir()}, filepath.Join(n.dir, "cache"), nil)}
 	n.kubeconfig = filepath.Join(n.dir, "kubeconfig")

@@ -139,16 +139,11 @@ func policyTable(t *testing.T, n *simNode) string {
 // gets through, in either direction, while the same hammer does get through once allowed), and
 // that the rules stay while the agent is down and are reconciled when it is back.
 func TestAgentNetworkPolicy(t *testing.T) {
-	objs := manifestObjects(t)
-	agentTok := serviceAccountUser(t, objs)
-	adminTok := token{value: "admin-token", user: "admin", groups: []string{"system:masters"}}
-	u := nettest.NewUnderlay(t, 0)
-	cp := startControlPlane(t, u, controlPlaneAddr, []token{adminTok, agentTok})
-	applyManifest(t, cp.admin, objs)
+	u, cp, agentTok := startCluster(t)
 	api := cp.admin
 	ctx := context.Background()
 
-	n := newSimNode(t, u, cp, "node-1", 1, agentTok.value)
+	n := newSimNode(t, u, cp, "node-1", 1, agentTok)
 	createNode(t, api, nodeObject(n.name, n.addrs, podCIDRs(1)))
 	n.startAgent(t)
 	if err := nettest.Eventually(converge, func() error {

@@ -1,12 +1,14 @@
-package bench
+//go:build kubenet_e2e_agent
+
+package agent
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +23,6 @@ import (
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/netpol"
-	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 // The control-plane workload: a real kube-apiserver holding cpPods pods (cpLocal of them on
@@ -41,60 +42,42 @@ const (
 
 // controlPlaneResult is what the control-plane workload measured.
 type controlPlaneResult struct {
-	converge  time.Duration // agent start (informers empty) → every local pod released
-	latencies samples       // API update of a policy → the node's map points to the new group
-	rss, hwm  int64         // the agent's resident memory at the end, and its peak
-	idleRSS   int64         // the agent's resident memory before the objects were created
+	converge  time.Duration   // cpLocal ADDs → every local pod released
+	latencies []time.Duration // API update of a policy → the node's map points to the new group
+	idleRSS   int64           // the agent's resident memory before the objects were created
+	rss, peak int64           // at the end, and the highest sampled (every 100 ms)
 }
 
 func cpAddr(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 244, byte(2 + i/200), byte(i%200 + 2)})
 }
 
-func npControlPlane(b *testing.B) controlPlaneResult {
+var netpolOut = flag.String("netpol.out", "", "markdown file whose control-plane block receives BenchmarkNetworkPolicyScale's table (docs/networkpolicy.md)")
+
+// BenchmarkNetworkPolicyScale measures kubenet-agent's NetworkPolicy controller in a cluster of
+// cpPods pods and cpPolicies policies (a real API server; objects only, except the node's own
+// pods): how long a policy change takes from the API to the node's rules, how long new pods wait
+// for their policies, and the agent's memory. It runs once whatever b.N is (`make bench-netpol`).
+// Goals (docs/networkpolicy.md): under 1 s from change to rules, under 150 MiB.
+func BenchmarkNetworkPolicyScale(b *testing.B) {
+	began := time.Now()
 	var res controlPlaneResult
-	bins, err := testkit.BuildAPIServer("..")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	pluginDir, err := nettest.BuildPlugin(filepath.Join(dir, "plugin"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	agentBin, err := nettest.BuildCommand(dir, "kubenet-agent")
-	if err != nil {
-		b.Fatal(err)
-	}
-	admin := testkit.Token{Value: "admin-token", User: "admin", Groups: []string{"system:masters"}}
-	u := nettest.NewUnderlay(b, 0)
-	cp := testkit.StartControlPlane(b, u, netip.MustParsePrefix("192.168.78.10/24"), bins, []testkit.Token{admin})
-	api := cp.Admin
-	nodeNS := nettest.NewNS(b)
-	u.Attach(b, nodeNS, "eth0", netip.MustParsePrefix("192.168.78.11/24"))
-	node := &nettest.Node{NS: nodeNS, Dir: dir, CNI: libcni.NewCNIConfigWithCacheDir([]string{filepath.Join(dir, "bin")}, filepath.Join(dir, "cache"), nil)}
-	ctx := context.Background()
 	must := func(err error) {
 		b.Helper()
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}}}
-	_, err = api.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
-	must(err)
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	must(cp.WriteKubeconfig(kubeconfig, admin.Value))
-	agent := nettest.StartProcess(b, nodeNS, filepath.Join(dir, "agent.log"), agentBin,
-		"--kubeconfig="+kubeconfig, "--node-name=node-1", "--cluster-cidr=10.244.0.0/16",
-		"--cni-conf-dir="+filepath.Join(dir, "net.d"), "--cni-bin-dir="+filepath.Join(dir, "bin"),
-		"--cni-bin-source="+filepath.Join(pluginDir, "kubenet"), "--data-dir="+node.DataDir(),
-		"--metrics-bind-address=", "--log-level=info")
-	conf := filepath.Join(dir, "net.d", "10-kubenet.conflist")
-	must(nettest.WhileRunning(60*time.Second, func() error { _, err := os.Stat(conf); return err }, agent))
-	res.idleRSS, _ = procMemory(agent.Pid())
+	u, cp, agentTok := startCluster(b)
+	api := cp.admin
+	n := newSimNode(b, u, cp, "node-1", 1, agentTok)
+	createNode(b, api, nodeObject(n.name, n.addrs, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}))
+	n.startAgent(b, "--log-level=info")
+	ctx := context.Background()
+	must(nettest.WhileRunning(60*time.Second, func() error { _, err := os.Stat(n.confFile()); return err }, n.agent))
+	res.idleRSS = procStatus(b, n.agent.Pid(), "VmRSS")
+	mem := sampleRSS(n.agent.Pid())
 
-	// Namespaces, pods (objects), policies.
 	for k := range 10 {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ns-%d", k), Labels: map[string]string{"team": fmt.Sprintf("t%d", k%3)}}}
 		_, err := api.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
@@ -111,7 +94,7 @@ func npControlPlane(b *testing.B) controlPlaneResult {
 	must(parallel(8, cpPods, func(i int) error {
 		nodeName := fmt.Sprintf("node-%d", 2+i%9)
 		if i < cpLocal {
-			nodeName = "node-1"
+			nodeName = n.name
 		}
 		p, err := api.CoreV1().Pods(fmt.Sprintf("ns-%d", i%10)).Create(ctx, podObj(i, nodeName), metav1.CreateOptions{})
 		if err != nil || i < cpLocal {
@@ -129,26 +112,26 @@ func npControlPlane(b *testing.B) controlPlaneResult {
 
 	// The local pods, through the plugin with the agent's conflist: each is pending until the
 	// agent has its policies in place.
-	list, err := libcni.ConfListFromFile(conf)
+	list, err := libcni.ConfListFromFile(n.confFile())
 	must(err)
 	start := time.Now()
 	local := make([]*nettest.Pod, cpLocal)
 	for i := range cpLocal {
-		p := node.NewPod(b, fmt.Sprintf("cp-local-%d", i))
+		p := n.cni.NewPod(b, fmt.Sprintf("cp-local-%d", i))
 		p.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", fmt.Sprintf("ns-%d", i%10)}, {"K8S_POD_NAME", fmt.Sprintf("pod-%d", i)}}
-		node.MustAdd(b, list, p)
+		n.cni.MustAdd(b, list, p)
 		local[i] = p
 	}
 	must(nettest.WhileRunning(60*time.Second, func() error {
-		owners, err := pendingIn(nodeNS)
+		pending, err := pendingIn(n.ns)
 		if err != nil {
 			return err
 		}
-		if owners > 0 {
-			return fmt.Errorf("%d local pods still pending", owners)
+		if pending > 0 {
+			return fmt.Errorf("%d local pod addresses still pending", pending)
 		}
 		return nil
-	}, agent))
+	}, n.agent))
 	res.converge = time.Since(start)
 
 	// Policy changes: policy i (i < cpLocal selects local pod i) gets another ingress port; the
@@ -156,7 +139,7 @@ func npControlPlane(b *testing.B) controlPlaneResult {
 	for c := range cpChanges {
 		i := c % cpLocal
 		ip := local[i].IPs()[0]
-		before, err := ingressChain(nodeNS, ip)
+		before, err := ingressChain(n.ns, ip)
 		must(err)
 		np, err := api.NetworkingV1().NetworkPolicies(fmt.Sprintf("ns-%d", i%10)).Get(ctx, fmt.Sprintf("p%03d", i), metav1.GetOptions{})
 		must(err)
@@ -165,7 +148,7 @@ func npControlPlane(b *testing.B) controlPlaneResult {
 		_, err = api.NetworkingV1().NetworkPolicies(np.Namespace).Update(ctx, np, metav1.UpdateOptions{})
 		must(err)
 		for {
-			now, err := ingressChain(nodeNS, ip)
+			now, err := ingressChain(n.ns, ip)
 			must(err)
 			if now != before && now != "" {
 				break
@@ -177,8 +160,42 @@ func npControlPlane(b *testing.B) controlPlaneResult {
 		}
 		res.latencies = append(res.latencies, time.Since(t0))
 	}
-	res.rss, res.hwm = procMemory(agent.Pid())
-	return res
+	res.rss = procStatus(b, n.agent.Pid(), "VmRSS")
+	res.peak = mem.stop()
+	md := cpReport(res, began)
+	b.Log("\n" + md)
+	slices.Sort(res.latencies)
+	b.ReportMetric(float64(res.latencies[len(res.latencies)/2])/1e6, "change-p50-ms")
+	b.ReportMetric(float64(res.latencies[len(res.latencies)-1])/1e6, "change-max-ms")
+	b.ReportMetric(mib(res.peak), "peak-rss-MiB")
+	if *netpolOut != "" {
+		must(nettest.ReplaceGenerated(*netpolOut, "<!-- begin generated by make bench-netpol: control plane -->", "<!-- end generated by make bench-netpol: control plane -->", md))
+	}
+}
+
+// cpReport renders the control-plane results with the goals of issue 14.
+func cpReport(res controlPlaneResult, began time.Time) string {
+	lat := slices.Clone(res.latencies)
+	slices.Sort(lat)
+	p50, worst := lat[len(lat)/2], lat[len(lat)-1]
+	load, _ := os.ReadFile("/proc/loadavg")
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s, %s in all; load average %s.\n\n", began.UTC().Format("2006-01-02 15:04 MST"), time.Since(began).Round(time.Second), strings.Fields(string(load))[0])
+	fmt.Fprintf(&b, "A real kube-apiserver with %d pods (%d on the node) and %d NetworkPolicies, kubenet-agent on the node (the manifest's RBAC); %d policy updates, each timed from just before the API call until the node's ingress map sends the pod to its new group (read through netlink every millisecond).\n\n", cpPods, cpLocal, cpPolicies, cpChanges)
+	b.WriteString("| measure | value |\n|---|--:|\n")
+	fmt.Fprintf(&b, "| policy change → node's rules, p50 | %s |\n| policy change → node's rules, max of %d | %s |\n", p50.Round(100*time.Microsecond), len(lat), worst.Round(100*time.Microsecond))
+	fmt.Fprintf(&b, "| %d pods added one after another on the node → all released (policies in force) | %s |\n", cpLocal, res.converge.Round(time.Millisecond))
+	fmt.Fprintf(&b, "| agent RSS before the objects / at the end / peak (sampled every 100 ms) | %.1f / %.1f / %.1f MiB |\n", mib(res.idleRSS), mib(res.rss), mib(res.peak))
+	yes := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "**no**"
+	}
+	b.WriteString("\n| goal | measured | met |\n|---|---|---|\n")
+	fmt.Fprintf(&b, "| policy change on the node < 1 s (%d pods, %d policies) | max %s | %s |\n", cpPods, cpPolicies, worst.Round(100*time.Microsecond), yes(worst < time.Second))
+	fmt.Fprintf(&b, "| agent memory < 150 MiB at that size | peak %.1f MiB | %s |\n", mib(res.peak), yes(res.peak > 0 && res.peak < 150<<20))
+	return b.String()
 }
 
 // cpPolicy is policy j of the control-plane workload with ingress port port.
@@ -250,26 +267,4 @@ func parallel(workers, n int, f func(int) error) error {
 	close(next)
 	wg.Wait()
 	return first
-}
-
-// procMemory reads VmRSS and VmHWM (bytes) of pid.
-func procMemory(pid int) (rss, hwm int64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = v << 10
-		case "VmHWM:":
-			hwm = v << 10
-		}
-	}
-	return rss, hwm
 }
