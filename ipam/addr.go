@@ -6,16 +6,6 @@ import (
 	"net/netip"
 )
 
-// lastAddr returns the highest address of p (all host bits set).
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
 // uint128 is just enough 128-bit arithmetic to count IPv6 addresses without overflow.
 type uint128 struct{ hi, lo uint64 }
 

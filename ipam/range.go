@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 )
 
 // Range is one pool of addresses inside one subnet.
@@ -75,7 +77,7 @@ func checkSubnet(p netip.Prefix) error {
 
 // defaultEnd is the last address of the subnet; IPv4 keeps its broadcast address out.
 func (r Range) defaultEnd() netip.Addr {
-	last := lastAddr(r.Subnet)
+	last := ipnet.Last(r.Subnet)
 	if last.Is4() {
 		return last.Prev()
 	}
@@ -83,7 +85,7 @@ func (r Range) defaultEnd() netip.Addr {
 }
 
 func (r Range) isNetworkOrBroadcast(a netip.Addr) bool {
-	return a == r.Subnet.Addr() || (a.Is4() && a == lastAddr(r.Subnet))
+	return a == r.Subnet.Addr() || (a.Is4() && a == ipnet.Last(r.Subnet))
 }
 
 // excluded reports whether a lies in the range but must never be handed out.
@@ -105,7 +107,7 @@ func (r Range) Size() uint64 {
 	n := toUint128(r.End).sub(toUint128(r.Start)).addSmall(1)
 	never := []netip.Addr{r.Gateway, r.Subnet.Addr()}
 	if r.Subnet.Addr().Is4() {
-		never = append(never, lastAddr(r.Subnet))
+		never = append(never, ipnet.Last(r.Subnet))
 	}
 	var skip uint64
 	for i, a := range never {

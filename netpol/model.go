@@ -34,6 +34,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 )
 
 // Protocol numbers a port rule can name (NetworkPolicyPort.protocol).
@@ -53,7 +55,7 @@ func Single(a netip.Addr) Range { return Range{a, a} }
 // PrefixRange is the range of a prefix.
 func PrefixRange(p netip.Prefix) Range {
 	p = p.Masked()
-	return Range{p.Addr(), lastOf(p)}
+	return Range{p.Addr(), ipnet.Last(p)}
 }
 
 func (r Range) String() string {
@@ -244,16 +246,6 @@ func mergeRanges(in []Range) []Range {
 		out = append(out, r)
 	}
 	return out
-}
-
-// lastOf is the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 // name is the content address of the group: the chain and sets of a group are named after it,

@@ -1,4 +1,5 @@
-// Package ipnet converts between net/netip prefixes and the net.IPNet that netlink speaks.
+// Package ipnet converts between net/netip prefixes and the net.IPNet that netlink speaks, and
+// holds the little prefix arithmetic the mechanisms share.
 package ipnet
 
 import (
@@ -22,4 +23,14 @@ func ToPrefix(n *net.IPNet) (netip.Prefix, bool) {
 	}
 	ones, _ := n.Mask.Size()
 	return netip.PrefixFrom(a.Unmap(), ones), true
+}
+
+// Last returns the highest address of p (all host bits set).
+func Last(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
