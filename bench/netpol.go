@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -117,15 +118,56 @@ func connServer(t testing.TB, n ns.NetNS, addr netip.AddrPort) netip.AddrPort {
 	return netip.MustParseAddrPort(l.Addr().String())
 }
 
+// cpuMeter reads the CPU time spent on the workload: this process (both pods' sockets, and the
+// kernel's work on their packets, which runs in the sending thread's context on veths) plus any
+// helper process (kube-network-policies' verdicts are made in its own process).
+type cpuMeter struct{ pids []int }
+
+func (m cpuMeter) now() time.Duration {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	d := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	for _, pid := range m.pids {
+		d += procCPU(pid)
+	}
+	return d
+}
+
+// procCPU is the user and system time of pid (/proc/<pid>/stat, in ticks of 10 ms).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	var ut, st int64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &st)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// connResult is one measurement of new connections.
+type connResult struct {
+	perSecond float64       // completed connections per second of wall time
+	cpuEach   time.Duration // CPU time per completed connection
+	failed    int64
+}
+
 // connRate opens connections from inside src to dst with workers goroutines for window and
-// returns the completed connections (connect, then EOF from the server) per second. Failed
-// attempts are counted apart: a policy that drops the SYN must not look like a fast one.
-func connRate(src ns.NetNS, dst netip.AddrPort, workers int, window time.Duration) (float64, int64, error) {
+// returns the completed connections (connect, then EOF from the server) per second and the CPU
+// each cost. Failed attempts are counted apart: a policy that drops the SYN must not look like a
+// fast one. On a shared machine the wall-clock rate moves with everybody else's load; the CPU a
+// connection costs does not, and on a node whose CPU is the limit it decides the rate.
+func connRate(src ns.NetNS, dst netip.AddrPort, workers int, window time.Duration, cpu cpuMeter) connResult {
 	var ok, failed atomic.Int64
 	var wg sync.WaitGroup
 	stop := time.Now().Add(window)
 	dial := nettest.DialIn(src)
-	start := time.Now()
+	start, cpu0 := time.Now(), cpu.now()
 	for range workers {
 		wg.Go(func() {
 			buf := make([]byte, 1)
@@ -148,7 +190,50 @@ func connRate(src ns.NetNS, dst netip.AddrPort, workers int, window time.Duratio
 		})
 	}
 	wg.Wait()
-	return float64(ok.Load()) / time.Since(start).Seconds(), failed.Load(), nil
+	took, used := time.Since(start), cpu.now()-cpu0
+	r := connResult{perSecond: float64(ok.Load()) / took.Seconds(), failed: failed.Load()}
+	if n := ok.Load(); n > 0 {
+		r.cpuEach = used / time.Duration(n)
+	}
+	return r
+}
+
+// streamResult is one throughput measurement.
+type streamResult struct {
+	bitsPerSecond float64
+	cpuPerGB      time.Duration // CPU time per 10^9 bytes received
+}
+
+// streamRate sends one TCP stream from inside src to sink for warmup+window and returns the rate
+// at which the sink received during window, and the CPU time per gigabyte over that window.
+func streamRate(src ns.NetNS, sink *nettest.Sink, warmup, window time.Duration, cpu cpuMeter) (streamResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	c, err := nettest.DialIn(src)(ctx, "tcp", sink.Addr.String())
+	cancel()
+	if err != nil {
+		return streamResult{}, fmt.Errorf("connect to sink %s: %w", sink.Addr, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(warmup) // part of the measurement: slow start is not counted
+	t0, b0, c0 := time.Now(), sink.Received(), cpu.now()
+	time.Sleep(window)
+	t1, b1, c1 := time.Now(), sink.Received(), cpu.now()
+	c.Close()
+	<-done
+	got := b1 - b0
+	if got <= 0 {
+		return streamResult{}, fmt.Errorf("stream to %s: nothing received", sink.Addr)
+	}
+	return streamResult{bitsPerSecond: float64(got) * 8 / t1.Sub(t0).Seconds(), cpuPerGB: (c1 - c0) * time.Duration(1e9) / time.Duration(got)}, nil
 }
 
 // knp is kube-network-policies v0.8.0 built from hack/knp (its own module).
@@ -174,7 +259,7 @@ func buildKNP(dir string) (knp, error) {
 // bench adds the equivalent of its rules through the xt NFQUEUE target (iptables-nft): queue 100,
 // in postrouting before SNAT, new connections from or to the two pods. The userspace verdict
 // path, which is what the engine's cost is made of, is the engine's own.
-func startKNP(t testing.TB, node ns.NetNS, k knp, objFile string, pods ...netip.Addr) (stop func() error) {
+func startKNP(t testing.TB, node ns.NetNS, k knp, objFile string, pods ...netip.Addr) (pid int, stop func() error) {
 	t.Helper()
 	proc := nettest.StartProcess(t, node, filepath.Join(t.TempDir(), "knp.log"), k.bin, "-objects", objFile, "-node", "bench-node")
 	err := nettest.WhileRunning(30*time.Second, func() error {
@@ -201,7 +286,7 @@ func startKNP(t testing.TB, node ns.NetNS, k knp, objFile string, pods ...netip.
 	for _, r := range rules {
 		nettest.Run(t, node, "iptables", append([]string{"-t", "mangle", "-A"}, r...)...)
 	}
-	return func() error {
+	return proc.Pid(), func() error {
 		var errs []error
 		for _, r := range rules {
 			if _, err := nettest.Output(node, "iptables", append([]string{"-t", "mangle", "-D"}, r...)...); err != nil {
@@ -242,9 +327,8 @@ func writeJSON(path string, v any) error {
 
 // rates are the per-round results of one mode.
 type rates struct {
-	conns      []float64 // connections per second
-	throughput []float64 // bit/s
-	failed     int64
+	conns  []connResult
+	stream []streamResult
 }
 
 func median(v []float64) float64 {
