@@ -34,10 +34,8 @@ type NetConf struct {
 	DataDir            string        `json:"dataDir,omitempty"`
 	LogFile            string        `json:"logFile,omitempty"`
 	LogMaxBytes        int64         `json:"logMaxBytes,omitempty"`
-	// NetworkPolicy: kubenet-agent enforces NetworkPolicy on this node, so ADD holds a new pod's
-	// addresses in the pending sets until the agent has installed the pod's policies.
-	NetworkPolicy bool          `json:"networkPolicy,omitempty"`
-	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
+	NetworkPolicy      bool          `json:"networkPolicy,omitempty"` // kubenet-agent enforces policies: ADD holds new pods (docs/networkpolicy.md)
+	RuntimeConfig      RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
 // RuntimeConfig carries the capability arguments a runtime passes. encoding/json matches keys
@@ -141,11 +139,11 @@ func (nc *NetConf) Validate() (*Config, error) {
 		CNIVersion: nc.CNIVersion,
 		Bridge:     nc.Bridge,
 		MTU:        nc.MTU,
-		DataDir:       nc.DataDir,
-		NetworkPolicy: nc.NetworkPolicy,
-		Runtime:       nc.RuntimeConfig,
-		Owner:         OwnerCNI,
+		DataDir:    nc.DataDir,
+		Runtime:    nc.RuntimeConfig,
+		Owner:      OwnerCNI,
 	}
+	c.NetworkPolicy = nc.NetworkPolicy
 	if c.Network == "" {
 		return nil, configError("name", "", "the network needs a name")
 	}
