@@ -47,11 +47,18 @@ type addition struct {
 	bridge  *netlink.Bridge
 	host    netlink.Link
 	podMAC  net.HardwareAddr
+	// keepReservation is set by a step that failed in a way that may leave kernel state
+	// leading to the pod's addresses: the rollback then keeps the record and the reservations,
+	// so that DEL or GC removes that state before the addresses go to another pod.
+	keepReservation bool
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
 // everything this call created for the attachment is removed again.
 func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Result, err error) {
+	if err := checkMappingCount(cfg.Runtime); err != nil {
+		return nil, err
+	}
 	podNS, err := openPodNS(att.NetNS)
 	if err != nil {
 		return nil, err
@@ -162,6 +169,9 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 			fmt.Sprintf("container %q already has interface %q on network %q (addresses %v); DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, existing.IPs), "")
 	}
 	undo.push(func() error {
+		if a.keepReservation {
+			return nil
+		}
 		return withNetworkLock(a.store, func() error {
 			if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
 				return err

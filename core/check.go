@@ -12,14 +12,14 @@ import (
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/ipam"
-	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
 // Check verifies everything the attachment owns and returns the first difference: the
 // reservation against prevResult, the bridge and its gateways, the host veth on the bridge and
-// its hairpin flag, the pod interface with addresses, routes and MTU, the SNAT and dedup rules,
-// host ports and shaping.
+// its hairpin flag, the pod interface with addresses, routes and MTU, the node-wide rules it
+// depends on (SNAT, dedup, the host-port chains and maps with the localnet guard), its host
+// ports and shaping.
 func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	if cfg.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "CHECK needs prevResult (the result of ADD)", "")
@@ -62,10 +62,9 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways())}, host, br.MTU); err != nil {
 		return err
 	}
-	if err := masq.Check(masqConfig(cfg)); err != nil {
-		return err
-	}
-	if err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)); err != nil {
+	// The node-wide rules by their expressions, not only their comments: a rule changed in
+	// place keeps its comment.
+	if err := CheckNode(cfg); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

@@ -10,11 +10,26 @@ import (
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
-// hostPorts programs the attachment's port mappings (a.cfg.Runtime.PortMappings) for its
-// addresses (a.ips) and pushes their removal onto undo. The conflict check, the reservation and
-// the nftables transaction happen under the network lock, so two pods racing for one hostPort
-// cannot both get it.
+// checkMappingCount refuses more port mappings than hostport.MaxMappings before ADD changes
+// anything: their index files and map elements are written under the network lock, which every
+// other ADD and DEL of the node waits for.
+func checkMappingCount(rc RuntimeConfig) error {
+	if n := len(rc.PortMappings); n > hostport.MaxMappings {
+		return configError("runtimeConfig.portMappings", n, "a pod may have at most %d port mappings (hostPorts); this one has %d", hostport.MaxMappings, n)
+	}
+	return nil
+}
+
+// hostPorts brings the node-wide host-port rules and maps up to date (every ADD, with or without
+// mappings: the localnet guard among them protects the node from every pod), then programs the
+// attachment's port mappings (a.cfg.Runtime.PortMappings) for its addresses (a.ips) and pushes
+// their removal onto undo. The conflict check, the reservation and the nftables transaction
+// happen under the network lock, so two pods racing for one hostPort cannot both get it.
 func (a *addition) hostPorts(undo *undoStack) error {
+	hp := hostportConfig(a.cfg, a.store.Dir())
+	if err := ensureHostPortNode(a.store, hp, nil); err != nil {
+		return err
+	}
 	if len(a.cfg.Runtime.PortMappings) == 0 {
 		return nil
 	}
@@ -26,12 +41,18 @@ func (a *addition) hostPorts(undo *undoStack) error {
 	if err != nil {
 		return configError("runtimeConfig.portMappings", fmt.Sprint(a.cfg.Runtime.PortMappings), "%v", err)
 	}
-	hp := hostportConfig(a.cfg, a.store.Dir())
 	owner := ownerOf(a.att)
 	err = withNetworkLock(a.store, func() error { return hostport.Add(hp, owner, entries) })
 	var conflict *hostport.ConflictError
 	if errors.As(err, &conflict) {
 		return types.NewError(ErrPortConflict, conflict.Error(), "")
+	}
+	var leftover *hostport.LeftoverError
+	if errors.As(err, &leftover) {
+		// Elements that may lead to the pod's addresses are still in the kernel: the record and
+		// the reservations stay, so the runtime's DEL (or GC) removes them before the addresses
+		// can go to another pod.
+		a.keepReservation = true
 	}
 	if err != nil {
 		return fmt.Errorf("host ports: %w", err)
@@ -39,6 +60,26 @@ func (a *addition) hostPorts(undo *undoStack) error {
 	undo.push(func() error {
 		return withNetworkLock(a.store, func() error { return hostport.Remove(hp, owner, hostport.KeysOf(entries)) })
 	})
+	return nil
+}
+
+// ensureHostPortNode checks the node-wide host-port state without the lock (one dump per chain
+// and one of the maps: what a healthy node pays) and repairs it under the lock when it is not as
+// planned. repair, when not nil, receives what was changed.
+func ensureHostPortNode(store *ipam.Store, hp hostport.Config, repair *hostport.Repair) error {
+	if hostport.CheckNode(hp) == nil {
+		return nil
+	}
+	err := withNetworkLock(store, func() error {
+		rep, err := hostport.EnsureNode(hp, false)
+		if repair != nil {
+			*repair = rep
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("host-port rules: %w", err)
+	}
 	return nil
 }
 

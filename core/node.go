@@ -2,26 +2,64 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"path/filepath"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/masq"
 )
 
 // EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
 // forwarding and bridge-netfilter sysctls, the bridge with exactly cfg's gateway addresses (a
 // gateway of an earlier pod CIDR is removed), MTU, promiscuous mode with its duplicate-frame
-// rules, and the SNAT chain. ADD does the same on every call; the in-process NetworkPlugin calls
-// this when the node's pod CIDR becomes known or changes, so the node is ready (and no stale
-// gateway stays on the bridge) before the first pod arrives. Runs in the caller's network
-// namespace.
+// rules, the SNAT chain, and the host-port chains and maps with the map elements of running pods
+// when the maps had to be created again. ADD does the same on every call; the in-process
+// NetworkPlugin calls this when the node's pod CIDR becomes known or changes, so the node is
+// ready (and no stale gateway stays on the bridge) before the first pod arrives. Runs in the
+// caller's network namespace.
 func EnsureNode(ctx context.Context, cfg *Config) error {
+	_, err := HealNode(ctx, cfg, false)
+	return err
+}
+
+// NodeRepair is what HealNode found and did.
+type NodeRepair struct {
+	// SetUp says that the network's bridge did not exist: the node was set up for the first time
+	// (since boot), not repaired.
+	SetUp bool
+	// Found is how the node-wide rules differed from the plan before (CheckNode); nil when they
+	// were as planned.
+	Found error
+	// Restored counts the hostPort map elements of running pods put back from the ownership
+	// index.
+	Restored int
+}
+
+// HealNode is EnsureNode for a node agent that re-asserts the node-wide state after somebody
+// else changed it (a firewall reload flushes the ruleset): it also says what it found and how
+// many hostPort map elements it put back. With allElements every reservation of the hostPort
+// index is compared with the kernel's map elements and put back when missing or different,
+// which reads everything the node holds (the agent's periodic pass; ADD only restores elements
+// when their maps were gone).
+func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, error) {
+	var rep NodeRepair
+	rep.Found = CheckNode(cfg)
+	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
+		rep.SetUp = true
+	}
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+		return rep, fmt.Errorf("address store: %w", err)
 	}
 	defer store.Close()
 	a := &addition{cfg: cfg, store: store}
+	var hpRepair hostport.Repair
 	steps := []struct {
 		name string
 		run  func() error
@@ -29,14 +67,68 @@ func EnsureNode(ctx context.Context, cfg *Config) error {
 		{"bridge", func() error { return a.ensureBridge(nil) }},
 		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
 		{"masquerade", func() error { return a.masquerade(nil) }},
+		{"host-port rules", func() error {
+			hp := hostportConfig(cfg, store.Dir())
+			if !allElements {
+				return ensureHostPortNode(store, hp, &hpRepair)
+			}
+			return withNetworkLock(store, func() (err error) {
+				hpRepair, err = hostport.EnsureNode(hp, true)
+				return err
+			})
+		}},
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("node setup interrupted before %s: %w", s.name, err)
+			return rep, fmt.Errorf("node setup interrupted before %s: %w", s.name, err)
 		}
 		if err := s.run(); err != nil {
-			return fmt.Errorf("node setup of network %q: %s: %w", cfg.Network, s.name, err)
+			return rep, fmt.Errorf("node setup of network %q: %s: %w", cfg.Network, s.name, err)
 		}
 	}
-	return nil
+	rep.Restored = hpRepair.Elements
+	return rep, nil
+}
+
+// CheckNode reports how the node-wide rules of cfg's network differ from the plan: the SNAT
+// chain, the duplicate-frame rules and the host-port chains and maps, each compared by its
+// rules' expressions and comments. It only reads (a dump per chain), so STATUS and ADD afford it.
+// nft.Missing tells which differences are objects missing altogether.
+func CheckNode(cfg *Config) error {
+	return errors.Join(
+		masq.Check(masqConfig(cfg)),
+		hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)),
+		hostport.CheckNode(hostportConfig(cfg, filepath.Join(cfg.DataDir, cfg.Network))),
+	)
+}
+
+// missingNodeRules returns what CheckNode would find missing altogether (a flushed ruleset, a
+// deleted table or chain), or nil. Rules that merely differ (a configuration edited since the
+// last ADD) are not STATUS's business: the next ADD rewrites them. The host-port chains and maps
+// count only once host ports were used on the node (hostport.InUse): a node set up by an older
+// kubenet that never had a hostPort pod does not have them, and has nothing for them to guard.
+func missingNodeRules(cfg *Config, networkDir string) error {
+	hp := hostportConfig(cfg, networkDir)
+	checks := []func() error{
+		func() error { return masq.Check(masqConfig(cfg)) },
+		func() error { return hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)) },
+		func() error {
+			if inUse, err := hostport.InUse(hp); err != nil || !inUse {
+				return err
+			}
+			return hostport.CheckNode(hp)
+		},
+	}
+	var out []error
+	for _, check := range checks {
+		err := check()
+		var d *nft.Difference
+		if err != nil && !errors.As(err, &d) {
+			return err // a failed read: STATUS cannot vouch for the rules
+		}
+		for _, m := range nft.Missing(err) {
+			out = append(out, m)
+		}
+	}
+	return errors.Join(out...)
 }

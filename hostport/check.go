@@ -12,7 +12,8 @@ import (
 )
 
 // Check verifies that owner's entries are in place: reserved in the index, present in the
-// kernel maps with the right destination, and the fixed rules as planned. It reads the maps
+// kernel maps with the right destination, and the fixed rules as planned (by expressions, not
+// only by comment). It reads the maps
 // (CHECK may cost what the node holds; ADD and DEL may not) and changes nothing.
 func Check(cfg Config, owner Owner, entries []Entry) error {
 	if len(entries) == 0 {
@@ -54,28 +55,13 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 	return checkRules(c, cfg)
 }
 
-// checkRules compares the fixed chains with Rules by comment and count, which is what an
-// operator or another tool would change.
+// checkRules compares the fixed chains with Rules, by comment and by expressions.
 func checkRules(c *nftables.Conn, cfg Config) error {
-	table := nft.InetTable(cfg.Network)
-	want := map[string][]string{}
-	for _, r := range Rules(cfg.PodCIDRs) {
-		want[r.Chain] = append(want[r.Chain], r.Comment)
+	diffs, err := checkChains(c, cfg)
+	if err != nil || len(diffs) == 0 {
+		return err
 	}
-	for _, ch := range chains(table) {
-		got, err := c.GetRules(table, ch)
-		if err != nil {
-			return fmt.Errorf("hostport chain %s of network %q: %w", ch.Name, cfg.Network, err)
-		}
-		var comments []string
-		for _, r := range got {
-			comments = append(comments, nft.RuleComment(r))
-		}
-		if !slices.Equal(comments, want[ch.Name]) {
-			return fmt.Errorf("hostport chain %s of network %q has rules %q, want %q", ch.Name, cfg.Network, comments, want[ch.Name])
-		}
-	}
-	return nil
+	return fmt.Errorf("hostport rules of network %q: %w", cfg.Network, diffs[0])
 }
 
 // listElements returns the elements of the named maps of the network; missing maps are empty.

@@ -159,23 +159,31 @@ func (ix Index) Reserve(owner Owner, entries []Entry) error {
 			}
 		}
 	}
-	for i, e := range entries {
-		if err := ix.write(Reservation{Entry: e, Owner: owner}); err != nil {
-			return errors.Join(err, ix.Release(owner, KeysOf(entries[:i])))
-		}
+	if err := ix.write(owner, entries); err != nil {
+		return errors.Join(err, ix.Release(owner, KeysOf(entries)))
 	}
 	return nil
 }
 
-func (ix Index) write(r Reservation) error {
-	if err := os.MkdirAll(ix.portDir(r.Protocol, r.HostPort), 0o755); err != nil {
+// write stores owner's reservations of entries, syncing the files together (atomicfile.WriteAll):
+// one sync after another made a pod at the mapping limit hold the network lock for seconds on a
+// busy disk.
+func (ix Index) write(owner Owner, entries []Entry) error {
+	files := make([]atomicfile.File, 0, len(entries))
+	for _, e := range entries {
+		if err := os.MkdirAll(ix.portDir(e.Protocol, e.HostPort), 0o755); err != nil {
+			return fmt.Errorf("hostport index: %w", err)
+		}
+		data, err := json.Marshal(file{Owner: owner, PodIP: e.PodIP, ContainerPort: e.ContainerPort})
+		if err != nil {
+			return err
+		}
+		files = append(files, atomicfile.File{Path: ix.path(e.Key), Data: data})
+	}
+	if err := atomicfile.WriteAll(files, 0o600); err != nil {
 		return fmt.Errorf("hostport index: %w", err)
 	}
-	data, err := json.Marshal(file{Owner: r.Owner, PodIP: r.PodIP, ContainerPort: r.ContainerPort})
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(ix.path(r.Key), data, 0o600)
+	return nil
 }
 
 // Owned returns the reservations among keys that owner holds. Keys held by another attachment
