@@ -26,10 +26,12 @@ import (
 // (joined), each a *nft.Difference, so a caller can tell missing objects (nft.Missing) from
 // changed ones. It only reads.
 func CheckNode(cfg Config) error {
-	c, err := nftables.New()
+	// One socket for the handful of dumps: ADD and STATUS run this every time.
+	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
 	}
+	defer c.CloseLasting()
 	rulesDiff, err := checkChains(c, cfg)
 	if err != nil {
 		return err
@@ -126,18 +128,19 @@ func (r Repair) String() string {
 
 // EnsureNode makes the node-wide host-port state what CheckNode expects, reading first and
 // writing only what differs: chains whose rules are not the plan's are replaced, and missing
-// maps created, in one transaction. When a map had to be created (the network's first ADD, or
-// somebody flushed the ruleset) every reservation of the index that belongs in it is put back as
-// an element, so the host ports of running pods work again. With all, every reservation of the
-// index is compared with the kernel's elements and put back when missing or different (the
-// agent's periodic pass; it reads everything the node holds, which ADD must not). The caller
-// holds the network lock: the index must not change while it is copied into the kernel.
+// maps created, in one transaction. When a map or a chain was missing (the network's first ADD,
+// or somebody flushed the ruleset), every reservation of the index is compared with the kernel's
+// elements and put back when missing or different, so the host ports of running pods work
+// again; with all, that happens in any case (the agent's periodic pass). The comparison reads
+// everything the node holds, which a healthy node's ADD does not pay. The caller holds the
+// network lock: the index must not change while it is copied into the kernel.
 func EnsureNode(cfg Config, all bool) (Repair, error) {
 	var rep Repair
-	c, err := nftables.New()
+	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return rep, fmt.Errorf("hostport rules: netlink: %w", err)
 	}
+	defer c.CloseLasting()
 	diffs, err := checkChains(c, cfg)
 	if err != nil {
 		return rep, err
@@ -155,10 +158,12 @@ func EnsureNode(cfg Config, all bool) (Repair, error) {
 		}
 		rep.Maps = missing
 	}
-	if len(missing) == 0 && !all {
+	// Elements are compared when something was missing altogether, not only when a map was:
+	// a DEL after a flush creates the maps again (empty) on its way to deleting its own elements.
+	if !all && len(missing) == 0 && !slices.ContainsFunc(diffs, func(d *nft.Difference) bool { return d.Missing }) {
 		return rep, nil
 	}
-	rep.Elements, err = restoreElements(c, cfg, missing, all)
+	rep.Elements, err = restoreElements(c, cfg)
 	return rep, err
 }
 
@@ -206,42 +211,42 @@ func writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Difference, missing []
 	return flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
 }
 
-// restoreElements puts the index's reservations into the kernel: those of the maps in created
-// (which are empty), or with all every reservation whose element is missing or different. It
-// returns how many elements it wrote.
-func restoreElements(c *nftables.Conn, cfg Config, created []string, all bool) (int, error) {
+// restoreElements puts every reservation of the index whose element is missing or different
+// into the kernel, and returns how many it wrote. It reads the whole index and every map.
+func restoreElements(c *nftables.Conn, cfg Config) (int, error) {
 	index, err := NewIndex(cfg.Dir).All()
 	if err != nil {
 		return 0, err
 	}
 	maps := plannedMaps(cfg)
 	index = slices.DeleteFunc(index, func(r Reservation) bool { return !slices.Contains(maps, mapName(r.Key)) })
-	var kernel []Reservation
-	if all {
-		if kernel, err = listElements(c, cfg.Network, maps...); err != nil {
-			return 0, err
-		}
+	kernel, err := listElements(c, cfg.Network, maps...)
+	if err != nil {
+		return 0, err
+	}
+	exact := make(map[Reservation]bool, len(kernel))
+	held := make(map[Key]bool, len(kernel))
+	for _, k := range kernel {
+		exact[k], held[k.Key] = true, true
 	}
 	var add, replace []Reservation
 	for _, r := range index {
 		switch {
-		case slices.Contains(created, mapName(r.Key)):
-			add = append(add, r)
-		case !all || slices.Contains(kernel, r):
-		case slices.ContainsFunc(kernel, func(k Reservation) bool { return k.Key == r.Key }):
+		case exact[r]:
+		case held[r.Key]:
 			replace = append(replace, r)
 		default:
 			add = append(add, r)
 		}
 	}
-	if len(add)+len(replace) == 0 {
-		return 0, nil
-	}
-	if slices.ContainsFunc(append(add, replace...), func(r Reservation) bool { return !r.Is6() }) {
+	if slices.ContainsFunc(index, func(r Reservation) bool { return !r.Is6() }) {
 		// The host ports of 127.0.0.1 need it; a sysctl reset (a reload of sysctl.d) clears it.
 		if err := enableRouteLocalnet(cfg.Bridge); err != nil {
 			return 0, err
 		}
+	}
+	if len(add)+len(replace) == 0 {
+		return 0, nil
 	}
 	if len(replace) > 0 {
 		if _, err := deleteKeys(cfg.Network, replace); err != nil {

@@ -120,6 +120,28 @@ func TestEnsureNodeAfterFlushedRuleset(t *testing.T) {
 	}
 }
 
+// TestEnsureNodeAfterFlushAndDel: a DEL between the flush and the repair creates the maps
+// again (empty) to delete its own elements; the repair still puts back the other pods'.
+func TestEnsureNodeAfterFlushAndDel(t *testing.T) {
+	w := newWorld(t)
+	// Both in the map of IPv6 hostIPs, which the DEL makes again.
+	w.add(t, ownerA, entry("tcp", 80, ip6, pod6, 8080))
+	elements := sortedReservations(w.kernelElements(t))
+	gone := entry("udp", 53, ip6, pod6, 53)
+	w.add(t, ownerB, gone)
+	w.nft(t, "flush", "ruleset")
+	w.do(t, func() error { return Remove(w.cfg, ownerB, []Key{gone.Key}) })
+	if rep := w.ensure(t, false); rep.Elements != 1 || slices.Contains(rep.Maps, MapIPv6Addr) {
+		t.Errorf("EnsureNode after the flush and a DEL: %v, want A's element restored into the map the DEL made", rep)
+	}
+	if got := sortedReservations(w.kernelElements(t)); !slices.Equal(got, elements) {
+		t.Errorf("elements %q, want %q", got, elements)
+	}
+	if err := w.checkNode(t); err != nil {
+		t.Errorf("CheckNode after the repair: %v", err)
+	}
+}
+
 // TestEnsureNodeAllRepairsElements: elements deleted or changed one by one (the maps stay) are
 // not ADD's business, the full comparison puts them back as the index says, and leaves elements
 // kubenet did not make alone.
