@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/vishvananda/netlink"
 
@@ -18,8 +17,9 @@ import (
 // EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
 // forwarding and bridge-netfilter sysctls, the bridge with exactly cfg's gateway addresses (a
 // gateway of an earlier pod CIDR is removed), MTU, promiscuous mode with its duplicate-frame
-// rules, the SNAT chain, and the host-port chains and maps with the map elements of running pods
-// when the maps had to be created again. ADD does the same on every call; the in-process
+// rules, the SNAT chain, and the host-port chains and maps, with the map elements of running
+// pods put back from the ownership index when any of that was missing. ADD does the same on
+// every call; the in-process
 // NetworkPlugin calls this when the node's pod CIDR becomes known or changes, so the node is
 // ready (and no stale gateway stays on the bridge) before the first pod arrives. Runs in the
 // caller's network namespace.
@@ -45,8 +45,8 @@ type NodeRepair struct {
 // else changed it (a firewall reload flushes the ruleset): it also says what it found and how
 // many hostPort map elements it put back. With allElements every reservation of the hostPort
 // index is compared with the kernel's map elements and put back when missing or different,
-// which reads everything the node holds (the agent's periodic pass; ADD only restores elements
-// when their maps were gone).
+// which reads everything the node holds (the agent's periodic pass; ADD and EnsureNode only do
+// that when some node-wide chain or map was missing).
 func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, error) {
 	var rep NodeRepair
 	rep.Found = CheckNode(cfg)
@@ -98,7 +98,7 @@ func CheckNode(cfg *Config) error {
 	return errors.Join(
 		masq.Check(masqConfig(cfg)),
 		hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)),
-		hostport.CheckNode(hostportConfig(cfg, filepath.Join(cfg.DataDir, cfg.Network))),
+		hostport.CheckNode(hostportConfig(cfg, "")), // reads no index: no data dir needed
 	)
 }
 
