@@ -52,12 +52,12 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 			return fmt.Errorf("%s: no element in nftables map %s of network %q", e, mapName(e.Key), cfg.Network)
 		}
 	}
-	return checkRules(c, cfg)
+	return checkRules(cfg)
 }
 
 // checkRules compares the fixed chains with Rules, by comment and by expressions.
-func checkRules(c *nftables.Conn, cfg Config) error {
-	diffs, err := checkChains(c, cfg)
+func checkRules(cfg Config) error {
+	diffs, err := checkChains(cfg)
 	if err != nil || len(diffs) == 0 {
 		return err
 	}

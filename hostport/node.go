@@ -24,24 +24,24 @@ import (
 // CheckNode reports how the node-wide host-port state differs from the plan: the rules of each
 // chain, compared by comment and expressions, and the maps. Every difference found is returned
 // (joined), each a *nft.Difference, so a caller can tell missing objects (nft.Missing) from
-// changed ones. It only reads.
+// changed ones. It only reads: one dump of the table's rules, and of its maps only when a chain
+// is not as planned (the planned rules look every map up by name, and the kernel keeps a map
+// that a rule refers to, so planned rules in place mean the maps are there).
 func CheckNode(cfg Config) error {
-	// One socket for the handful of dumps: ADD and STATUS run this every time.
-	c, err := nftables.New(nftables.AsLasting())
+	diffs, err := checkChains(cfg)
+	if err != nil || len(diffs) == 0 {
+		return err
+	}
+	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	defer c.CloseLasting()
-	rulesDiff, err := checkChains(c, cfg)
-	if err != nil {
-		return err
 	}
 	missing, err := missingMaps(c, cfg)
 	if err != nil {
 		return err
 	}
-	errs := make([]error, 0, len(rulesDiff)+len(missing))
-	for _, d := range rulesDiff {
+	errs := make([]error, 0, len(diffs)+len(missing))
+	for _, d := range diffs {
 		errs = append(errs, d)
 	}
 	for _, name := range missing {
@@ -51,18 +51,19 @@ func CheckNode(cfg Config) error {
 }
 
 // checkChains returns the difference of every chain that is not as planned.
-func checkChains(c *nftables.Conn, cfg Config) ([]*nft.Difference, error) {
+func checkChains(cfg Config) ([]*nft.Difference, error) {
 	want := map[string][]nft.Rule{}
 	for _, r := range Rules(cfg.PodCIDRs) {
 		want[r.Chain] = append(want[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
+	table := nft.InetTable(cfg.Network)
+	have, err := nft.TableRules(table)
+	if err != nil {
+		return nil, fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
+	}
 	var out []*nft.Difference
-	for _, ch := range chains(nft.InetTable(cfg.Network)) {
-		have, err := nft.ReadChain(c, ch)
-		if err != nil {
-			return nil, fmt.Errorf("hostport chain %s of network %q: %w", ch.Name, cfg.Network, err)
-		}
-		if d := nft.Compare(ch, have, want[ch.Name]); d != nil {
+	for _, ch := range chains(table) {
+		if d := nft.Compare(ch, have[ch.Name], want[ch.Name]); d != nil {
 			out = append(out, d)
 		}
 	}
@@ -141,7 +142,7 @@ func EnsureNode(cfg Config, all bool) (Repair, error) {
 		return rep, fmt.Errorf("hostport rules: netlink: %w", err)
 	}
 	defer c.CloseLasting()
-	diffs, err := checkChains(c, cfg)
+	diffs, err := checkChains(cfg)
 	if err != nil {
 		return rep, err
 	}
