@@ -108,16 +108,24 @@ func CheckNode(cfg *Config) error {
 // count only once host ports were used on the node (hostport.InUse): a node set up by an older
 // kubenet that never had a hostPort pod does not have them, and has nothing for them to guard.
 func missingNodeRules(cfg *Config, networkDir string) error {
+	// One dump of the network's inet table serves the SNAT and the host-port chains.
+	have, err := nft.TableRules(nft.InetTable(cfg.Network))
+	if err != nil {
+		return err
+	}
 	hp := hostportConfig(cfg, networkDir)
 	checks := []func() error{
-		func() error { return masq.Check(masqConfig(cfg)) },
-		func() error { return hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)) },
+		func() error { return masq.CheckRules(masqConfig(cfg), have) },
 		func() error {
 			if inUse, err := hostport.InUse(hp); err != nil || !inUse {
 				return err
 			}
-			return hostport.CheckNode(hp)
+			return hostport.CheckNodeRules(hp, have)
 		},
+	}
+	if cfg.Hairpin == hairpin.PromiscuousBridge {
+		// In the other modes the dedup rules are absent by plan: nothing of theirs can be missing.
+		checks = append(checks, func() error { return hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)) })
 	}
 	var out []error
 	for _, check := range checks {

@@ -28,9 +28,19 @@ import (
 // is not as planned (the planned rules look every map up by name, and the kernel keeps a map
 // that a rule refers to, so planned rules in place mean the maps are there).
 func CheckNode(cfg Config) error {
-	diffs, err := checkChains(cfg)
-	if err != nil || len(diffs) == 0 {
-		return err
+	have, err := nft.TableRules(nft.InetTable(cfg.Network))
+	if err != nil {
+		return fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
+	}
+	return CheckNodeRules(cfg, have)
+}
+
+// CheckNodeRules is CheckNode on have, the rules of the network's inet table by chain
+// (nft.TableRules), for a caller that reads that table once for several mechanisms.
+func CheckNodeRules(cfg Config, have map[string][]*nftables.Rule) error {
+	diffs := compareChains(cfg, have)
+	if len(diffs) == 0 {
+		return nil
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -50,24 +60,29 @@ func CheckNode(cfg Config) error {
 	return errors.Join(errs...)
 }
 
-// checkChains returns the difference of every chain that is not as planned.
+// checkChains reads the network's table and returns the difference of every chain that is not
+// as planned.
 func checkChains(cfg Config) ([]*nft.Difference, error) {
+	have, err := nft.TableRules(nft.InetTable(cfg.Network))
+	if err != nil {
+		return nil, fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
+	}
+	return compareChains(cfg, have), nil
+}
+
+// compareChains returns the difference of every chain that is not as planned in have.
+func compareChains(cfg Config, have map[string][]*nftables.Rule) []*nft.Difference {
 	want := map[string][]nft.Rule{}
 	for _, r := range Rules(cfg.PodCIDRs) {
 		want[r.Chain] = append(want[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
-	table := nft.InetTable(cfg.Network)
-	have, err := nft.TableRules(table)
-	if err != nil {
-		return nil, fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
-	}
 	var out []*nft.Difference
-	for _, ch := range chains(table) {
+	for _, ch := range chains(nft.InetTable(cfg.Network)) {
 		if d := nft.Compare(ch, have[ch.Name], want[ch.Name]); d != nil {
 			out = append(out, d)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // plannedMaps are the maps of the network's families.
