@@ -104,32 +104,38 @@ func CheckNode(cfg *Config) error {
 
 // missingNodeRules returns what CheckNode would find missing altogether (a flushed ruleset, a
 // deleted table or chain), or nil. Rules that merely differ (a configuration edited since the
-// last ADD) are not STATUS's business: the next ADD rewrites them. The host-port chains and maps
-// count only once host ports were used on the node (hostport.InUse): a node set up by an older
-// kubenet that never had a hostPort pod does not have them, and has nothing for them to guard.
+// last ADD) are not STATUS's business: the next ADD rewrites them, CHECK reports them. It counts
+// the rules of each chain of the network's inet table from one dump, without decoding them. The
+// host-port chains and maps count only once host ports were used on the node (hostport.InUse): a
+// node set up by an older kubenet that never had a hostPort pod does not have them, and has
+// nothing for them to guard.
 func missingNodeRules(cfg *Config, networkDir string) error {
-	// One dump of the network's inet table serves the SNAT and the host-port chains.
-	have, err := nft.TableRules(nft.InetTable(cfg.Network))
+	table := nft.InetTable(cfg.Network)
+	counts, err := nft.TableRuleCounts(table)
 	if err != nil {
 		return err
 	}
+	var out []error
+	if n := len(masq.Plan(masqConfig(cfg))); n > 0 && counts[masq.ChainName] == 0 {
+		out = append(out, &nft.Difference{Table: table, Object: "chain " + masq.ChainName, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", n)})
+	}
 	hp := hostportConfig(cfg, networkDir)
-	checks := []func() error{
-		func() error { return masq.CheckRules(masqConfig(cfg), have) },
-		func() error {
-			if inUse, err := hostport.InUse(hp); err != nil || !inUse {
-				return err
-			}
-			return hostport.CheckNodeRules(hp, have)
-		},
+	inUse, err := hostport.InUse(hp)
+	if err != nil {
+		return err
+	}
+	if inUse {
+		missing, err := hostport.MissingNode(hp, counts)
+		if err != nil {
+			return err
+		}
+		for _, d := range missing {
+			out = append(out, d)
+		}
 	}
 	if cfg.Hairpin == hairpin.PromiscuousBridge {
 		// In the other modes the dedup rules are absent by plan: nothing of theirs can be missing.
-		checks = append(checks, func() error { return hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)) })
-	}
-	var out []error
-	for _, check := range checks {
-		err := check()
+		err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg))
 		var d *nft.Difference
 		if err != nil && !errors.As(err, &d) {
 			return err // a failed read: STATUS cannot vouch for the rules

@@ -28,19 +28,9 @@ import (
 // is not as planned (the planned rules look every map up by name, and the kernel keeps a map
 // that a rule refers to, so planned rules in place mean the maps are there).
 func CheckNode(cfg Config) error {
-	have, err := nft.TableRules(nft.InetTable(cfg.Network))
-	if err != nil {
-		return fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
-	}
-	return CheckNodeRules(cfg, have)
-}
-
-// CheckNodeRules is CheckNode on have, the rules of the network's inet table by chain
-// (nft.TableRules), for a caller that reads that table once for several mechanisms.
-func CheckNodeRules(cfg Config, have map[string][]*nftables.Rule) error {
-	diffs := compareChains(cfg, have)
-	if len(diffs) == 0 {
-		return nil
+	diffs, err := checkChains(cfg)
+	if err != nil || len(diffs) == 0 {
+		return err
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -58,6 +48,39 @@ func CheckNodeRules(cfg Config, have map[string][]*nftables.Rule) error {
 		errs = append(errs, &nft.Difference{Table: nft.InetTable(cfg.Network), Object: "map " + name, Missing: true, Detail: "missing"})
 	}
 	return errors.Join(errs...)
+}
+
+// MissingNode returns the node-wide objects that are missing altogether, given the number of
+// rules of each chain of the network's inet table (nft.TableRuleCounts): chains without a rule
+// where the plan has rules, and, when there is one, the maps that are missing (read then). It
+// decodes no rule, for STATUS; changed rules are CheckNode's.
+func MissingNode(cfg Config, counts map[string]int) ([]*nft.Difference, error) {
+	table := nft.InetTable(cfg.Network)
+	planned := map[string]int{}
+	for _, r := range Rules(cfg.PodCIDRs) {
+		planned[r.Chain]++
+	}
+	var out []*nft.Difference
+	for _, ch := range chains(table) {
+		if planned[ch.Name] > 0 && counts[ch.Name] == 0 {
+			out = append(out, &nft.Difference{Table: table, Object: "chain " + ch.Name, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", planned[ch.Name])})
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	missing, err := missingMaps(c, cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range missing {
+		out = append(out, &nft.Difference{Table: table, Object: "map " + name, Missing: true, Detail: "missing"})
+	}
+	return out, nil
 }
 
 // checkChains reads the network's table and returns the difference of every chain that is not

@@ -80,16 +80,6 @@ func Ensure(cfg Config) error {
 	return nil
 }
 
-// CheckRules reports how the chain differs from the plan in have, the rules of the network's
-// inet table by chain (nft.TableRules), for a caller that reads that table once for several
-// mechanisms.
-func CheckRules(cfg Config, have map[string][]*nftables.Rule) error {
-	if d := nft.Compare(chain(nft.InetTable(cfg.Network)), have[ChainName], Plan(cfg)); d != nil {
-		return fmt.Errorf("masquerade rules of network %q: %w", cfg.Network, d)
-	}
-	return nil
-}
-
 // Check reports the first difference between the chain and the plan.
 func Check(cfg Config) error {
 	if err := nft.CheckChain(chain(nft.InetTable(cfg.Network)), Plan(cfg)); err != nil {

@@ -80,3 +80,32 @@ func dumpTableRules(table *nftables.Table) ([]netlink.Message, error) {
 	}
 	return msgs, nil
 }
+
+// TableRuleCounts counts the rules of every chain of table, from one dump, without decoding
+// them: what STATUS needs to tell missing rules (a flushed ruleset) from present ones, at the
+// cost of the dump alone.
+func TableRuleCounts(table *nftables.Table) (map[string]int, error) {
+	msgs, err := dumpTableRules(table)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, fmt.Errorf("read the rules of table %s: %w", table.Name, err)
+		}
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_RULE_CHAIN {
+				out[ad.String()]++
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("read the rules of table %s: %w", table.Name, err)
+		}
+	}
+	return out, nil
+}

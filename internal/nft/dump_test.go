@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -70,6 +71,13 @@ func TestTableRules(t *testing.T) {
 		}
 		if d := Compare(a, got["a"], planned()); d != nil {
 			t.Errorf("chain a read back: %v", d)
+		}
+		counts, err := TableRuleCounts(table)
+		if err != nil {
+			return err
+		}
+		if want := map[string]int{"a": 3, "b": 1, "many": 300}; !maps.Equal(counts, want) {
+			t.Errorf("TableRuleCounts = %v, want %v", counts, want)
 		}
 		return nil
 	})
