@@ -63,8 +63,8 @@ func (a *addition) hostPorts(undo *undoStack) error {
 	return nil
 }
 
-// ensureHostPortNode checks the node-wide host-port state without the lock (one dump per chain
-// and one of the maps: what a healthy node pays) and repairs it under the lock when it is not as
+// ensureHostPortNode checks the node-wide host-port state without the lock (one dump of the
+// network's table: what a healthy node pays) and repairs it under the lock when it is not as
 // planned. repair, when not nil, receives what was changed.
 func ensureHostPortNode(store *ipam.Store, hp hostport.Config, repair *hostport.Repair) error {
 	if hostport.CheckNode(hp) == nil {

@@ -31,8 +31,8 @@ func StatusConfigError(err error) error {
 // Status answers whether an ADD can succeed now: the data dir is usable, nftables answers, the
 // bridge name is free or a bridge, every pod CIDR has a free address, and, once the bridge
 // exists, none of the network's node-wide rules is missing. containerd and CRI-O poll it every
-// few seconds, so it only reads: one directory listing per network, a dump per chain of the
-// network's rules and one of its maps, no file contents.
+// few seconds, so it only reads: one directory listing per network, one sysctl, one dump of the
+// network's nftables table (its rules counted, not decoded), no file contents.
 func Status(ctx context.Context, cfg *Config) error {
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
