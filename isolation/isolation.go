@@ -1,0 +1,286 @@
+// Package isolation keeps the pods of a bridge from attacking each other and the node through
+// the bridge, with bridge-family nftables chains in the network's bridge table that see every
+// frame a pod sends before the bridge forwards it, learns its source MAC, or hands it to the
+// node's IP stack (br_netfilter's NAT included):
+//
+//   - the guard (always on): no pod acts as a router or DHCP server for the others or the node.
+//     Router advertisements and solicitations, router renumbering, ICMP and ICMPv6 redirects,
+//     DHCP and DHCPv6 server replies, loopback sources and destinations and VLAN-tagged frames
+//     from pod ports are dropped, in every hairpin mode and for both families (a pod's IPv6
+//     link-local stack is up on an IPv4-only network too);
+//   - anti-spoofing (on unless the configuration turns it off): a pod sends only from its own
+//     MAC and its own addresses (its IPv6 link-local address, derived from its MAC, included;
+//     :: only for duplicate address detection and MLD reports; 0.0.0.0 only in ARP probes), and
+//     its ARP messages and neighbour advertisements claim only its own addresses and MAC.
+//
+// The chains are fixed: their rules depend on the configuration, never on the pods. A pod's
+// part is a handful of elements keyed by its bridge port (the host veth's name) in five sets,
+// so ADD and DEL each add or remove a few elements in one transaction, whatever the number of
+// pods. The chains look only at frames from ports in those sets: other bridges on the node, and
+// pods attached before kubenet had these chains, are left alone. A port without anti-spoofing
+// elements (a pod attached while it was off) is left alone by the anti-spoofing chain, so
+// turning it on never cuts off running pods; their CHECK reports the missing elements.
+package isolation
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+)
+
+// Config is what the chains of one network depend on.
+type Config struct {
+	Network      string // CNI network name: selects the bridge table
+	AntiSpoofing bool
+}
+
+// Port is one pod's bridge port and what the pod may send through it.
+type Port struct {
+	Name  string           // the host veth, the bridge port the pod's frames enter by
+	Owner string           // the attachment ("containerID/ifname"), the elements' comment
+	MAC   net.HardwareAddr // the pod interface's MAC
+	Addrs []netip.Addr     // the pod's addresses; its IPv6 link-local address is derived from MAC
+}
+
+// LinkLocal is the IPv6 link-local address the kernel derives from mac (EUI-64), which the pod
+// interface uses (the bridge package sets its address generation mode to EUI-64).
+func LinkLocal(mac net.HardwareAddr) netip.Addr {
+	var b [16]byte
+	b[0], b[1] = 0xfe, 0x80
+	if len(mac) == 6 {
+		b[8], b[9], b[10], b[11], b[12] = mac[0]^0x02, mac[1], mac[2], 0xff, 0xfe
+		b[13], b[14], b[15] = mac[3], mac[4], mac[5]
+	}
+	return netip.AddrFrom16(b)
+}
+
+// Ensure brings the network's chains and sets to Plan(cfg) and, with anti-spoofing on, adds
+// the elements of ports, all in one transaction. It reads the table's rules first (one dump)
+// and rewrites the chains only when they differ from the plan: replacing rules costs the kernel
+// an RCU grace period, adding elements does not. Safe from concurrent plugin processes: every
+// write replaces whole chains atomically and adding an existing element is a no-op.
+func Ensure(cfg Config, ports ...Port) error {
+	table := nft.BridgeTable(cfg.Network)
+	have, err := ruleComments(table)
+	if err != nil {
+		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("isolation rules: netlink: %w", err)
+	}
+	c.AddTable(table)
+	byName := map[string]*nftables.Set{}
+	for _, s := range sets(table) {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("isolation set %s: %w", s.Name, err)
+		}
+		byName[s.Name] = s
+	}
+	plan := Plan(cfg)
+	if diff(have, plan) != "" {
+		writeChains(c, table, plan, have)
+	}
+	for _, p := range ports {
+		for name, els := range p.elements(cfg.AntiSpoofing) {
+			if err := c.SetAddElements(byName[name], els); err != nil {
+				return fmt.Errorf("isolation elements of port %s: %w", p.Name, err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	return nil
+}
+
+// writeChains queues on c what makes the table's chains of this package exactly plan: every
+// planned chain is created if missing and refilled (each after the chains it goes to), and
+// chains the plan no longer has (anti-spoofing turned off) are emptied and deleted.
+func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map[string][]string) {
+	var obsolete []*nftables.Chain
+	for _, name := range chainNames {
+		if _, present := have[name]; present && !slices.ContainsFunc(plan, func(p Chain) bool { return p.Name == name }) {
+			obsolete = append(obsolete, &nftables.Chain{Name: name, Table: table})
+		}
+	}
+	// Empty everything first, so that no rule still goes to a chain that is refilled or deleted.
+	defs := make([]*nftables.Chain, len(plan))
+	for i, p := range plan {
+		defs[i] = c.AddChain(chainDef(table, p))
+		c.FlushChain(defs[i])
+	}
+	for _, o := range obsolete {
+		c.FlushChain(o)
+	}
+	for _, o := range obsolete {
+		c.DelChain(o)
+	}
+	for i, p := range plan {
+		for _, r := range p.Rules {
+			c.AddRule(&nftables.Rule{Table: table, Chain: defs[i], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
+		}
+	}
+}
+
+// diff describes the first difference between the table's rules (by chain) and plan, or "".
+func diff(have map[string][]string, plan []Chain) string {
+	for _, p := range plan {
+		want := make([]string, len(p.Rules))
+		for i, r := range p.Rules {
+			want[i] = r.Comment
+		}
+		if got := have[p.Name]; !slices.Equal(got, want) {
+			return fmt.Sprintf("chain %s has rules %q, want %q", p.Name, got, want)
+		}
+	}
+	for _, name := range chainNames {
+		if _, present := have[name]; present && !slices.ContainsFunc(plan, func(p Chain) bool { return p.Name == name }) {
+			return fmt.Sprintf("chain %s exists but the configuration has no use for it", name)
+		}
+	}
+	return ""
+}
+
+// Remove deletes the elements of ports, whatever the configuration says now (anti-spoofing may
+// have been on when they were added). Each element is added and then deleted in the same
+// transaction: adding an existing element is a no-op, so the transaction succeeds whether or not
+// the element is still there (a repeated DEL, an ADD that crashed before adding it), where a
+// bare delete would fail as a whole. Missing sets mean there is nothing to remove. It needs
+// neither the pod's netns nor anything read back from the pod.
+func Remove(network string, ports ...Port) error {
+	table := nft.BridgeTable(network)
+	byName := map[string]*nftables.Set{}
+	for _, s := range sets(table) {
+		byName[s.Name] = s
+	}
+	els := map[string][]nftables.SetElement{}
+	for _, p := range ports {
+		for name, e := range p.elements(true) {
+			els[name] = append(els[name], e...)
+		}
+	}
+	err := removeElements(byName, els)
+	if !nft.IsNotExist(err) {
+		return err
+	}
+	// A set or the table is missing (flushed by someone else, or never made): remove per set,
+	// so the sets that exist are still cleaned.
+	var errs []error
+	for name, e := range els {
+		if err := removeElements(byName, map[string][]nftables.SetElement{name: e}); err != nil && !nft.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeElements(sets map[string]*nftables.Set, els map[string][]nftables.SetElement) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("anti-spoofing elements: netlink: %w", err)
+	}
+	for name, e := range els {
+		if err := c.SetAddElements(sets[name], e); err != nil {
+			return fmt.Errorf("anti-spoofing set %s: %w", name, err)
+		}
+		if err := c.SetDeleteElements(sets[name], e); err != nil {
+			return fmt.Errorf("anti-spoofing set %s: %w", name, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove anti-spoofing elements: %w", err)
+	}
+	return nil
+}
+
+// GC removes the elements of every port that keep rejects, and returns those ports' names. It
+// reads the whole sets (GC may cost what the node holds; ADD and DEL may not).
+func GC(network string, keep func(port string) bool) ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("anti-spoofing elements: netlink: %w", err)
+	}
+	table := nft.BridgeTable(network)
+	stale := map[string][]nftables.SetElement{}
+	var ports []string
+	for _, s := range sets(table) {
+		els, err := listElements(c, s)
+		if err != nil {
+			return nil, err
+		}
+		for _, el := range els {
+			if port := nameOf(el.Key); !keep(port) {
+				stale[s.Name] = append(stale[s.Name], nftables.SetElement{Key: el.Key})
+				if !slices.Contains(ports, port) {
+					ports = append(ports, port)
+				}
+			}
+		}
+	}
+	if len(stale) == 0 {
+		return nil, nil
+	}
+	byName := map[string]*nftables.Set{}
+	for _, s := range sets(table) {
+		byName[s.Name] = s
+	}
+	slices.Sort(ports)
+	return ports, removeElements(byName, stale)
+}
+
+// listElements returns the elements of s; a missing table or set holds none.
+func listElements(c *nftables.Conn, s *nftables.Set) ([]nftables.SetElement, error) {
+	if ok, err := setExists(s); err != nil || !ok {
+		return nil, err
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return nil, fmt.Errorf("anti-spoofing set %s of table %s: %w", s.Name, s.Table.Name, err)
+	}
+	return els, nil
+}
+
+// Check verifies that the chains are as planned and, with anti-spoofing on, that every element
+// of p is in place. It reads the sets whole (CHECK may cost what the node holds) and changes
+// nothing.
+func Check(cfg Config, p Port) error {
+	table := nft.BridgeTable(cfg.Network)
+	have, err := ruleComments(table)
+	if err != nil {
+		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	if d := diff(have, Plan(cfg)); d != "" {
+		return fmt.Errorf("isolation rules of network %q: %s", cfg.Network, d)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("isolation elements: netlink: %w", err)
+	}
+	want := p.elements(cfg.AntiSpoofing)
+	for _, s := range sets(table) {
+		els, err := listElements(c, s)
+		if err != nil {
+			return err
+		}
+		for _, w := range want[s.Name] {
+			if !slices.ContainsFunc(els, func(e nftables.SetElement) bool { return slices.Equal(e.Key, w.Key) }) {
+				return fmt.Errorf("isolation of pod %s: no element %s", p.Owner, describe(s.Name, w.Key))
+			}
+		}
+		// Elements of the port that the pod does not own (an address it no longer has) would
+		// let it send from them. Without anti-spoofing they do nothing.
+		for _, e := range els {
+			if cfg.AntiSpoofing && nameOf(e.Key) == p.Name && !slices.ContainsFunc(want[s.Name], func(w nftables.SetElement) bool { return slices.Equal(e.Key, w.Key) }) {
+				return fmt.Errorf("isolation of pod %s: stray element %s", p.Owner, describe(s.Name, e.Key))
+			}
+		}
+	}
+	return nil
+}
