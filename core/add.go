@@ -18,6 +18,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 )
 
@@ -97,6 +98,7 @@ func (a *addition) steps() []step {
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
 		{"pod interface", a.configurePod},
+		{"isolation", a.isolate},
 		{"hairpin", a.hairpin},
 		{"masquerade", a.masquerade},
 		{"host ports", a.hostPorts},
@@ -230,6 +232,7 @@ func (a *addition) addVeth(undo *undoStack) error {
 	host, err := bridge.AddVeth(bridge.Veth{
 		HostName:  a.names.HostVeth,
 		PodIfName: a.att.IfName,
+		PodMAC:    podMAC(a.cfg.Network, a.att),
 		MTU:       a.mtu,
 		Bridge:    a.bridge,
 	}, a.podNS)
@@ -248,6 +251,14 @@ func (a *addition) configurePod(*undoStack) error {
 	mac, err := bridge.ConfigurePod(a.podNS, bridge.Pod{IfName: a.att.IfName, Addrs: a.ips, Gateways: prefixAddrs(a.cfg.Gateways())})
 	a.podMAC = mac
 	return err
+}
+
+// isolate brings the bridge's isolation chains up to date and adds the pod's port to them: no
+// pod may act as a router, and with anti-spoofing none may send as another.
+func (a *addition) isolate(undo *undoStack) error {
+	port := portOf(a.cfg, a.att, a.ips)
+	undo.push(func() error { return isolation.Remove(a.cfg.Network, port) })
+	return isolation.Ensure(isolationConfig(a.cfg), port)
 }
 
 func (a *addition) hairpin(*undoStack) error {

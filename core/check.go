@@ -12,6 +12,7 @@ import (
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
@@ -59,7 +60,10 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	} else if flag != cfg.Hairpin.PortFlag() {
 		return fmt.Errorf("host veth %q hairpin flag is %v, want %v in mode %s", names.HostVeth, flag, cfg.Hairpin.PortFlag(), cfg.Hairpin)
 	}
-	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways())}, host, br.MTU); err != nil {
+	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways()), MAC: podMAC(cfg.Network, att)}, host, br.MTU); err != nil {
+		return err
+	}
+	if err := isolation.Check(isolationConfig(cfg), portOf(cfg, att, rec.IPs)); err != nil {
 		return err
 	}
 	if err := masq.Check(masqConfig(cfg)); err != nil {

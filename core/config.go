@@ -34,6 +34,7 @@ type NetConf struct {
 	DataDir            string        `json:"dataDir,omitempty"`
 	LogFile            string        `json:"logFile,omitempty"`
 	LogMaxBytes        int64         `json:"logMaxBytes,omitempty"`
+	AntiSpoofing       *bool         `json:"antiSpoofing,omitempty"` // nil: on
 	RuntimeConfig      RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
@@ -86,6 +87,7 @@ type Config struct {
 	MTU                int // 0: detect at ADD time
 	Hairpin            hairpin.Mode
 	DataDir            string
+	AntiSpoofing       bool // pods may send only from their own MAC and addresses
 	Runtime            RuntimeConfig
 	PrevResult         *current.Result
 	Log                LogSettings
@@ -140,6 +142,8 @@ func (nc *NetConf) Validate() (*Config, error) {
 		DataDir:    nc.DataDir,
 		Runtime:    nc.RuntimeConfig,
 		Owner:      OwnerCNI,
+		// On unless turned off: every pod is a possible attacker.
+		AntiSpoofing: nc.AntiSpoofing == nil || *nc.AntiSpoofing,
 	}
 	if c.Network == "" {
 		return nil, configError("name", "", "the network needs a name")

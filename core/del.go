@@ -13,6 +13,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
@@ -45,6 +46,7 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	var errs []error
 	unmapped, err := delHostPorts(cfg, att, rec, store)
 	errs = append(errs, err)
+	errs = append(errs, delIsolation(cfg, att, rec))
 	errs = append(errs, delLinks(names))
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, err)...)
@@ -83,6 +85,18 @@ func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []ne
 		errs = append(errs, records.Remove(att))
 	}
 	return errors.Join(errs...)
+}
+
+// delIsolation removes the pod's elements from the bridge's isolation sets. They are keyed by
+// the host veth's name, the MAC derived from the attachment and the recorded addresses; without
+// a record the sets are searched for the port (only then does DEL cost what the node holds).
+func delIsolation(cfg *Config, att Attachment, rec *Record) error {
+	if rec != nil {
+		return isolation.Remove(cfg.Network, portOf(cfg, att, rec.IPs))
+	}
+	port := NamesFor(cfg.Network, att).HostVeth
+	_, err := isolation.GC(cfg.Network, func(p, _ string) bool { return p != port })
+	return err
 }
 
 // delLinks deletes the attachment's interfaces: the host veth (with it the pod end and the

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 type attachmentKey struct{ id, ifname string }
@@ -26,6 +28,21 @@ type Keeper struct {
 	// period never collects an attachment whose ADD was still running at T: ADD writes the
 	// reservations and the record first, under the same lock.
 	WrittenBefore time.Time
+}
+
+// keeps reports whether att's host-side state (found without its record) stays: the attachment
+// is in use, or its record is too young to collect. ADD writes the record before anything else.
+func (k Keeper) keeps(records Records, att Attachment) bool {
+	if k.InUse(att.ContainerID, att.IfName) {
+		return true
+	}
+	if k.WrittenBefore.IsZero() {
+		return false
+	}
+	written, err := records.Written(att)
+	// Without a record the owner's ADD is over (crashed or rolled back); a record that cannot be
+	// read is kept, collecting is never a guess.
+	return !errors.Is(err, fs.ErrNotExist) && (err != nil || k.spares(written))
 }
 
 // spares reports whether a file written at written is too young to collect.
@@ -107,7 +124,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 	}
 	released, err := gcReservations(store, k)
 	report.Addresses = released
-	errs = append(errs, err, gcHostPorts(cfg, store, records, k))
+	errs = append(errs, err, gcHostPorts(cfg, store, records, k), gcIsolation(cfg, records, k))
 	return report, errors.Join(errs...)
 }
 
@@ -185,16 +202,7 @@ func gcReservationsLocked(store *ipam.Store, k Keeper) ([]netip.Addr, error) {
 // record before any host port, so an owner whose record is younger than k's cutoff is kept.
 func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) error {
 	keep := func(o hostport.Owner) bool {
-		if k.InUse(o.ContainerID, o.IfName) {
-			return true
-		}
-		if k.WrittenBefore.IsZero() {
-			return false
-		}
-		written, err := records.Written(Attachment{ContainerID: o.ContainerID, IfName: o.IfName})
-		// Without a record the owner's ADD is over (crashed or rolled back); a record that
-		// cannot be read is kept, collecting is never a guess.
-		return !errors.Is(err, fs.ErrNotExist) && (err != nil || k.spares(written))
+		return k.keeps(records, Attachment{ContainerID: o.ContainerID, IfName: o.IfName})
 	}
 	err := withNetworkLock(store, func() error {
 		_, err := hostport.GC(hostportConfig(cfg, store.Dir()), keep)
@@ -202,6 +210,22 @@ func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) erro
 	})
 	if err != nil {
 		return fmt.Errorf("host ports: %w", err)
+	}
+	return nil
+}
+
+// gcIsolation removes the isolation elements of every bridge port whose attachment k does not
+// keep: the records' DELs removed those they knew; this catches what no record describes. An
+// element names its attachment in its comment; one whose comment does not lead back to its port
+// (none, or garbled) is removed, since an element is a permission to send.
+func gcIsolation(cfg *Config, records Records, k Keeper) error {
+	_, err := isolation.GC(cfg.Network, func(port, owner string) bool {
+		id, ifName, ok := strings.Cut(owner, "/")
+		att := Attachment{ContainerID: id, IfName: ifName}
+		return ok && NamesFor(cfg.Network, att).HostVeth == port && k.keeps(records, att)
+	})
+	if err != nil {
+		return fmt.Errorf("isolation: %w", err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 // EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
@@ -28,6 +29,7 @@ func EnsureNode(ctx context.Context, cfg *Config) error {
 	}{
 		{"bridge", func() error { return a.ensureBridge(nil) }},
 		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
+		{"isolation rules", func() error { return isolation.Ensure(isolationConfig(cfg)) }},
 		{"masquerade", func() error { return a.masquerade(nil) }},
 	}
 	for _, s := range steps {

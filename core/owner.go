@@ -18,8 +18,8 @@ import (
 )
 
 // NodeSettingsFile, in the network's directory of the data dir, records the node-wide settings
-// that the network's node state (bridge addresses, MTU and promiscuous mode, dedup and SNAT rules)
-// was last made from, and who made it. host-local ignores it (its content is no container ID).
+// that the network's node state (bridge addresses, MTU and promiscuous mode, dedup, isolation and
+// SNAT rules) was last made from, and who made it. host-local ignores it (its content is no container ID).
 const NodeSettingsFile = "kubenet-node.json"
 
 // OwnerCNI is the owner of node-wide settings that come from a CNI configuration (the CNI
@@ -35,11 +35,17 @@ type NodeSettings struct {
 	NonMasqueradeCIDRs []string `json:"nonMasqueradeCIDRs"`
 	MTU                int      `json:"mtu"` // as configured: 0 detects
 	HairpinMode        string   `json:"hairpinMode"`
+	// AntiSpoofing is "on" or "off"; "" (a file written before kubenet had the key) reads as
+	// the default, "on".
+	AntiSpoofing string `json:"antiSpoofing,omitempty"`
 }
 
 // nodeSettings are cfg's node-wide settings in canonical form.
 func (c *Config) nodeSettings() NodeSettings {
-	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin)}
+	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin), AntiSpoofing: "off"}
+	if c.AntiSpoofing {
+		s.AntiSpoofing = "on"
+	}
 	for _, p := range c.PodCIDRs() {
 		s.PodCIDRs = append(s.PodCIDRs, p.String())
 	}
@@ -64,6 +70,13 @@ func (s NodeSettings) differences(o NodeSettings) []string {
 	diff("nonMasqueradeCIDRs", s.NonMasqueradeCIDRs, o.NonMasqueradeCIDRs)
 	diff("mtu", s.MTU, o.MTU)
 	diff("hairpinMode", s.HairpinMode, o.HairpinMode)
+	orOn := func(v string) string {
+		if v == "" {
+			return "on"
+		}
+		return v
+	}
+	diff("antiSpoofing", orOn(s.AntiSpoofing), orOn(o.AntiSpoofing))
 	return out
 }
 

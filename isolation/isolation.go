@@ -200,9 +200,10 @@ func removeElements(sets map[string]*nftables.Set, els map[string][]nftables.Set
 	return nil
 }
 
-// GC removes the elements of every port that keep rejects, and returns those ports' names. It
-// reads the whole sets (GC may cost what the node holds; ADD and DEL may not).
-func GC(network string, keep func(port string) bool) ([]string, error) {
+// GC removes every element that keep rejects, given the element's port and its comment (the
+// owner it was added for, "" if none), and returns the ports it removed elements of. It reads
+// the whole sets (GC may cost what the node holds; ADD and DEL may not).
+func GC(network string, keep func(port, owner string) bool) ([]string, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("anti-spoofing elements: netlink: %w", err)
@@ -216,7 +217,7 @@ func GC(network string, keep func(port string) bool) ([]string, error) {
 			return nil, err
 		}
 		for _, el := range els {
-			if port := nameOf(el.Key); !keep(port) {
+			if port := nameOf(el.Key); !keep(port, el.Comment) {
 				stale[s.Name] = append(stale[s.Name], nftables.SetElement{Key: el.Key})
 				if !slices.Contains(ports, port) {
 					ports = append(ports, port)

@@ -142,7 +142,7 @@ func TestEnsureCheckRemoveGC(t *testing.T) {
 		var removed []string
 		nettest.Do(t, n, func() error {
 			var err error
-			removed, err = GC("t", func(port string) bool { return port == p2.Name })
+			removed, err = GC("t", func(port, owner string) bool { return port == p2.Name && owner == p2.Owner })
 			return err
 		})
 		if !slices.Equal(removed, []string{stray.Name}) {

@@ -26,6 +26,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 // hpMapping is one portMappings entry as a runtime sends it.
@@ -776,8 +777,10 @@ func TestHostPortSCTP(t *testing.T) {
 
 // TestHostPortLocalnetGuard: localhost access turns route_localnet on for the bridge, which
 // would let a pod reach services the node binds to 127.0.0.1 (plugins#729). A pod that routes
-// 127.0.0.0/8 to the node must not get through; with the guard chain emptied it does, which
-// shows that the guard is what stops it.
+// 127.0.0.0/8 to the node must not get through. Two guards stop it: the bridge's isolation
+// chain drops loopback destinations from pods, and the host ports' localnet chain drops
+// 127.0.0.0/8 that does not come from lo. With the first emptied the second still holds; with
+// both emptied the pod gets through, which shows that the guards are what stop it.
 func TestHostPortLocalnetGuard(t *testing.T) {
 	node, list, _ := hpNode(t)
 	pod := node.NewPod(t, "localnet")
@@ -798,6 +801,10 @@ func TestHostPortLocalnetGuard(t *testing.T) {
 
 	if r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", testkit.UnreachableTimeout); err == nil {
 		t.Fatalf("a pod reached the node's 127.0.0.1 service: %+v", r)
+	}
+	nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
+	if r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", testkit.UnreachableTimeout); err == nil {
+		t.Fatalf("without the bridge's guard a pod reached the node's 127.0.0.1 service: %+v", r)
 	}
 	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnet)
 	err := nettest.Eventually(testkit.TrafficTimeout, func() error {
