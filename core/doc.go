@@ -10,7 +10,8 @@
 // lock that guards reservations, records and the hostPort index.
 //
 // ADD reads as the pod's story: validate → reserve addresses → bridge and veth → isolation →
-// hairpin → SNAT → host ports → shaping → result. Each per-attachment step pushes its undo on a stack, so a
-// failure anywhere leaves nothing of the attachment behind. Node-wide state (the bridge, the SNAT
-// chain, sysctls) is shared by all pods and is only ever reconciled, never undone.
+// hairpin → SNAT → host ports → shaping → result. Each per-attachment step pushes its undo on a
+// stack, so a failure anywhere leaves nothing of the attachment behind. Node-wide state (the
+// bridge, the SNAT and isolation chains, sysctls) is shared by all pods and is only ever
+// reconciled, never undone.
 package core
