@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -44,12 +45,14 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
+	// Removing set elements makes the kernel wait for an RCU grace period, time in which this
+	// DEL would have nothing to do: the isolation elements go alongside the rest.
+	isolated := alongside(func() error { return delIsolation(cfg, att, rec) })
 	unmapped, err := delHostPorts(cfg, att, rec, store)
 	errs = append(errs, err)
-	errs = append(errs, delIsolation(cfg, att, rec))
 	errs = append(errs, delLinks(names))
 	if err := ctx.Err(); err != nil {
-		return errors.Join(append(errs, err)...)
+		return errors.Join(append(errs, <-isolated, err)...)
 	}
 	// Forget flows of the pod's addresses, so a new pod that gets the same address does not
 	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues). This
@@ -57,6 +60,7 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	// addresses are still reserved: no other pod can hold them yet. The host ports' translated
 	// flows lead to the same addresses, so the one walk forgets them too.
 	errs = append(errs, flushConntrack(hint))
+	errs = append(errs, <-isolated)
 	// The record is what a retried DEL (or GC) needs to find host ports and addresses when the
 	// runtime sends nothing, so it goes only once everything before it is gone.
 	removedAll := errors.Join(errs...) == nil
@@ -85,6 +89,25 @@ func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []ne
 		errs = append(errs, records.Remove(att))
 	}
 	return errors.Join(errs...)
+}
+
+// alongside runs f on another goroutine, in the network namespace of the calling thread (the
+// node's: the CNI binary runs there, the in-process plugin calls the core from a thread it moved
+// there), and returns where its result will be. Should that namespace not be found, f runs
+// before alongside returns.
+func alongside(f func() error) <-chan error {
+	done := make(chan error, 1)
+	here, err := ns.GetCurrentNS()
+	if err != nil {
+		done <- f()
+		return done
+	}
+	go func() {
+		defer here.Close()
+		// Do locks the goroutine to a thread and moves that into here for f.
+		done <- here.Do(func(ns.NetNS) error { return f() })
+	}()
+	return done
 }
 
 // delIsolation removes the pod's elements from the bridge's isolation sets. They are keyed by

@@ -60,44 +60,77 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-// Ensure brings the network's chains and sets to Plan(cfg) and, with anti-spoofing on, adds
-// the elements of ports, all in one transaction. It reads the table's rules first (one dump)
-// and rewrites the chains only when they differ from the plan: replacing rules costs the kernel
-// an RCU grace period, adding elements does not. Safe from concurrent plugin processes: every
-// write replaces whole chains atomically and adding an existing element is a no-op.
+// Ensure brings the network's chains and sets to Plan(cfg) and adds the elements of ports
+// (with anti-spoofing on, all of them; else only the pod-ports ones), in one transaction for a
+// pod's ADD. It reads the table's rules first (one dump) and rewrites the chains only when they
+// differ from the plan: replacing rules costs the kernel an RCU grace period, adding elements
+// does not. Safe from concurrent plugin processes: every write replaces whole chains atomically
+// and adding an existing element is a no-op. Many ports (a node re-installing every pod's
+// elements) go in several transactions of portsPerBatch, after the first.
 func Ensure(cfg Config, ports ...Port) error {
 	table := nft.BridgeTable(cfg.Network)
 	have, err := ruleComments(table)
 	if err != nil {
 		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("isolation rules: netlink: %w", err)
-	}
-	c.AddTable(table)
 	byName := map[string]*nftables.Set{}
 	for _, s := range sets(table) {
-		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("isolation set %s: %w", s.Name, err)
-		}
 		byName[s.Name] = s
 	}
-	plan := Plan(cfg)
-	if diff(have, plan) != "" {
-		writeChains(c, table, plan, have)
-	}
-	for _, p := range ports {
-		for name, els := range p.elements(cfg.AntiSpoofing) {
+	for i, batch := range batches(ports, portsPerBatch) {
+		c, err := nftables.New()
+		if err != nil {
+			return fmt.Errorf("isolation rules: netlink: %w", err)
+		}
+		// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
+		// set-up node sends its elements and nothing else.
+		if plan := Plan(cfg); i == 0 && diff(have, plan) != "" {
+			c.AddTable(table)
+			for _, s := range sets(table) {
+				if err := c.AddSet(s, nil); err != nil {
+					return fmt.Errorf("isolation set %s: %w", s.Name, err)
+				}
+			}
+			writeChains(c, table, plan, have)
+		}
+		// One message per set: the kernel acknowledges every message, and hundreds of
+		// acknowledgements overflow the socket's receive buffer (ENOBUFS) after the commit.
+		for name, els := range elementsOf(batch, cfg.AntiSpoofing) {
 			if err := c.SetAddElements(byName[name], els); err != nil {
-				return fmt.Errorf("isolation elements of port %s: %w", p.Name, err)
+				return fmt.Errorf("isolation elements of set %s: %w", name, err)
 			}
 		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+		}
 	}
 	return nil
+}
+
+// elementsOf gathers the elements of ports by set name.
+func elementsOf(ports []Port, antiSpoofing bool) map[string][]nftables.SetElement {
+	out := map[string][]nftables.SetElement{}
+	for _, p := range ports {
+		for name, els := range p.elements(antiSpoofing) {
+			out[name] = append(out[name], els...)
+		}
+	}
+	return out
+}
+
+// portsPerBatch bounds one transaction's elements: google/nftables sends a transaction in one
+// message, which fails (EMSGSIZE) beyond the socket's buffer. 64 ports are at most 384 elements,
+// about 40 KiB.
+const portsPerBatch = 64
+
+// batches splits xs into runs of at most n; none at all is one empty run, so that a caller
+// still does its once-per-call work.
+func batches[T any](xs []T, n int) [][]T {
+	out := [][]T{xs[:min(n, len(xs))]}
+	for xs = xs[len(out[0]):]; len(xs) > 0; xs = xs[min(n, len(xs)):] {
+		out = append(out, xs[:min(n, len(xs))])
+	}
+	return out
 }
 
 // writeChains queues on c what makes the table's chains of this package exactly plan: every
@@ -155,23 +188,27 @@ func diff(have map[string][]string, plan []Chain) string {
 // bare delete would fail as a whole. Missing sets mean there is nothing to remove. It needs
 // neither the pod's netns nor anything read back from the pod.
 func Remove(network string, ports ...Port) error {
-	table := nft.BridgeTable(network)
-	byName := map[string]*nftables.Set{}
-	for _, s := range sets(table) {
-		byName[s.Name] = s
+	var errs []error
+	for _, batch := range batches(ports, portsPerBatch) {
+		errs = append(errs, removeBatch(network, elementsOf(batch, true)))
 	}
-	els := map[string][]nftables.SetElement{}
-	for _, p := range ports {
-		for name, e := range p.elements(true) {
-			els[name] = append(els[name], e...)
-		}
+	return errors.Join(errs...)
+}
+
+// removeBatch removes els (by set name) in one transaction; when a set or the table is missing
+// (flushed by someone else, or never made), set by set, so the sets that exist are still cleaned.
+func removeBatch(network string, els map[string][]nftables.SetElement) error {
+	if len(els) == 0 {
+		return nil
+	}
+	byName := map[string]*nftables.Set{}
+	for _, s := range sets(nft.BridgeTable(network)) {
+		byName[s.Name] = s
 	}
 	err := removeElements(byName, els)
 	if !nft.IsNotExist(err) {
 		return err
 	}
-	// A set or the table is missing (flushed by someone else, or never made): remove per set,
-	// so the sets that exist are still cleaned.
 	var errs []error
 	for name, e := range els {
 		if err := removeElements(byName, map[string][]nftables.SetElement{name: e}); err != nil && !nft.IsNotExist(err) {
@@ -228,12 +265,14 @@ func GC(network string, keep func(port, owner string) bool) ([]string, error) {
 	if len(stale) == 0 {
 		return nil, nil
 	}
-	byName := map[string]*nftables.Set{}
-	for _, s := range sets(table) {
-		byName[s.Name] = s
-	}
 	slices.Sort(ports)
-	return ports, removeElements(byName, stale)
+	var errs []error
+	for name, els := range stale {
+		for _, batch := range batches(els, 6*portsPerBatch) {
+			errs = append(errs, removeBatch(network, map[string][]nftables.SetElement{name: batch}))
+		}
+	}
+	return ports, errors.Join(errs...)
 }
 
 // listElements returns the elements of s; a missing table or set holds none.

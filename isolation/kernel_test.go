@@ -212,3 +212,33 @@ func TestEnsureConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestManyPorts: a node re-installing every pod's elements at once (more ports than one
+// transaction carries), then removing them, and GC sweeping as many.
+func TestManyPorts(t *testing.T) {
+	n := nettest.NewNS(t)
+	cfg := Config{Network: "m", AntiSpoofing: true}
+	ports := make([]Port, 3*portsPerBatch+5)
+	for i := range ports {
+		ports[i] = testPort(i + 1)
+	}
+	nettest.Do(t, n, func() error { return Ensure(cfg, ports...) })
+	for _, p := range []Port{ports[0], ports[len(ports)/2], ports[len(ports)-1]} {
+		if err := in(t, n, func() error { return Check(cfg, p) }); err != nil {
+			t.Errorf("port %s: %v", p.Name, err)
+		}
+	}
+	nettest.Do(t, n, func() error { return Remove("m", ports[:len(ports)/2]...) })
+	var removed []string
+	nettest.Do(t, n, func() error {
+		var err error
+		removed, err = GC("m", func(string, string) bool { return false })
+		return err
+	})
+	if len(removed) != len(ports)-len(ports)/2 {
+		t.Errorf("GC removed %d ports, want the %d Remove left", len(removed), len(ports)-len(ports)/2)
+	}
+	if out := nettest.Run(t, n, "nft", "list", "table", "bridge", "kubenet-m"); strings.Contains(out, "vethtest") {
+		t.Errorf("elements remain:\n%s", out)
+	}
+}

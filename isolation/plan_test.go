@@ -116,3 +116,30 @@ func TestElements(t *testing.T) {
 		t.Errorf("without anti-spoofing: %v, want only the pod-ports element", off)
 	}
 }
+
+func TestBatches(t *testing.T) {
+	for _, tc := range []struct {
+		n, size int
+		want    []int // lengths of the batches
+	}{
+		{0, 64, []int{0}},
+		{1, 64, []int{1}},
+		{64, 64, []int{64}},
+		{65, 64, []int{64, 1}},
+		{200, 64, []int{64, 64, 64, 8}},
+	} {
+		xs := make([]int, tc.n)
+		for i := range xs {
+			xs[i] = i
+		}
+		var lens []int
+		var all []int
+		for _, b := range batches(xs, tc.size) {
+			lens = append(lens, len(b))
+			all = append(all, b...)
+		}
+		if !slices.Equal(lens, tc.want) || !slices.Equal(all, xs) {
+			t.Errorf("batches of %d by %d: lengths %v (want %v), %d items back", tc.n, tc.size, lens, tc.want, len(all))
+		}
+	}
+}
