@@ -141,21 +141,21 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 }
 
 // podDefaults sets, inside the pod's netns, what every interface created there afterwards
-// inherits (net.ipv{4,6}.conf.default) and what applies to all of them (conf.all): no pod
-// accepts router advertisements (on an IPv4-only network too: the pod's IPv6 link-local stack
-// is up) or redirects, whoever sends them; and IPv6 link-local addresses are derived from the
-// MAC (EUI-64), which the bridge's anti-spoofing rules expect. Setting the defaults before the
-// pod end exists spares a lookup of its name in /proc, whose cost grows with the pods on the
-// node (see sysctl.EnsureIn). A kernel without IPv6 has nothing to set there.
+// inherits (net.ipv6.conf.default) and what applies to all of them (conf.all): no pod accepts
+// router advertisements, on an IPv4-only network too (the pod's IPv6 link-local stack is up);
+// and IPv6 link-local addresses are derived from the MAC (EUI-64), which the bridge's
+// anti-spoofing rules expect. Setting the defaults before the pod end exists spares a lookup of
+// its name in /proc, whose cost grows with the pods on the node (see sysctl.EnsureIn), as does
+// every directory looked up here: hence two, and redirects are left to the bridge, which drops
+// every redirect a pod sends (a pod's only router is the node). A kernel without IPv6 has
+// nothing to set.
 func podDefaults() error {
 	for _, s := range []struct {
 		dir    string
 		values [][2]string
 	}{
-		{"net/ipv6/conf/all", [][2]string{{"accept_ra", "0"}, {"accept_redirects", "0"}}},
-		{"net/ipv6/conf/default", [][2]string{{"accept_ra", "0"}, {"accept_redirects", "0"}, {"addr_gen_mode", "0"}}},
-		{"net/ipv4/conf/all", [][2]string{{"accept_redirects", "0"}}},
-		{"net/ipv4/conf/default", [][2]string{{"accept_redirects", "0"}}},
+		{"net/ipv6/conf/all", [][2]string{{"accept_ra", "0"}}},
+		{"net/ipv6/conf/default", [][2]string{{"accept_ra", "0"}, {"addr_gen_mode", "0"}}},
 	} {
 		if err := sysctl.EnsureIn(s.dir, s.values); err != nil && !sysctl.IsAbsent(err) {
 			return fmt.Errorf("pod sysctls: %w", err)

@@ -48,6 +48,8 @@ type addition struct {
 	bridge  *netlink.Bridge
 	host    netlink.Link
 	podMAC  net.HardwareAddr
+	// isolated is the isolation step, which runs alongside the steps after it
+	isolated *pending
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
@@ -95,14 +97,15 @@ type step struct {
 func (a *addition) steps() []step {
 	return []step{
 		{"reserve addresses", a.reserve},
+		{"isolation", a.isolate},
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
 		{"pod interface", a.configurePod},
-		{"isolation", a.isolate},
 		{"hairpin", a.hairpin},
 		{"masquerade", a.masquerade},
 		{"host ports", a.hostPorts},
 		{"shaping", a.shaping},
+		{"isolation in place", a.awaitIsolation},
 	}
 }
 
@@ -254,11 +257,21 @@ func (a *addition) configurePod(*undoStack) error {
 }
 
 // isolate brings the bridge's isolation chains up to date and adds the pod's port to them: no
-// pod may act as a router, and with anti-spoofing none may send as another.
+// pod may act as a router, and with anti-spoofing none may send as another. It needs only the
+// names and addresses, so its kernel round trips run alongside the steps that follow instead of
+// adding to every ADD; awaitIsolation collects the outcome before the result.
 func (a *addition) isolate(undo *undoStack) error {
 	port := portOf(a.cfg, a.att, a.ips)
-	undo.push(func() error { return isolation.Remove(a.cfg.Network, port) })
-	return isolation.Ensure(isolationConfig(a.cfg), port)
+	a.isolated = &pending{done: alongside(func() error { return isolation.Ensure(isolationConfig(a.cfg), port) })}
+	undo.push(func() error {
+		_ = a.isolated.wait() // whatever it did, remove the port's elements after it
+		return isolation.Remove(a.cfg.Network, port)
+	})
+	return nil
+}
+
+func (a *addition) awaitIsolation(*undoStack) error {
+	return a.isolated.wait()
 }
 
 func (a *addition) hairpin(*undoStack) error {

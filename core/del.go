@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -89,25 +88,6 @@ func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []ne
 		errs = append(errs, records.Remove(att))
 	}
 	return errors.Join(errs...)
-}
-
-// alongside runs f on another goroutine, in the network namespace of the calling thread (the
-// node's: the CNI binary runs there, the in-process plugin calls the core from a thread it moved
-// there), and returns where its result will be. Should that namespace not be found, f runs
-// before alongside returns.
-func alongside(f func() error) <-chan error {
-	done := make(chan error, 1)
-	here, err := ns.GetCurrentNS()
-	if err != nil {
-		done <- f()
-		return done
-	}
-	go func() {
-		defer here.Close()
-		// Do locks the goroutine to a thread and moves that into here for f.
-		done <- here.Do(func(ns.NetNS) error { return f() })
-	}()
-	return done
 }
 
 // delIsolation removes the pod's elements from the bridge's isolation sets. They are keyed by

@@ -86,10 +86,9 @@ func TestIsolationLifecycle(t *testing.T) {
 			if mac[0]&0x03 != 0x02 {
 				t.Errorf("pod MAC %s is not a locally administered unicast address", mac)
 			}
-			// The pod accepts no router advertisements or redirects, on an IPv4-only network too,
-			// and its link-local address is the one the rules allow.
+			// The pod accepts no router advertisements, on an IPv4-only network too, and its
+			// link-local address is the one the rules allow.
 			for _, key := range []string{"net/ipv6/conf/eth0/accept_ra", "net/ipv6/conf/all/accept_ra", "net/ipv6/conf/default/accept_ra",
-				"net/ipv6/conf/eth0/accept_redirects", "net/ipv4/conf/eth0/accept_redirects", "net/ipv4/conf/all/accept_redirects",
 				"net/ipv6/conf/eth0/addr_gen_mode"} {
 				if got := testkit.Sysctl(t, a.NS, key); got != "0" {
 					t.Errorf("pod %s = %s, want 0", key, got)
