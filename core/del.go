@@ -44,12 +44,19 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
-	// Removing set elements makes the kernel wait for an RCU grace period, time in which this
-	// DEL would have nothing to do: the isolation elements go alongside the rest.
+	// A transaction that removes set or map elements waits for an RCU grace period, and two of
+	// them (isolation elements, host ports) wait one after the other: both run alongside the
+	// link deletion instead of before it.
 	isolated := alongside(func() error { return delIsolation(cfg, att, rec) })
-	unmapped, err := delHostPorts(cfg, att, rec, store)
-	errs = append(errs, err)
+	var unmapped []hostport.Entry
+	hostPortsGone := alongside(func() (err error) {
+		unmapped, err = delHostPorts(cfg, att, rec, store)
+		return err
+	})
 	errs = append(errs, delLinks(names))
+	// The host ports are gone before the conntrack walk, so no new flow to the pod can appear
+	// behind it.
+	errs = append(errs, <-hostPortsGone)
 	if err := ctx.Err(); err != nil {
 		return errors.Join(append(errs, <-isolated, err)...)
 	}
