@@ -111,7 +111,8 @@ bench-agent: deps
 #   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
 #   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, dual-stack)
 #   E2E_FOCUS        a ginkgo focus regexp instead, e.g. E2E_FOCUS='\[sig-network\] Netpol'
-#   E2E_PROCS        specs run at once
+#   E2E_PROCS        specs run at once, per cluster
+#   E2E_PARALLEL     false: one cluster after the other instead of all at once
 #   E2E_CHECKS       false: the specs only, without kubenet's own checks
 #   E2E_AGENT_ARGS   flags added to the agent in deploy/kubenet.yaml
 E2E_PROXY_MODES ?= iptables,nftables
@@ -119,6 +120,7 @@ E2E_STACK ?= ipv4
 E2E_SPECS ?= network
 E2E_FOCUS ?=
 E2E_PROCS ?= 4
+E2E_PARALLEL ?= true
 E2E_CHECKS ?= true
 E2E_AGENT_ARGS ?=
 KUBE_DEPS := containerd:containerd ctr:containerd containerd-shim-runc-v2:containerd runc:runc \
@@ -131,4 +133,5 @@ e2e-kubernetes: deps
 	$(GO) test $(E2E_FLAGS) -timeout 150m -run '^TestKubernetes$$' ./test/e2e/ -args \
 	  -kube.bins="$$dir" -kube.proxy-modes='$(E2E_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
 	  -kube.specs='$(E2E_SPECS)' -kube.focus='$(E2E_FOCUS)' -kube.procs=$(E2E_PROCS) -kube.checks=$(E2E_CHECKS) \
+	  -kube.parallel=$(E2E_PARALLEL) \
 	  -kube.agent-args='$(E2E_AGENT_ARGS)' | grep -v -e '^=== '

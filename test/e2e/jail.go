@@ -42,7 +42,12 @@ type Jail struct {
 
 // Bind is a directory bind-mounted over a path inside the jail (e.g. a private
 // /etc/containers), so the runtime reads the test's files where it expects its system's.
-type Bind struct{ Source, Target string }
+type Bind struct {
+	Source, Target string
+	// Create makes Target first when missing: only for a target inside an Overlay, where
+	// that writes to the overlay's upper directory, never to the machine's.
+	Create bool
+}
 
 // Overlay makes a directory of the machine (Target, e.g. /etc) writable inside the jail: an
 // overlay whose lower layer is the machine's directory and whose changes land in Upper, so a
@@ -113,6 +118,9 @@ func StartJail(t testing.TB, netns ns.NetNS, cfg JailConfig) *Jail {
 		script = append(script, fmt.Sprintf("mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s %s", o.Target, o.Upper, o.Work, o.Target))
 	}
 	for _, b := range cfg.Binds {
+		if b.Create {
+			script = append(script, fmt.Sprintf("mkdir -p %q", b.Target))
+		}
 		script = append(script, fmt.Sprintf("mount --bind %q %q", b.Source, b.Target))
 	}
 	script = append(script,

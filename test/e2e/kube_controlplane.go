@@ -160,23 +160,30 @@ func startControlPlane(t *testing.T, n ns.NetNS, dir string, cfg controlPlaneCon
 		t.Fatalf("kube-apiserver not ready: %v", err)
 	}
 
-	start("kube-controller-manager",
+	// Node IPAM: each Node gets a pod CIDR per family (a /24 of IPv4, a /64 of IPv6), the CIDRs
+	// kubenet's agent writes into the conflist. The mask of a family the cluster does not have
+	// is refused.
+	var masks []string
+	for _, c := range cfg.clusterCIDRs {
+		if c.Addr().Is4() {
+			masks = append(masks, "--node-cidr-mask-size-ipv4=24")
+		} else {
+			masks = append(masks, "--node-cidr-mask-size-ipv6=64")
+		}
+	}
+	start("kube-controller-manager", append(masks,
 		"--kubeconfig="+cp.writeKubeconfig(t, "system:kube-controller-manager"),
 		"--use-service-account-credentials=true",
 		"--service-account-private-key-file="+cert("sa.key"),
 		"--root-ca-file="+cert("ca.crt"),
-		// Node IPAM: each Node gets a pod CIDR per family (a /24 of IPv4, a /64 of IPv6), the
-		// CIDRs kubenet's agent writes into the conflist.
 		"--allocate-node-cidrs=true",
 		"--cluster-cidr="+cidrs(cfg.clusterCIDRs),
-		"--node-cidr-mask-size-ipv4=24",
-		"--node-cidr-mask-size-ipv6=64",
 		"--service-cluster-ip-range="+cidrs(cfg.serviceCIDRs),
 		"--configure-cloud-routes=false", // no cloud: the agent makes the routes
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
 		"--profiling=false",
-	)
+	)...)
 	start("kube-scheduler",
 		"--kubeconfig="+cp.writeKubeconfig(t, "system:kube-scheduler"),
 		"--leader-elect=false",

@@ -12,8 +12,8 @@ import (
 
 // The images the cluster runs, by the exact names the Kubernetes release's e2e framework and
 // kubelet use (test/utils/image/manifest.go; kubelet's default pause image), so that kubelet
-// finds each present and never pulls: no registry is reachable. WriteKubeImages checks them
-// against the list the e2e binary prints, so a version bump that renames one fails there.
+// finds each present and never pulls: no registry is reachable. WriteKubeImages checks the e2e
+// images against the list the e2e binary prints, so a version bump that renames one fails there.
 const (
 	KubePauseImage   = "registry.k8s.io/pause:3.10.1"
 	AgnhostImage     = "registry.k8s.io/e2e-test-images/agnhost:2.56"
@@ -44,7 +44,7 @@ const pauseScript = "#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 3600 &
 //     recipe users build.
 func WriteKubeImages(ctx context.Context, file string, bins KubeBins, repo, work string) error {
 	coreDNS := coreDNSRepo + ":" + bins.Versions["COREDNS"]
-	if err := checkImageNames(ctx, bins, KubePauseImage, AgnhostImage, KubeBusyboxImage, coreDNS); err != nil {
+	if err := checkImageNames(ctx, bins, KubePauseImage, AgnhostImage, KubeBusyboxImage); err != nil {
 		return err
 	}
 	busybox, err := BusyboxLayer("/bin/busybox")

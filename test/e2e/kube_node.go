@@ -57,16 +57,22 @@ func (n *KubeNode) disk(parts ...string) string {
 	return filepath.Join(append([]string{n.Dir}, parts...)...)
 }
 
-// HostPath is the machine's path of a file the node sees at p under /etc, /opt or /var/lib
-// (its disk); an overlay's upper directory holds only what the node wrote.
+// nodeDirs are the node's directories of its own, each bound over the path the node sees
+// (its disk): the CNI dirs start empty whatever the machine has there (a machine's podman may
+// have left a conflist in /etc/cni/net.d, which would make the node Ready without kubenet).
+var nodeDirs = []struct{ disk, path string }{
+	{"var-lib", "/var/lib"},
+	{"var-log", "/var/log"},
+	{"cni-conf", nodeCNIConfDir},
+	{"cni-bin", nodeCNIBinDir},
+}
+
+// HostPath is the machine's path of a file the node sees at p under one of nodeDirs.
 func (n *KubeNode) HostPath(p string) string {
-	for _, top := range []string{"/etc", "/opt"} {
-		if rest, ok := strings.CutPrefix(p, top+"/"); ok {
-			return n.disk(strings.TrimPrefix(top, "/")+"-upper", rest)
+	for _, d := range nodeDirs {
+		if rest, ok := strings.CutPrefix(p, d.path+"/"); ok {
+			return n.disk(d.disk, rest)
 		}
-	}
-	if rest, ok := strings.CutPrefix(p, "/var/lib/"); ok {
-		return n.disk("var-lib", rest)
 	}
 	panic("not on the node's disk: " + p)
 }
@@ -79,7 +85,7 @@ func (n *KubeNode) State() NodeState {
 // prepareDisk makes the node's directories and configuration files (once: a reboot keeps them).
 func (n *KubeNode) prepareDisk(t testing.TB) {
 	t.Helper()
-	for _, d := range []string{"var-lib", "var-log", "etc-upper", "etc-work", "opt-upper", "opt-work", "sysctl", "opt-upper/cni/bin"} {
+	for _, d := range []string{"var-lib", "var-log", "cni-conf", "cni-bin", "etc-upper", "etc-work", "opt-upper", "opt-work", "sysctl"} {
 		if err := os.MkdirAll(n.disk(d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +98,7 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	c := n.cluster
 	// containerd 1.6 runs the reference loopback plugin for the pod's lo: a node image ships it
 	// (kubeadm's kubernetes-cni package); the agent installs only kubenet.
-	if err := copyFile(filepath.Join(c.refPlugins, "loopback"), n.disk("opt-upper/cni/bin/loopback"), 0o755); err != nil {
+	if err := copyFile(filepath.Join(c.refPlugins, "loopback"), n.disk("cni-bin", "loopback"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	config := fmt.Sprintf(containerdConfig, "/var/lib/containerd", "/run/containerd", containerdSock, containerdSock+".ttrpc",
@@ -110,7 +116,7 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 		nodeIPs = append(nodeIPs, a.Addr().String())
 	}
 	write("kubelet.yaml", fmt.Sprintf(kubeletConfig, n.jailCgroup(), c.cp.Dir+"/ca.crt", n.disk("resolv.conf"), c.cfg.ClusterDNS))
-	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.kubeconfigPath("system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
+	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.writeKubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
 	n.cluster.cp.writeKubeconfig(t, "system:node:"+n.Name)
 }
 
@@ -139,9 +145,13 @@ func (n *KubeNode) boot(t testing.TB) {
 }
 
 func (n *KubeNode) binds() []Bind {
-	b := []Bind{{n.disk("var-lib"), "/var/lib"}, {n.disk("var-log"), "/var/log"}}
+	var b []Bind
+	for _, d := range nodeDirs {
+		// /etc and /opt are overlays: making a missing CNI dir there touches only the node.
+		b = append(b, Bind{Source: n.disk(d.disk), Target: d.path, Create: strings.HasPrefix(d.path, "/etc/") || strings.HasPrefix(d.path, "/opt/")})
+	}
 	for name := range kernelTunables {
-		b = append(b, Bind{n.disk("sysctl", strings.ReplaceAll(name, "/", ".")), "/proc/sys/" + name})
+		b = append(b, Bind{Source: n.disk("sysctl", strings.ReplaceAll(name, "/", ".")), Target: "/proc/sys/" + name})
 	}
 	return b
 }

@@ -79,7 +79,8 @@ type Skip struct{ Pattern, Reason string }
 var Skips = []Skip{
 	{`\[Disruptive\]`, "restarts components or nodes through the cloud provider or SSH, which this cluster has not; TestKubernetes's lifecycle checks restart them itself"},
 	{`\[Feature:LoadBalancer\]|LoadBalancer`, "needs a cloud load balancer"},
-	{`should drop INVALID conntrack entries`, "needs the image regression-issue-74839, which is not built here"},
+	{`SCTP`, "the kernel of the machines these tests run on has no SCTP (socket(..., IPPROTO_SCTP) fails with EPROTONOSUPPORT)"},
+	{`should not be vulnerable to the invalid conntrack state bug`, "needs the image regression-issue-74839, which is not built here"},
 	{`CLOSE_WAIT`, "needs the image distroless-iptables, which is not built here"},
 	{`\[sig-network\] DNS`, "needs the image jessie-dnsutils, which is not built here"},
 	{`should be rejected for evicted pods`, "needs kubelet to evict a pod for its ephemeral storage; the jail's kubelet cannot measure the disk (localStorageCapacityIsolation off)"},
