@@ -68,6 +68,7 @@ func kubeUnderlayAddr(p netip.Prefix, i int) netip.Prefix {
 // network namespace named after the run (kubenet-k8s-<pid>-<n>-<role>) so that a later run can
 // sweep what a dead one left (SweepKubeRuns).
 type KubeCluster struct {
+	t           testing.TB // the test the cluster lives as long as
 	cfg         KubeClusterConfig
 	Name        string // kubenet-k8s-<pid>-<n>
 	Dir         string
@@ -98,7 +99,7 @@ func StartKubeCluster(t *testing.T, cfg KubeClusterConfig) *KubeCluster {
 		cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, netip.MustParsePrefix("fd00:10:244::/56"))
 		cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, netip.MustParsePrefix("fd00:10:96::/112"))
 	}
-	c := &KubeCluster{cfg: cfg, Name: fmt.Sprintf("%s%d-%d", KubeRunPrefix, os.Getpid(), kubeClusterSeq.Add(1))}
+	c := &KubeCluster{t: t, cfg: cfg, Name: fmt.Sprintf("%s%d-%d", KubeRunPrefix, os.Getpid(), kubeClusterSeq.Add(1))}
 	c.Dir = filepath.Join(os.TempDir(), c.Name)
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -171,6 +172,19 @@ func StartKubeCluster(t *testing.T, cfg KubeClusterConfig) *KubeCluster {
 	}
 	return c
 }
+
+// clusterLifetime reports failures to the test it is used in but registers cleanups with the
+// test the cluster belongs to: a daemon restarted, or a node rebooted, from a subtest must live
+// on after that subtest, as long as the cluster.
+type clusterLifetime struct {
+	testing.TB
+	owner testing.TB
+}
+
+func (l clusterLifetime) Cleanup(f func()) { l.owner.Cleanup(f) }
+
+// lifetime is t with the cluster's cleanups.
+func (c *KubeCluster) lifetime(t testing.TB) testing.TB { return clusterLifetime{TB: t, owner: c.t} }
 
 // plugNode makes the named network namespace with addrs on the underlay and a default route
 // via the underlay's router (which forwards nothing: no address outside the test exists).

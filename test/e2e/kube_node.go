@@ -125,7 +125,7 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 func (n *KubeNode) jailCgroup() string { return "/" + n.nsName }
 
 // boot starts the node: the jail, containerd (with the images imported), kubelet and
-// kube-proxy. Each stops at cleanup; Reboot and Restart replace them.
+// kube-proxy. Each stops when the cluster's test ends; Reboot and Restart replace them.
 func (n *KubeNode) boot(t testing.TB) {
 	t.Helper()
 	n.Jail = StartJail(t, n.NS, JailConfig{
@@ -206,6 +206,7 @@ func (n *KubeNode) whileUp(timeout time.Duration, f func() error, daemons ...*Da
 // starts it again, as `systemctl restart` would.
 func (n *KubeNode) Restart(t testing.TB, daemon string) {
 	t.Helper()
+	t = n.cluster.lifetime(t)
 	stop := func(d *Daemon) {
 		if err := d.Stop(); err != nil {
 			t.Fatalf("%s: %v", n.Name, err)
@@ -233,6 +234,7 @@ func (n *KubeNode) Restart(t testing.TB, daemon string) {
 // node's disk stays. Then the node boots again.
 func (n *KubeNode) Reboot(t testing.TB) {
 	t.Helper()
+	t = n.cluster.lifetime(t)
 	if err := n.Jail.Kill(); err != nil {
 		t.Fatalf("%s: power off: %v", n.Name, err)
 	}
