@@ -115,13 +115,13 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	for _, a := range n.Addrs {
 		nodeIPs = append(nodeIPs, a.Addr().String())
 	}
-	write("kubelet.yaml", fmt.Sprintf(kubeletConfig, n.jailCgroup(), c.cp.Dir+"/ca.crt", n.disk("resolv.conf"), c.cfg.ClusterDNS))
+	write("kubelet.yaml", fmt.Sprintf(kubeletConfig, c.cp.Dir+"/ca.crt", n.disk("resolv.conf"), c.cfg.ClusterDNS))
 	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.writeKubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
 	n.cluster.cp.writeKubeconfig(t, "system:node:"+n.Name)
 }
 
-// jailCgroup is the cgroup under which kubelet (cgroupRoot) and runc place every pod of the
-// node; it carries the run's name so a later run can sweep it.
+// jailCgroup is the cgroup the node's jail shows as the root of every hierarchy: runc places
+// every container of the node below it. It carries the run's name so a later run can sweep it.
 func (n *KubeNode) jailCgroup() string { return "/" + n.nsName }
 
 // boot starts the node: the jail, containerd (with the images imported), kubelet and
@@ -131,6 +131,7 @@ func (n *KubeNode) boot(t testing.TB) {
 	n.Jail = StartJail(t, n.NS, JailConfig{
 		Hostname:     n.Name,
 		NetnsSys:     true,
+		CgroupRoot:   true,
 		CgroupParent: n.jailCgroup(),
 		Overlays: []Overlay{
 			{Target: "/etc", Upper: n.disk("etc-upper"), Work: n.disk("etc-work")},
@@ -265,7 +266,7 @@ func joinPrefixes(ps []netip.Prefix) string {
 }
 
 // kubeletConfig is the node's KubeletConfiguration: cgroupfs without per-QoS cgroups (no
-// systemd here, and the machine is cgroup v1), every pod under the node's own cgroup root, no
+// systemd here, and the machine is cgroup v1; the jail's cgroup root is the node's), no
 // evictions and no image garbage collection (the jail cannot measure the machine's disk, and
 // the images cannot be pulled again), a private resolv.conf, and the kubelet's API secured the
 // way kubeadm does it (client certificates of the cluster CA, webhook authorization).
@@ -274,7 +275,6 @@ kind: KubeletConfiguration
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 cgroupDriver: cgroupfs
 cgroupsPerQOS: false
-cgroupRoot: %[1]s
 enforceNodeAllocatable: []
 failSwapOn: false
 failCgroupV1: false
@@ -284,8 +284,8 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 protectKernelDefaults: false
-resolvConf: %[3]s
-clusterDNS: [%[4]s]
+resolvConf: %[2]s
+clusterDNS: [%[3]s]
 clusterDomain: cluster.local
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -296,7 +296,7 @@ authentication:
   webhook:
     enabled: true
   x509:
-    clientCAFile: %[2]s
+    clientCAFile: %[1]s
 authorization:
   mode: Webhook
 `

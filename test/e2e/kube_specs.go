@@ -56,16 +56,24 @@ var SpecSets = []SpecSet{{
 	Focus: []string{`\[sig-network\] \[Feature:IPv6DualStack\]`},
 }}
 
-// SpecSetByName returns the set called name.
+// SpecSetByName returns the set called name, or the union of several comma-separated sets.
 func SpecSetByName(name string) (SpecSet, error) {
-	var names []string
-	for _, s := range SpecSets {
-		if s.Name == name {
-			return s, nil
+	union := SpecSet{Name: name}
+	for _, one := range strings.Split(name, ",") {
+		var names []string
+		found := false
+		for _, s := range SpecSets {
+			if s.Name == one {
+				union.Focus = append(union.Focus, s.Focus...)
+				found = true
+			}
+			names = append(names, s.Name)
 		}
-		names = append(names, s.Name)
+		if !found {
+			return SpecSet{}, fmt.Errorf("no spec set %q (known: %s)", one, strings.Join(names, ", "))
+		}
 	}
-	return SpecSet{}, fmt.Errorf("no spec set %q (known: %s)", name, strings.Join(names, ", "))
+	return union, nil
 }
 
 // FocusRegexp is the set's ginkgo focus.
