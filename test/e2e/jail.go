@@ -63,10 +63,6 @@ type JailConfig struct {
 	// NetnsSys mounts a sysfs of the jail's network namespace over /sys (so /sys/class/net
 	// lists the node's links) with the machine's cgroup hierarchies bound back in.
 	NetnsSys bool
-	// CgroupRoot (with NetnsSys) shows CgroupParent as the root of every cgroup hierarchy in
-	// the jail, so whatever cgroups the jail's daemons make (containerd's /k8s.io/<id> of
-	// every container, whatever kubelet asks) land below it, and go with the jail.
-	CgroupRoot bool
 	// Overlays are applied first, then Binds (so a bind may land inside an overlay).
 	Overlays []Overlay
 	Binds    []Bind
@@ -117,19 +113,6 @@ func StartJail(t testing.TB, netns ns.NetNS, cfg JailConfig) *Jail {
 			"umount -l /run/.machine-sys",
 			"rmdir /run/.machine-sys",
 		)
-		if cfg.CgroupRoot {
-			script = append(script,
-				"for h in /sys/fs/cgroup/*; do",
-				"  if [ -L \"$h\" ] || ! mountpoint -q \"$h\"; then continue; fi",
-				fmt.Sprintf("  mkdir -p \"$h%s\"", j.CgroupParent),
-				// A new cpuset cgroup has no CPUs and no memory nodes: give it the machine's.
-				"  if [ -e \"$h/cpuset.cpus\" ]; then",
-				fmt.Sprintf("    cat \"$h/cpuset.cpus\" > \"$h%s/cpuset.cpus\"; cat \"$h/cpuset.mems\" > \"$h%s/cpuset.mems\"", j.CgroupParent, j.CgroupParent),
-				"  fi",
-				fmt.Sprintf("  mount --bind \"$h%s\" \"$h\"", j.CgroupParent),
-				"done",
-			)
-		}
 	}
 	for _, o := range cfg.Overlays {
 		script = append(script, fmt.Sprintf("mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s %s", o.Target, o.Upper, o.Work, o.Target))

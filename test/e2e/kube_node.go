@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,18 +122,66 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	n.cluster.cp.writeKubeconfig(t, "system:node:"+n.Name)
 }
 
-// jailCgroup is the cgroup the node's jail shows as the root of every hierarchy: runc places
-// every container of the node below it. It carries the run's name so a later run can sweep it.
+// jailCgroup is the jail's cgroup, removed with it; it carries the run's name so a later run
+// can sweep it.
 func (n *KubeNode) jailCgroup() string { return "/" + n.nsName }
+
+// containerCgroupParent is where containerd places the cgroup of every container when kubelet
+// names no parent (cgroupsPerQOS off): /k8s.io/<container id> in each hierarchy.
+const containerCgroupParent = "k8s.io"
+
+// removeContainerCgroups removes the cgroup of every container the node's containerd ever
+// made, found by the per-container directories containerd's CRI plugin keeps on the node's
+// disk: runc removes a container's cgroups when the container is deleted, but not those of
+// containers that died with their node. dir is the node's directory.
+func removeContainerCgroups(dir string) error {
+	var ids []string
+	for _, kind := range []string{"sandboxes", "containers"} {
+		entries, _ := os.ReadDir(filepath.Join(dir, "var-lib/containerd/io.containerd.grpc.v1.cri", kind))
+		for _, e := range entries {
+			ids = append(ids, e.Name())
+		}
+	}
+	hierarchies, err := os.ReadDir(cgroupRoot)
+	if err != nil {
+		return err
+	}
+	var left []string
+	err = nettest.Eventually(30*time.Second, func() error {
+		left = nil
+		for _, h := range hierarchies {
+			for _, id := range ids {
+				p := filepath.Join(cgroupRoot, h.Name(), containerCgroupParent, id)
+				if err := syscall.Rmdir(p); err != nil && !errors.Is(err, syscall.ENOENT) {
+					left = append(left, fmt.Sprintf("%s: %v", p, err))
+				}
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("container cgroups left: %s", strings.Join(left, "; "))
+		}
+		return nil
+	})
+	for _, h := range hierarchies {
+		// Gone once no node uses it any more; another node's containers may still be there.
+		_ = syscall.Rmdir(filepath.Join(cgroupRoot, h.Name(), containerCgroupParent))
+	}
+	return err
+}
 
 // boot starts the node: the jail, containerd (with the images imported), kubelet and
 // kube-proxy. Each stops when the cluster's test ends; Reboot and Restart replace them.
 func (n *KubeNode) boot(t testing.TB) {
 	t.Helper()
+	// Registered before the jail, so it runs once the jail has ended.
+	t.Cleanup(func() {
+		if err := removeContainerCgroups(n.Dir); err != nil {
+			t.Errorf("%s: %v", n.Name, err)
+		}
+	})
 	n.Jail = StartJail(t, n.NS, JailConfig{
 		Hostname:     n.Name,
 		NetnsSys:     true,
-		CgroupRoot:   true,
 		CgroupParent: n.jailCgroup(),
 		Overlays: []Overlay{
 			{Target: "/etc", Upper: n.disk("etc-upper"), Work: n.disk("etc-work")},
@@ -239,6 +289,11 @@ func (n *KubeNode) Reboot(t testing.TB) {
 	if err := n.Jail.Kill(); err != nil {
 		t.Fatalf("%s: power off: %v", n.Name, err)
 	}
+	// What the kernel would have dropped with the machine: nothing on the node's disk knows
+	// these cgroups any more.
+	if err := removeContainerCgroups(n.Dir); err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
 	old := n.NS
 	_ = old.Close()
 	if err := nettest.RemoveNS(filepath.Join("/run/netns", n.nsName)); err != nil {
@@ -266,7 +321,7 @@ func joinPrefixes(ps []netip.Prefix) string {
 }
 
 // kubeletConfig is the node's KubeletConfiguration: cgroupfs without per-QoS cgroups (no
-// systemd here, and the machine is cgroup v1; the jail's cgroup root is the node's), no
+// systemd here, and the machine is cgroup v1), every pod under the node's own cgroup root, no
 // evictions and no image garbage collection (the jail cannot measure the machine's disk, and
 // the images cannot be pulled again), a private resolv.conf, and the kubelet's API secured the
 // way kubeadm does it (client certificates of the cluster CA, webhook authorization).

@@ -17,7 +17,8 @@ var kubeRunName = regexp.MustCompile(`^` + KubeRunPrefix + `([0-9]+)-`)
 
 // SweepKubeRuns removes what clusters of dead runs left on the machine: a run killed before its
 // cleanups (a go test timeout, a SIGKILL) leaves its network namespaces (and with them the
-// underlay and every node's links and rules), its jails' cgroups and its directory. Its
+// underlay and every node's links and rules), its jails' cgroups, its containers' cgroups and
+// its directory. Its
 // processes are gone already: each daemon died with its jail's PID namespace, and the jails
 // and control-plane processes with the test binary (Pdeathsig). Only names that embed a pid
 // no longer running are touched, so concurrent runs, and anything not made by a cluster, are
@@ -67,6 +68,13 @@ func SweepKubeRuns() ([]string, error) {
 	for _, d := range dirs {
 		if d.IsDir() && dead(d.Name()) {
 			p := filepath.Join(os.TempDir(), d.Name())
+			// The cgroups of the containers its nodes ran, which its directory names.
+			nodes, _ := filepath.Glob(filepath.Join(p, "node*"))
+			for _, n := range nodes {
+				if err := removeContainerCgroups(n); err != nil {
+					errs = append(errs, err)
+				}
+			}
 			if err := os.RemoveAll(p); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
 				continue

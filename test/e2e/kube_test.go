@@ -245,7 +245,7 @@ func checkBandwidth(t *testing.T, c *KubeCluster) {
 	measured := nettest.Stream{Warmup: 500 * time.Millisecond, Window: 2 * time.Second}
 	nodeSink := nettest.StartSink(t, node.NS, netip.AddrPortFrom(node.Addrs[0].Addr(), 0))
 	for _, p := range []struct {
-		pod              *corev1.Pod
+		pod             *corev1.Pod
 		ingress, egress float64 // 0: unshaped
 	}{{shaped, ingress, egress}, {free, 0, 0}} {
 		podNS, err := c.PodNetNS(p.pod)
@@ -253,14 +253,13 @@ func checkBandwidth(t *testing.T, c *KubeCluster) {
 		defer podNS.Close()
 		podSink := nettest.StartSink(t, podNS, netip.AddrPortFrom(netip.MustParseAddr(p.pod.Status.PodIP), 0))
 		for _, d := range []struct {
-			dir   string
-			from  *KubeNode
-			to    *nettest.Sink
-			fromP bool
-			limit float64
-		}{{"ingress", node, podSink, false, p.ingress}, {"egress", node, nodeSink, true, p.egress}} {
+			dir     string
+			fromPod bool // the stream leaves the pod (egress) or enters it (ingress)
+			to      *nettest.Sink
+			limit   float64
+		}{{"ingress", false, podSink, p.ingress}, {"egress", true, nodeSink, p.egress}} {
 			from := node.NS
-			if d.fromP {
+			if d.fromPod {
 				from = podNS
 			}
 			got, err := measured.Measure(from, d.to)
@@ -312,7 +311,7 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}
 	created, err := c.cp.Admin.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
