@@ -160,6 +160,7 @@ func (c *KubeCluster) PodNetNS(pod *corev1.Pod) (ns.NetNS, error) {
 // Prober sends HTTP requests, each on a new connection, from nodes' namespaces to targets
 // until stopped, and counts those that fail: the traffic a restart must not interrupt.
 type Prober struct {
+	targets  int
 	mu       sync.Mutex
 	sent     int
 	failures []string
@@ -175,7 +176,7 @@ type ProbeTarget struct {
 
 // StartProber starts probing every target every interval.
 func StartProber(targets []ProbeTarget, interval time.Duration) *Prober {
-	p := &Prober{stop: make(chan struct{})}
+	p := &Prober{stop: make(chan struct{}), targets: len(targets)}
 	for _, tg := range targets {
 		client := &http.Client{
 			Timeout: 2 * time.Second,

@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -233,12 +234,26 @@ func (n *KubeNode) startKubelet(t testing.TB) {
 		"--node-ip="+strings.Join(ips, ","),
 		"--v=2",
 	)
+	// Up means past its start-up, which fails for good if the runtime is away at that moment.
+	n.waitHealthy(t, "http://127.0.0.1:10248/healthz", n.Kubelet)
+}
+
+// waitHealthy polls url from inside the node's namespace until it answers 200 OK.
+func (n *KubeNode) waitHealthy(t testing.TB, url string, d *Daemon) {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: nettest.DialIn(n.NS), DisableKeepAlives: true}}
+	err := n.whileUp(2*time.Minute, func() error { return get(client, url) }, d)
+	if err != nil {
+		t.Fatalf("%s: %s not healthy: %v", n.Name, d.Name, err)
+	}
 }
 
 func (n *KubeNode) startProxy(t testing.TB) {
 	t.Helper()
 	n.Proxy = n.Jail.StartDaemon(t, n.disk("kube-proxy.log"), n.cluster.cfg.Bins.Path("kube-proxy"),
 		"--config="+n.disk("kube-proxy.yaml"), "--v=2")
+	// Healthy once it has written its rules.
+	n.waitHealthy(t, "http://127.0.0.1:10256/healthz", n.Proxy)
 }
 
 // whileUp polls f until it succeeds, failing early when one of the daemons has exited.

@@ -498,7 +498,7 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 	noLeaks("the reboot of " + node2.Name)
 }
 
-// waitProbes lets the prober run n more rounds (each probe waits its interval).
+// waitProbes lets the prober send n more requests to every target (each waits its interval).
 func waitProbes(p *Prober, n int) {
 	p.mu.Lock()
 	start := p.sent
@@ -506,7 +506,7 @@ func waitProbes(p *Prober, n int) {
 	_ = nettest.Eventually(time.Minute, func() error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if p.sent < start+n {
+		if p.sent < start+n*p.targets {
 			return fmt.Errorf("%d probes", p.sent-start)
 		}
 		return nil
