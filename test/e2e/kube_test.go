@@ -371,6 +371,17 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 		Check(t, err, "after %s every node's reservations and bridge ports are exactly its running pods'", what)
 	}
 	noLeaks("the rollout")
+	// kube-proxy programs the Service up to a second after the rollout: every target answers
+	// before anything is restarted.
+	err = c.eventually(time.Minute, func(context.Context) error {
+		p := StartProber(targets(), time.Second)
+		waitProbes(p, 1)
+		if _, failed := p.Stop(); len(failed) > 0 {
+			return fmt.Errorf("%s", strings.Join(first(failed, 3), "; "))
+		}
+		return nil
+	})
+	Require(t, err, "every pod and the Service answer from both nodes before the restarts")
 
 	node1 := c.Nodes[0]
 	restarts := []struct {
