@@ -80,9 +80,11 @@ func (n *KubeNode) HostPath(p string) string {
 	panic("not on the node's disk: " + p)
 }
 
-// State is where kubenet keeps its per-pod state on this node, for the residue audit.
-func (n *KubeNode) State() NodeState {
-	return NodeState{NS: n.NS, DataDir: n.HostPath(nodeDataDir), Network: "kubenet", PodCIDRs: n.cluster.cfg.ClusterCIDRs}
+// State is where kubenet keeps its per-pod state on this node, for the residue audit; podCIDRs
+// are the node's (Node.spec.podCIDRs: the audit tells the bridge's own address from pods' by
+// them).
+func (n *KubeNode) State(podCIDRs []netip.Prefix) NodeState {
+	return NodeState{NS: n.NS, DataDir: n.HostPath(nodeDataDir), Network: "kubenet", PodCIDRs: podCIDRs}
 }
 
 // prepareDisk makes the node's directories and configuration files (once: a reboot keeps them).

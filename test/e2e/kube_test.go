@@ -569,11 +569,19 @@ func checkResidue(t *testing.T, c *KubeCluster) {
 	})
 	Require(t, err, "every pod on the pod network deleted")
 	for _, n := range c.Nodes {
+		node, err := c.cp.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var podCIDRs []netip.Prefix
+		for _, p := range node.Spec.PodCIDRs {
+			podCIDRs = append(podCIDRs, netip.MustParsePrefix(p))
+		}
 		var left []string
 		// kubelet removes a sandbox (the CNI DEL) shortly after the API server forgets the pod.
-		err := c.eventually(2*time.Minute, func(context.Context) error {
+		err = c.eventually(2*time.Minute, func(context.Context) error {
 			var err error
-			if left, err = Residue(n.State()); err != nil {
+			if left, err = Residue(n.State(podCIDRs)); err != nil {
 				return err
 			}
 			if len(left) > 0 {
