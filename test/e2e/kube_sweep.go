@@ -22,7 +22,8 @@ var kubeRunName = regexp.MustCompile(`^` + KubeRunPrefix + `([0-9]+)-`)
 // processes are gone already: each daemon died with its jail's PID namespace, and the jails
 // and control-plane processes with the test binary (Pdeathsig). Only names that embed a pid
 // no longer running are touched, so concurrent runs, and anything not made by a cluster, are
-// left alone. It returns what it removed.
+// left alone; so are names with the caller's own pid, which a former process of that pid left
+// (call it before making any cluster). It returns what it removed.
 func SweepKubeRuns() ([]string, error) {
 	var removed []string
 	var errs []error
@@ -32,8 +33,12 @@ func SweepKubeRuns() ([]string, error) {
 			return false
 		}
 		pid, err := strconv.Atoi(m[1])
-		if err != nil || pid == os.Getpid() {
+		if err != nil {
 			return false
+		}
+		if pid == os.Getpid() {
+			// A former process that had this pid: this one has made nothing yet.
+			return true
 		}
 		_, err = os.Stat(filepath.Join("/proc", m[1]))
 		return errors.Is(err, os.ErrNotExist)
