@@ -22,8 +22,8 @@ var kubeRunName = regexp.MustCompile(`^` + KubeRunPrefix + `([0-9]+)-`)
 // processes are gone already: each daemon died with its jail's PID namespace, and the jails
 // and control-plane processes with the test binary (Pdeathsig). Only names that embed a pid
 // no longer running are touched, so concurrent runs, and anything not made by a cluster, are
-// left alone; so are names with the caller's own pid, which a former process of that pid left
-// (call it before making any cluster). It returns what it removed.
+// left alone. Names with the caller's own pid were left by a former process with that pid and
+// are swept too: call it before making any cluster. It returns what it removed.
 func SweepKubeRuns() ([]string, error) {
 	var removed []string
 	var errs []error
