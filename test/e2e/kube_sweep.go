@@ -18,9 +18,8 @@ var kubeRunName = regexp.MustCompile(`^` + KubeRunPrefix + `([0-9]+)-`)
 // SweepKubeRuns removes what clusters of dead runs left on the machine: a run killed before its
 // cleanups (a go test timeout, a SIGKILL) leaves its network namespaces (and with them the
 // underlay and every node's links and rules), its jails' cgroups, its containers' cgroups and
-// its directory. Its
-// processes are gone already: each daemon died with its jail's PID namespace, and the jails
-// and control-plane processes with the test binary (Pdeathsig). Only names that embed a pid
+// its directory. Its processes are gone already: each daemon died with its jail's PID
+// namespace, and the jails and control-plane processes with the test binary (Pdeathsig). Only names that embed a pid
 // no longer running are touched, so concurrent runs, and anything not made by a cluster, are
 // left alone. Names with the caller's own pid were left by a former process with that pid and
 // are swept too: call it before making any cluster. It returns what it removed.
