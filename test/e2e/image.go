@@ -58,9 +58,6 @@ type Layer struct {
 // NewLayer returns an empty layer.
 func NewLayer() *Layer { return &Layer{names: map[string]bool{}} }
 
-// has tells whether name (a path without leading slash) is in the layer.
-func (l *Layer) has(name string) bool { return l.names[strings.TrimSuffix(name, "/")] }
-
 func (l *Layer) add(e tarEntry) {
 	name := strings.TrimSuffix(e.name, "/")
 	if l.names[name] {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -231,9 +230,4 @@ func (p *Prober) Stop() (int, []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.sent, p.failures
-}
-
-// hostPortURL is http://ip:port/path with IPv6 addresses bracketed.
-func hostPortURL(ip string, port int, path string) string {
-	return "http://" + net.JoinHostPort(ip, strconv.Itoa(port)) + path
 }

@@ -116,10 +116,6 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	write("containerd.toml", config)
 	// Pods with dnsPolicy Default get this; nothing answers on the underlay's router.
 	write("resolv.conf", "nameserver "+c.routerAddrs[0].Addr().String()+"\n")
-	var nodeIPs []string
-	for _, a := range n.Addrs {
-		nodeIPs = append(nodeIPs, a.Addr().String())
-	}
 	write("kubelet.yaml", fmt.Sprintf(kubeletConfig, c.cp.Dir+"/ca.crt", n.disk("resolv.conf"), c.cfg.ClusterDNS))
 	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.writeKubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
 	n.cluster.cp.writeKubeconfig(t, "system:node:"+n.Name)

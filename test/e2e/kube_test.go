@@ -6,11 +6,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -593,4 +595,9 @@ func checkResidue(t *testing.T, c *KubeCluster) {
 		})
 		Check(t, err, "%s: no residue of kubenet once every pod is gone (reservations, records, veths, ifbs, qdiscs, nftables elements, conntrack entries)", n.Name)
 	}
+}
+
+// hostPortURL is http://ip:port/path with IPv6 addresses bracketed.
+func hostPortURL(ip string, port int, path string) string {
+	return "http://" + net.JoinHostPort(ip, strconv.Itoa(port)) + path
 }
