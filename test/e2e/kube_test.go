@@ -530,18 +530,6 @@ func waitProbes(p *Prober, n int) {
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
 
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
 // checkResidue deletes every pod on the pod network (the specs' namespaces, the test's, and
 // CoreDNS) and checks that kubenet left nothing of them on any node.
 func checkResidue(t *testing.T, c *KubeCluster) {
