@@ -1,13 +1,14 @@
 package ipam
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // Names inside a network directory. Reservation files are named by their address.
@@ -61,11 +62,13 @@ func parseOwner(data []byte) (o owner, ok bool) {
 	return o, true
 }
 
-func (s *Store) path(a netip.Addr) string { return filepath.Join(s.dir, a.String()) }
-
-// readOwner reads the reservation of a. The error wraps fs.ErrNotExist when a is free.
+// readOwner reads the reservation of a. The error wraps fs.ErrNotExist when a is free. Anything
+// but a regular file under a's name (a symlink, a directory) holds a for nobody: ok is false.
 func (s *Store) readOwner(a netip.Addr) (owner, bool, error) {
-	data, err := os.ReadFile(s.path(a))
+	data, err := s.root.ReadFile(a.String())
+	if errors.Is(err, safedir.ErrNotRegular) {
+		return owner{}, false, nil
+	}
 	if err != nil {
 		return owner{}, false, err
 	}
@@ -73,12 +76,13 @@ func (s *Store) readOwner(a netip.Addr) (owner, bool, error) {
 	return o, ok, nil
 }
 
-// reservationAddr tells reservation files from everything else in the directory: the lock, the
-// cursors, temporary files, directories and names that are not canonical addresses (the
-// allocator would never look at those, so they reserve nothing).
+// reservationAddr tells reservation names from everything else in the directory: the lock, the
+// cursors, temporary files and names that are not canonical addresses (the allocator would never
+// look at those, so they reserve nothing). A symlink or a directory under an address's name does
+// take the address (link(2) fails on it), so it counts, and GC sees it as garbage.
 func reservationAddr(e fs.DirEntry) (netip.Addr, bool) {
 	name := e.Name()
-	if !e.Type().IsRegular() || strings.HasPrefix(name, ".") {
+	if strings.HasPrefix(name, ".") {
 		return netip.Addr{}, false
 	}
 	a, err := netip.ParseAddr(name)
@@ -88,42 +92,28 @@ func reservationAddr(e fs.DirEntry) (netip.Addr, bool) {
 	return a, true
 }
 
-// writeTemp writes data under a fresh temporary name in the directory and returns that path.
+// writeTemp writes data under a fresh temporary name in the directory and returns that name.
 // With durable, the data reaches the disk before the name can be linked anywhere.
 func (s *Store) writeTemp(kind string, data []byte, durable bool) (string, error) {
-	f, err := os.CreateTemp(s.dir, tempPrefix+kind+"-*")
-	if err != nil {
-		return "", err
-	}
-	_, err = f.Write(data)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return "", err
-	}
-	return f.Name(), nil
+	return s.root.CreateTemp(tempPrefix+kind+"-", data, 0o600, durable)
 }
+
+// removeTemp removes a temporary file of writeTemp (after use or on failure).
+func (s *Store) removeTemp(name string) { _ = s.root.Remove(name) }
 
 // claim makes the complete file tmp appear under a's name, or fails with an error wrapping
 // fs.ErrExist if a is taken. link(2) never replaces a name, so unlike host-local's
 // create-then-write there is no moment at which an empty reservation exists.
 func (s *Store) claim(tmp string, a netip.Addr) error {
-	return os.Link(tmp, s.path(a))
+	return s.root.Link(tmp, a.String())
 }
 
-func cursorPath(dir string, setIndex int) string {
-	return filepath.Join(dir, cursorPrefix+strconv.Itoa(setIndex))
-}
+func cursorName(setIndex int) string { return cursorPrefix + strconv.Itoa(setIndex) }
 
 // readCursor returns the last reserved address of a set, or the zero Addr. The cursor only
 // decides where the search starts, so a missing or damaged one just restarts at the beginning.
 func (s *Store) readCursor(setIndex int) netip.Addr {
-	data, err := os.ReadFile(cursorPath(s.dir, setIndex))
+	data, err := s.root.ReadFile(cursorName(setIndex))
 	if err != nil {
 		return netip.Addr{}
 	}
@@ -141,8 +131,8 @@ func (s *Store) writeCursor(setIndex int, a netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("write cursor %d: %w", setIndex, err)
 	}
-	if err := os.Rename(tmp, cursorPath(s.dir, setIndex)); err != nil {
-		_ = os.Remove(tmp)
+	if err := s.root.Rename(tmp, cursorName(setIndex)); err != nil {
+		s.removeTemp(tmp)
 		return fmt.Errorf("write cursor %d: %w", setIndex, err)
 	}
 	return nil

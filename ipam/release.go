@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -91,7 +89,7 @@ func (s *Store) owned(id, ifname string) ([]netip.Addr, error) {
 // temporary files or directories. Hold the lock across List and ReleaseAddr when collecting
 // garbage, or an address may be handed out again in between.
 func (s *Store) List() ([]Allocation, error) {
-	entries, err := os.ReadDir(s.dir)
+	entries, err := s.root.ReadDir()
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", s.dir, err)
 	}
@@ -127,7 +125,7 @@ func (s *Store) ReleaseAddr(a netip.Addr) error {
 // returns how many it removed. The caller holds the lock, so no live writer owns such a file.
 // Left-over files are harmless (nothing reads them); this only reclaims their space.
 func (s *Store) RemoveTemp() (int, error) {
-	entries, err := os.ReadDir(s.dir)
+	entries, err := s.root.ReadDir()
 	if err != nil {
 		return 0, fmt.Errorf("remove temporary files in %s: %w", s.dir, err)
 	}
@@ -137,7 +135,7 @@ func (s *Store) RemoveTemp() (int, error) {
 		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), tempPrefix) {
 			continue
 		}
-		if err := os.Remove(filepath.Join(s.dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.root.Remove(e.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove temporary file: %w", err))
 			continue
 		}
@@ -146,9 +144,10 @@ func (s *Store) RemoveTemp() (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// remove deletes a's reservation file; a file already gone counts as removed.
+// remove deletes a's reservation file (or whatever else stands under a's name, never what a
+// symlink there points to); a file already gone counts as removed.
 func (s *Store) remove(a netip.Addr) error {
-	if err := os.Remove(s.path(a)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.root.RemoveAll(a.String()); err != nil {
 		return fmt.Errorf("release %s: %w", a, err)
 	}
 	return nil
