@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
@@ -92,20 +95,21 @@ func reservationAddr(e fs.DirEntry) (netip.Addr, bool) {
 	return a, true
 }
 
-// writeTemp writes data under a fresh temporary name in the directory and returns that name.
-// With durable, the data reaches the disk before the name can be linked anywhere.
-func (s *Store) writeTemp(kind string, data []byte, durable bool) (string, error) {
-	return s.root.CreateTemp(tempPrefix+kind+"-", data, 0o600, durable)
+// writeTemp makes a complete file with data that has no name yet (safedir.Anon): a crash before
+// claim leaves nothing behind. With durable, the data reaches the disk before the file can be
+// linked anywhere.
+func (s *Store) writeTemp(kind string, data []byte, durable bool) (*safedir.Anon, error) {
+	return s.root.CreateAnon(tempPrefix+kind+"-", data, 0o600, durable)
 }
 
-// removeTemp removes a temporary file of writeTemp (after use or on failure).
-func (s *Store) removeTemp(name string) { _ = s.root.Remove(name) }
+// removeTemp lets go of a file of writeTemp (after use or on failure).
+func (s *Store) removeTemp(f *safedir.Anon) { _ = f.Close() }
 
 // claim makes the complete file tmp appear under a's name, or fails with an error wrapping
 // fs.ErrExist if a is taken. link(2) never replaces a name, so unlike host-local's
 // create-then-write there is no moment at which an empty reservation exists.
-func (s *Store) claim(tmp string, a netip.Addr) error {
-	return s.root.Link(tmp, a.String())
+func (s *Store) claim(tmp *safedir.Anon, a netip.Addr) error {
+	return tmp.Link(a.String())
 }
 
 func cursorName(setIndex int) string { return cursorPrefix + strconv.Itoa(setIndex) }
@@ -124,15 +128,29 @@ func (s *Store) readCursor(setIndex int) netip.Addr {
 	return a
 }
 
-// writeCursor replaces the cursor atomically (temp + rename). It is not synced: losing it in a
-// crash costs one search from the start, not an extra fsync on every allocation.
+// writeCursor rewrites the cursor in place. It is not synced and not atomic: a cursor lost or
+// cut short in a crash costs one search from the start (readCursor ignores what does not parse),
+// not an extra file and fsync on every allocation.
 func (s *Store) writeCursor(setIndex int, a netip.Addr) error {
-	tmp, err := s.writeTemp("cursor", []byte(a.String()), false)
+	open := func() (*os.File, error) {
+		return s.root.OpenFile(cursorName(setIndex), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o600)
+	}
+	f, err := open()
+	if errors.Is(err, safedir.ErrNotRegular) {
+		// A symlink or a fifo in its place is replaced, never followed (the caller holds the
+		// lock); a directory is not removed: the allocation fails, and says why.
+		if err = s.root.Remove(cursorName(setIndex)); err == nil {
+			f, err = open()
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("write cursor %d: %w", setIndex, err)
 	}
-	if err := s.root.Rename(tmp, cursorName(setIndex)); err != nil {
-		s.removeTemp(tmp)
+	_, err = f.WriteString(a.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("write cursor %d: %w", setIndex, err)
 	}
 	return nil

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // Allocation is one reservation file. ContainerID is empty for a file no writer could have made
@@ -149,6 +151,64 @@ func (s *Store) RemoveTemp() (int, error) {
 func (s *Store) remove(a netip.Addr) error {
 	if err := s.root.RemoveAll(a.String()); err != nil {
 		return fmt.Errorf("release %s: %w", a, err)
+	}
+	return nil
+}
+
+// Damaged tells whether a's reservation exists but names no owner: content no writer produces
+// (garbage, truncated, empty), or a symlink or a directory under a's name.
+func (s *Store) Damaged(a netip.Addr) (bool, error) {
+	_, ok, err := s.readOwner(a)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reservation %s: %w", a, err)
+	}
+	return !ok, nil
+}
+
+// Torn tells whether a's reservation file is damaged (see Damaged) or holds a proper prefix of
+// what a reservation of (id, ifname) holds: what a write of it cut short leaves (host-local
+// creates the file and then writes it), which may parse as another owner ("id\r\ne").
+func (s *Store) Torn(a netip.Addr, id, ifname string) (bool, error) {
+	data, err := s.root.ReadFile(a.String())
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case errors.Is(err, safedir.ErrNotRegular):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reservation %s: %w", a, err)
+	}
+	want := owner{id, ifname}.content()
+	if len(data) < len(want) && strings.HasPrefix(string(want), string(data)) {
+		return true, nil
+	}
+	_, ok := parseOwner(data)
+	return !ok, nil
+}
+
+// Repair makes a's reservation a reservation of (id, ifname), whatever it says now: the caller
+// knows from its own records whose the address is (a damaged or torn file). The caller holds the
+// lock.
+func (s *Store) Repair(a netip.Addr, id, ifname string) error {
+	if err := checkOwner(id, ifname); err != nil {
+		return fmt.Errorf("repair %s: %w", a, err)
+	}
+	if o, ok, err := s.readOwner(a); err == nil && ok && o == (owner{id, ifname}) {
+		return nil
+	}
+	tmp, err := s.writeTemp("ip", owner{id, ifname}.content(), true)
+	if err != nil {
+		return fmt.Errorf("repair %s: %w", a, err)
+	}
+	defer s.removeTemp(tmp)
+	if err := s.remove(a); err != nil {
+		return err
+	}
+	if err := s.claim(tmp, a); err != nil {
+		return fmt.Errorf("repair %s: %w", a, err)
 	}
 	return nil
 }

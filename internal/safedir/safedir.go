@@ -91,6 +91,10 @@ func (d *Dir) openBeneath(name string, flags uint64, mode uint64) (int, error) {
 	if err := checkName(name); err != nil {
 		return -1, d.pathErr("open", name, err)
 	}
+	return d.openat2(name, flags, mode)
+}
+
+func (d *Dir) openat2(name string, flags uint64, mode uint64) (int, error) {
 	for {
 		fd, err := unix.Openat2(d.Fd(), name, &unix.OpenHow{
 			Flags:   flags | unix.O_CLOEXEC | unix.O_NOFOLLOW,
@@ -259,22 +263,111 @@ func (d *Dir) CreateTemp(prefix string, data []byte, perm os.FileMode, durable b
 	return "", d.pathErr("create", prefix+"*", unix.EEXIST)
 }
 
-// WriteFile replaces name atomically with data: a temporary file (synced when durable) renamed
-// over it, so a crash leaves the old content or the new one. rename(2) replaces whatever name
-// was (a symlink included) without following it.
+// Anon is a complete file that has no name yet: created with O_TMPFILE, it appears under a name
+// only through Link, and a crash before that leaves nothing behind. Where the file system has no
+// O_TMPFILE it is a temporary file (named with the prefix given to CreateAnon) that Close
+// removes.
+type Anon struct {
+	d    *Dir
+	f    *os.File
+	temp string // the fallback's name; "" for an unnamed file
+}
+
+// CreateAnon makes an Anon in d holding data with mode perm, synced to disk when durable (so a
+// name linked to it never shows less than data, whatever happens after).
+func (d *Dir) CreateAnon(prefix string, data []byte, perm os.FileMode, durable bool) (*Anon, error) {
+	fd, err := d.openat2(".", unix.O_TMPFILE|unix.O_WRONLY, uint64(perm.Perm()))
+	if err != nil && !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EINVAL) {
+		return nil, err
+	}
+	a := &Anon{d: d}
+	if err != nil {
+		if a.temp, err = d.CreateTemp(prefix, data, perm, durable); err != nil {
+			return nil, err
+		}
+		return a, nil
+	}
+	a.f = os.NewFile(uintptr(fd), d.Join("(unnamed)"))
+	_, err = a.f.Write(data)
+	if err == nil {
+		err = a.f.Chmod(perm.Perm())
+	}
+	if err == nil && durable {
+		err = a.f.Sync()
+	}
+	if err != nil {
+		a.f.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Link gives the file the name name in its directory; an existing name is an error wrapping
+// fs.ErrExist (link(2) never replaces or follows). The file may be linked again under more names.
+func (a *Anon) Link(name string) error {
+	if err := checkName(name); err != nil {
+		return a.d.pathErr("link", name, err)
+	}
+	if a.f == nil {
+		return a.d.Link(a.temp, name)
+	}
+	err := unix.Linkat(int(a.f.Fd()), "", a.d.Fd(), name, unix.AT_EMPTY_PATH)
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOENT) {
+		// AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the descriptor's /proc link does not.
+		err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", a.f.Fd()), a.d.Fd(), name, unix.AT_SYMLINK_FOLLOW)
+	}
+	if err != nil {
+		return a.d.pathErr("link", name, err)
+	}
+	return nil
+}
+
+// Close lets go of the file: an unnamed one that was never linked disappears.
+func (a *Anon) Close() error {
+	if a.f == nil {
+		if err := a.d.Remove(a.temp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	return a.f.Close()
+}
+
+// WriteFile replaces name atomically with data (synced when durable), so a crash leaves the old
+// content or the new one. A new name is linked straight to an unnamed file (a crash leaves
+// nothing else behind); an existing one is replaced by rename(2) from a temporary name, which
+// replaces whatever name was (a symlink included) without following it.
 func (d *Dir) WriteFile(name string, data []byte, perm os.FileMode, durable bool) error {
 	if err := checkName(name); err != nil {
 		return d.pathErr("write", name, err)
 	}
-	tmp, err := d.CreateTemp(TempPrefix(name), data, perm, durable)
+	anon, err := d.CreateAnon(TempPrefix(name), data, perm, durable)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", d.Join(name), err)
 	}
-	if err := d.Rename(tmp, name); err != nil {
-		_ = unix.Unlinkat(d.Fd(), tmp, 0)
-		return fmt.Errorf("write %s: %w", d.Join(name), err)
+	defer anon.Close()
+	err = anon.Link(name)
+	if err == nil || !errors.Is(err, fs.ErrExist) {
+		return err
 	}
-	return nil
+	for range 100 {
+		var r [6]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return err
+		}
+		tmp := TempPrefix(name) + hex.EncodeToString(r[:])
+		if err := anon.Link(tmp); errors.Is(err, fs.ErrExist) {
+			continue
+		} else if err != nil {
+			return fmt.Errorf("write %s: %w", d.Join(name), err)
+		}
+		if err := d.Rename(tmp, name); err != nil {
+			_ = unix.Unlinkat(d.Fd(), tmp, 0)
+			return fmt.Errorf("write %s: %w", d.Join(name), err)
+		}
+		return nil
+	}
+	return d.pathErr("write", name, unix.EEXIST)
 }
 
 // TempPrefix is the prefix of WriteFile's temporary files for name: a leading dot, so that
