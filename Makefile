@@ -31,7 +31,7 @@ unit:
 
 # Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./core:FuzzParseConfig ./core:FuzzRuntimeConfig ./cmd/kubenet:FuzzParseCNIArgs ./shaping:FuzzParseRate
+FUZZ_TARGETS := ./core:FuzzParseConfig ./core:FuzzRuntimeConfig ./core:FuzzTeardownConfig ./core:FuzzGCList ./core:FuzzPrevResult ./cmd/kubenet:FuzzParseCNIArgs ./shaping:FuzzParseRate
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \

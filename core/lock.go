@@ -7,6 +7,15 @@ import (
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
+// openStore opens the network's address store.
+func openStore(cfg *Config) (*ipam.Store, error) {
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err != nil {
+		return nil, fmt.Errorf("address store: %w", err)
+	}
+	return store, nil
+}
+
 // withNetworkLock runs f holding the network lock and returns f's error (or the unlock's).
 //
 // The network lock is the flock on the lock file of the network's directory in the data dir

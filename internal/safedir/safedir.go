@@ -25,8 +25,12 @@ import (
 var ErrUntrusted = errors.New("writable by others")
 
 // ErrNotRegular is wrapped by ReadFile when the name is not a regular file (a symlink, a
-// directory, a device, a fifo).
+// directory, a device, a fifo), or is one larger than MaxFileSize: nothing kubenet writes.
 var ErrNotRegular = errors.New("not a regular file")
+
+// MaxFileSize bounds what ReadFile reads: kubenet's state files are a few hundred bytes, and a
+// huge (or sparse) file planted in the data dir must not exhaust the plugin's memory.
+const MaxFileSize = 1 << 20
 
 // Dir is an open directory.
 type Dir struct {
@@ -200,7 +204,11 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 	if !st.Mode().IsRegular() {
 		return nil, d.pathErr("read", name, ErrNotRegular)
 	}
-	return io.ReadAll(f)
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err == nil && len(data) > MaxFileSize {
+		return nil, d.pathErr("read", name, fmt.Errorf("%w: larger than %d bytes", ErrNotRegular, MaxFileSize))
+	}
+	return data, err
 }
 
 // OpenFile opens (with unix.O_CREAT in flags: creates) the regular file name without following

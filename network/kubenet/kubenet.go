@@ -394,8 +394,9 @@ func (p *Plugin) teardownConfig(att core.Attachment) (*core.Config, error) {
 	}
 	conf := *base
 	if att.ContainerID != "" {
+		// An unreadable record gives no CIDR; DEL then finds everything from the attachment's key.
 		rec, err := p.records().Load(att)
-		if err != nil {
+		if err != nil && !errors.As(err, new(*core.CorruptRecordError)) {
 			return nil, err
 		}
 		if rec != nil {

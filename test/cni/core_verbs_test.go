@@ -175,7 +175,7 @@ func TestStatus(t *testing.T) {
 			nettest.Do(t, node.NS, func() error {
 				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cbr0"}, PeerName: "cbr0peer"})
 			})
-		}, `bridge name "cbr0" is taken`},
+		}, `bridge "cbr0": is an existing veth link of the node, not a bridge`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
