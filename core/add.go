@@ -68,9 +68,9 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 	if err := preflight(cfg, false); err != nil {
 		return nil, err
 	}
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	store, err := openStore(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("address store: %w", err)
+		return nil, err
 	}
 	defer store.Close()
 	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)

@@ -148,6 +148,11 @@ func (r Records) open(create bool) (*safedir.Dir, error) {
 	if !create && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
+	if !create && safedir.IsNotDir(err) {
+		// A symlink or a file where the directory belongs holds no record; it is replaced,
+		// never followed, so DEL can finish.
+		d, err = root.Sub(RecordDirName, true, 0o755)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("attachment records: %w", err)
 	}

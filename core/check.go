@@ -37,9 +37,9 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 		return err
 	}
 	defer podNS.Close()
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	store, err := openStore(cfg)
 	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+		return err
 	}
 	defer store.Close()
 	// An ADD or DEL of the attachment in progress would make the comparison meaningless.

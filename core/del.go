@@ -25,9 +25,9 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 	if err := att.Validate(); err != nil {
 		return err
 	}
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	store, err := openStore(cfg)
 	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+		return err
 	}
 	defer store.Close()
 	return teardown(ctx, cfg, store, att)

@@ -109,6 +109,11 @@ func (ix Index) open(create bool) (*safedir.Dir, error) {
 	if !create && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
+	if !create && safedir.IsNotDir(err) {
+		// A symlink or a file where the index belongs holds no reservation; it is replaced,
+		// never followed (callers hold the network lock).
+		d, err = root.Sub(IndexDirName, true, 0o755)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("hostport index: %w", err)
 	}
@@ -124,7 +129,7 @@ func openPort(ixd *safedir.Dir, protocol string, port uint16, create bool) (*saf
 		return d, nil
 	case !create && errors.Is(err, fs.ErrNotExist):
 		return nil, nil
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EXDEV), errors.Is(err, safedir.ErrUntrusted):
+	case safedir.IsNotDir(err), errors.Is(err, safedir.ErrUntrusted):
 		return nil, fmt.Errorf("hostport index: %w: %v", errDamagedDir, err)
 	}
 	return nil, fmt.Errorf("hostport index: %w", err)

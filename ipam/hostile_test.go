@@ -25,9 +25,17 @@ func TestHostileDataDir(t *testing.T) {
 		{name: "group-writable network dir", plant: func(t *testing.T, dataDir, _ string) {
 			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o775)
 		}, openErr: safedir.ErrUntrusted},
-		{name: "network dir is a symlink out", plant: func(t *testing.T, dataDir, victim string) {
+		{name: "network dir is a symlink out (replaced)", plant: func(t *testing.T, dataDir, victim string) {
 			symlink(t, filepath.Dir(victim), filepath.Join(dataDir, "kubenet"))
-		}, openErr: errAny},
+		}, after: func(t *testing.T, s *Store) {
+			if st, err := os.Lstat(s.Dir()); err != nil || !st.IsDir() {
+				t.Errorf("network dir %v %v, want a directory", st, err)
+			}
+			allocate(t, s, 0, rangeSet(t, "10.0.0.0/29"), "a", "eth0")
+			if entries, _ := os.ReadDir(filepath.Join(filepath.Dir(s.Dir()), "..", "outside")); len(entries) != 1 {
+				t.Errorf("the store wrote outside: %v", entries)
+			}
+		}},
 		{name: "lock is a symlink to a file outside", plant: func(t *testing.T, dataDir, victim string) {
 			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
 			symlink(t, victim, filepath.Join(dataDir, "kubenet", "lock"))

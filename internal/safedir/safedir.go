@@ -115,8 +115,10 @@ func (d *Dir) openat2(name string, flags uint64, mode uint64) (int, error) {
 	}
 }
 
-// Sub opens the directory name inside d, creating it with perm first when create is set. A
-// symlink or a file in its place is an error (the caller decides whether to remove it).
+// Sub opens the directory name inside d, creating it with perm first when create is set. With
+// create, something else in its place (a symlink, a file) is replaced by the directory: Remove
+// never removes a directory, so a directory another process made in the meantime stays. Without
+// create it is an error.
 func (d *Dir) Sub(name string, create bool, perm os.FileMode) (*Dir, error) {
 	if create {
 		if err := checkName(name); err != nil {
@@ -127,6 +129,15 @@ func (d *Dir) Sub(name string, create bool, perm os.FileMode) (*Dir, error) {
 		}
 	}
 	fd, err := d.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if create && IsNotDir(err) {
+		if rerr := d.Remove(name); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			return nil, err
+		}
+		if err := unix.Mkdirat(d.Fd(), name, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, d.pathErr("mkdir", name, err)
+		}
+		fd, err = d.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +147,12 @@ func (d *Dir) Sub(name string, create bool, perm os.FileMode) (*Dir, error) {
 		return nil, err
 	}
 	return sub, nil
+}
+
+// IsNotDir tells whether an error of Sub means that something other than a directory (a
+// symlink, a file) stands under the name.
+func IsNotDir(err error) bool {
+	return errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV)
 }
 
 // trusted checks that the directory is one, owned by root or by this process's user, and not

@@ -2,6 +2,7 @@ package safedir
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -65,7 +66,18 @@ func TestNeverFollowsOrEscapes(t *testing.T) {
 		{"read dot-dot", func(d *Dir) error { _, err := d.ReadFile(".."); return err }, errAny},
 		{"read through a symlinked dir", func(d *Dir) error { _, err := d.ReadFile("link-to-dir/secret"); return err }, errAny},
 		{"open a symlinked dir", func(d *Dir) error { _, err := d.Sub("link-to-dir", false, 0); return err }, errAny},
-		{"create over a symlinked dir", func(d *Dir) error { _, err := d.Sub("link-to-dir", true, 0o755); return err }, errAny},
+		{"create over a symlinked dir replaces the symlink", func(d *Dir) error {
+			sub, err := d.Sub("link-to-dir", true, 0o755)
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			if entries, err := sub.ReadDir(); err != nil || len(entries) != 0 {
+				return fmt.Errorf("the new directory holds %v %v", entries, err)
+			}
+			return nil
+		}, nil},
+		{"create over a file replaces the file", func(d *Dir) error { _, err := d.Sub("plain", true, 0o755); return err }, nil},
 		{"open a dir others can write", func(d *Dir) error { _, err := d.Sub("open-dir", false, 0); return err }, ErrUntrusted},
 		{"open a file as dir", func(d *Dir) error { _, err := d.Sub("plain", false, 0); return err }, errAny},
 		{"lock-open a symlink with O_CREAT", func(d *Dir) error { _, err := d.OpenFile("link-to-file", os.O_RDWR|os.O_CREATE, 0o600); return err }, ErrNotRegular},
