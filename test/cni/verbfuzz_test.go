@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,8 +37,8 @@ import (
 //	KUBENET_FUZZ_STEPS=<n>  steps per seed (default 120: about 30 s)
 //	KUBENET_FUZZ_SEEDS=<n>  seeds to run one after the other (default 1)
 //
-// The long run: KUBENET_FUZZ_STEPS=2000 KUBENET_FUZZ_SEEDS=5 go test -count=1 -timeout 2h
-// -run '^TestVerbFuzz$' -v ./test/cni/ (docs/testing.md). A seed replays the sequence of
+// The long run (README, Testing): KUBENET_FUZZ_STEPS=2000 KUBENET_FUZZ_SEEDS=10 go test -count=1
+// -timeout 3h -run '^TestVerbFuzz$' -v ./test/cni/. A seed replays the sequence of
 // operations and inputs exactly; where a random SIGKILL lands depends on timing, so a replay
 // kills at the same delay, not necessarily at the same instruction.
 
@@ -128,6 +129,7 @@ type fuzzer struct {
 	killed int
 	ops    map[string]int
 	trace  []string // one line per plugin run, for the failure message
+	canary string   // a file outside the data dir that planted symlinks point to
 }
 
 // The node: a small IPv4 range so that address exhaustion happens, and an IPv6 one.
@@ -142,6 +144,10 @@ func newFuzzer(t *testing.T, bin string, seed uint64) *fuzzer {
 	f := &fuzzer{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), bin: bin,
 		atts: map[string]*fuzzAtt{}, ops: map[string]int{}}
 	f.node = nettest.NewNode(t, f.bin)
+	f.canary = filepath.Join(t.TempDir(), "canary")
+	if err := os.WriteFile(f.canary, []byte("canary"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for range fuzzSlots {
 		f.slots = append(f.slots, f.node.NewPod(t, "slot"))
 	}
@@ -190,7 +196,7 @@ func (f *fuzzer) doStep() {
 	op := f.pick(map[string]int{
 		"add": 30, "add-invalid": 8, "add-killed": 10, "del": 20, "del-hint": 6, "del-killed": 5,
 		"del-unknown-id": 3, "check": 8, "check-hostile": 3, "gc": 4, "gc-hostile": 3, "gc-killed": 2,
-		"status": 4, "corrupt": 6,
+		"status": 4, "corrupt": 6, "add-del-race": 4, "gc-hint": 2,
 	})
 	f.ops[op]++
 	switch op {
@@ -237,6 +243,11 @@ func (f *fuzzer) doStep() {
 		f.status()
 	case "corrupt":
 		f.corrupt()
+	case "add-del-race":
+		f.addDelRace()
+	case "gc-hint":
+		h := delHints()
+		f.gcWith(f.validList(), map[string]any{"runtimeConfig": h[f.rng.IntN(len(h))]}, 0)
 	}
 	if !f.t.Failed() {
 		f.checkInvariants()
@@ -656,7 +667,16 @@ func (f *fuzzer) gc(valid []map[string]string, kill time.Duration) {
 	if valid == nil {
 		valid = f.validList()
 	}
-	run, killed := f.run(map[string]string{"CNI_COMMAND": "GC"}, f.conf(map[string]any{"cni.dev/valid-attachments": valid}), kill)
+	f.gcWith(valid, nil, kill)
+}
+
+// gcWith runs GC keeping valid, with extra configuration members (hints GC must ignore).
+func (f *fuzzer) gcWith(valid []map[string]string, extra map[string]any, kill time.Duration) {
+	members := map[string]any{"cni.dev/valid-attachments": valid}
+	for k, v := range extra {
+		members[k] = v
+	}
+	run, killed := f.run(map[string]string{"CNI_COMMAND": "GC"}, f.conf(members), kill)
 	for _, a := range f.atts {
 		if a.state == attUnknown && !killed {
 			if run.ExitCode != 0 {
@@ -717,7 +737,7 @@ func (f *fuzzer) corrupt() {
 		}
 		targets = append(targets, filepath.Join(f.node.DataDir(), rel))
 	}
-	kind := f.rng.IntN(4)
+	kind := f.rng.IntN(5)
 	if kind == 3 || len(targets) == 0 {
 		junk := []string{"junk", "10.244.9.7", "kubenet-attachments/zz.json", "kubenet-hostports/tcp-1/0.0.0.0", "kubenet-hostports/bogus"}
 		p := filepath.Join(netDir, junk[f.rng.IntN(len(junk))])
@@ -739,6 +759,24 @@ func (f *fuzzer) corrupt() {
 	if err != nil {
 		f.failf("%v", err)
 	}
+	original := string(data)
+	// Whose file is it? Reservations and index files hold the ID, records are named after it.
+	for _, a := range f.atts {
+		if a.state != attGone && (strings.Contains(p, a.id) || strings.Contains(original, a.id)) {
+			a.damaged = true
+		}
+	}
+	if kind == 4 { // a symlink planted in its place, to a file outside the data dir
+		if err := os.Remove(p); err != nil {
+			f.failf("%v", err)
+		}
+		if err := os.Symlink(f.canary, p); err != nil {
+			f.failf("%v", err)
+		}
+		f.ops["corrupt/symlink"]++
+		f.trace = append(f.trace, fmt.Sprintf("  step %d: replaced %s by a symlink out", f.step, p))
+		return
+	}
 	switch kind {
 	case 0: // truncated: a write cut short
 		data = data[:f.rng.IntN(len(data)+1)]
@@ -752,12 +790,57 @@ func (f *fuzzer) corrupt() {
 	}
 	f.ops[fmt.Sprintf("corrupt/%d", kind)]++
 	f.trace = append(f.trace, fmt.Sprintf("  step %d: damaged (kind %d) %s -> %q", f.step, kind, p, data))
-	// Whose file was it? Reservations hold the ID, records and index files name it.
-	for _, a := range f.atts {
-		if a.state != attGone && (strings.Contains(p, a.id) || strings.Contains(filepath.Dir(p), hostport.IndexDirName) || filepath.Dir(p) == netDir) {
-			a.damaged = true
-		}
+}
+
+// addDelRace starts an ADD and a DEL of one new attachment at once: afterwards the attachment
+// is either fully set up (its record exists, the ADD succeeded; checkInvariants and CHECK hold
+// it to that) or gone without a trace.
+func (f *fuzzer) addDelRace() {
+	a := f.newAttachment()
+	if a == nil {
+		return
 	}
+	a.ports = f.randomPorts()
+	conf := f.conf(map[string]any{"runtimeConfig": map[string]any{"portMappings": a.ports}})
+	var add, del nettest.PluginRun
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		add, _ = f.runQuiet(f.env("ADD", a), conf)
+	}()
+	del, _ = f.runQuiet(f.env("DEL", a), conf)
+	wg.Wait()
+	f.trace = append(f.trace, fmt.Sprintf("  step %d: ADD+DEL race %s -> ADD exit %d %.120s, DEL exit %d %.120s", f.step, a.id, add.ExitCode, add.Stdout, del.ExitCode, del.Stdout))
+	if del.ExitCode != 0 {
+		f.failf("DEL racing ADD of %s failed: %s", a.id, del.Stdout)
+	}
+	_, err := os.Stat(core.RecordPath(filepath.Join(f.node.DataDir(), "kubenet"), core.Attachment{ContainerID: a.id, IfName: "eth0"}))
+	if err != nil {
+		a.state = attGone // checkInvariants: nothing of it may be left
+		return
+	}
+	if add.ExitCode != 0 {
+		f.failf("ADD of %s failed (%s) but its record exists", a.id, add.Stdout)
+	}
+	var res current.Result
+	if err := json.Unmarshal([]byte(add.Stdout), &res); err != nil {
+		f.failf("ADD %s result: %v", a.id, err)
+	}
+	a.state, a.result = attLive, []byte(add.Stdout)
+	for _, ip := range res.IPs {
+		addr, _ := netip.AddrFromSlice(ip.Address.IP)
+		a.ips = append(a.ips, addr.Unmap())
+	}
+}
+
+// runQuiet runs the plugin from a goroutine: no test failure from there, only the outcome.
+func (f *fuzzer) runQuiet(env map[string]string, stdin []byte) (nettest.PluginRun, error) {
+	full := map[string]string{"CNI_PATH": f.bin}
+	for k, v := range env {
+		full[k] = v
+	}
+	return f.node.ExecPlugin(f.bin, full, stdin)
 }
 
 // drain DELs every attachment that may exist and checks that the node is clean: after the DELs
@@ -811,6 +894,9 @@ func (f *fuzzer) isJunk(rel string) bool {
 //     address whose old veth still exists must never be free).
 func (f *fuzzer) checkInvariants() {
 	f.t.Helper()
+	if b, err := os.ReadFile(f.canary); err != nil || string(b) != "canary" {
+		f.failf("the file outside the data dir that planted symlinks point to was touched: %q %v", b, err)
+	}
 	reserved := f.reservations()
 	for _, id := range f.ids() {
 		a := f.atts[id]
