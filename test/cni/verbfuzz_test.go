@@ -735,6 +735,10 @@ func (f *fuzzer) corrupt() {
 		if base == "lock" || strings.HasPrefix(base, "last_reserved_ip.") || strings.HasPrefix(base, ".") {
 			continue
 		}
+		// Only regular files: the test must not write through a symlink it planted itself.
+		if st, err := os.Lstat(filepath.Join(f.node.DataDir(), rel)); err != nil || !st.Mode().IsRegular() {
+			continue
+		}
 		targets = append(targets, filepath.Join(f.node.DataDir(), rel))
 	}
 	kind := f.rng.IntN(5)
