@@ -137,22 +137,10 @@ func parseRecordName(name string) (Attachment, bool) {
 }
 
 // open opens the records directory (creating it when create is set); without create, a missing
-// directory is (nil, nil): there are no records.
+// directory is (nil, nil): there are no records. A symlink or a file in its place is replaced,
+// never followed (safedir.OpenIn).
 func (r Records) open(create bool) (*safedir.Dir, error) {
-	root, err := safedir.Open(r.networkDir)
-	if err != nil {
-		return nil, fmt.Errorf("attachment records: %w", err)
-	}
-	defer root.Close()
-	d, err := root.Sub(RecordDirName, create, 0o755)
-	if !create && errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if !create && safedir.IsNotDir(err) {
-		// A symlink or a file where the directory belongs holds no record; it is replaced,
-		// never followed, so DEL can finish.
-		d, err = root.Sub(RecordDirName, true, 0o755)
-	}
+	d, err := safedir.OpenIn(r.networkDir, RecordDirName, create)
 	if err != nil {
 		return nil, fmt.Errorf("attachment records: %w", err)
 	}

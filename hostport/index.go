@@ -97,23 +97,11 @@ func parsePortDirName(name string) (string, uint16, bool) {
 	return protocol, uint16(port), true
 }
 
-// open opens the index directory (creating it and the network directory's entry when create is
-// set); without create, a missing index is (nil, nil): it holds nothing.
+// open opens the index directory (creating it when create is set); without create, a missing
+// index is (nil, nil): it holds nothing. A symlink or a file in its place is replaced, never
+// followed (safedir.OpenIn; callers hold the network lock).
 func (ix Index) open(create bool) (*safedir.Dir, error) {
-	root, err := safedir.Open(ix.networkDir)
-	if err != nil {
-		return nil, fmt.Errorf("hostport index: %w", err)
-	}
-	defer root.Close()
-	d, err := root.Sub(IndexDirName, create, 0o755)
-	if !create && errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if !create && safedir.IsNotDir(err) {
-		// A symlink or a file where the index belongs holds no reservation; it is replaced,
-		// never followed (callers hold the network lock).
-		d, err = root.Sub(IndexDirName, true, 0o755)
-	}
+	d, err := safedir.OpenIn(ix.networkDir, IndexDirName, create)
 	if err != nil {
 		return nil, fmt.Errorf("hostport index: %w", err)
 	}

@@ -149,6 +149,26 @@ func (d *Dir) Sub(name string, create bool, perm os.FileMode) (*Dir, error) {
 	return sub, nil
 }
 
+// OpenIn opens the directory name inside the directory at path (see Open for path). Missing, it
+// is created when create is set and is (nil, nil) otherwise. Something that is not a directory
+// in its place (a symlink, a file) is replaced either way: it cannot hold what the caller keeps
+// there, and a lookup that fails on it would fail forever.
+func OpenIn(path, name string, create bool) (*Dir, error) {
+	root, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	d, err := root.Sub(name, create, 0o755)
+	if !create && errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if !create && IsNotDir(err) {
+		d, err = root.Sub(name, true, 0o755)
+	}
+	return d, err
+}
+
 // IsNotDir tells whether an error of Sub means that something other than a directory (a
 // symlink, a file) stands under the name.
 func IsNotDir(err error) bool {
