@@ -152,13 +152,20 @@ func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
 			staleIndex = append(staleIndex, r)
 		}
 	}
-	// A damaged file cannot say whose it is: it goes, and the kernel's element of its key, when
-	// its owner is kept, gives it back below.
-	var doomed []Reservation
+	// A damaged file cannot say whose it is: it is rewritten from the kernel's element of its key
+	// when that element's owner is kept (in place: the key is never without a file, should GC
+	// be killed here), and removed otherwise. A kept element whose file is missing gets it back.
+	errs := []error{ix.RemoveTemp()}
 	for _, k := range damaged {
-		doomed = append(doomed, Reservation{Entry: Entry{Key: k}})
+		i := slices.IndexFunc(kernel, func(r Reservation) bool { return r.Key == k && r.Owner.ContainerID != "" && keep(r.Owner) })
+		if i < 0 {
+			errs = append(errs, ix.remove([]Reservation{{Entry: Entry{Key: k}}}))
+			continue
+		}
+		errs = append(errs, ix.rewrite(kernel[i]))
+		index = append(index, kernel[i])
 	}
-	errs := []error{ix.remove(doomed), ix.RemoveTemp(), repairIndex(ix, index, kernel, keep)}
+	errs = append(errs, repairIndex(ix, index, kernel, keep))
 	if len(stale) == 0 {
 		return nil, errors.Join(append(errs, ix.remove(staleIndex))...)
 	}

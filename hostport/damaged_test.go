@@ -219,3 +219,39 @@ func TestDamagedFileAgainstTheKernel(t *testing.T) {
 
 // podB is B's pod address (IPv4, another pod than A's).
 func podB() netip.Addr { return pod4.Next() }
+
+// TestLostIndexFile: an element whose index file is gone (a GC killed mid-repair, a hand) is
+// removed by the DEL of the owner its comment names, kept by anyone else's, and gets its file
+// back from GC when its owner is kept.
+func TestLostIndexFile(t *testing.T) {
+	mine := entry("udp", 53, any6, pod6, 53)
+	cases := []struct {
+		name              string
+		op                func(w *world) error
+		element, fileBack bool
+	}{
+		{"DEL of the owner", func(w *world) error { _, err := Unmap(w.cfg, ownerA, []Key{mine.Key}); return err }, false, false},
+		{"DEL of another", func(w *world) error { _, err := Unmap(w.cfg, ownerB, []Key{mine.Key}); return err }, true, false},
+		{"GC keeping the owner", func(w *world) error { _, err := GC(w.cfg, func(Owner) bool { return true }); return err }, true, true},
+		{"GC keeping nobody", func(w *world) error { _, err := GC(w.cfg, func(Owner) bool { return false }); return err }, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			w.add(t, ownerA, mine)
+			rm(t, filepath.Join(w.cfg.Dir, IndexDirName, "udp-53", "::"))
+			var err error
+			_ = w.ns.Do(func(ns.NetNS) error { err = tc.op(w); return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := slices.Contains(w.kernelElements(t), Reservation{Entry: mine, Owner: ownerA}); got != tc.element {
+				t.Errorf("element present = %v, want %v", got, tc.element)
+			}
+			r, ok, err := NewIndex(w.cfg.Dir).Lookup(mine.Key)
+			if got := ok && err == nil && r.Owner == ownerA; got != tc.fileBack {
+				t.Errorf("file back = %v (%v %v %v), want %v", got, r, ok, err, tc.fileBack)
+			}
+		})
+	}
+}

@@ -180,22 +180,22 @@ func Remove(cfg Config, owner Owner, keys []Key) error {
 // address as its reply source), and calls FlushUDP only for entries whose address is not the
 // pod's any more.
 //
-// A key whose index file is damaged is owner's when the kernel's element of the key says so
-// (its comment); then the element and the file go. An element of someone else, or none, leaves
-// the file to GC.
+// A key whose index file is damaged or missing is owner's when the kernel's element of the key
+// says so (its comment); then the element (and the file) go. An element of someone else, or
+// none, leaves the key alone. The maps are read only when some key has no readable file.
 func Unmap(cfg Config, owner Owner, keys []Key) ([]Entry, error) {
 	ix := NewIndex(cfg.Dir)
-	owned, damaged, err := ix.owned(owner, keys)
+	owned, unresolved, err := ix.owned(owner, keys)
 	if err != nil {
 		return nil, err
 	}
-	if len(damaged) > 0 {
-		kernel, err := kernelElements(cfg.Network, damaged)
+	if len(unresolved) > 0 {
+		kernel, err := kernelElements(cfg.Network, unresolved)
 		if err != nil {
 			return nil, err
 		}
 		for _, r := range kernel {
-			if r.Owner == owner && slices.Contains(damaged, r.Key) {
+			if r.Owner == owner && slices.Contains(unresolved, r.Key) {
 				owned = append(owned, r)
 			}
 		}

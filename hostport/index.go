@@ -305,6 +305,37 @@ func (ix Index) Reserve(owner Owner, entries []Entry) error {
 	return nil
 }
 
+// rewrite writes r's file whatever stands under its name now (GC's repair of a damaged file;
+// callers hold the network lock). A regular file is replaced atomically; anything else goes
+// first.
+func (ix Index) rewrite(r Reservation) error {
+	ixd, err := ix.open(true)
+	if err != nil {
+		return err
+	}
+	defer ixd.Close()
+	pd, err := openPort(ixd, r.Protocol, r.HostPort, false)
+	if errors.Is(err, errDamagedDir) {
+		if err := ixd.RemoveAll(portDirName(r.Protocol, r.HostPort)); err != nil {
+			return wrapIndexErr(err)
+		}
+	} else if err != nil {
+		return err
+	}
+	if pd != nil {
+		if st, err := pd.Lstat(r.HostIP.String()); err == nil && st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+			err = pd.RemoveAll(r.HostIP.String())
+			pd.Close()
+			if err != nil {
+				return wrapIndexErr(err)
+			}
+		} else {
+			pd.Close()
+		}
+	}
+	return write(ixd, r)
+}
+
 func write(ixd *safedir.Dir, r Reservation) error {
 	pd, err := openPort(ixd, r.Protocol, r.HostPort, true)
 	if err != nil {
@@ -329,18 +360,29 @@ func (ix Index) Owned(owner Owner, keys []Key) ([]Reservation, error) {
 	return owned, err
 }
 
-// owned is Owned that also returns the damaged keys among keys.
+// owned is Owned that also returns the keys among keys whose file says nothing: damaged, or
+// missing (a file lost with its element still in the kernel).
 func (ix Index) owned(owner Owner, keys []Key) ([]Reservation, []Key, error) {
 	if len(keys) == 0 {
 		return nil, nil, nil
 	}
 	ixd, err := ix.open(false)
-	if err != nil || ixd == nil {
+	if err != nil {
 		return nil, nil, err
 	}
+	if ixd == nil {
+		return nil, keys, nil
+	}
 	defer ixd.Close()
-	return sortOut(keys, func(k Key) (Reservation, bool, error) { return lookupIn(ixd, k) },
-		func(r Reservation) bool { return r.Owner == owner })
+	var missing []Key
+	owned, damaged, err := sortOut(keys, func(k Key) (Reservation, bool, error) {
+		r, found, err := lookupIn(ixd, k)
+		if err == nil && !found {
+			missing = append(missing, k)
+		}
+		return r, found, err
+	}, func(r Reservation) bool { return r.Owner == owner })
+	return owned, append(damaged, missing...), err
 }
 
 // Release removes owner's reservations among keys, and each (protocol, port) directory it

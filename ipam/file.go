@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/containernetworking/cni/pkg/utils"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/safedir"
@@ -55,11 +56,13 @@ func (o owner) String() string {
 }
 
 // parseOwner reads "<id>\r\n<ifname>" or a legacy "<id>". ok is false for content that no
-// writer produces (empty, left by a crashed host-local, or more than two lines).
+// writer produces: empty (left by a crashed host-local), more than two lines, or an ID or an
+// interface name that CNI would never have passed (host-local and kubenet only write what skel
+// or the core validated), such as the bytes of a damaged disk block.
 func parseOwner(data []byte) (o owner, ok bool) {
 	id, ifname, _ := strings.Cut(strings.TrimSpace(string(data)), "\n")
 	o = owner{strings.TrimSpace(id), strings.TrimSpace(ifname)}
-	if o.id == "" || strings.ContainsAny(o.ifname, "\r\n") {
+	if utils.ValidateContainerID(o.id) != nil || o.ifname != "" && utils.ValidateInterfaceName(o.ifname) != nil {
 		return owner{}, false
 	}
 	return o, true

@@ -225,3 +225,31 @@ func TestAttachmentLock(t *testing.T) {
 		t.Errorf("attachment locks left files: %v", names)
 	}
 }
+
+// TestParseOwnerRefusesWhatNoWriterWrites: a reservation file names an owner only when a writer
+// could have written it; anything else (the bytes of a damaged block, an ID CNI never passes) is
+// garbage that holds its address for nobody, so GC can tell it from a legacy ID-only file.
+func TestParseOwnerRefusesWhatNoWriterWrites(t *testing.T) {
+	cases := []struct {
+		content string
+		want    owner
+		ok      bool
+	}{
+		{"abc\r\neth0", owner{"abc", "eth0"}, true},
+		{"abc", owner{"abc", ""}, true}, // host-local's legacy format
+		{"abc\n", owner{"abc", ""}, true},
+		{"", owner{}, false},
+		{" \r\n ", owner{}, false},
+		{"\x00\xffnot json{", owner{}, false},
+		{"../x\r\neth0", owner{}, false},
+		{"abc\r\neth 0/x", owner{}, false},
+		{"a\r\nb\r\nc", owner{}, false},
+		{"-abc", owner{}, false},
+	}
+	for _, tc := range cases {
+		got, ok := parseOwner([]byte(tc.content))
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("parseOwner(%q) = %v, %v; want %v, %v", tc.content, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -171,7 +171,27 @@ func (f *fuzzer) counts() string {
 func (f *fuzzer) failf(format string, args ...any) {
 	f.t.Helper()
 	start := max(0, len(f.trace)-40)
-	f.t.Fatalf("step %d: %s\nlast plugin runs:\n%s", f.step, fmt.Sprintf(format, args...), strings.Join(f.trace[start:], "\n"))
+	f.t.Fatalf("step %d: %s\nlast plugin runs:\n%s\nstate:\n%s", f.step, fmt.Sprintf(format, args...), strings.Join(f.trace[start:], "\n"), f.dump())
+}
+
+// dump describes the model and the data dir, for failure messages.
+func (f *fuzzer) dump() string {
+	var b strings.Builder
+	for _, id := range f.ids() {
+		if a := f.atts[id]; a.state != attGone {
+			fmt.Fprintf(&b, "  %s slot %d state %d damaged %v ips %v pod eth0 %v\n", a.id, a.slot, a.state, a.damaged, a.ips, f.podAddrs(f.slots[a.slot]))
+		}
+	}
+	for addr, owner := range f.reservations() {
+		fmt.Fprintf(&b, "  reservation %s: %q\n", addr, owner)
+	}
+	for _, rel := range testkit.DataDirFiles(f.t, f.node) {
+		if strings.Contains(rel, core.RecordDirName) {
+			data, _ := os.ReadFile(filepath.Join(f.node.DataDir(), rel))
+			fmt.Fprintf(&b, "  %s: %.200s\n", rel, data)
+		}
+	}
+	return b.String()
 }
 
 func (f *fuzzer) pick(weights map[string]int) string {
