@@ -3,6 +3,7 @@ package shim
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -142,6 +143,14 @@ func TestShimTearDownWithBrokenRecord(t *testing.T) {
 	}
 	if err := os.WriteFile(record, b[:len(b)/3], 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// The status still comes, from the pod's interface.
+	st, err := pm.GetPodNetworkStatus(pod.namespace, pod.name, pod.id)
+	if err != nil {
+		t.Fatalf("GetPodNetworkStatus with a truncated record: %v", err)
+	}
+	if got := statusAddrs(t, st); !slices.Equal(testkit.SortedAddrs(got), testkit.SortedAddrs(ips)) {
+		t.Errorf("status addresses %v, want %v", got, ips)
 	}
 	// A new plugin object, as after a shim restart, before any pod CIDR event.
 	_, _, fresh := allPlugins(t, node, t.TempDir())
