@@ -285,7 +285,7 @@ func TestCollectSparesYoung(t *testing.T) {
 	}
 	// An hour ago: the old pod's reservations and record, and the old orphan.
 	longAgo := time.Now().Add(-time.Hour)
-	oldFiles := []string{oldOrphan, filepath.Join(netDir, core.RecordDirName, "old_eth0.json")}
+	oldFiles := []string{oldOrphan, core.RecordPath(netDir, core.Attachment{ContainerID: "old", IfName: "eth0"})}
 	for _, ip := range old.IPs() {
 		oldFiles = append(oldFiles, filepath.Join(netDir, ip.String()))
 	}
