@@ -46,7 +46,8 @@ func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachmen
 	if err != nil && !errors.As(err, &corrupt) {
 		return err
 	}
-	return del(ctx, cfg, store, att, rec, corrupt != nil)
+	_, err = del(ctx, cfg, store, att, rec, corrupt != nil)
+	return err
 }
 
 // del removes the attachment with its record rec (nil: none). unknown says that a record exists
@@ -56,7 +57,9 @@ func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachmen
 // The reservations and the record go only when everything before them is gone: an address is
 // free only once no veth, rule or flow of the attachment can still use it, and the record is what
 // a retried DEL (or GC) needs to find the rest.
-func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, rec *Record, unknown bool) error {
+//
+// It returns the addresses it released.
+func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, rec *Record, unknown bool) ([]netip.Addr, error) {
 	records := NewRecords(store.Dir())
 	var hint []netip.Addr
 	if rec != nil {
@@ -71,7 +74,7 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	errs = append(errs, delLinks(names))
 	crashPoint("del: links removed")
 	if err := ctx.Err(); err != nil {
-		return errors.Join(append(errs, err)...)
+		return nil, errors.Join(append(errs, err)...)
 	}
 	// Forget flows of the pod's addresses, so a new pod that gets the same address does not
 	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues). This
@@ -80,23 +83,28 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	// flows lead to the same addresses, so the one walk forgets them too.
 	errs = append(errs, flushConntrack(hint))
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%w (the addresses stay reserved and the record stays until a DEL gets everything)", err)
+		return nil, fmt.Errorf("%w (the addresses stay reserved and the record stays until a DEL gets everything)", err)
 	}
-	return withNetworkLock(store, func() error {
-		return releaseLocked(store, records, att, hint, unmapped)
+	var released []netip.Addr
+	err = withNetworkLock(store, func() (err error) {
+		released, err = releaseLocked(store, records, att, hint, unmapped)
+		return err
 	})
+	return released, err
 }
 
 // releaseLocked is DEL's part under the network lock: release the reservations, forget the flows
 // of addresses only the release revealed and of host ports that led elsewhere, and remove the
 // record once all of that succeeded.
-func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) error {
+func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	if err != nil {
-		return err
+		return released, err
 	}
-	if err := releaseDamaged(store, records, att, hint); err != nil {
-		return err
+	damaged, err := releaseDamaged(store, records, att, hint)
+	released = append(released, damaged...)
+	if err != nil {
+		return released, err
 	}
 	crashPoint("del: addresses released")
 	// Without a record the addresses are known only now; forget their flows under the lock.
@@ -107,21 +115,22 @@ func releaseLocked(store *ipam.Store, records Records, att Attachment, hint []ne
 	ours := slices.Concat(hint, released)
 	errs = append(errs, hostport.FlushUDP(slices.DeleteFunc(unmapped, func(e hostport.Entry) bool { return slices.Contains(ours, e.PodIP) })))
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return released, err
 	}
-	return records.Remove(att)
+	return released, records.Remove(att)
 }
 
 // releaseDamaged releases the addresses of hint (the attachment's record) whose reservation
 // file is damaged or torn (ipam.Store.Torn): while a record lists an address, no other attachment
 // can have been given it, so it is this attachment's. Should another record list it too, it
 // stays for GC to sort out.
-func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []netip.Addr) error {
+func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []netip.Addr) ([]netip.Addr, error) {
 	var scan *RecordScan
+	var released []netip.Addr
 	for _, a := range hint {
 		damaged, err := store.Torn(a, att.ContainerID, att.IfName)
 		if err != nil {
-			return err
+			return released, err
 		}
 		if !damaged {
 			continue
@@ -129,7 +138,7 @@ func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []n
 		if scan == nil {
 			s, err := records.Scan()
 			if err != nil {
-				return err
+				return released, err
 			}
 			scan = &s
 		}
@@ -137,10 +146,11 @@ func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []n
 			continue
 		}
 		if err := store.ReleaseAddr(a); err != nil {
-			return err
+			return released, err
 		}
+		released = append(released, a)
 	}
-	return nil
+	return released, nil
 }
 
 // DelCrashPoints names the crash points of DEL (see CrashPoints), in the order DEL passes them.

@@ -110,7 +110,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 				errs = append(errs, err)
 				return
 			}
-			rec, err := collectOne(ctx, cfg, store, att, k)
+			rec, released, err := collectOne(ctx, cfg, store, att, k)
 			if err != nil {
 				failed[key] = true
 				errs = append(errs, fmt.Errorf("collect container %q interface %q: %w", att.ContainerID, att.IfName, err))
@@ -118,6 +118,8 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 			}
 			if rec != nil {
 				report.Attachments = append(report.Attachments, *rec)
+			} else {
+				report.Addresses = append(report.Addresses, released...)
 			}
 		}
 	}
@@ -127,7 +129,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 	}
 	collect(append(doomed, scan.Corrupt...))
 	orphans, released, err := gcReservations(store, scan, unrecorded(scan, k), k, failed)
-	report.Addresses = released
+	report.Addresses = append(report.Addresses, released...)
 	errs = append(errs, err)
 	collect(orphans)
 	errs = append(errs, withNetworkLock(store, func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }))
@@ -135,27 +137,28 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 }
 
 // collectOne tears att down (Del's teardown) unless k spares it, and returns its record when it
-// had a readable one. The attachment lock comes first: an ADD of att still running finishes
-// before GC decides, and the age of what it wrote then spares it.
-func collectOne(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, k Keeper) (rec *Record, err error) {
+// had a readable one, and the addresses it released. The attachment lock comes first: an ADD of
+// att still running finishes before GC decides, and the age of what it wrote then spares it.
+func collectOne(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, k Keeper) (rec *Record, released []netip.Addr, err error) {
 	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
 	records := NewRecords(store.Dir())
 	if spared, err := recordSpared(store, records, att, k); err != nil || spared {
-		return nil, err
+		return nil, nil, err
 	}
 	rec, err = records.Load(att)
 	var corrupt *CorruptRecordError
 	if err != nil && !errors.As(err, &corrupt) {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := del(ctx, cfg, store, att, rec, corrupt != nil); err != nil {
-		return nil, err
+	released, err = del(ctx, cfg, store, att, rec, corrupt != nil)
+	if err != nil {
+		return nil, nil, err
 	}
-	return rec, nil
+	return rec, released, nil
 }
 
 // recordSpared reports, under the network lock, whether att's record is too young to collect.
