@@ -121,8 +121,13 @@ func checkOverlaps(cfg Config, brIndex int) error {
 				continue
 			}
 			ones, _ := a.Mask.Size()
-			if p := netip.PrefixFrom(ip.Unmap(), ones); subnet.Overlaps(p.Masked()) {
-				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the address %s of the node's link %s", subnet, p, linkName(a.LinkIndex))}
+			p := netip.PrefixFrom(ip.Unmap(), ones)
+			if !subnet.Overlaps(p.Masked()) {
+				continue
+			}
+			// The bridge may have appeared since it was looked up (a parallel first ADD).
+			if name := linkName(a.LinkIndex); name != cfg.Name {
+				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the address %s of the node's link %s", subnet, p, name)}
 			}
 		}
 		routes, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
@@ -138,8 +143,12 @@ func checkOverlaps(cfg Config, brIndex int) error {
 			if !ok || ones == 0 {
 				continue
 			}
-			if p := netip.PrefixFrom(dst.Unmap(), ones); subnet.Overlaps(p) {
-				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the node's connected route %s on %s", subnet, p, linkName(r.LinkIndex))}
+			p := netip.PrefixFrom(dst.Unmap(), ones)
+			if !subnet.Overlaps(p) {
+				continue
+			}
+			if name := linkName(r.LinkIndex); name != cfg.Name {
+				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the node's connected route %s on %s", subnet, p, name)}
 			}
 		}
 	}
