@@ -27,6 +27,9 @@ func CheckBridge(cfg Config) (*netlink.Bridge, error) {
 	if promisc := br.Promisc != 0; promisc != cfg.Promisc {
 		return nil, fmt.Errorf("bridge %q promiscuous=%v, want %v", cfg.Name, promisc, cfg.Promisc)
 	}
+	if claimed, ok := strings.CutPrefix(br.Alias, aliasPrefix); ok && cfg.Owner != "" && claimed != cfg.Owner {
+		return nil, fmt.Errorf("bridge %q is used by kubenet network %q, not %q", cfg.Name, claimed, cfg.Owner)
+	}
 	have, err := linkPrefixes(br)
 	if err != nil {
 		return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)

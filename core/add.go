@@ -54,17 +54,33 @@ type addition struct {
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
 // everything this call created for the attachment is removed again.
+//
+// It holds the attachment lock from before the first change to after the last (or the rollback),
+// so a DEL of the same attachment runs wholly before or wholly after it: the end state is the
+// attachment fully set up with its record, or nothing of it.
 func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Result, err error) {
+	if err := att.Validate(); err != nil {
+		return nil, err
+	}
 	podNS, err := openPodNS(att.NetNS)
 	if err != nil {
 		return nil, err
 	}
 	defer podNS.Close()
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	// Before anything changes: a configuration that would break the node is refused.
+	if err := preflight(cfg, false); err != nil {
+		return nil, err
+	}
+	store, err := openStore(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("address store: %w", err)
+		return nil, err
 	}
 	defer store.Close()
+	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, unlock()) }()
 
 	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir())}
 	var undo undoStack
@@ -159,6 +175,11 @@ func (a *addition) reserve(undo *undoStack) error {
 
 func (a *addition) reserveLocked(undo *undoStack) error {
 	existing, err := a.records.Load(a.att)
+	var corrupt *CorruptRecordError
+	if errors.As(err, &corrupt) {
+		return types.NewError(ErrAttachmentExists,
+			fmt.Sprintf("container %q interface %q on network %q: %v; DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, corrupt), "")
+	}
 	if err != nil {
 		return err
 	}

@@ -3,9 +3,10 @@ package core
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
+	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
-	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 )
 
@@ -17,9 +18,12 @@ import (
 // gateway stays on the bridge) before the first pod arrives. Runs in the caller's network
 // namespace.
 func EnsureNode(ctx context.Context, cfg *Config) error {
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err := preflight(cfg, false); err != nil {
+		return err
+	}
+	store, err := openStore(cfg)
 	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+		return err
 	}
 	defer store.Close()
 	a := &addition{cfg: cfg, store: store}
@@ -41,4 +45,20 @@ func EnsureNode(ctx context.Context, cfg *Config) error {
 		}
 	}
 	return nil
+}
+
+// preflight refuses, before anything changes, a configuration that would break the node (see
+// bridge.Preflight): code 7 naming the bridge or the pod CIDR at fault. full also compares the
+// pod CIDRs with the node's addresses and routes when the bridge already carries the gateways.
+func preflight(cfg *Config, full bool) error {
+	err := bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
+	pe, ok := bridge.IsPreflight(err)
+	if !ok {
+		return err
+	}
+	if pe.Key == "bridge" {
+		return configError("bridge", pe.Value, "%s", pe.Reason)
+	}
+	gw, _ := netip.ParsePrefix(pe.Value)
+	return configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
 }

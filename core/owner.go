@@ -4,16 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/kubenet-dev/kubenet/internal/atomicfile"
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -91,25 +88,23 @@ func ReadNodeSettings(dataDir, network string) (*NodeSettings, error) {
 	return readNodeSettings(store.Dir())
 }
 
-// maxNodeSettingsSize bounds what is read of the file: it is a few hundred bytes when kubenet
-// wrote it, and anything else in the data dir is not trusted.
-const maxNodeSettingsSize = 64 << 10
-
 func readNodeSettings(networkDir string) (*NodeSettings, error) {
-	f, err := os.Open(filepath.Join(networkDir, NodeSettingsFile))
-	if errors.Is(err, fs.ErrNotExist) {
+	d, err := safedir.Open(networkDir)
+	if err != nil {
+		return nil, fmt.Errorf("node settings: %w", err)
+	}
+	defer d.Close()
+	// Read without following a symlink; anything but a small regular file is unreadable as
+	// node settings (safedir.MaxFileSize bounds what is read).
+	data, err := d.ReadFile(NodeSettingsFile)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, safedir.ErrNotRegular) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("node settings: %w", err)
 	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxNodeSettingsSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("node settings: %w", err)
-	}
 	var s NodeSettings
-	if len(data) > maxNodeSettingsSize || json.Unmarshal(data, &s) != nil || s.Owner == "" {
+	if json.Unmarshal(data, &s) != nil || s.Owner == "" {
 		return nil, nil
 	}
 	return &s, nil
@@ -153,7 +148,12 @@ func claimNode(cfg *Config, store *ipam.Store) error {
 		if err != nil {
 			return err
 		}
-		return atomicfile.WriteNoSync(filepath.Join(store.Dir(), NodeSettingsFile), data, 0o644)
+		d, err := safedir.Open(store.Dir())
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		return d.WriteFile(NodeSettingsFile, data, 0o644, false)
 	})
 	if err != nil {
 		return fmt.Errorf("node settings: %w", err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -97,7 +98,7 @@ func TestClaimNode(t *testing.T) {
 	}
 
 	// A file that is not kubenet's settings (garbage, too large, no owner) counts as none.
-	for _, junk := range []string{"{not json", `{"bridge":"cbr0"}`, strings.Repeat(" ", maxNodeSettingsSize+1) + "{}"} {
+	for _, junk := range []string{"{not json", `{"bridge":"cbr0"}`, strings.Repeat(" ", safedir.MaxFileSize+1) + "{}"} {
 		if err := os.WriteFile(file, []byte(junk), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/ipam"
@@ -29,9 +28,11 @@ func StatusConfigError(err error) error {
 }
 
 // Status answers whether an ADD can succeed now: the data dir is usable, nftables answers, the
-// bridge name is free or a bridge, and every pod CIDR has a free address. containerd and CRI-O
-// poll it every few seconds, so it only reads: one directory listing per network, one netlink
-// dump, no file contents.
+// configuration cannot break the node (the bridge name is free or a bridge no other network
+// uses, no pod CIDR overlaps the node's addresses or connected routes), and every pod CIDR has a
+// free address. containerd and CRI-O poll it every few seconds, so it only reads: one directory
+// listing per network, the bridge, and one address and one route dump per family; no file
+// contents.
 func Status(ctx context.Context, cfg *Config) error {
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
@@ -50,8 +51,8 @@ func Status(ctx context.Context, cfg *Config) error {
 			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
 		}
 	}
-	if l, err := netlink.LinkByName(cfg.Bridge); err == nil && l.Type() != "bridge" {
-		return notAvailable("bridge name %q is taken by a %s", cfg.Bridge, l.Type())
+	if err := preflight(cfg, true); err != nil {
+		return notAvailable("configuration: %s", errMsg(err))
 	}
 	c, err := nftables.New()
 	if err == nil {

@@ -1,636 +1,593 @@
 package cni
 
 import (
-	"fmt"
+	"encoding/json"
+	"maps"
 	"net"
 	"net/netip"
-	"slices"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
+	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
-	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
-// The hostile-pod tests: one pod ("evil", with CAP_NET_RAW as containerd grants by default)
-// writes raw frames on its interface to become a router for the others, to impersonate the
-// gateway or another pod, and to reach what a pod must not reach. Every attempt is checked where
-// it would do harm: the victims' routes and neighbour tables, the bridge's forwarding table,
-// and the traffic that did or did not arrive. The honest pods ("victim" and "honest") must keep
-// working throughout.
-
-// Ports of the servers the tests run.
-const (
-	hostileTCPPort  = 8080  // TCP echo in victim and honest
-	hostileUDPPort  = 8081  // UDP echo in victim (and the target of its host port)
-	hostileHostPort = 31081 // the victim's UDP host port
-	nodeTCPPort     = 7000  // TCP echo on the node, every address
-	nodeUDPPort     = 7001  // UDP echo on the node, every address (link-local traffic)
-	nodeLocalPort   = 7100  // UDP echo on the node's 127.0.0.1 and ::1 only
-)
-
-// hostileNode is a node with three pods: evil (the attacker), victim and honest.
-type hostileNode struct {
-	node                 *nettest.Node
-	list                 *libcni.NetworkConfigList
-	evil, victim, honest *nettest.Pod
-	mac                  map[*nettest.Pod]net.HardwareAddr
-	bridgeMAC            net.HardwareAddr
-	bridgeLL             netip.Addr
-	gateway              map[bool]netip.Addr // by "is IPv6", for the families of the network
-	capture              *testkit.Capture    // frames arriving at the victim
-	victimUDP            *nettest.EchoServer // behind the victim's host port too
-	nodeLocal            map[bool]*nettest.EchoServer
-	seq                  int
+// rawNode is a node with the binary run directly (no libcni), for input libcni would not
+// send; conf renders the plugin configuration with members replaced.
+type rawNode struct {
+	*nettest.Node
+	t *testing.T
 }
 
-func newHostileNode(t *testing.T, mode string, cidrs []netip.Prefix, extra map[string]any) *hostileNode {
-	t.Helper()
-	h := &hostileNode{node: nettest.NewNode(t, binDir), mac: map[*nettest.Pod]net.HardwareAddr{}, gateway: map[bool]netip.Addr{}}
-	h.list = h.node.ConfList(t, nettest.NetConf{
-		PodCIDRs:           cidrs,
-		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
-		HairpinMode:        mode,
-		Extra:              extra,
-	})
-	for _, c := range cidrs {
-		h.gateway[c.Addr().Is6()] = testkit.GatewayOf(c)
-	}
-	h.evil, h.victim, h.honest = h.node.NewPod(t, "evil"), h.node.NewPod(t, "victim"), h.node.NewPod(t, "honest")
-	h.victim.RT.CapabilityArgs = hpArgs(false, hpMapping{hostileHostPort, hostileUDPPort, "udp", ""})
-	for _, p := range []*nettest.Pod{h.evil, h.victim, h.honest} {
-		h.node.MustAdd(t, h.list, p)
-		mac, err := net.ParseMAC(p.Result.Interfaces[2].Mac)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.mac[p] = mac
-	}
-	var err error
-	if h.bridgeMAC, err = net.ParseMAC(h.victim.Result.Interfaces[0].Mac); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range testkit.AllAddrs(t, h.node.NS, "cbr0") {
-		if p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
-			h.bridgeLL = p.Addr()
-		}
-	}
-	if !h.bridgeLL.IsValid() {
-		t.Fatal("the bridge has no IPv6 link-local address")
-	}
-
-	h.victimUDP = nettest.StartUDPEcho(t, h.victim.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileUDPPort))
-	nettest.StartTCPEcho(t, h.victim.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileTCPPort))
-	nettest.StartTCPEcho(t, h.honest.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileTCPPort))
-	nettest.StartUDPEcho(t, h.honest.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileUDPPort))
-	nettest.StartTCPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), nodeTCPPort))
-	nettest.StartTCPEcho(t, h.node.External, netip.AddrPortFrom(netip.IPv6Unspecified(), nodeTCPPort))
-	nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), nodeUDPPort))
-	h.nodeLocal = map[bool]*nettest.EchoServer{
-		false: nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), nodeLocalPort)),
-		true:  nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Loopback(), nodeLocalPort)),
-	}
-
-	// Fill the neighbour tables an attacker would poison: the victim's entries for the gateway
-	// and for the honest pod (global and link-local), and the node's entries for the honest pod.
-	for _, gw := range h.gateway {
-		h.expectTCP(t, "victim to the gateway", h.victim, netip.AddrPortFrom(gw, nodeTCPPort), h.victim.IP(gw))
-		h.expectTCP(t, "victim to honest", h.victim, netip.AddrPortFrom(h.honest.IP(gw), hostileTCPPort), h.victim.IP(gw))
-		h.expectTCP(t, "node to honest", nil, netip.AddrPortFrom(h.honest.IP(gw), hostileTCPPort), gw)
-	}
-	for _, dst := range []netip.Addr{h.bridgeLL, h.ll(h.honest)} {
-		to := netip.AddrPortFrom(onLink(t, h.victim, dst), pick[uint16](dst == h.bridgeLL, nodeUDPPort, hostileUDPPort))
-		// Polled: a link-local address may still be in duplicate address detection.
-		err := nettest.Eventually(testkit.TrafficTimeout, func() error {
-			_, err := nettest.UDPRequest(h.victim.NS, to, "ll", time.Second)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("victim to %s over IPv6 link-local: %v", dst, err)
-		}
-	}
-	h.capture = testkit.StartCapture(t, h.victim.NS, "eth0")
-	return h
+func newRawNode(t *testing.T) *rawNode {
+	return &rawNode{Node: nettest.NewNode(t, binDir), t: t}
 }
 
-// onLink scopes a link-local address to p's eth0. The zone is the interface index: Go resolves
-// zone names through a process-wide cache, which cannot tell one namespace's eth0 from another's.
-func onLink(t *testing.T, p *nettest.Pod, a netip.Addr) netip.Addr {
-	return a.WithZone(fmt.Sprint(testkit.Link(t, p.NS, "eth0").Attrs().Index))
-}
-
-func pick[T any](c bool, a, b T) T {
-	if c {
-		return a
+func (n *rawNode) conf(members map[string]any) []byte {
+	c := map[string]any{
+		"cniVersion": "1.1.0", "name": "kubenet", "type": "kubenet", "dataDir": n.DataDir(),
+		"podCIDRs": []string{nettest.PodCIDR4.String(), nettest.PodCIDR6.String()},
+	}
+	maps.Copy(c, members)
+	b, err := json.Marshal(c)
+	if err != nil {
+		n.t.Fatal(err)
 	}
 	return b
 }
 
-// ll is the pod's IPv6 link-local address (its interface's EUI-64 address).
-func (h *hostileNode) ll(p *nettest.Pod) netip.Addr { return testkit.LinkLocal(h.mac[p]) }
-
-func (h *hostileNode) has(ipv6 bool) bool { _, ok := h.gateway[ipv6]; return ok }
-
-// expectTCP checks a TCP request from p (nil: the node) to dst and the source the server saw.
-func (h *hostileNode) expectTCP(t *testing.T, what string, p *nettest.Pod, dst netip.AddrPort, wantFrom netip.Addr) {
-	t.Helper()
-	from := h.node.NS
-	if p != nil {
-		from = p.NS
+// exec runs one verb for pod (nil: a verb without attachment) with env overrides.
+func (n *rawNode) exec(command string, pod *nettest.Pod, stdin []byte, env map[string]string) nettest.PluginRun {
+	n.t.Helper()
+	e := map[string]string{"CNI_COMMAND": command, "CNI_PATH": binDir}
+	if pod != nil {
+		e["CNI_CONTAINERID"], e["CNI_IFNAME"], e["CNI_NETNS"] = pod.RT.ContainerID, "eth0", pod.NS.Path()
+		e["CNI_ARGS"] = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=" + pod.RT.ContainerID
 	}
-	r, err := nettest.TCPRequest(from, dst, what, testkit.TrafficTimeout)
-	if err := nettest.ExpectFrom(r, err, wantFrom); err != nil {
-		t.Errorf("%s (%s): %v", what, dst, err)
-	}
-}
-
-// send writes frames from evil, then a marker datagram from evil's own addresses to the victim,
-// and waits until the marker has arrived: frames sent before it on the same veth have been
-// handled by then (the node and the victim handle a veth's frames in order). It fails the test
-// when the marker does not arrive, since evil's honest traffic must keep working.
-func (h *hostileNode) send(t *testing.T, frames ...[]byte) {
-	t.Helper()
-	h.seq++
-	marker := []byte(fmt.Sprintf("marker-%d", h.seq))
-	is6 := !h.has(false)
-	src, dst := h.evil.IP(h.gateway[is6]), h.victim.IP(h.gateway[is6])
-	frames = append(frames, testkit.IPFrame(h.mac[h.victim], h.mac[h.evil], testkit.UDPPacket(src, dst, 40000, 9, marker)))
-	testkit.SendFrames(t, h.evil.NS, "eth0", frames...)
-	err := h.capture.WaitFor(testkit.TrafficTimeout, "marker", func(f testkit.Frame) bool {
-		_, _, payload, ok := f.UDP()
-		return ok && string(payload) == string(marker)
-	})
+	maps.Copy(e, env)
+	run, err := n.ExecPlugin(binDir, e, stdin)
 	if err != nil {
-		t.Fatalf("evil's own datagram to the victim (%s -> %s) did not arrive: %v", src, dst, err)
+		n.t.Fatal(err)
+	}
+	if strings.Contains(run.Stderr, "panic:") {
+		n.t.Fatalf("%s panicked:\n%s", command, run.Stderr)
+	}
+	return run
+}
+
+// mustAdd attaches pod with a UDP host port and shaping both ways, and returns ADD's result.
+func (n *rawNode) mustAdd(pod *nettest.Pod, hostPort int) []byte {
+	n.t.Helper()
+	run := n.exec("ADD", pod, n.conf(map[string]any{"runtimeConfig": map[string]any{
+		"portMappings": []map[string]any{{"hostPort": hostPort, "containerPort": 80, "protocol": "udp"}},
+		"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 10_000_000},
+	}}), nil)
+	if run.ExitCode != 0 {
+		n.t.Fatalf("ADD %s: %s", pod.RT.ContainerID, run.Stdout)
+	}
+	return []byte(run.Stdout)
+}
+
+func (n *rawNode) mustCheck(pod *nettest.Pod, result []byte) {
+	n.t.Helper()
+	if run := n.exec("CHECK", pod, n.conf(map[string]any{"prevResult": json.RawMessage(result)}), nil); run.ExitCode != 0 {
+		n.t.Errorf("CHECK %s: %s", pod.RT.ContainerID, run.Stdout)
 	}
 }
 
-// expectNotCaptured fails when the victim received a frame that match accepts.
-func (h *hostileNode) expectNotCaptured(t *testing.T, what string, match func(testkit.Frame) bool) {
-	t.Helper()
-	if got := h.capture.Matching(match); len(got) > 0 {
-		t.Errorf("%s: %d frame(s) reached the victim, first: % x", what, len(got), []byte(got[0]))
+// TestDelNeverFailsOnPodAuthorInput: whatever a pod author wrote (host ports, bandwidth
+// annotations) and whatever a runtime garbles on the way, DEL, CHECK and GC finish: DEL works
+// from what ADD recorded, the capability arguments are at most hints.
+func TestDelNeverFailsOnPodAuthorInput(t *testing.T) {
+	cases := []struct {
+		name    string
+		members map[string]any
+		env     map[string]string
+	}{
+		{"hostPort 0", map[string]any{"runtimeConfig": map[string]any{"portMappings": []any{map[string]any{"hostPort": 0, "containerPort": 80}}}}, nil},
+		{"hostPort out of range", map[string]any{"runtimeConfig": map[string]any{"portMappings": []any{map[string]any{"hostPort": 70000, "containerPort": -1, "protocol": "icmp"}}}}, nil},
+		{"portMappings not a list", map[string]any{"runtimeConfig": map[string]any{"portMappings": "31000"}}, nil},
+		{"bad bandwidth annotation", map[string]any{"runtimeConfig": map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{"kubernetes.io/ingress-bandwidth": "lots", "kubernetes.io/egress-bandwidth": "-1M"}}}, nil},
+		{"bandwidth below 1 kbit", map[string]any{"runtimeConfig": map[string]any{"bandwidth": map[string]any{"ingressRate": 5}}}, nil},
+		{"bandwidth not an object", map[string]any{"runtimeConfig": map[string]any{"bandwidth": "fast"}}, nil},
+		{"ipRanges garbage", map[string]any{"runtimeConfig": map[string]any{"ipRanges": []any{[]any{map[string]any{"subnet": "banana"}}}}}, nil},
+		{"prevResult garbage", map[string]any{"prevResult": map[string]any{"cniVersion": "1.1.0", "ips": "x"}}, nil},
+		{"CNI_ARGS garbage", nil, map[string]string{"CNI_ARGS": ";;=x;FOO=bar"}},
+		{"pod CIDRs changed to garbage", map[string]any{"podCIDRs": []string{"banana"}, "mtu": "big", "hairpinMode": 3}, nil},
 	}
-}
-
-// expectNeighbor fails when the neighbour entry for ip on ifname in p (nil: the node's bridge)
-// names another MAC than want. mustExist: the entry has to be there (it was made before).
-func (h *hostileNode) expectNeighbor(t *testing.T, what string, p *nettest.Pod, ip netip.Addr, want net.HardwareAddr, mustExist bool) {
-	t.Helper()
-	n, ifname, who := h.node.NS, "cbr0", "the node"
-	if p != nil {
-		n, ifname, who = p.NS, "eth0", p.RT.ContainerID
-	}
-	got := testkit.NeighborMAC(t, n, ifname, ip)
-	switch {
-	case got == nil && mustExist:
-		t.Errorf("%s: %s has no neighbour entry for %s any more", what, who, ip)
-	case got != nil && got.String() != want.String():
-		t.Errorf("%s: %s now sends %s to %s, want %s", what, who, ip, got, want)
-	}
-}
-
-// fromPods restricts match to frames that did not come from the node itself (the bridge's
-// MAC): the node may send redirects of its own, which is no attack.
-func (h *hostileNode) fromPods(match func(testkit.Frame) bool) func(testkit.Frame) bool {
-	return func(f testkit.Frame) bool { return f.Src().String() != h.bridgeMAC.String() && match(f) }
-}
-
-func isICMP(typ int) func(testkit.Frame) bool {
-	return func(f testkit.Frame) bool {
-		got, _, ok := f.ICMP()
-		return ok && got == typ
-	}
-}
-
-func isUDPTo(port uint16) func(testkit.Frame) bool {
-	return func(f testkit.Frame) bool {
-		_, dst, _, ok := f.UDP()
-		return ok && dst == port
-	}
-}
-
-func hasPayload(payload string) func(testkit.Frame) bool {
-	return func(f testkit.Frame) bool {
-		_, _, p, ok := f.UDP()
-		return ok && string(p) == payload
-	}
-}
-
-// ndTarget matches neighbour advertisements for target.
-func ndTarget(typ int, target netip.Addr) func(testkit.Frame) bool {
-	return func(f testkit.Frame) bool {
-		got, body, ok := f.ICMP()
-		if !ok || got != typ || len(body) < 20 {
-			return false
-		}
-		a, _ := netip.AddrFromSlice(body[4:20])
-		return a == target.WithZone("")
-	}
-}
-
-func arpClaim(spa netip.Addr, sha net.HardwareAddr) func(testkit.Frame) bool {
-	return func(f testkit.Frame) bool {
-		_, s, p, _, ok := f.ARP()
-		return ok && p == spa && s.String() == sha.String()
-	}
-}
-
-// routerAttacks: evil announces itself as a router (RA, also priority-tagged and with the
-// gateway's link-local source), solicits routers with another pod's address, sends redirects
-// (ICMPv6 and ICMP, from its own address and from the gateway's) and DHCP server replies.
-func (h *hostileNode) routerAttacks(t *testing.T) {
-	evil, evilMAC, evilLL := h.evil, h.mac[h.evil], h.ll(h.evil)
-	allNodes := netip.MustParseAddr("ff02::1")
-	bogus := netip.MustParsePrefix("2001:db8:bad::/64")
-	ra := func(src netip.Addr, mac net.HardwareAddr) []byte {
-		return testkit.IPFrame(testkit.MulticastMAC(allNodes), mac,
-			testkit.ICMPPacket(src, allNodes, testkit.ICMPv6RouterAdvertisement, 0, testkit.RouterAdvertisementBody(mac, bogus)))
-	}
-	t.Run("router advertisement", func(t *testing.T) {
-		h.send(t, ra(evilLL, evilMAC), testkit.PriorityTagged(ra(evilLL, evilMAC)), ra(h.bridgeLL, evilMAC), ra(h.bridgeLL, h.bridgeMAC))
-		h.expectNotCaptured(t, "router advertisement", isICMP(testkit.ICMPv6RouterAdvertisement))
-		for _, p := range []*nettest.Pod{h.victim, h.honest} {
-			for _, r := range testkit.Routes(t, p.NS, true) {
-				gw, _ := netip.AddrFromSlice(r.Gw)
-				dst := routeDst(r)
-				// The only IPv6 default route a pod may have is kubenet's, via the gateway.
-				if (dst.Bits() == 0 && gw != h.gateway[true]) || (dst.Bits() > 0 && dst.Overlaps(bogus)) {
-					t.Errorf("%s took a route from the RA: %s", p.RT.ContainerID, r)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := newRawNode(t)
+			pod := n.NewPod(t, "author")
+			result := n.mustAdd(pod, 31001)
+			ips := podIPs(t, result)
+			hostile := n.conf(tc.members)
+			// CHECK works from the record: the hostile hints cannot fail it. (Pod CIDRs and the
+			// runtime's ipRanges are the network's configuration, not a pod author's: CHECK
+			// checks them.)
+			if tc.name != "pod CIDRs changed to garbage" && tc.name != "ipRanges garbage" {
+				var c map[string]any
+				_ = json.Unmarshal(hostile, &c)
+				c["prevResult"] = json.RawMessage(result)
+				check, _ := json.Marshal(c)
+				if run := n.exec("CHECK", pod, check, tc.env); run.ExitCode != 0 {
+					t.Errorf("CHECK with %s: %s", tc.name, run.Stdout)
 				}
 			}
-			for _, a := range testkit.AllAddrs(t, p.NS, "eth0") {
-				if bogus.Contains(a.Addr()) {
-					t.Errorf("%s configured an address from the RA's prefix: %s", p.RT.ContainerID, a)
-				}
+			if run := n.exec("DEL", pod, hostile, tc.env); run.ExitCode != 0 {
+				t.Fatalf("DEL with %s failed: %s", tc.name, run.Stdout)
 			}
-		}
-		for _, r := range testkit.Routes(t, h.node.NS, true) {
-			if dst := routeDst(r); dst.Bits() > 0 && dst.Overlaps(bogus) {
-				t.Errorf("the node took a route from the RA: %s", r)
+			testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(pod), ips)
+			testkit.AssertNoHostPortResidue(t, n.Node, ips, 31001)
+			// And GC with the same garbage in its configuration.
+			other := n.NewPod(t, "gc-author")
+			n.mustAdd(other, 31002)
+			var c map[string]any
+			_ = json.Unmarshal(hostile, &c)
+			c["cni.dev/valid-attachments"] = []any{}
+			gc, _ := json.Marshal(c)
+			if run := n.exec("GC", nil, gc, nil); run.ExitCode != 0 {
+				t.Fatalf("GC with %s failed: %s", tc.name, run.Stdout)
 			}
-		}
-	})
-	t.Run("router solicitation with another pod's address", func(t *testing.T) {
-		allRouters := netip.MustParseAddr("ff02::2")
-		var frames [][]byte
-		for _, src := range h.honestV6Addrs() {
-			frames = append(frames, testkit.IPFrame(testkit.MulticastMAC(allRouters), evilMAC,
-				testkit.ICMPPacket(src, allRouters, testkit.ICMPv6RouterSolicitation, 0, testkit.RouterSolicitationBody(evilMAC))))
-		}
-		h.send(t, frames...)
-		// The victim's own host veth (the node's end, IPv6 on) solicits routers too, straight
-		// to its peer: only evil's count.
-		h.expectNotCaptured(t, "router solicitation", func(f testkit.Frame) bool {
-			src, _, _, _, _ := f.IP()
-			return isICMP(testkit.ICMPv6RouterSolicitation)(f) && (f.Src().String() == evilMAC.String() || slices.Contains(h.honestV6Addrs(), src))
+			testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(other), nil)
+			testkit.AssertNoHostPortResidue(t, n.Node, nil, 31002)
 		})
-		for _, src := range h.honestV6Addrs() {
-			h.expectNeighbor(t, "router solicitation", nil, src, h.mac[h.honest], false)
-		}
-	})
-	t.Run("ICMPv6 redirect", func(t *testing.T) {
-		dst := nettest.External6.Addr()
-		var frames [][]byte
-		for _, src := range []netip.Addr{evilLL, h.bridgeLL} {
-			for _, to := range h.victimV6Addrs() {
-				frames = append(frames, testkit.IPFrame(h.mac[h.victim], evilMAC,
-					testkit.ICMPPacket(src, to, testkit.ICMPv6Redirect, 0, testkit.RedirectV6Body(evilLL, dst))))
-			}
-		}
-		h.send(t, frames...)
-		h.expectNotCaptured(t, "ICMPv6 redirect", h.fromPods(isICMP(testkit.ICMPv6Redirect)))
-		if h.has(true) {
-			if gw := testkit.RouteGateway(t, h.victim.NS, dst); gw != h.gateway[true] {
-				t.Errorf("victim routes %s via %s, want the gateway %s", dst, gw, h.gateway[true])
-			}
-		}
-	})
-	t.Run("DHCPv6 reply", func(t *testing.T) {
-		h.send(t, testkit.IPFrame(h.mac[h.victim], evilMAC, testkit.UDPPacket(evilLL, h.ll(h.victim), 547, 546, []byte("dhcpv6 reply"))))
-		h.expectNotCaptured(t, "DHCPv6 server reply", isUDPTo(546))
-	})
-	if !h.has(false) {
-		return
 	}
-	gw4, victim4 := h.gateway[false], h.victim.IP(h.gateway[false])
-	t.Run("ICMP redirect", func(t *testing.T) {
-		dst := nettest.External4.Addr()
-		invoking := testkit.UDPPacket(victim4, dst, 5000, 53, []byte("query"))
-		var frames [][]byte
-		for _, src := range []netip.Addr{evil.IP(gw4), gw4} {
-			redirect := testkit.IPFrame(h.mac[h.victim], evilMAC, testkit.ICMPPacket(src, victim4, testkit.ICMPRedirect, 1, testkit.RedirectV4Body(evil.IP(gw4), invoking)))
-			// The first one makes the victim resolve the new gateway, the second one takes.
-			frames = append(frames, redirect, redirect)
-		}
-		h.send(t, frames...)
-		h.expectNotCaptured(t, "ICMP redirect", h.fromPods(isICMP(testkit.ICMPRedirect)))
-		if gw := testkit.RouteGateway(t, h.victim.NS, dst); gw != gw4 {
-			t.Errorf("victim routes %s via %s, want the gateway %s", dst, gw, gw4)
-		}
-	})
-	t.Run("ICMP router advertisement and DHCP offer", func(t *testing.T) {
-		allHosts, bcast := netip.MustParseAddr("224.0.0.1"), netip.MustParseAddr("255.255.255.255")
-		h.send(t,
-			testkit.IPFrame(net.HardwareAddr{0x01, 0, 0x5e, 0, 0, 1}, evilMAC, testkit.ICMPPacket(evil.IP(gw4), allHosts, testkit.ICMPRouterAdvertisement, 0, append([]byte{1, 2, 0, 0}, append(evil.IP(gw4).AsSlice(), 0, 0, 0, 1)...))),
-			testkit.IPFrame(testkit.Broadcast, evilMAC, testkit.UDPPacket(evil.IP(gw4), bcast, 67, 68, []byte("dhcp offer"))))
-		h.expectNotCaptured(t, "ICMP router advertisement", isICMP(testkit.ICMPRouterAdvertisement))
-		h.expectNotCaptured(t, "DHCP server reply", isUDPTo(68))
-	})
 }
 
-// routeDst is an IPv6 route's destination (::/0 for a default route).
-func routeDst(r netlink.Route) netip.Prefix {
-	if r.Dst == nil {
-		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+func podIPs(t *testing.T, result []byte) []netip.Addr {
+	t.Helper()
+	var r struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
 	}
-	a, _ := netip.AddrFromSlice(r.Dst.IP)
-	ones, _ := r.Dst.Mask.Size()
-	return netip.PrefixFrom(a, ones)
-}
-
-func (h *hostileNode) honestV6Addrs() []netip.Addr {
-	out := []netip.Addr{h.ll(h.honest)}
-	if h.has(true) {
-		out = append(out, h.honest.IP(h.gateway[true]))
+	if err := json.Unmarshal(result, &r); err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, ip := range r.IPs {
+		out = append(out, netip.MustParsePrefix(ip.Address).Addr())
 	}
 	return out
 }
 
-func (h *hostileNode) victimV6Addrs() []netip.Addr {
-	out := []netip.Addr{h.ll(h.victim)}
-	if h.has(true) {
-		out = append(out, h.victim.IP(h.gateway[true]))
-	}
-	return out
+// damageCase damages one state file of the victim attachment (its record, its hostPort index
+// file or a reservation) the way a crash, a full disk or a hand with write access would.
+type damageCase struct {
+	name  string
+	apply func(t *testing.T, netDir string, victim core.Attachment, ips []netip.Addr, hostPort int)
 }
 
-// spoofingAttacks: evil claims the gateway's and the honest pod's addresses in ARP and neighbour
-// advertisements, sends from addresses and MACs that are not its own, and hides another MAC in
-// ARP and neighbour discovery messages.
-func (h *hostileNode) spoofingAttacks(t *testing.T) {
-	evilMAC, honestMAC := h.mac[h.evil], h.mac[h.honest]
-	if h.has(false) {
-		gw4, honest4, evil4 := h.gateway[false], h.honest.IP(h.gateway[false]), h.evil.IP(h.gateway[false])
-		t.Run("gratuitous ARP for the gateway and another pod", func(t *testing.T) {
-			var frames [][]byte
-			for _, ip := range []netip.Addr{gw4, honest4} {
-				for _, op := range []uint16{1, 2} {
-					frames = append(frames, testkit.Ethernet(testkit.Broadcast, evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(op, evilMAC, ip, testkit.Broadcast, ip)))
-				}
-				// And a reply to the victim directly, as if it had asked.
-				frames = append(frames, testkit.Ethernet(h.mac[h.victim], evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(2, evilMAC, ip, h.mac[h.victim], h.victim.IP(gw4))))
-			}
-			h.send(t, frames...)
-			h.expectNotCaptured(t, "ARP for the gateway", arpClaim(gw4, evilMAC))
-			h.expectNotCaptured(t, "ARP for the honest pod", arpClaim(honest4, evilMAC))
-			h.expectNeighbor(t, "ARP for the gateway", h.victim, gw4, h.bridgeMAC, true)
-			h.expectNeighbor(t, "ARP for the honest pod", h.victim, honest4, honestMAC, true)
-			h.expectNeighbor(t, "ARP for the honest pod", nil, honest4, honestMAC, true)
-		})
-		t.Run("ARP with another pod's MAC", func(t *testing.T) {
-			h.send(t, testkit.Ethernet(testkit.Broadcast, evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(2, honestMAC, evil4, testkit.Broadcast, evil4)))
-			h.expectNotCaptured(t, "ARP naming another pod's MAC", arpClaim(evil4, honestMAC))
-		})
-	}
-	// Neighbour advertisements for the gateway (global on an IPv6 network, the bridge's
-	// link-local address always) and for the honest pod.
-	gws := []netip.Addr{h.bridgeLL}
-	if h.has(true) {
-		gws = append(gws, h.gateway[true])
-	}
-	allNodes := netip.MustParseAddr("ff02::1")
-	na := func(src, dst netip.Addr, dstMAC net.HardwareAddr, target netip.Addr, tlla net.HardwareAddr) []byte {
-		return testkit.IPFrame(dstMAC, evilMAC, testkit.ICMPPacket(src, dst, testkit.ICMPv6NeighborAdvertisement, 0,
-			testkit.NeighborAdvertisementBody(target, tlla, false)))
-	}
-	t.Run("neighbour advertisements for the gateway and another pod", func(t *testing.T) {
-		var frames [][]byte
-		for _, target := range append(slices.Clone(gws), h.honestV6Addrs()...) {
-			frames = append(frames, na(h.ll(h.evil), allNodes, testkit.MulticastMAC(allNodes), target, evilMAC))
-			// Sent from the target's own address, as its owner would.
-			frames = append(frames, na(target, allNodes, testkit.MulticastMAC(allNodes), target, evilMAC))
-		}
-		h.send(t, frames...)
-		for _, gw := range gws {
-			h.expectNotCaptured(t, "neighbour advertisement for "+gw.String(), ndTarget(testkit.ICMPv6NeighborAdvertisement, gw))
-			h.expectNeighbor(t, "neighbour advertisement for the gateway", h.victim, gw, h.bridgeMAC, true)
-		}
-		for _, a := range h.honestV6Addrs() {
-			h.expectNotCaptured(t, "neighbour advertisement for "+a.String(), ndTarget(testkit.ICMPv6NeighborAdvertisement, a))
-			h.expectNeighbor(t, "neighbour advertisement for the honest pod", h.victim, a, honestMAC, true)
-			h.expectNeighbor(t, "neighbour advertisement for the honest pod", nil, a, honestMAC, !a.IsLinkLocalUnicast())
-		}
-	})
-	t.Run("neighbour discovery with another pod's MAC", func(t *testing.T) {
-		var frames [][]byte
-		for _, own := range h.evilV6Addrs() {
-			frames = append(frames,
-				na(own, allNodes, testkit.MulticastMAC(allNodes), own, honestMAC),
-				testkit.IPFrame(h.mac[h.victim], evilMAC, testkit.ICMPPacket(own, h.ll(h.victim), testkit.ICMPv6NeighborSolicitation, 0,
-					testkit.NeighborSolicitationBody(h.ll(h.victim), honestMAC))))
-		}
-		h.send(t, frames...)
-		h.expectNotCaptured(t, "neighbour discovery naming another pod's MAC", func(f testkit.Frame) bool {
-			typ, body, ok := f.ICMP()
-			return ok && (typ == testkit.ICMPv6NeighborAdvertisement || typ == testkit.ICMPv6NeighborSolicitation) &&
-				len(body) >= 28 && net.HardwareAddr(body[22:28]).String() == honestMAC.String()
-		})
-		for _, own := range h.evilV6Addrs() {
-			if mac := testkit.NeighborMAC(t, h.victim.NS, "eth0", own); mac != nil && mac.String() == honestMAC.String() {
-				t.Errorf("victim sends evil's %s to the honest pod's MAC", own)
-			}
-		}
-	})
-	t.Run("spoofed source addresses", func(t *testing.T) {
-		type spoof struct {
-			name     string
-			src, dst netip.Addr
-			srcMAC   net.HardwareAddr
-		}
-		var spoofs []spoof
-		for is6, gw := range h.gateway {
-			outside := pick(is6, netip.MustParseAddr("2001:db8:dead::7"), netip.MustParseAddr("203.0.113.7"))
-			victim := h.victim.IP(gw)
-			spoofs = append(spoofs,
-				spoof{"another pod's address", h.honest.IP(gw), victim, evilMAC},
-				spoof{"the gateway's address", gw, victim, evilMAC},
-				spoof{"an address outside the pod CIDR", outside, victim, evilMAC},
-				spoof{"its own address with another pod's MAC", h.evil.IP(gw), victim, honestMAC})
-		}
-		spoofs = append(spoofs, spoof{"another pod's link-local address", h.ll(h.honest), h.ll(h.victim), evilMAC})
-		var frames [][]byte
-		for i, s := range spoofs {
-			payload := fmt.Sprintf("spoof-%d", i)
-			frames = append(frames, testkit.IPFrame(h.mac[h.victim], s.srcMAC, testkit.UDPPacket(s.src, s.dst, 40001, hostileUDPPort, []byte(payload))))
-		}
-		h.send(t, frames...)
-		h.flushVictimUDP(t)
-		for i, s := range spoofs {
-			payload := fmt.Sprintf("spoof-%d", i)
-			h.expectNotCaptured(t, s.name, hasPayload(payload))
-			if n := h.victimUDP.Received(payload); n > 0 {
-				t.Errorf("%s (%s): the victim's server received it", s.name, s.src)
-			}
-		}
-		if ports := testkit.FDBPorts(t, h.node.NS, honestMAC); !slices.Equal(ports, []string{testkit.KubenetNames(h.honest).HostVeth}) {
-			t.Errorf("the bridge has the honest pod's MAC on ports %v, want only %s", ports, testkit.KubenetNames(h.honest).HostVeth)
-		}
-	})
-}
-
-func (h *hostileNode) evilV6Addrs() []netip.Addr {
-	out := []netip.Addr{h.ll(h.evil)}
-	if h.has(true) {
-		out = append(out, h.evil.IP(h.gateway[true]))
-	}
-	return out
-}
-
-// flushVictimUDP makes the victim's UDP server handle everything queued before: a datagram
-// from the victim itself goes through the same socket queue.
-func (h *hostileNode) flushVictimUDP(t *testing.T) {
+func writeFile(t *testing.T, p, content string) {
 	t.Helper()
-	lo := pick(h.has(false), netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback())
-	if _, err := nettest.UDPRequest(h.victim.NS, netip.AddrPortFrom(lo, hostileUDPPort), "flush", testkit.TrafficTimeout); err != nil {
-		t.Fatalf("victim's own request to its UDP server: %v", err)
+	if err := os.RemoveAll(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// localhostAndHostPorts: evil sends to the node's 127.0.0.1 and ::1 services (route_localnet is
-// on for the bridge: the victim has a host port) and to the victim's host port with another
-// pod's source address and through 127.0.0.1.
-func (h *hostileNode) localhostAndHostPorts(t *testing.T) {
-	evilMAC := h.mac[h.evil]
-	type attempt struct {
-		name     string
-		src, dst netip.AddrPort
-		server   *nettest.EchoServer
-	}
-	var attempts []attempt
-	local4, local6 := netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()
-	for is6, gw := range h.gateway {
-		evil := h.evil.IP(gw)
-		src := netip.AddrPortFrom(evil, 40002)
-		local := pick(is6, local6, local4)
-		attempts = append(attempts,
-			attempt{"the node's localhost service", src, netip.AddrPortFrom(local, nodeLocalPort), h.nodeLocal[is6]},
-			attempt{"the node's localhost service, from a localhost source", netip.AddrPortFrom(local, 40003), netip.AddrPortFrom(local, nodeLocalPort), h.nodeLocal[is6]},
-			attempt{"the victim's host port through localhost", src, netip.AddrPortFrom(local, hostileHostPort), h.victimUDP},
-			attempt{"the victim's host port with another pod's source", netip.AddrPortFrom(h.honest.IP(gw), 40004), netip.AddrPortFrom(gw, hostileHostPort), h.victimUDP})
-	}
-	var frames [][]byte
-	for i, a := range attempts {
-		frames = append(frames, testkit.IPFrame(h.bridgeMAC, evilMAC, testkit.UDPPacket(a.src.Addr(), a.dst.Addr(), a.src.Port(), a.dst.Port(), fmt.Appendf(nil, "local-%d", i))))
-	}
-	h.send(t, frames...)
-	h.flushVictimUDP(t)
-	for is6, srv := range h.nodeLocal {
-		if _, err := nettest.UDPRequest(h.node.NS, srv.Addr, "flush", testkit.TrafficTimeout); err != nil {
-			t.Fatalf("the node's own request to its localhost server (ipv6 %v): %v", is6, err)
+func damageCases(outside string) []damageCase {
+	record := func(content string) func(*testing.T, string, core.Attachment, []netip.Addr, int) {
+		return func(t *testing.T, netDir string, a core.Attachment, _ []netip.Addr, _ int) {
+			p := core.RecordPath(netDir, a)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if content == "truncate" {
+				content = string(b[:len(b)/2])
+			}
+			writeFile(t, p, content)
 		}
 	}
-	for i, a := range attempts {
-		if n := a.server.Received(fmt.Sprintf("local-%d", i)); n > 0 {
-			t.Errorf("%s (%s -> %s) got through", a.name, a.src, a.dst)
+	index := func(content string) func(*testing.T, string, core.Attachment, []netip.Addr, int) {
+		return func(t *testing.T, netDir string, _ core.Attachment, _ []netip.Addr, port int) {
+			writeFile(t, filepath.Join(netDir, hostport.IndexDirName, "udp-"+itoa(port), "0.0.0.0"), content)
 		}
+	}
+	reservation := func(content string) func(*testing.T, string, core.Attachment, []netip.Addr, int) {
+		return func(t *testing.T, netDir string, _ core.Attachment, ips []netip.Addr, _ int) {
+			writeFile(t, filepath.Join(netDir, ips[0].String()), content)
+		}
+	}
+	return []damageCase{
+		{"record truncated", record("truncate")},
+		{"record empty (power loss)", record("")},
+		{"record garbage", record("\x00\xff{")},
+		{"record names another attachment", record(`{"containerID":"bystander","ifName":"eth0"}`)},
+		{"record is a symlink out of the data dir", func(t *testing.T, netDir string, a core.Attachment, _ []netip.Addr, _ int) {
+			p := core.RecordPath(netDir, a)
+			b, _ := os.ReadFile(p)
+			writeFile(t, outside, string(b))
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, p); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"record is a directory", func(t *testing.T, netDir string, a core.Attachment, _ []netip.Addr, _ int) {
+			p := core.RecordPath(netDir, a)
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Join(p, "x"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"hostPort index file garbage", index("{garbage")},
+		{"hostPort index file truncated", index(`{"containerID":"vic`)},
+		{"hostPort index file is a symlink out", func(t *testing.T, netDir string, _ core.Attachment, _ []netip.Addr, port int) {
+			p := filepath.Join(netDir, hostport.IndexDirName, "udp-"+itoa(port), "0.0.0.0")
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, p); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"reservation truncated", reservation("victim\r\ne")},
+		{"reservation garbage", reservation("\x00\xff")},
+		{"reservation empty", reservation("")},
 	}
 }
 
-// honestTrafficWorks: after the attacks, the honest pods reach each other (global and
-// link-local), the gateway, the outside and the victim's host port; and the attacker's own
-// honest traffic works too. It also checks that what a pod legitimately sends from no address
-// (an ARP probe, duplicate address detection) still passes.
-func (h *hostileNode) honestTrafficWorks(t *testing.T) {
-	for is6, gw := range h.gateway {
-		v, o := h.victim.IP(gw), h.honest.IP(gw)
-		h.expectTCP(t, "victim to honest", h.victim, netip.AddrPortFrom(o, hostileTCPPort), v)
-		h.expectTCP(t, "honest to victim", h.honest, netip.AddrPortFrom(v, hostileTCPPort), o)
-		h.expectTCP(t, "evil to victim", h.evil, netip.AddrPortFrom(v, hostileTCPPort), h.evil.IP(gw))
-		h.expectTCP(t, "victim to the gateway", h.victim, netip.AddrPortFrom(gw, nodeTCPPort), v)
-		external, uplink := pick(is6, nettest.External6, nettest.External4), pick(is6, nettest.NodeUplink6, nettest.NodeUplink4)
-		h.expectTCP(t, "victim to the outside (SNAT)", h.victim, netip.AddrPortFrom(external.Addr(), nodeTCPPort), uplink.Addr())
-		if r, err := nettest.UDPRequest(h.honest.NS, netip.AddrPortFrom(gw, hostileHostPort), "via host port", testkit.TrafficTimeout); err != nil || r.Payload != "via host port" {
-			t.Errorf("honest to the victim's host port %s: %+v, %v", netip.AddrPortFrom(gw, hostileHostPort), r, err)
-		}
-	}
-	for _, p := range []*nettest.Pod{h.evil, h.victim} {
-		if _, err := nettest.UDPRequest(p.NS, netip.AddrPortFrom(onLink(t, p, h.ll(h.honest)), hostileUDPPort), "ll", testkit.TrafficTimeout); err != nil {
-			t.Errorf("%s to the honest pod's link-local address: %v", p.RT.ContainerID, err)
-		}
-	}
-	evilMAC := h.mac[h.evil]
-	probe := netip.MustParseAddr("fe80::abcd")
-	frames := [][]byte{testkit.IPFrame(testkit.MulticastMAC(testkit.SolicitedNode(probe)), evilMAC,
-		testkit.ICMPPacket(netip.IPv6Unspecified(), testkit.SolicitedNode(probe), testkit.ICMPv6NeighborSolicitation, 0, testkit.NeighborSolicitationBody(probe, nil)))}
-	probe4 := netip.MustParseAddr("10.244.1.250")
-	if h.has(false) {
-		frames = append(frames, testkit.Ethernet(testkit.Broadcast, evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(1, evilMAC, netip.IPv4Unspecified(), make(net.HardwareAddr, 6), probe4)))
-	}
-	testkit.SendFrames(t, h.evil.NS, "eth0", frames...)
-	if err := h.capture.WaitFor(testkit.TrafficTimeout, "duplicate address detection", ndTarget(testkit.ICMPv6NeighborSolicitation, probe)); err != nil {
-		t.Errorf("evil's duplicate address detection for %s: %v", probe, err)
-	}
-	if h.has(false) {
-		err := h.capture.WaitFor(testkit.TrafficTimeout, "ARP probe", func(f testkit.Frame) bool {
-			op, _, spa, tpa, ok := f.ARP()
-			return ok && op == 1 && spa == netip.IPv4Unspecified() && tpa == probe4
-		})
-		if err != nil {
-			t.Errorf("evil's ARP probe for %s: %v", probe4, err)
-		}
-	}
-}
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
-// TestHostilePods runs the attacks in every hairpin mode on IPv4, IPv6 and dual-stack networks,
-// then deletes the pods and audits the node for leftovers.
-func TestHostilePods(t *testing.T) {
-	for _, mode := range []string{"hairpin-veth", "promiscuous-bridge", "none"} {
-		for _, fam := range familyCases {
-			t.Run(mode+"/"+fam.name, func(t *testing.T) {
-				t.Parallel()
-				h := newHostileNode(t, mode, fam.cidrs, nil)
-				t.Run("router", h.routerAttacks)
-				t.Run("spoofing", h.spoofingAttacks)
-				t.Run("localhost and host ports", h.localhostAndHostPorts)
-				t.Run("honest traffic", h.honestTrafficWorks)
-				for _, p := range []*nettest.Pod{h.evil, h.victim, h.honest} {
-					if err := h.node.Del(h.list, p); err != nil {
-						t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
+// TestBrokenStateFiles: one damaged file of an attachment never makes its DEL or GC fail, never
+// stops GC for the other attachments, never releases an address while the attachment's veth
+// exists, and never touches what it points to outside the data dir. The bystander that stays
+// keeps working.
+func TestBrokenStateFiles(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "outside-victim")
+	for _, d := range damageCases(outside) {
+		for _, teardown := range []string{"DEL", "GC"} {
+			t.Run(d.name+"/"+teardown, func(t *testing.T) {
+				if err := os.WriteFile(outside, []byte("outside"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				n := newRawNode(t)
+				victim, bystander, other := n.NewPod(t, "victim"), n.NewPod(t, "bystander"), n.NewPod(t, "other")
+				n.mustAdd(victim, 31101)
+				byResult := n.mustAdd(bystander, 31102)
+				otherResult := n.mustAdd(other, 31103)
+				ips := podIPs(t, []byte(mustResultOf(t, n, victim)))
+				netDir := filepath.Join(n.DataDir(), "kubenet")
+				d.apply(t, netDir, testkit.AttachmentOf(victim), ips, 31101)
+
+				switch teardown {
+				case "DEL":
+					if run := n.exec("DEL", victim, n.conf(nil), map[string]string{"CNI_NETNS": ""}); run.ExitCode != 0 {
+						t.Fatalf("DEL failed: %s", run.Stdout)
 					}
-					testkit.AssertNoResidue(t, h.node, "kubenet", testkit.AttachmentOf(p), p.IPs())
+				case "GC":
+					// GC keeps the bystander and collects the victim and the other pod: one broken
+					// file must not stop the rest.
+					gc := n.conf(map[string]any{"cni.dev/valid-attachments": []map[string]string{{"containerID": "bystander", "ifname": "eth0"}}})
+					if run := n.exec("GC", nil, gc, nil); run.ExitCode != 0 {
+						t.Fatalf("GC failed: %s", run.Stdout)
+					}
+					testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(other), podIPs(t, otherResult))
 				}
+				testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(victim), ips)
+				for _, el := range testkit.HostPortElements(t, n.Node) {
+					if strings.HasPrefix(el.Comment, "victim/") || strings.HasPrefix(el.Comment, "other/") && teardown == "GC" {
+						t.Errorf("element left: %v", el)
+					}
+				}
+				n.mustCheck(bystander, byResult)
+				if b, err := os.ReadFile(outside); err != nil || string(b) != "outside" && !strings.Contains(d.name, "record is a symlink") {
+					t.Errorf("the file outside the data dir was touched: %q %v", b, err)
+				}
+				// A damaged file that named nobody is gone, or at least no longer takes a port.
+				fresh := n.NewPod(t, "fresh")
+				n.mustAdd(fresh, 31101)
 			})
 		}
 	}
 }
 
-// TestAntiSpoofingOff: with "antiSpoofing": false a pod still cannot act as a router, but a
-// spoofed source address gets through, which shows that the anti-spoofing rules are what stops
-// it in TestHostilePods.
-func TestAntiSpoofingOff(t *testing.T) {
-	h := newHostileNode(t, "hairpin-veth", testkit.DualStack(), map[string]any{"antiSpoofing": false})
-	t.Run("router", h.routerAttacks)
-	for is6, gw := range h.gateway {
-		payload := fmt.Sprintf("spoofed-%v", is6)
-		h.send(t, testkit.IPFrame(h.mac[h.victim], h.mac[h.evil], testkit.UDPPacket(h.honest.IP(gw), h.victim.IP(gw), 40001, hostileUDPPort, []byte(payload))))
-		h.flushVictimUDP(t)
-		if n := h.victimUDP.Received(payload); n != 1 {
-			t.Errorf("without anti-spoofing the victim received a datagram from a spoofed %s %d times, want 1", h.honest.IP(gw), n)
+// mustResultOf reads the pod's addresses from its record (the test did not keep ADD's result).
+func mustResultOf(t *testing.T, n *rawNode, pod *nettest.Pod) string {
+	t.Helper()
+	b, err := os.ReadFile(core.RecordPath(filepath.Join(n.DataDir(), "kubenet"), testkit.AttachmentOf(pod)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec core.Record
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]any{"ips": []map[string]string{}}
+	for _, p := range rec.IPs {
+		out["ips"] = append(out["ips"].([]map[string]string), map[string]string{"address": p.String()})
+	}
+	r, _ := json.Marshal(out)
+	return string(r)
+}
+
+// TestFailedTeardownKeepsAddresses: while a part of an attachment cannot be removed, DEL fails
+// and keeps the attachment's addresses and record, so no new pod is handed an address that old
+// rules still lead to; once the obstacle is gone, DEL finishes.
+func TestFailedTeardownKeepsAddresses(t *testing.T) {
+	n := newRawNode(t)
+	pod := n.NewPod(t, "stuck")
+	ips := podIPs(t, n.mustAdd(pod, 31201))
+	// Someone replaces kubenet's IPv4 hostPort map with one of another type: the element of
+	// the pod cannot be removed (nor the map re-declared) until it is put back.
+	table := testkit.HostPortTable
+	nettest.Run(t, n.NS, "nft", "flush", "chain", "inet", table, hostport.ChainDNAT)
+	nettest.Run(t, n.NS, "nft", "delete", "map", "inet", table, hostport.MapIPv4)
+	nettest.Run(t, n.NS, "nft", "add", "map", "inet", table, hostport.MapIPv4, "{ type ipv4_addr : ipv4_addr ; }")
+	run := n.exec("DEL", pod, n.conf(nil), nil)
+	if run.ExitCode == 0 {
+		t.Fatal("DEL succeeded with the hostPort map replaced")
+	}
+	for _, ip := range ips {
+		if b, err := os.ReadFile(filepath.Join(n.DataDir(), "kubenet", ip.String())); err != nil || !strings.HasPrefix(string(b), "stuck\r\n") {
+			t.Errorf("after the failed DEL, %s is not reserved for the pod any more: %q %v", ip, b, err)
 		}
 	}
-	for _, set := range []string{isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
-		if out := nettest.Run(t, h.node.NS, "nft", "list", "set", "bridge", testkit.HostPortTable, set); strings.Contains(out, "evil/eth0") {
-			t.Errorf("anti-spoofing is off, yet set %s has elements of the pods:\n%s", set, out)
+	if _, err := os.Stat(core.RecordPath(filepath.Join(n.DataDir(), "kubenet"), testkit.AttachmentOf(pod))); err != nil {
+		t.Errorf("the failed DEL removed the record: %v", err)
+	}
+	// A new pod does not get the addresses.
+	next := n.NewPod(t, "next")
+	nextRun := n.exec("ADD", next, n.conf(nil), nil)
+	if nextRun.ExitCode != 0 {
+		t.Fatalf("ADD of another pod: %s", nextRun.Stdout)
+	}
+	for _, ip := range podIPs(t, []byte(nextRun.Stdout)) {
+		for _, old := range ips {
+			if ip == old {
+				t.Errorf("a new pod got %s, which the half-removed pod still held", ip)
+			}
 		}
 	}
-	if out := nettest.Run(t, h.node.NS, "nft", "list", "set", "bridge", testkit.HostPortTable, isolation.SetPodPorts); !strings.Contains(out, "evil/eth0") {
-		t.Errorf("the guard's set %s lacks evil's port:\n%s", isolation.SetPodPorts, out)
+	nettest.Run(t, n.NS, "nft", "delete", "map", "inet", table, hostport.MapIPv4)
+	if run := n.exec("DEL", pod, n.conf(nil), nil); run.ExitCode != 0 {
+		t.Fatalf("DEL after the map was removed: %s", run.Stdout)
 	}
-	t.Run("honest traffic", h.honestTrafficWorks)
+	testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(pod), ips)
+}
+
+// TestConfigThatBreaksTheNodeIsRefused: pod CIDRs that overlap the node's addresses or connected
+// routes, bridge names the kernel treats specially or taken by another link, and a second
+// network on a bridge another network's pods use: ADD refuses with code 7 naming the key and
+// changes nothing, STATUS answers 50 with the reason.
+func TestConfigThatBreaksTheNodeIsRefused(t *testing.T) {
+	cases := []struct {
+		name    string
+		prepare func(t *testing.T, n *rawNode)
+		members map[string]any
+		names   []string
+	}{
+		{"pod CIDR is the uplink's subnet", nil, map[string]any{"podCIDRs": []string{"198.18.0.0/24"}}, []string{"podCIDRs", "198.18.0.0/24", "eth0"}},
+		{"pod CIDR inside the peer link's subnet", nil, map[string]any{"podCIDRs": []string{"10.200.0.128/25"}}, []string{"podCIDRs", "10.200.0.128/25", "eth1"}},
+		{"pod CIDR around the uplink's subnet", nil, map[string]any{"podCIDRs": []string{"198.16.0.0/14"}}, []string{"podCIDRs", "198.16.0.0/14"}},
+		{"IPv6 pod CIDR is the uplink's", nil, map[string]any{"podCIDRs": []string{"2001:db8:e::/64"}}, []string{"podCIDRs", "2001:db8:e::/64"}},
+		{"pod CIDR holds a node address", func(t *testing.T, n *rawNode) {
+			nettest.Do(t, n.NS, func() error {
+				d := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "vip0"}}
+				if err := netlink.LinkAdd(d); err != nil {
+					return err
+				}
+				return netlink.AddrAdd(d, &netlink.Addr{IPNet: mustIPNet("10.244.1.77/32")})
+			})
+		}, map[string]any{"podCIDRs": []string{"10.244.1.0/24"}}, []string{"podCIDRs", "10.244.1.77", "vip0"}},
+		{"ipRanges overlap the uplink", nil, map[string]any{"runtimeConfig": map[string]any{"ipRanges": []any{[]any{map[string]any{"subnet": "198.18.0.0/25"}}}}}, []string{"ipRanges", "198.18.0.0/25"}},
+		{"bridge is the uplink", nil, map[string]any{"bridge": "eth0"}, []string{"bridge", "eth0", "veth"}},
+		{"bridge lo", nil, map[string]any{"bridge": "lo"}, []string{"bridge", "lo"}},
+		{"bridge all", nil, map[string]any{"bridge": "all"}, []string{"bridge", "all"}},
+		{"bridge default", nil, map[string]any{"bridge": "default"}, []string{"bridge", "default"}},
+		{"bridge named like kubenet's veths", nil, map[string]any{"bridge": "veth0123456789a"}, []string{"bridge", "veth0123456789a"}},
+		{"pod CIDR loopback", nil, map[string]any{"podCIDRs": []string{"127.0.0.0/24"}}, []string{"podCIDRs", "127.0.0.0/24"}},
+		{"pod CIDR link-local", nil, map[string]any{"podCIDRs": []string{"169.254.0.0/16"}}, []string{"podCIDRs", "169.254.0.0/16"}},
+		{"pod CIDR multicast", nil, map[string]any{"podCIDRs": []string{"ff05::/64"}}, []string{"podCIDRs", "ff05::/64"}},
+		{"pod CIDR IPv4-mapped", nil, map[string]any{"podCIDRs": []string{"::ffff:10.244.0.0/120"}}, []string{"podCIDRs"}},
+		{"non-masquerade CIDR loopback", nil, map[string]any{"nonMasqueradeCIDRs": []string{"127.0.0.0/8"}}, []string{"nonMasqueradeCIDRs", "127.0.0.0/8"}},
+		{"second network on a bridge with pods", func(t *testing.T, n *rawNode) {
+			first := n.NewPod(t, "first")
+			n.mustAdd(first, 31301)
+		}, map[string]any{"name": "second", "podCIDRs": []string{"10.245.0.0/24"}}, []string{"bridge", "cbr0", `"kubenet"`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := newRawNode(t)
+			if tc.prepare != nil {
+				tc.prepare(t, n)
+			}
+			before := hpSnapshot(t, n.Node)
+			pod := n.NewPod(t, "refused")
+			stdin := n.conf(tc.members)
+			run := n.exec("ADD", pod, stdin, nil)
+			if run.ExitCode == 0 || run.Err == nil || run.Err.Code != types.ErrInvalidNetworkConfig {
+				t.Fatalf("ADD: exit %d %s; want code 7", run.ExitCode, run.Stdout)
+			}
+			for _, name := range tc.names {
+				if !strings.Contains(run.Err.Msg, name) {
+					t.Errorf("message %q does not name %q", run.Err.Msg, name)
+				}
+			}
+			if after := hpSnapshot(t, n.Node); after != before {
+				t.Errorf("the refused ADD changed the node:\nbefore %s\nafter  %s", before, after)
+			}
+			if testkit.LinkExists(t, pod.NS, "eth0") {
+				t.Error("the refused ADD made the pod's interface")
+			}
+			status := n.exec("STATUS", nil, stdin, nil)
+			if status.ExitCode == 0 || status.Err == nil || status.Err.Code != core.ErrPluginNotAvailable {
+				t.Fatalf("STATUS: exit %d %s; want code 50", status.ExitCode, status.Stdout)
+			}
+			for _, name := range tc.names[1:] {
+				if !strings.Contains(status.Err.Msg, name) {
+					t.Errorf("STATUS message %q does not name %q", status.Err.Msg, name)
+				}
+			}
+		})
+	}
+}
+
+func mustIPNet(s string) *net.IPNet {
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	n.IP = ip
+	return n
+}
+
+// TestBridgeChangesHandsOnlyWhenFree: a second network may take over a bridge once the first
+// has no pods on it (a renamed network after a drain); its gateway then replaces the old one.
+func TestBridgeChangesHandsOnlyWhenFree(t *testing.T) {
+	n := newRawNode(t)
+	first := n.NewPod(t, "first")
+	n.mustAdd(first, 31401)
+	if run := n.exec("DEL", first, n.conf(nil), nil); run.ExitCode != 0 {
+		t.Fatal(run.Stdout)
+	}
+	second := n.NewPod(t, "second")
+	stdin := n.conf(map[string]any{"name": "renamed", "podCIDRs": []string{"10.245.0.0/24"}})
+	if run := n.exec("ADD", second, stdin, nil); run.ExitCode != 0 {
+		t.Fatalf("ADD of the renamed network on the drained bridge: %s", run.Stdout)
+	}
+	if got := testkit.Addrs(t, n.NS, "cbr0"); len(got) != 1 || got[0] != netip.MustParsePrefix("10.245.0.1/24") {
+		t.Errorf("bridge addresses %v, want only the new gateway", got)
+	}
+	// And now the old network is the one refused.
+	again := n.NewPod(t, "again")
+	if run := n.exec("ADD", again, n.conf(nil), nil); run.ExitCode == 0 || run.Err.Code != types.ErrInvalidNetworkConfig || !strings.Contains(run.Err.Msg, `"renamed"`) {
+		t.Errorf("ADD of the first network on the taken bridge: %s", run.Stdout)
+	}
+}
+
+// TestUnambiguousIdentifiers: attachments whose identifiers concatenate to the same string get
+// distinct state (they shared one record file before), and the DEL of one leaves the other.
+func TestUnambiguousIdentifiers(t *testing.T) {
+	n := newRawNode(t)
+	a := n.NewPod(t, "a_b")
+	a.RT.IfName = "c"
+	b := n.NewPod(t, "a")
+	b.RT.IfName = "b_c"
+	results := map[*nettest.Pod][]byte{}
+	for _, p := range []*nettest.Pod{a, b} {
+		run := n.exec("ADD", p, n.conf(nil), map[string]string{"CNI_IFNAME": p.RT.IfName})
+		if run.ExitCode != 0 {
+			t.Fatalf("ADD %s/%s: %s", p.RT.ContainerID, p.RT.IfName, run.Stdout)
+		}
+		results[p] = []byte(run.Stdout)
+	}
+	if run := n.exec("DEL", a, n.conf(nil), map[string]string{"CNI_IFNAME": "c"}); run.ExitCode != 0 {
+		t.Fatal(run.Stdout)
+	}
+	testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(a), podIPs(t, results[a]))
+	check := n.conf(map[string]any{"prevResult": json.RawMessage(results[b])})
+	if run := n.exec("CHECK", b, check, map[string]string{"CNI_IFNAME": "b_c"}); run.ExitCode != 0 {
+		t.Errorf("the other attachment no longer passes CHECK: %s", run.Stdout)
+	}
+}
+
+// TestHostileDataDir: a data dir others may write is refused (ADD code 7 naming dataDir, STATUS
+// 50), and symlinks planted inside one are never followed out of it: where kubenet's own file or
+// directory belongs, the symlink is replaced.
+func TestHostileDataDir(t *testing.T) {
+	cases := []struct {
+		name    string
+		plant   func(t *testing.T, dataDir, outside string)
+		refuse  bool // ADD must fail with code 7 naming dataDir
+		addOK   bool
+		outside bool // the file outside must be untouched
+	}{
+		{"world-writable data dir", func(t *testing.T, dataDir, _ string) { mkdirMode(t, dataDir, 0o777) }, true, false, true},
+		{"group-writable network dir", func(t *testing.T, dataDir, _ string) { mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o775) }, true, false, true},
+		{"network dir is a symlink out", func(t *testing.T, dataDir, outside string) {
+			mkdirMode(t, dataDir, 0o755)
+			if err := os.Symlink(filepath.Dir(outside), filepath.Join(dataDir, "kubenet")); err != nil {
+				t.Fatal(err)
+			}
+		}, false, true, true},
+		{"lock is a symlink to a file outside", func(t *testing.T, dataDir, outside string) {
+			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
+			if err := os.Symlink(outside, filepath.Join(dataDir, "kubenet", "lock")); err != nil {
+				t.Fatal(err)
+			}
+		}, false, true, true},
+		{"records dir is a symlink out", func(t *testing.T, dataDir, outside string) {
+			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
+			if err := os.Symlink(filepath.Dir(outside), filepath.Join(dataDir, "kubenet", core.RecordDirName)); err != nil {
+				t.Fatal(err)
+			}
+		}, false, true, true},
+		{"hostPort index is a symlink out", func(t *testing.T, dataDir, outside string) {
+			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
+			if err := os.Symlink(filepath.Dir(outside), filepath.Join(dataDir, "kubenet", hostport.IndexDirName)); err != nil {
+				t.Fatal(err)
+			}
+		}, false, true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := newRawNode(t)
+			outsideDir := filepath.Join(t.TempDir(), "outside")
+			mkdirMode(t, outsideDir, 0o755)
+			outside := filepath.Join(outsideDir, "secret")
+			if err := os.WriteFile(outside, []byte("secret"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tc.plant(t, n.DataDir(), outside)
+			pod := n.NewPod(t, "pod")
+			run := n.exec("ADD", pod, n.conf(map[string]any{"runtimeConfig": map[string]any{
+				"portMappings": []map[string]any{{"hostPort": 31501, "containerPort": 80, "protocol": "udp"}}}}), nil)
+			switch {
+			case tc.refuse && (run.Err == nil || run.Err.Code != types.ErrInvalidNetworkConfig || !strings.Contains(run.Err.Msg, "dataDir")):
+				t.Errorf("ADD: %s; want code 7 naming dataDir", run.Stdout)
+			case tc.addOK && run.ExitCode != 0:
+				t.Errorf("ADD: %s", run.Stdout)
+			case !tc.addOK && run.ExitCode == 0:
+				t.Errorf("ADD succeeded through a planted symlink")
+			}
+			outsideIntact := func(after string) {
+				t.Helper()
+				if b, err := os.ReadFile(outside); err != nil || string(b) != "secret" {
+					t.Errorf("after %s the file outside the data dir was touched: %q %v", after, b, err)
+				}
+				if entries, _ := os.ReadDir(outsideDir); len(entries) != 1 {
+					t.Errorf("after %s kubenet has written outside the data dir: %v", after, entries)
+				}
+			}
+			outsideIntact("ADD")
+			if tc.refuse {
+				if st := n.exec("STATUS", nil, n.conf(nil), nil); st.Err == nil || st.Err.Code != core.ErrPluginNotAvailable {
+					t.Errorf("STATUS: %s; want code 50", st.Stdout)
+				}
+			}
+			if del := n.exec("DEL", pod, n.conf(nil), nil); tc.addOK && del.ExitCode != 0 {
+				t.Errorf("DEL: %s", del.Stdout)
+			}
+			outsideIntact("DEL")
+		})
+	}
+}
+
+func mkdirMode(t *testing.T, p string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		t.Fatal(err)
+	}
 }

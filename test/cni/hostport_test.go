@@ -577,7 +577,7 @@ func TestHostPortDelLeavesAReusedAddressAlone(t *testing.T) {
 	// The old pod's state is lost, its netns gone, and the allocator hands its addresses out
 	// next (each cursor set to the address before the old pod's).
 	dir := filepath.Join(node.DataDir(), "kubenet")
-	lost := []string{filepath.Join(dir, "kubenet-attachments", old.RT.ContainerID+"_eth0.json")}
+	lost := []string{core.RecordPath(dir, testkit.AttachmentOf(old))}
 	for _, ip := range old.IPs() {
 		lost = append(lost, filepath.Join(dir, ip.String()))
 	}
@@ -652,10 +652,10 @@ func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 	}{
 		{"record and reservations", func(string, *nettest.Pod) []string { return nil }},
 		{"reservations only", func(dir string, pod *nettest.Pod) []string {
-			return []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			return []string{core.RecordPath(dir, testkit.AttachmentOf(pod))}
 		}},
 		{"host-port index only", func(dir string, pod *nettest.Pod) []string {
-			files := []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			files := []string{core.RecordPath(dir, testkit.AttachmentOf(pod))}
 			for _, ip := range pod.IPs() {
 				files = append(files, filepath.Join(dir, ip.String()))
 			}

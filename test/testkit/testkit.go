@@ -146,7 +146,7 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 			t.Errorf("leak: reservation %s still held by %s", e.Name(), att.ContainerID)
 		}
 	}
-	record := filepath.Join(netDir, core.RecordDirName, att.ContainerID+"_"+att.IfName+".json")
+	record := core.RecordPath(netDir, att)
 	if _, err := os.Stat(record); err == nil {
 		t.Errorf("leak: attachment record %s remains", record)
 	}
