@@ -58,6 +58,7 @@ type healPass struct {
 	setUp    bool // the network's bridge did not exist: a first setup, not a repair
 	found    error
 	restored int
+	isolated int // pods whose isolation elements were put back
 	err      error
 	took     time.Duration
 }
@@ -136,7 +137,7 @@ func (h *healer) pass(ctx context.Context, full bool) {
 	} else {
 		var rep core.NodeRepair
 		rep, p.err = core.HealNode(ctx, cfg, full)
-		p.setUp, p.found, p.restored = rep.SetUp, rep.Found, rep.Restored
+		p.setUp, p.found, p.restored, p.isolated = rep.SetUp, rep.Found, rep.Restored, rep.IsolatedPorts
 	}
 	p.took = time.Since(start)
 	switch {
@@ -145,7 +146,7 @@ func (h *healer) pass(ctx context.Context, full bool) {
 	case p.setUp:
 		h.log.Info("node-wide state of the kubenet network set up", "took", p.took)
 	case p.found != nil || p.restored > 0:
-		h.log.Warn("node-wide state of the kubenet network restored", "found", p.found, "restoredHostPortElements", p.restored, "took", p.took)
+		h.log.Warn("node-wide state of the kubenet network restored", "found", p.found, "restoredHostPortElements", p.restored, "restoredIsolationPorts", p.isolated, "took", p.took)
 	}
 	if h.done != nil {
 		h.done(p)

@@ -87,8 +87,22 @@ func ensureHostPortNode(store *ipam.Store, hp hostport.Config, repair *hostport.
 // whose flows the caller forgets (hostport.Unmap). rec may be nil (no record on disk) and
 // cfg.Runtime.PortMappings may be empty (runtime sent nothing on DEL). The mappings are the union
 // of both; without pod addresses every family of the network is tried. Only reservations this
-// attachment holds are removed, so trying too many keys is harmless.
-func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) ([]hostport.Entry, error) {
+// attachment holds are removed, so trying too many keys is harmless. With unknown (a record that
+// cannot be read) the whole index and the maps are searched for the attachment's reservations.
+func delHostPorts(cfg *Config, att Attachment, rec *Record, unknown bool, store *ipam.Store) ([]hostport.Entry, error) {
+	hp, owner := hostportConfig(cfg, store.Dir()), ownerOf(att)
+	var removed []hostport.Entry
+	var err error
+	if unknown {
+		err = withNetworkLock(store, func() (err error) {
+			removed, err = hostport.UnmapOwner(hp, owner)
+			return err
+		})
+		if err != nil {
+			return removed, fmt.Errorf("host ports: %w", err)
+		}
+		return removed, nil
+	}
 	mappings := cfg.Runtime.PortMappings
 	var families []bool
 	if rec != nil {
@@ -103,9 +117,11 @@ func delHostPorts(cfg *Config, att Attachment, rec *Record, store *ipam.Store) (
 	for _, p := range cfg.PodCIDRs() {
 		families = append(families, p.Addr().Is6())
 	}
-	var removed []hostport.Entry
-	err := withNetworkLock(store, func() (err error) {
-		removed, err = hostport.Unmap(hostportConfig(cfg, store.Dir()), ownerOf(att), hostport.Keys(toMappings(mappings), families))
+	if len(families) == 0 {
+		families = []bool{false, true}
+	}
+	err = withNetworkLock(store, func() (err error) {
+		removed, err = hostport.Unmap(hp, owner, hostport.Keys(toMappings(mappings), families))
 		return err
 	})
 	if err != nil {

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nft"
-	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 )
 
@@ -39,6 +41,9 @@ type NodeRepair struct {
 	// Restored counts the hostPort map elements of running pods put back from the ownership
 	// index.
 	Restored int
+	// IsolatedPorts counts the running pods whose isolation elements were put back from their
+	// records because the isolation chains (and with them the sets) had to be created again.
+	IsolatedPorts int
 }
 
 // HealNode is EnsureNode for a node agent that re-asserts the node-wide state after somebody
@@ -49,13 +54,16 @@ type NodeRepair struct {
 // that when some node-wide chain or map was missing).
 func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, error) {
 	var rep NodeRepair
+	if err := preflight(cfg, false); err != nil {
+		return rep, err
+	}
 	rep.Found = CheckNode(cfg)
 	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
 		rep.SetUp = true
 	}
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	store, err := openStore(cfg)
 	if err != nil {
-		return rep, fmt.Errorf("address store: %w", err)
+		return rep, err
 	}
 	defer store.Close()
 	a := &addition{cfg: cfg, store: store}
@@ -66,6 +74,10 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 	}{
 		{"bridge", func() error { return a.ensureBridge(nil) }},
 		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
+		{"isolation rules", func() (err error) {
+			rep.IsolatedPorts, err = ensureIsolation(cfg, NewRecords(store.Dir()), allElements)
+			return err
+		}},
 		{"masquerade", func() error { return a.masquerade(nil) }},
 		{"host-port rules", func() error {
 			hp := hostportConfig(cfg, store.Dir())
@@ -90,14 +102,42 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 	return rep, nil
 }
 
+// ensureIsolation brings the bridge's isolation chains up to date and adds the elements of ports.
+// When the chains had to be created again (a flushed ruleset took the sets, and every running
+// pod's elements with them: those pods were no longer guarded) or when all is set (the agent's
+// periodic pass, which also puts back single elements someone deleted), the elements of every
+// recorded attachment are added too; it returns how many after a rebuild. A pod whose record is
+// unreadable cannot be put back: its addresses are unknown.
+func ensureIsolation(cfg *Config, records Records, all bool, ports ...isolation.Port) (int, error) {
+	icfg := isolationConfig(cfg)
+	rebuilt, err := isolation.Ensure(icfg, ports...)
+	if err != nil || !(rebuilt || all) {
+		return 0, err
+	}
+	scan, scanErr := records.Scan()
+	recorded := make([]isolation.Port, 0, len(scan.Records))
+	for _, rec := range scan.Records {
+		recorded = append(recorded, portOf(cfg, rec.attachment(), rec.IPs))
+	}
+	if _, err := isolation.Ensure(icfg, recorded...); err != nil {
+		return 0, errors.Join(scanErr, fmt.Errorf("put back the isolation elements of %d pods: %w", len(recorded), err))
+	}
+	if !rebuilt {
+		return 0, scanErr
+	}
+	return len(recorded), scanErr
+}
+
 // CheckNode reports how the node-wide rules of cfg's network differ from the plan: the SNAT
-// chain, the duplicate-frame rules and the host-port chains and maps, each compared by its
+// chain, the duplicate-frame rules, the isolation chains and the host-port chains and maps, each
+// compared by its
 // rules' expressions and comments. It only reads (a dump per chain), so STATUS and ADD afford it.
 // nft.Missing tells which differences are objects missing altogether.
 func CheckNode(cfg *Config) error {
 	return errors.Join(
 		masq.Check(masqConfig(cfg)),
 		hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)),
+		isolation.CheckNode(isolationConfig(cfg)),
 		hostport.CheckNode(hostportConfig(cfg, "")), // reads no index: no data dir needed
 	)
 }
@@ -109,6 +149,11 @@ func CheckNode(cfg *Config) error {
 // host-port chains and maps count only once host ports were used on the node (hostport.InUse): a
 // node set up by an older kubenet that never had a hostPort pod does not have them, and has
 // nothing for them to guard.
+//
+// The isolation chains are not counted: a node upgraded from a kubenet without them would answer
+// NotReady, and kubelet would start no pod whose ADD could set them up. A flushed ruleset is
+// told by the SNAT chain (and, once used, the host-port chains); ADD and the agent put the
+// isolation chains and elements back.
 func missingNodeRules(cfg *Config, networkDir string) error {
 	table := nft.InetTable(cfg.Network)
 	counts, err := nft.TableRuleCounts(table)
@@ -145,4 +190,20 @@ func missingNodeRules(cfg *Config, networkDir string) error {
 		}
 	}
 	return errors.Join(out...)
+}
+
+// preflight refuses, before anything changes, a configuration that would break the node (see
+// bridge.Preflight): code 7 naming the bridge or the pod CIDR at fault. full also compares the
+// pod CIDRs with the node's addresses and routes when the bridge already carries the gateways.
+func preflight(cfg *Config, full bool) error {
+	err := bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
+	pe, ok := bridge.IsPreflight(err)
+	if !ok {
+		return err
+	}
+	if pe.Key == "bridge" {
+		return configError("bridge", pe.Value, "%s", pe.Reason)
+	}
+	gw, _ := netip.ParsePrefix(pe.Value)
+	return configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
 }

@@ -174,16 +174,62 @@ func Remove(cfg Config, owner Owner, keys []Key) error {
 // (a walk costs ~10 ms whatever it looks for, and a translated flow of a host port has the pod's
 // address as its reply source), and calls FlushUDP only for entries whose address is not the
 // pod's any more.
+//
+// A key whose index file is damaged or missing is owner's when the kernel's element of the key
+// says so (its comment); then the element (and the file) go. An element of someone else, or
+// none, leaves the key alone. The maps are read only when some key has no readable file.
 func Unmap(cfg Config, owner Owner, keys []Key) ([]Entry, error) {
-	owned, err := NewIndex(cfg.Dir).Owned(owner, keys)
-	if err != nil || len(owned) == 0 {
+	ix := NewIndex(cfg.Dir)
+	owned, unresolved, err := ix.owned(owner, keys)
+	if err != nil {
 		return nil, err
+	}
+	if len(unresolved) > 0 {
+		kernel, err := kernelElements(cfg.Network, unresolved)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range kernel {
+			if r.Owner == owner && slices.Contains(unresolved, r.Key) {
+				owned = append(owned, r)
+			}
+		}
+	}
+	if len(owned) == 0 {
+		return nil, nil
 	}
 	return unmap(cfg, owned, owned)
 }
 
-// unmap deletes the map elements of rs, then the index files of files, and returns rs's
-// entries (none if the elements stay).
+// UnmapOwner removes every reservation and element of owner wherever it is, reading the whole
+// index and the maps: DEL of an attachment whose record is unreadable, which therefore does not
+// know its keys.
+func UnmapOwner(cfg Config, owner Owner) ([]Entry, error) {
+	stale, err := GC(cfg, func(o Owner) bool { return o != owner })
+	entries := make([]Entry, 0, len(stale))
+	for _, r := range stale {
+		entries = append(entries, r.Entry)
+	}
+	return entries, err
+}
+
+// kernelElements returns the elements of the maps that keys live in.
+func kernelElements(network string, keys []Key) ([]Reservation, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	var maps []string
+	for _, k := range keys {
+		if name := mapName(k); !slices.Contains(maps, name) {
+			maps = append(maps, name)
+		}
+	}
+	return listElements(c, network, maps...)
+}
+
+// unmap deletes the map elements of rs in one transaction, then the index files of files, and
+// returns rs's entries (none if the elements stay).
 func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
 	if err := uninstall(cfg.Network, rs); err != nil {
 		return nil, err

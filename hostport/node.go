@@ -3,7 +3,6 @@ package hostport
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // The node-wide part of host ports: the fixed chains with their rules (Rules) and the maps.
@@ -326,17 +326,14 @@ func InUse(cfg Config) (bool, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("route_localnet of bridge %q: %w", cfg.Bridge, err)
 	}
-	d, err := os.Open(NewIndex(cfg.Dir).dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	d, err := NewIndex(cfg.Dir).open(false)
+	if err != nil || d == nil {
+		return false, err
 	}
+	defer d.Close()
+	entries, err := d.ReadDir()
 	if err != nil {
 		return false, fmt.Errorf("hostport index: %w", err)
 	}
-	defer d.Close()
-	names, err := d.Readdirnames(1)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return false, fmt.Errorf("hostport index: %w", err)
-	}
-	return len(names) > 0, nil
+	return slices.ContainsFunc(entries, func(e fs.DirEntry) bool { return !safedir.IsTemp(e.Name()) }), nil
 }

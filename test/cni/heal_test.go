@@ -16,6 +16,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -222,6 +223,10 @@ func TestRuleChangedInPlace(t *testing.T) {
 				}
 				h.reachable(t, "with the DNAT rule restored")
 			},
+		},
+		{
+			name: "router advertisement drop becomes accept", family: "bridge", table: testkit.HostPortTable, chain: isolation.ChainGuardIPv6,
+			marker: "router advertisement from a pod dropped", old: " drop ", replacement: " accept ",
 		},
 		{
 			name: "duplicate-frame drop becomes accept", hairpin: string(hairpin.PromiscuousBridge), family: "bridge", table: testkit.HostPortTable, chain: hairpin.DedupChain,

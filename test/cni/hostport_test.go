@@ -26,6 +26,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 // hpMapping is one portMappings entry as a runtime sends it.
@@ -576,7 +577,7 @@ func TestHostPortDelLeavesAReusedAddressAlone(t *testing.T) {
 	// The old pod's state is lost, its netns gone, and the allocator hands its addresses out
 	// next (each cursor set to the address before the old pod's).
 	dir := filepath.Join(node.DataDir(), "kubenet")
-	lost := []string{filepath.Join(dir, "kubenet-attachments", old.RT.ContainerID+"_eth0.json")}
+	lost := []string{core.RecordPath(dir, testkit.AttachmentOf(old))}
 	for _, ip := range old.IPs() {
 		lost = append(lost, filepath.Join(dir, ip.String()))
 	}
@@ -651,10 +652,10 @@ func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 	}{
 		{"record and reservations", func(string, *nettest.Pod) []string { return nil }},
 		{"reservations only", func(dir string, pod *nettest.Pod) []string {
-			return []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			return []string{core.RecordPath(dir, testkit.AttachmentOf(pod))}
 		}},
 		{"host-port index only", func(dir string, pod *nettest.Pod) []string {
-			files := []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			files := []string{core.RecordPath(dir, testkit.AttachmentOf(pod))}
 			for _, ip := range pod.IPs() {
 				files = append(files, filepath.Join(dir, ip.String()))
 			}
@@ -776,8 +777,10 @@ func TestHostPortSCTP(t *testing.T) {
 
 // TestHostPortLocalnetGuard: localhost access turns route_localnet on for the bridge, which
 // would let a pod reach services the node binds to 127.0.0.1 (plugins#729). A pod that routes
-// 127.0.0.0/8 to the node must not get through; with the guard chain emptied it does, which
-// shows that the guard is what stops it.
+// 127.0.0.0/8 to the node must not get through. Two guards stop it: the bridge's isolation
+// chain drops loopback destinations from pods, and the host ports' localnet chain drops
+// 127.0.0.0/8 that does not come from lo. With the first emptied the second still holds; with
+// both emptied the pod gets through, which shows that the guards are what stop it.
 func TestHostPortLocalnetGuard(t *testing.T) {
 	node, list, _ := hpNode(t)
 	pod := node.NewPod(t, "localnet")
@@ -785,8 +788,12 @@ func TestHostPortLocalnetGuard(t *testing.T) {
 	node.MustAdd(t, list, pod)
 	attack := testkit.LocalnetAttack(t, node, pod, 9999)
 	testkit.ExpectAttackFails(t, attack, "with the guard")
+	// Either guard alone stops the attack: the bridge's (isolation) drops the frames, the host
+	// ports' localnet chain the routed packets.
+	nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
+	testkit.ExpectAttackFails(t, attack, "with the bridge's guard emptied")
 	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnet)
-	testkit.ExpectAttackWorks(t, attack, "with the guard chain emptied")
+	testkit.ExpectAttackWorks(t, attack, "with both guard chains emptied")
 }
 
 // TestHostPortLimit: a dual-stack pod with hostport.MaxMappings mappings (two map elements
