@@ -31,7 +31,7 @@ unit:
 
 # Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./core:FuzzParseConfig ./core:FuzzRuntimeConfig ./cmd/kubenet:FuzzParseCNIArgs ./shaping:FuzzParseRate
+FUZZ_TARGETS := ./core:FuzzParseConfig ./core:FuzzRuntimeConfig ./core:FuzzTeardownConfig ./core:FuzzGCList ./core:FuzzPrevResult ./cmd/kubenet:FuzzParseCNIArgs ./shaping:FuzzParseRate
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
@@ -100,11 +100,11 @@ e2e-cluster: deps
 
 # The node agent (cmd/kubenet-agent) against a real kube-apiserver and etcd in a simulated
 # three-node cluster (test/agent, build tag kubenet_e2e_agent, so `make test` leaves it out).
-# The first run builds kube-apiserver and etcd from source into a cache outside the checkout
-# (hack/apiserver/build.sh: minutes and about 2 GiB of memory); later runs reuse them. As root.
+# The first run builds kube-apiserver and etcd from source into the cache e2e-kubernetes uses
+# (hack/kubernetes/build.sh: minutes and about 2 GiB of memory); later runs reuse them. As root.
 .PHONY: e2e-agent
 e2e-agent: deps
-	hack/apiserver/build.sh >/dev/null
+	hack/kubernetes/build.sh kube-apiserver etcd >/dev/null
 	$(GO) vet -tags kubenet_e2e_agent ./test/agent/
 	$(GO) test -count=1 -tags kubenet_e2e_agent -timeout $(TEST_TIMEOUT) ./agent/... ./cmd/kubenet-agent/ ./test/agent/
 
@@ -113,6 +113,41 @@ e2e-agent: deps
 # (BenchmarkAgentScale in test/agent; docs/agent.md has the numbers). As root, about 2 minutes.
 .PHONY: bench-agent
 bench-agent: deps
-	hack/apiserver/build.sh >/dev/null
+	hack/kubernetes/build.sh kube-apiserver etcd >/dev/null
 	$(GO) vet -tags kubenet_e2e_agent ./test/agent/
 	$(GO) test -count=1 -tags kubenet_e2e_agent -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x -timeout 20m ./test/agent/
+
+# kubenet in a real Kubernetes cluster (test/e2e/kube_*.go, docs/e2e.md): per kube-proxy mode a
+# control plane and two nodes (containerd, kubelet, kube-proxy in jails inside network
+# namespaces), kubenet installed with `kubectl apply -f deploy/kubenet.yaml`, the upstream
+# sig-network e2e specs run by ginkgo, and kubenet's own checks (readiness, shaping, restarts, a
+# reboot, residue). The first run builds Kubernetes from source into a cache outside the
+# checkout (hack/kubernetes/build.sh: about 20 minutes on 2 cores); later runs reuse it. As root.
+#   E2E_PROXY_MODES  kube-proxy modes, one cluster each (iptables,nftables)
+#   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
+#   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, dual-stack)
+#   E2E_FOCUS        a ginkgo focus regexp instead, e.g. E2E_FOCUS='\[sig-network\] Netpol'
+#   E2E_PROCS        specs run at once, per cluster
+#   E2E_PARALLEL     false: one cluster after the other instead of all at once
+#   E2E_CHECKS       false: the specs only, without kubenet's own checks
+#   E2E_AGENT_ARGS   flags added to the agent in deploy/kubenet.yaml
+E2E_PROXY_MODES ?= iptables,nftables
+E2E_STACK ?= ipv4
+E2E_SPECS ?= network
+E2E_FOCUS ?=
+E2E_PROCS ?= 4
+E2E_PARALLEL ?= true
+E2E_CHECKS ?= true
+E2E_AGENT_ARGS ?=
+KUBE_DEPS := containerd:containerd ctr:containerd containerd-shim-runc-v2:containerd runc:runc \
+  busybox-static dash:dash curl:curl wget:wget nc.openbsd:netcat-openbsd nsenter:util-linux unshare:util-linux
+.PHONY: e2e-kubernetes
+e2e-kubernetes: deps
+	@hack/ensure-deps.sh $(KUBE_DEPS)
+	$(GO) vet -tags e2e ./test/e2e/...
+	@set -o pipefail; dir=$$(hack/kubernetes/build.sh) && \
+	$(GO) test $(E2E_FLAGS) -timeout 150m -run '^TestKubernetes$$' ./test/e2e/ -args \
+	  -kube.bins="$$dir" -kube.proxy-modes='$(E2E_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
+	  -kube.specs='$(E2E_SPECS)' -kube.focus='$(E2E_FOCUS)' -kube.procs=$(E2E_PROCS) -kube.checks=$(E2E_CHECKS) \
+	  -kube.parallel=$(E2E_PARALLEL) \
+	  -kube.agent-args='$(E2E_AGENT_ARGS)' | grep -v -e '^=== '

@@ -92,6 +92,11 @@ type Config struct {
 	Logger     *slog.Logger
 	// Registry receives the agent's metrics and is what /metrics serves; nil: a private one.
 	Registry *prometheus.Registry
+	// HealPeriod turns the healer on (heal.go): the node-wide state of the network is
+	// re-asserted on nftables change events and at least this often. Zero: off (the binary's
+	// --heal-period defaults to DefaultHealPeriod); the healer changes the kernel state of the
+	// namespace the agent runs in, which an embedder or a test may not want.
+	HealPeriod time.Duration
 }
 
 // Agent is one node's agent. Create it with New and start it with Run.
@@ -122,7 +127,8 @@ type Agent struct {
 	refusedRoutes map[string]bool
 	// patched is the NetworkUnavailable condition the agent last wrote: its own write, seen
 	// again by the informer, needs no sync.
-	patched Condition
+	patched  Condition
+	healKick chan struct{} // asks the healer for a pass (the conflist changed)
 }
 
 // New checks cfg and builds the agent.
@@ -156,6 +162,9 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 	}
 	if cfg.StaleGrace < 0 || cfg.StaleInterval < 0 {
 		return nil, fmt.Errorf("agent: stale-attachment grace %s and interval %s must be positive", cfg.StaleGrace, cfg.StaleInterval)
+	}
+	if cfg.HealPeriod < 0 {
+		return nil, fmt.Errorf("agent: heal period %s: must not be negative", cfg.HealPeriod)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -198,6 +207,7 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 2*time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kubenet-agent"}),
 		notReady: "starting",
+		healKick: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -211,6 +221,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("agent: %w", err)
 		}
 		a.log.Info("kubenet binary in place", "dir", a.cfg.BinDir, "installed", changed)
+	}
+	if a.cfg.HealPeriod > 0 {
+		go a.newHealer().run(ctx)
 	}
 	if a.cfg.RuntimeEndpoint != "" {
 		collector, closeRuntime, err := a.newCollector()
@@ -452,6 +465,13 @@ func (a *Agent) syncConflist(self *corev1.Node, cl *claims) (bool, error) {
 	a.lastCIDR = cidrs
 	a.network = network
 	a.mu.Unlock()
+	if old == nil || changed {
+		// The healer sets the node up for the new configuration at once (bridge, rules).
+		select {
+		case a.healKick <- struct{}{}:
+		default:
+		}
+	}
 	if changed {
 		a.metrics.confWrites.Inc()
 		a.log.Info("conflist written", "path", path, "podCIDRs", cidrs)

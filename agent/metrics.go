@@ -16,6 +16,9 @@ type metrics struct {
 	confWrites     prometheus.Counter
 	stalePasses    *prometheus.CounterVec
 	staleCollected *prometheus.CounterVec
+	healRepairs    prometheus.Counter
+	healRestored   prometheus.Counter
+	healErrors     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -57,8 +60,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_stale_collected_total",
 			Help: "Attachments of sandboxes the runtime no longer lists, and reservations without sandbox or record, that were collected.",
 		}, []string{"kind"}),
+		healRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_heal_repairs_total",
+			Help: "Times the node-wide rules of the kubenet network were found not as planned (flushed, deleted or changed by another tool) and restored.",
+		}),
+		healRestored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_heal_restored_hostport_elements_total",
+			Help: "hostPort map elements of running pods put back from the plugin's ownership index.",
+		}),
+		healErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_heal_errors_total",
+			Help: "Passes that could not restore the node-wide state of the kubenet network.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.syncDuration, m.ready, m.confWrites, m.stalePasses, m.staleCollected} {
+	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.syncDuration, m.ready, m.confWrites, m.stalePasses, m.staleCollected, m.healRepairs, m.healRestored, m.healErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -24,7 +24,7 @@ var (
 	refBackend = flag.String("bench.ref-backend", "nftables", "netfilter backend of the reference bridge (ipMasq) and portmap: nftables or iptables")
 	quick      = flag.Bool("bench.quick", false, "small sizes, to try the harness in seconds")
 	withIPAM   = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
-	only       = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale); empty: all")
+	only       = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale, datapath); empty: all")
 	chainsFlag = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
 )
 
@@ -36,10 +36,10 @@ func selected(list, w string) bool {
 func sizes() options {
 	if *quick {
 		return options{rounds: 2, podsPerRound: 5, parallelPods: 16, parallelism: 8, parallelRuns: 2,
-			scalePods: 30, scaleWindow: 5, scaleRounds: 1, statusSamples: 5}
+			scalePods: 30, scaleWindow: 5, scaleRounds: 1, statusSamples: 5, datapathRounds: 1, datapathWindow: 2 * time.Second}
 	}
 	return options{rounds: 10, podsPerRound: 10, parallelPods: 100, parallelism: 8, parallelRuns: 4,
-		scalePods: 500, scaleWindow: 10, scaleRounds: 2, statusSamples: 10}
+		scalePods: 500, scaleWindow: 10, scaleRounds: 2, statusSamples: 10, datapathRounds: 5, datapathWindow: 3 * time.Second}
 }
 
 // BenchmarkKubenetVsReference runs the workloads of issue 6 through libcni, in one node netns,
@@ -119,6 +119,10 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	if selected(*only, "scale") {
 		r.scale()
 	}
+	var datapath []datapathResult
+	if selected(*only, "datapath") {
+		datapath = r.datapath(datapathChains(b, node, chains, work, binDir))
+	}
 	b.StopTimer()
 	for _, c := range chains {
 		if err := node.reset(c); err != nil {
@@ -134,7 +138,7 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}
 
 	env := append(environment(node.Dir, opts), "load average at start "+loadStart+", at end "+loadAverage())
-	rep := report{m: r.m, opts: opts, env: env, ipam: ipamLines, began: began, took: time.Since(began)}
+	rep := report{m: r.m, opts: opts, env: env, ipam: ipamLines, datapath: datapath, began: began, took: time.Since(began)}
 	md := rep.markdown()
 	fmt.Println(md)
 	if *outFile != "" {
@@ -144,6 +148,20 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}
 	b.ReportMetric(float64(r.m.p50(rowAddPlain, kubenetChain))/1e6, "kubenet-add-p50-ms")
 	b.ReportMetric(float64(r.m.p50(rowAddPlain, referenceChain))/1e6, "reference-add-p50-ms")
+}
+
+// datapathChains are the chains the datapath workload compares: kubenet as configured (with
+// anti-spoofing, its default), the same with "antiSpoofing": false, and the reference chain.
+func datapathChains(b *testing.B, node benchNode, chains []*chain, work, binDir string) []*chain {
+	var out []*chain
+	for _, c := range chains {
+		out = append(out, c)
+		if c.name == kubenetChain {
+			list := kubenetConfListWith(b, node.Node, map[string]any{"antiSpoofing": false})
+			out = append(out, newChain(noAntiSpoofChain, list, binDir, filepath.Join(work, "shim-"+kubenetChain), node.Dir))
+		}
+	}
+	return out
 }
 
 // ipamBenchmark runs the IPAM allocator's benchmark in its own test binary and returns its

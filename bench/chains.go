@@ -55,6 +55,11 @@ func newChain(name string, list *libcni.NetworkConfigList, binDir, shimDir, work
 // kubenetConfList is kubenet as a kubenet-on-containerd node would run it: one plugin that does
 // bridge, IPAM, hairpin, masquerade, host ports and shaping.
 func kubenetConfList(t testing.TB, node *nettest.Node) *libcni.NetworkConfigList {
+	return kubenetConfListWith(t, node, nil)
+}
+
+// kubenetConfListWith is kubenetConfList with more plugin keys.
+func kubenetConfListWith(t testing.TB, node *nettest.Node, extra map[string]any) *libcni.NetworkConfigList {
 	return node.ConfList(t, nettest.NetConf{
 		Name:               networkName,
 		Bridge:             bridgeName,
@@ -62,6 +67,7 @@ func kubenetConfList(t testing.TB, node *nettest.Node) *libcni.NetworkConfigList
 		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4},
 		MTU:                nodeMTU,
 		HairpinMode:        "hairpin-veth",
+		Extra:              extra,
 	})
 }
 

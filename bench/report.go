@@ -61,12 +61,14 @@ func (m *measurements) targets() []target {
 
 // report is everything the run found, rendered as markdown.
 type report struct {
-	m     *measurements
-	opts  options
-	env   []string // lines describing the machine and the run
-	ipam  []string // BenchmarkAllocateRelease result lines
-	began time.Time
-	took  time.Duration
+	m    *measurements
+	opts options
+	env  []string // lines describing the machine and the run
+	ipam []string // BenchmarkAllocateRelease result lines
+	// datapath holds the datapath workload's results, if it ran
+	datapath []datapathResult
+	began    time.Time
+	took     time.Duration
 }
 
 // labels puts the run's scale sizes into the row names and goals, which are written for the
@@ -105,6 +107,9 @@ func (r report) markdown() string {
 			met = "yes"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", label.Replace(t.goal), t.actual, met)
+	}
+	if len(r.datapath) > 0 {
+		b.WriteString(datapathMarkdown(r.datapath, noAntiSpoofChain, r.opts))
 	}
 	fmt.Fprintf(&b, "\nPlugin processes of the sequential workloads and STATUS (one operation at a time): wall time from fork to reap, and the peak RSS (ru_maxrss) the probes through rssshim saw in all workloads; bridge's includes the host-local it runs, and %s is the shim's floor.\n\n", mib(r.m.shimFloor))
 	b.WriteString("| chain | plugin | command | processes | p50 | p99 | peak RSS |\n|---|---|---|--:|--:|--:|--:|\n")

@@ -85,6 +85,9 @@ type options struct {
 	scaleWindow   int // pods at each end of the scale workload whose latency is reported
 	scaleRounds   int // rounds of the scale workload per chain
 	statusSamples int // STATUS calls per chain per round
+	// datapath workload: rounds per chain, and how long each measurement sends
+	datapathRounds int
+	datapathWindow time.Duration
 }
 
 // runner drives both chains through the workloads on one node, alternating which goes first.

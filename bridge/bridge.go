@@ -27,6 +27,9 @@ type Config struct {
 	// CIDR's prefix length (10.244.1.1/24).
 	Gateways []netip.Prefix
 	Promisc  bool
+	// Owner is the kubenet network that uses the bridge; its name goes into the bridge's alias,
+	// so that another network configured with the same bridge is refused (Preflight).
+	Owner string
 }
 
 // MAC is the address the bridge is pinned to: 0a:58 followed by the last four bytes of the first
@@ -96,6 +99,11 @@ func adjust(br *netlink.Bridge, cfg Config) error {
 	if mac := MAC(cfg.Gateways); br.HardwareAddr.String() != mac.String() {
 		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
 			return fmt.Errorf("pin MAC %s: %w", mac, err)
+		}
+	}
+	if cfg.Owner != "" && br.Alias != ownerAlias(cfg.Owner) {
+		if err := netlink.LinkSetAlias(br, ownerAlias(cfg.Owner)); err != nil {
+			return fmt.Errorf("set alias: %w", err)
 		}
 	}
 	if promisc := br.Promisc != 0; promisc != cfg.Promisc {

@@ -3,6 +3,8 @@ package bridge
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -24,6 +26,9 @@ func CheckBridge(cfg Config) (*netlink.Bridge, error) {
 	}
 	if promisc := br.Promisc != 0; promisc != cfg.Promisc {
 		return nil, fmt.Errorf("bridge %q promiscuous=%v, want %v", cfg.Name, promisc, cfg.Promisc)
+	}
+	if claimed, ok := strings.CutPrefix(br.Alias, aliasPrefix); ok && cfg.Owner != "" && claimed != cfg.Owner {
+		return nil, fmt.Errorf("bridge %q is used by kubenet network %q, not %q", cfg.Name, claimed, cfg.Owner)
 	}
 	have, err := linkPrefixes(br)
 	if err != nil {
@@ -73,6 +78,13 @@ func CheckPod(podNS ns.NetNS, p Pod, host netlink.Link, mtu int) error {
 		}
 		if mtu > 0 && link.Attrs().MTU != mtu {
 			return fmt.Errorf("has MTU %d, want %d", link.Attrs().MTU, mtu)
+		}
+		if p.MAC != nil && link.Attrs().HardwareAddr.String() != p.MAC.String() {
+			return fmt.Errorf("has MAC %s, want %s", link.Attrs().HardwareAddr, p.MAC)
+		}
+		// A pod that accepted router advertisements would take routes from whoever sends them.
+		if ra, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + p.IfName + "/accept_ra"); err == nil && strings.TrimSpace(string(ra)) != "0" {
+			return fmt.Errorf("accepts router advertisements (accept_ra=%s), want 0", strings.TrimSpace(string(ra)))
 		}
 		have, err := linkPrefixes(link)
 		if err != nil {

@@ -25,13 +25,17 @@ var ErrInterfaceExists = errors.New("interface already exists in the pod")
 type Veth struct {
 	HostName  string // host end, on the bridge; derived from the attachment so DEL finds it without the pod
 	PodIfName string // pod end, inside the pod's netns (CNI_IFNAME)
-	MTU       int
-	Bridge    *netlink.Bridge
+	// PodMAC is the pod end's MAC (nil: the kernel picks one). Derived from the attachment like
+	// HostName, so that what is keyed by it can be found without the pod.
+	PodMAC net.HardwareAddr
+	MTU    int
+	Bridge *netlink.Bridge
 }
 
 // AddVeth creates the pair with the pod end directly inside podNS and the host end on the bridge,
 // and brings the host end up. A leftover host end of the same name (from a crashed ADD of this
-// attachment) is removed first.
+// attachment) is removed first. The pod's defaults for new interfaces are set first (see
+// podDefaults), so the pod end is born with them.
 func AddVeth(v Veth, podNS ns.NetNS) (netlink.Link, error) {
 	err := podNS.Do(func(ns.NetNS) error {
 		if _, err := netlinksafe.LinkByName(v.PodIfName); err == nil {
@@ -39,7 +43,7 @@ func AddVeth(v Veth, podNS ns.NetNS) (netlink.Link, error) {
 		} else if !links.IsNotFound(err) {
 			return err
 		}
-		return nil
+		return podDefaults()
 	})
 	if err != nil {
 		return nil, err
@@ -52,11 +56,12 @@ func AddVeth(v Veth, podNS ns.NetNS) (netlink.Link, error) {
 	attrs.MTU = v.MTU
 	attrs.MasterIndex = v.Bridge.Index
 	veth := &netlink.Veth{
-		LinkAttrs:     attrs,
-		PeerName:      v.PodIfName,
-		PeerNamespace: netlink.NsFd(int(podNS.Fd())),
-		PeerTxQLen:    -1,
-		PeerMTU:       uint32(v.MTU),
+		LinkAttrs:        attrs,
+		PeerName:         v.PodIfName,
+		PeerNamespace:    netlink.NsFd(int(podNS.Fd())),
+		PeerTxQLen:       -1,
+		PeerMTU:          uint32(v.MTU),
+		PeerHardwareAddr: v.PodMAC,
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		// LinkAdd may have created the pair and failed to enslave it.
@@ -86,8 +91,9 @@ func DelVeth(hostName string) error {
 // Pod is the addressing of a pod interface.
 type Pod struct {
 	IfName   string
-	Addrs    []netip.Prefix // pod address with the pod CIDR's prefix length
-	Gateways []netip.Addr   // one per family: the default route's next hop
+	Addrs    []netip.Prefix   // pod address with the pod CIDR's prefix length
+	Gateways []netip.Addr     // one per family: the default route's next hop
+	MAC      net.HardwareAddr // for CheckPod: the MAC AddVeth gave it (nil: not checked)
 }
 
 // ConfigurePod runs inside the pod's netns: sysctls, addresses (without DAD, so IPv6 works the
@@ -132,6 +138,30 @@ func ConfigurePod(podNS ns.NetNS, p Pod) (net.HardwareAddr, error) {
 		return nil, fmt.Errorf("pod interface %q: %w", p.IfName, err)
 	}
 	return mac, nil
+}
+
+// podDefaults sets, inside the pod's netns, what every interface created there afterwards
+// inherits (net.ipv6.conf.default) and what applies to all of them (conf.all): no pod accepts
+// router advertisements, on an IPv4-only network too (the pod's IPv6 link-local stack is up);
+// and IPv6 link-local addresses are derived from the MAC (EUI-64), which the bridge's
+// anti-spoofing rules expect. Setting the defaults before the pod end exists spares a lookup of
+// its name in /proc, whose cost grows with the pods on the node (see sysctl.EnsureIn), as does
+// every directory looked up here: hence two, and redirects are left to the bridge, which drops
+// every redirect a pod sends (a pod's only router is the node). A kernel without IPv6 has
+// nothing to set.
+func podDefaults() error {
+	for _, s := range []struct {
+		dir    string
+		values [][2]string
+	}{
+		{"net/ipv6/conf/all", [][2]string{{"accept_ra", "0"}}},
+		{"net/ipv6/conf/default", [][2]string{{"accept_ra", "0"}, {"addr_gen_mode", "0"}}},
+	} {
+		if err := sysctl.EnsureIn(s.dir, s.values); err != nil && !sysctl.IsAbsent(err) {
+			return fmt.Errorf("pod sysctls: %w", err)
+		}
+	}
+	return nil
 }
 
 func podSysctls(link netlink.Link, p Pod) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 )
 
@@ -47,21 +48,46 @@ type addition struct {
 	bridge  *netlink.Bridge
 	host    netlink.Link
 	podMAC  net.HardwareAddr
+	// keepReservation is set by a step that failed in a way that may leave kernel state
+	// leading to the pod's addresses: the rollback then keeps the record and the reservations,
+	// so that DEL or GC removes that state before the addresses go to another pod.
+	keepReservation bool
+	// isolated is the isolation step, which runs alongside the steps after it
+	isolated *pending
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
 // everything this call created for the attachment is removed again.
+//
+// It holds the attachment lock from before the first change to after the last (or the rollback),
+// so a DEL of the same attachment runs wholly before or wholly after it: the end state is the
+// attachment fully set up with its record, or nothing of it.
 func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Result, err error) {
+	if err := att.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkMappingCount(cfg.Runtime); err != nil {
+		return nil, err
+	}
 	podNS, err := openPodNS(att.NetNS)
 	if err != nil {
 		return nil, err
 	}
 	defer podNS.Close()
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	// Before anything changes: a configuration that would break the node is refused.
+	if err := preflight(cfg, false); err != nil {
+		return nil, err
+	}
+	store, err := openStore(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("address store: %w", err)
+		return nil, err
 	}
 	defer store.Close()
+	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, unlock()) }()
 
 	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir())}
 	var undo undoStack
@@ -94,6 +120,7 @@ type step struct {
 func (a *addition) steps() []step {
 	return []step{
 		{"reserve addresses", a.reserve},
+		{"isolation", a.isolate},
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
 		{"pod interface", a.configurePod},
@@ -101,6 +128,7 @@ func (a *addition) steps() []step {
 		{"masquerade", a.masquerade},
 		{"host ports", a.hostPorts},
 		{"shaping", a.shaping},
+		{"isolation in place", a.awaitIsolation},
 	}
 }
 
@@ -154,6 +182,11 @@ func (a *addition) reserve(undo *undoStack) error {
 
 func (a *addition) reserveLocked(undo *undoStack) error {
 	existing, err := a.records.Load(a.att)
+	var corrupt *CorruptRecordError
+	if errors.As(err, &corrupt) {
+		return types.NewError(ErrAttachmentExists,
+			fmt.Sprintf("container %q interface %q on network %q: %v; DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, corrupt), "")
+	}
 	if err != nil {
 		return err
 	}
@@ -162,6 +195,9 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 			fmt.Sprintf("container %q already has interface %q on network %q (addresses %v); DEL it first", a.att.ContainerID, a.att.IfName, a.cfg.Network, existing.IPs), "")
 	}
 	undo.push(func() error {
+		if a.keepReservation {
+			return nil
+		}
 		return withNetworkLock(a.store, func() error {
 			if err := forgetPolicies(a.cfg.Network, prefixAddrs(a.ips)); err != nil {
 				return err
@@ -238,6 +274,7 @@ func (a *addition) addVeth(undo *undoStack) error {
 	host, err := bridge.AddVeth(bridge.Veth{
 		HostName:  a.names.HostVeth,
 		PodIfName: a.att.IfName,
+		PodMAC:    podMAC(a.cfg.Network, a.att),
 		MTU:       a.mtu,
 		Bridge:    a.bridge,
 	}, a.podNS)
@@ -256,6 +293,27 @@ func (a *addition) configurePod(*undoStack) error {
 	mac, err := bridge.ConfigurePod(a.podNS, bridge.Pod{IfName: a.att.IfName, Addrs: a.ips, Gateways: prefixAddrs(a.cfg.Gateways())})
 	a.podMAC = mac
 	return err
+}
+
+// isolate brings the bridge's isolation chains up to date and adds the pod's port to them: no
+// pod may act as a router, and with anti-spoofing none may send as another. It needs only the
+// names and addresses, so its kernel round trips run alongside the steps that follow instead of
+// adding to every ADD; awaitIsolation collects the outcome before the result.
+func (a *addition) isolate(undo *undoStack) error {
+	port := portOf(a.cfg, a.att, a.ips)
+	a.isolated = &pending{done: alongside(func() error {
+		_, err := ensureIsolation(a.cfg, a.records, false, port)
+		return err
+	})}
+	undo.push(func() error {
+		_ = a.isolated.wait() // whatever it did, remove the port's elements after it
+		return isolation.Remove(a.cfg.Network, port)
+	})
+	return nil
+}
+
+func (a *addition) awaitIsolation(*undoStack) error {
+	return a.isolated.wait()
 }
 
 func (a *addition) hairpin(*undoStack) error {

@@ -8,13 +8,15 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/internal/atomicfile"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // Attachment identifies one pod interface on one network: what the runtime passes as
@@ -28,6 +30,29 @@ type Attachment struct {
 	Pod         string // "namespace/name" from CNI_ARGS, for operators; optional
 }
 
+// MaxContainerIDLen bounds a container ID (runtimes use 64 hex digits). The ID becomes part of
+// file names (at most 255 bytes) and of nftables element comments (at most 256 bytes), together
+// with the interface name.
+const MaxContainerIDLen = 128
+
+// Validate checks the attachment's identifiers with the CNI rules skel applies to the binary's
+// environment (container ID: letters, digits and "_.-", not starting with a symbol; interface
+// name: 1-15 bytes, no "/", ":" or space, not "." or ".."), so that the in-process NetworkPlugin
+// gets the same protection. Both reach file names and kernel object names: with these rules every
+// name kubenet derives from them is unambiguous and stays inside the data dir.
+func (a Attachment) Validate() error {
+	if err := utils.ValidateContainerID(a.ContainerID); err != nil {
+		return types.NewError(err.Code, fmt.Sprintf("container ID %q: %s", a.ContainerID, err.Msg), "")
+	}
+	if len(a.ContainerID) > MaxContainerIDLen {
+		return envError("container ID %.20q...: longer than %d bytes", a.ContainerID, MaxContainerIDLen)
+	}
+	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
+		return envError("interface name %q: %s", a.IfName, err.Msg)
+	}
+	return nil
+}
+
 // Names are the host-side object names derived from an attachment.
 type Names struct {
 	HostVeth string // bridge port
@@ -35,7 +60,8 @@ type Names struct {
 }
 
 // NamesFor derives the names from a hash of the attachment's key, so they are stable across
-// retries and restarts and DEL can find them without any stored state.
+// retries and restarts and DEL can find them without any stored state. The key's parts cannot
+// contain the NUL that separates them.
 func NamesFor(network string, a Attachment) Names {
 	sum := sha256.Sum256([]byte(network + "\x00" + a.ContainerID + "\x00" + a.IfName))
 	h := hex.EncodeToString(sum[:])
@@ -54,46 +80,141 @@ type Record struct {
 	Bandwidth    *Bandwidth     `json:"bandwidth,omitempty"`
 }
 
+func (rec *Record) attachment() Attachment {
+	return Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName, NetNS: rec.NetNS, Pod: rec.Pod}
+}
+
 // RecordDirName is the directory, inside the network's IPAM directory, that holds the records.
 // host-local ignores subdirectories' content (it only matches files whose content is a container
 // ID), so a node can switch back and forth without confusing either plugin.
 const RecordDirName = "kubenet-attachments"
 
+// CorruptRecordError is Load's error for a record file that is not a record kubenet could have
+// written: truncated, garbage, empty (an unsynced write before a power loss), naming another
+// attachment, with values no writer produces, or not a regular file. DEL then tears down
+// everything derivable from the attachment's key; ADD refuses the attachment until then.
+type CorruptRecordError struct {
+	Path string
+	Err  error
+}
+
+func (e *CorruptRecordError) Error() string {
+	return fmt.Sprintf("attachment record %s is unreadable: %v", e.Path, e.Err)
+}
+
+func (e *CorruptRecordError) Unwrap() error { return e.Err }
+
 // Records stores the attachment records of one network.
-type Records struct{ dir string }
+type Records struct{ networkDir string }
 
 // NewRecords returns the record store under the network's IPAM directory.
-func NewRecords(networkDir string) Records {
-	return Records{dir: filepath.Join(networkDir, RecordDirName)}
+func NewRecords(networkDir string) Records { return Records{networkDir: networkDir} }
+
+// recordName is the record's file name: "<container ID>@<ifname>.json". A container ID never
+// contains "@", so the first "@" separates the two, and no two attachments share a name.
+func recordName(a Attachment) string { return a.ContainerID + "@" + a.IfName + ".json" }
+
+// RecordPath is the path of a's record file in the network directory networkDir (for operators
+// and tests; kubenet itself reaches it only through Records).
+func RecordPath(networkDir string, a Attachment) string {
+	return filepath.Join(networkDir, RecordDirName, recordName(a))
 }
 
-func (r Records) path(a Attachment) string {
-	return filepath.Join(r.dir, a.ContainerID+"_"+a.IfName+".json")
+// legacyRecordName is the name earlier versions used ("<id>_<ifname>.json"), which two
+// attachments can share ("a_b"+"c" and "a"+"b_c"): such a file counts only when its content
+// names the attachment.
+func legacyRecordName(a Attachment) string { return a.ContainerID + "_" + a.IfName + ".json" }
+
+// parseRecordName is the inverse of recordName; false for any other name.
+func parseRecordName(name string) (Attachment, bool) {
+	base, ok := strings.CutSuffix(name, ".json")
+	if !ok {
+		return Attachment{}, false
+	}
+	id, ifName, ok := strings.Cut(base, "@")
+	a := Attachment{ContainerID: id, IfName: ifName}
+	return a, ok && a.Validate() == nil
 }
 
-// Load returns the record of a, or (nil, nil) when there is none.
+// open opens the records directory (creating it when create is set); without create, a missing
+// directory is (nil, nil): there are no records. A symlink or a file in its place is replaced,
+// never followed (safedir.OpenIn).
+func (r Records) open(create bool) (*safedir.Dir, error) {
+	d, err := safedir.OpenIn(r.networkDir, RecordDirName, create)
+	if err != nil {
+		return nil, fmt.Errorf("attachment records: %w", err)
+	}
+	return d, nil
+}
+
+// Load returns the record of a: (nil, nil) when there is none, a *CorruptRecordError when the
+// file is there but unreadable.
 func (r Records) Load(a Attachment) (*Record, error) {
-	rec, err := readRecord(r.path(a))
+	if err := a.Validate(); err != nil {
+		return nil, err
+	}
+	d, err := r.open(false)
+	if err != nil || d == nil {
+		return nil, err
+	}
+	defer d.Close()
+	rec, err := readRecord(d, recordName(a), a)
+	if rec != nil || err != nil {
+		return rec, err
+	}
+	// A record of an earlier version counts only when it is readable and names a.
+	rec, err = readRecord(d, legacyRecordName(a), a)
+	if err != nil {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// readRecord reads and checks one record file, which must be the record of a.
+func readRecord(d *safedir.Dir, name string, a Attachment) (*Record, error) {
+	data, err := d.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	return rec, err
-}
-
-// readRecord reads and parses one record file; (nil, nil) for an empty file, which is what a
-// power loss leaves of an unsynced write (DEL then falls back to derived names, GC collects the
-// reservations by their own files).
-func readRecord(path string) (*Record, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
+	if err != nil && !errors.Is(err, safedir.ErrNotRegular) {
 		return nil, fmt.Errorf("attachment record: %w", err)
 	}
+	if err == nil {
+		var rec *Record
+		if rec, err = parseRecord(data); err == nil {
+			if rec.ContainerID == a.ContainerID && rec.IfName == a.IfName {
+				return rec, nil
+			}
+			err = fmt.Errorf("it is the record of container %q interface %q", rec.ContainerID, rec.IfName)
+		}
+	}
+	return nil, &CorruptRecordError{Path: d.Join(name), Err: err}
+}
+
+// parseRecord checks a record's content as strictly as ADD writes it.
+func parseRecord(data []byte) (*Record, error) {
 	if len(data) == 0 {
-		return nil, nil
+		return nil, errors.New("empty file")
 	}
 	var rec Record
 	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, fmt.Errorf("attachment record %s: %w", path, err)
+		return nil, err
+	}
+	if err := rec.attachment().Validate(); err != nil {
+		return nil, err
+	}
+	if len(rec.IPs) > 2 {
+		return nil, fmt.Errorf("%d addresses", len(rec.IPs))
+	}
+	for _, p := range rec.IPs {
+		if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			return nil, fmt.Errorf("address %s", p)
+		}
+	}
+	for i, pm := range rec.PortMappings {
+		if err := validatePortMapping(&pm, fmt.Sprintf("portMappings[%d]", i)); err != nil || pm != rec.PortMappings[i] {
+			return nil, fmt.Errorf("port mapping %+v", rec.PortMappings[i])
+		}
 	}
 	return &rec, nil
 }
@@ -101,62 +222,212 @@ func readRecord(path string) (*Record, error) {
 // Written returns when the record of a was written (its file's modification time; Save
 // replaces the file, so this is the last Save). The error wraps fs.ErrNotExist when there is none.
 func (r Records) Written(a Attachment) (time.Time, error) {
-	fi, err := os.Lstat(r.path(a))
+	if err := a.Validate(); err != nil {
+		return time.Time{}, err
+	}
+	d, err := r.open(false)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if d == nil {
+		return time.Time{}, fmt.Errorf("attachment record: %w", fs.ErrNotExist)
+	}
+	defer d.Close()
+	st, err := d.Lstat(recordName(a))
+	if errors.Is(err, fs.ErrNotExist) {
+		// A record of an earlier version counts as the attachment's.
+		if rec, lerr := readRecord(d, legacyRecordName(a), a); lerr == nil && rec != nil {
+			st, err = d.Lstat(legacyRecordName(a))
+		}
+	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("attachment record: %w", err)
 	}
-	return fi.ModTime(), nil
+	return time.Unix(st.Mtim.Unix()), nil
 }
 
 // Save writes rec atomically.
 func (r Records) Save(rec *Record) error {
-	if err := os.MkdirAll(r.dir, 0o755); err != nil {
-		return fmt.Errorf("attachment records: %w", err)
+	a := rec.attachment()
+	if err := a.Validate(); err != nil {
+		return err
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
+	d, err := r.open(true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
 	// No fsync: the reservations (durable) already name the container, and the objects the record
-	// describes do not survive a power loss either; Load treats the empty file a power loss may
-	// leave as no record.
-	return atomicfile.WriteNoSync(r.path(Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}), data, 0o600)
-}
-
-// Remove deletes the record of a; a missing record is fine. The directory goes with the last
-// record, so a drained node's data dir holds only what host-local would have (lock and cursors).
-// Callers hold the network lock, so no Save can race the directory removal.
-func (r Records) Remove(a Attachment) error {
-	if err := os.Remove(r.path(a)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	// describes do not survive a power loss either; the empty file a power loss may leave is a
+	// corrupt record, which DEL and GC clean up from the attachment's key.
+	if err := d.WriteFile(recordName(a), data, 0o600, false); err != nil {
 		return fmt.Errorf("attachment record: %w", err)
 	}
-	if err := os.Remove(r.dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+	return nil
+}
+
+// Remove deletes the record of a (and a legacy record that names a) and the temporary files of
+// its unfinished writes; a missing record is fine. The directory goes with the last record, so a
+// drained node's data dir holds only what host-local would have (lock and cursors). Callers hold
+// the network lock, so no Save can race the directory removal and no temporary file in it
+// belongs to a live writer.
+func (r Records) Remove(a Attachment) error {
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	d, err := r.open(false)
+	if err != nil || d == nil {
+		return err
+	}
+	defer d.Close()
+	var errs []error
+	if err := d.RemoveAll(recordName(a)); err != nil {
+		errs = append(errs, fmt.Errorf("attachment record: %w", err))
+	}
+	if rec, err := readRecord(d, legacyRecordName(a), a); rec != nil && err == nil {
+		errs = append(errs, d.Remove(legacyRecordName(a)))
+	}
+	return errors.Join(append(errs, removeIfOnlyTemp(r.networkDir, d, safedir.TempPrefix(recordName(a))))...)
+}
+
+// removeIfOnlyTemp removes the records directory d when it holds nothing but temporary files,
+// and with it, when it stays, the temporary files whose name starts with own (those of one
+// attachment; "" for none).
+func removeIfOnlyTemp(networkDir string, d *safedir.Dir, own string) error {
+	root, err := safedir.Open(networkDir)
+	if err != nil {
+		return fmt.Errorf("attachment records: %w", err)
+	}
+	defer root.Close()
+	// The cheap case first: the last record went, and nothing else is there.
+	err = root.RemoveDir(RecordDirName)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		return fmt.Errorf("attachment records: %w", err)
+	}
+	entries, err := d.ReadDir()
+	if err != nil {
+		return fmt.Errorf("attachment records: %w", err)
+	}
+	onlyTemp := true
+	for _, e := range entries {
+		onlyTemp = onlyTemp && safedir.IsTemp(e.Name())
+	}
+	for _, e := range entries {
+		if !safedir.IsTemp(e.Name()) || !onlyTemp && (own == "" || !strings.HasPrefix(e.Name(), own)) {
+			continue
+		}
+		if err := d.Remove(e.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("attachment records: %w", err)
+		}
+	}
+	if !onlyTemp {
+		return nil
+	}
+	if err := root.RemoveDir(RecordDirName); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
 		return fmt.Errorf("attachment records: %w", err)
 	}
 	return nil
 }
 
-// List returns every record (for GC).
+// List returns every readable record; unreadable ones are left out (Scan reports them).
 func (r Records) List() ([]Record, error) {
-	entries, err := os.ReadDir(r.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	s, err := r.Scan()
+	return s.Records, err
+}
+
+// RecordScan is what Scan finds in the records directory.
+type RecordScan struct {
+	Records []Record
+	// Corrupt are the attachments whose record file is unreadable (the name gives the key).
+	Corrupt []Attachment
+	// Garbage are files that are neither a record nor a temporary file of one and whose name
+	// gives no attachment (an unreadable record of an earlier version, junk).
+	Garbage []string
+	// Temp are temporary files of writes that never finished.
+	Temp []string
+}
+
+// Scan reads the whole records directory (GC). One unreadable file never hides the others.
+func (r Records) Scan() (RecordScan, error) {
+	var s RecordScan
+	d, err := r.open(false)
+	if err != nil || d == nil {
+		return s, err
 	}
+	defer d.Close()
+	entries, err := d.ReadDir()
 	if err != nil {
-		return nil, fmt.Errorf("attachment records: %w", err)
+		return s, fmt.Errorf("attachment records: %w", err)
 	}
-	var out []Record
 	for _, e := range entries {
-		if e.IsDir() || strings.HasPrefix(e.Name(), ".") || !strings.HasSuffix(e.Name(), ".json") {
+		name := e.Name()
+		if safedir.IsTemp(name) {
+			s.Temp = append(s.Temp, name)
 			continue
 		}
-		rec, err := readRecord(filepath.Join(r.dir, e.Name()))
-		if err != nil {
-			return nil, err
+		if a, ok := parseRecordName(name); ok {
+			rec, err := readRecord(d, name, a)
+			var corrupt *CorruptRecordError
+			switch {
+			case errors.As(err, &corrupt):
+				s.Corrupt = append(s.Corrupt, a)
+			case err != nil:
+				return s, err
+			case rec != nil:
+				s.Records = append(s.Records, *rec)
+			}
+			continue
 		}
-		if rec != nil {
-			out = append(out, *rec)
+		// An earlier version's record counts when its content names the attachment its name
+		// was made from.
+		data, err := d.ReadFile(name)
+		if err == nil {
+			if rec, err := parseRecord(data); err == nil && legacyRecordName(rec.attachment()) == name {
+				s.Records = append(s.Records, *rec)
+				continue
+			}
+		}
+		s.Garbage = append(s.Garbage, name)
+	}
+	return s, nil
+}
+
+// RemoveFiles removes files of the records directory by name (GC's garbage and temporary files;
+// callers hold the network lock), and the directory when nothing else is left.
+func (r Records) RemoveFiles(names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	d, err := r.open(false)
+	if err != nil || d == nil {
+		return err
+	}
+	defer d.Close()
+	var errs []error
+	for _, n := range names {
+		if err := d.RemoveAll(n); err != nil {
+			errs = append(errs, fmt.Errorf("attachment records: %w", err))
 		}
 	}
-	return out, nil
+	return errors.Join(append(errs, removeIfOnlyTemp(r.networkDir, d, ""))...)
+}
+
+// claimant returns the attachment whose readable record lists address a (the first, should two
+// do), or false.
+func (s RecordScan) claimant(a netip.Addr) (attachmentKey, bool) {
+	for _, rec := range s.Records {
+		for _, p := range rec.IPs {
+			if p.Addr() == a {
+				return attachmentKey{rec.ContainerID, rec.IfName}, true
+			}
+		}
+	}
+	return attachmentKey{}, false
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -12,28 +13,42 @@ import (
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/ipam"
-	"github.com/kubenet-dev/kubenet/masq"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
 // Check verifies everything the attachment owns and returns the first difference: the
 // reservation against prevResult, the bridge and its gateways, the host veth on the bridge and
-// its hairpin flag, the pod interface with addresses, routes and MTU, the SNAT and dedup rules,
-// host ports and shaping.
-func Check(ctx context.Context, cfg *Config, att Attachment) error {
+// its hairpin flag, the pod interface with addresses, routes and MTU, its isolation elements, the
+// node-wide rules it depends on (SNAT, dedup, isolation, the host-port chains and maps with the
+// localnet guard), its host ports and shaping.
+func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
+	if err := att.Validate(); err != nil {
+		return err
+	}
 	if cfg.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "CHECK needs prevResult (the result of ADD)", "")
+	}
+	fromPrev, err := prevAddrs(cfg.PrevResult, att)
+	if err != nil {
+		return err
 	}
 	podNS, err := openPodNS(att.NetNS)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	store, err := openStore(cfg)
 	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+		return err
 	}
 	defer store.Close()
+	// An ADD or DEL of the attachment in progress would make the comparison meaningless.
+	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, unlock()) }()
 	rec, err := NewRecords(store.Dir()).Load(att)
 	if err != nil {
 		return err
@@ -41,7 +56,7 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	if rec == nil {
 		return fmt.Errorf("kubenet has no attachment of container %q interface %q on network %q", att.ContainerID, att.IfName, cfg.Network)
 	}
-	if err := checkReservation(store, cfg.PrevResult, att, rec); err != nil {
+	if err := checkReservation(store, fromPrev, att, rec); err != nil {
 		return err
 	}
 	br, err := bridge.CheckBridge(bridgeConfig(cfg, cfg.MTU))
@@ -59,13 +74,15 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	} else if flag != cfg.Hairpin.PortFlag() {
 		return fmt.Errorf("host veth %q hairpin flag is %v, want %v in mode %s", names.HostVeth, flag, cfg.Hairpin.PortFlag(), cfg.Hairpin)
 	}
-	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways())}, host, br.MTU); err != nil {
+	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways()), MAC: podMAC(cfg.Network, att)}, host, br.MTU); err != nil {
 		return err
 	}
-	if err := masq.Check(masqConfig(cfg)); err != nil {
+	if err := isolation.Check(isolationConfig(cfg), portOf(cfg, att, rec.IPs)); err != nil {
 		return err
 	}
-	if err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)); err != nil {
+	// The node-wide rules by their expressions, not only their comments: a rule changed in
+	// place keeps its comment.
+	if err := CheckNode(cfg); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -79,17 +96,37 @@ func Check(ctx context.Context, cfg *Config, att Attachment) error {
 	return shaping.Check(host, names.IFB, rec.Bandwidth.limits())
 }
 
+// prevAddrs returns prevResult's addresses of the attachment's interface (those that name no
+// interface count too). prevResult comes from the runtime's cache and is checked like any input:
+// an entry that names an interface prevResult does not have, or holds no address, is an error.
+func prevAddrs(prev *current.Result, att Attachment) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for i, ip := range prev.IPs {
+		key := fmt.Sprintf("prevResult.ips[%d]", i)
+		if ip == nil {
+			return nil, configError(key, "null", "not an IP configuration")
+		}
+		if ip.Interface != nil {
+			n := *ip.Interface
+			if n < 0 || n >= len(prev.Interfaces) || prev.Interfaces[n] == nil {
+				return nil, configError(key+".interface", n, "prevResult has %d interfaces", len(prev.Interfaces))
+			}
+			if prev.Interfaces[n].Name != att.IfName {
+				continue
+			}
+		}
+		a, ok := netip.AddrFromSlice(ip.Address.IP)
+		if !ok {
+			return nil, configError(key+".address", ip.Address.String(), "not an IP address")
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}
+
 // checkReservation compares prevResult's pod addresses with kubenet's record and the address
 // store: all three must name the same addresses, reserved for this attachment.
-func checkReservation(store *ipam.Store, prev *current.Result, att Attachment, rec *Record) error {
-	var fromPrev []netip.Addr
-	for _, ip := range prev.IPs {
-		if ip.Interface != nil && *ip.Interface < len(prev.Interfaces) && prev.Interfaces[*ip.Interface].Name != att.IfName {
-			continue
-		}
-		a, _ := netip.AddrFromSlice(ip.Address.IP)
-		fromPrev = append(fromPrev, a.Unmap())
-	}
+func checkReservation(store *ipam.Store, fromPrev []netip.Addr, att Attachment, rec *Record) error {
 	recorded := prefixAddrs(rec.IPs)
 	slices.SortFunc(fromPrev, netip.Addr.Compare)
 	slices.SortFunc(recorded, netip.Addr.Compare)

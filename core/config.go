@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubenet-dev/kubenet/hairpin"
@@ -35,6 +37,7 @@ type NetConf struct {
 	LogFile            string        `json:"logFile,omitempty"`
 	LogMaxBytes        int64         `json:"logMaxBytes,omitempty"`
 	NetworkPolicy      bool          `json:"networkPolicy,omitempty"` // kubenet-agent enforces policies: ADD holds new pods (docs/networkpolicy.md)
+	AntiSpoofing       *bool         `json:"antiSpoofing,omitempty"`  // nil: on
 	RuntimeConfig      RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
@@ -88,6 +91,7 @@ type Config struct {
 	Hairpin            hairpin.Mode
 	DataDir            string
 	NetworkPolicy      bool
+	AntiSpoofing       bool // pods may send only from their own MAC and addresses
 	Runtime            RuntimeConfig
 	PrevResult         *current.Result
 	Log                LogSettings
@@ -96,6 +100,16 @@ type Config struct {
 	// settings instead of failing (see claimNode).
 	Owner        string
 	TakeOverNode bool
+	// fromIPRanges: the ranges came from the runtime's ipRanges, not from podCIDRs.
+	fromIPRanges bool
+}
+
+// rangesKey is the configuration key the pod CIDRs came from, for messages.
+func (c *Config) rangesKey() string {
+	if c.fromIPRanges {
+		return "runtimeConfig.ipRanges"
+	}
+	return "podCIDRs"
 }
 
 // PodCIDRs returns the pod CIDR of each family, IPv4 first when both exist.
@@ -120,15 +134,24 @@ func (c *Config) Gateways() []netip.Prefix {
 // naming the key and the value.
 func ParseConfig(stdin []byte) (*Config, error) {
 	var nc NetConf
-	if err := json.Unmarshal(stdin, &nc); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, types.NewError(types.ErrInvalidNetworkConfig,
-				fmt.Sprintf("invalid %s: expected %s, got JSON %s", te.Field, te.Type, te.Value), "")
-		}
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+	if err := decode(stdin, &nc); err != nil {
+		return nil, err
 	}
 	return nc.Validate()
+}
+
+// decode unmarshals stdin into v: malformed JSON gives code 6, a value of the wrong type code 7
+// naming the key.
+func decode(stdin []byte, v any) error {
+	if err := json.Unmarshal(stdin, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("invalid %s: expected %s, got JSON %s", te.Field, te.Type, te.Value), "")
+		}
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+	}
+	return nil
 }
 
 // Validate checks a NetConf built in code (the in-process NetworkPlugin does) exactly as
@@ -142,15 +165,17 @@ func (nc *NetConf) Validate() (*Config, error) {
 		DataDir:    nc.DataDir,
 		Runtime:    nc.RuntimeConfig,
 		Owner:      OwnerCNI,
+		// On unless turned off: every pod is a possible attacker.
+		AntiSpoofing: nc.AntiSpoofing == nil || *nc.AntiSpoofing,
 	}
 	c.NetworkPolicy = nc.NetworkPolicy
-	if c.Network == "" {
-		return nil, configError("name", "", "the network needs a name")
+	if err := validNetworkName(c.Network); err != nil {
+		return nil, err
 	}
 	if c.Bridge == "" {
 		c.Bridge = DefaultBridge
 	}
-	if err := validIfName(c.Bridge); err != nil {
+	if err := validBridgeName(c.Bridge); err != nil {
 		return nil, configError("bridge", c.Bridge, "%v", err)
 	}
 	if c.DataDir == "" {
@@ -170,11 +195,15 @@ func (nc *NetConf) Validate() (*Config, error) {
 	if c.Ranges, err = nc.ranges(); err != nil {
 		return nil, err
 	}
+	c.fromIPRanges = len(nc.RuntimeConfig.IPRanges) > 0
 	if c.MTU != 0 && c.MTU < 1280 && c.hasIPv6() {
 		return nil, configError("mtu", c.MTU, "IPv6 needs at least 1280")
 	}
 	for _, s := range nc.NonMasqueradeCIDRs {
 		p, err := parseCIDR(s)
+		if err == nil {
+			err = sensibleNonMasquerade(p)
+		}
 		if err != nil {
 			return nil, configError("nonMasqueradeCIDRs", s, "%v", err)
 		}
@@ -227,7 +256,7 @@ func (nc *NetConf) ranges() ([]ipam.RangeSet, error) {
 		}
 	} else {
 		for _, s := range nc.PodCIDRs {
-			p, err := parseCIDR(s)
+			p, err := parsePodCIDR(s)
 			if err != nil {
 				return nil, configError("podCIDRs", s, "%v", err)
 			}
@@ -254,7 +283,7 @@ func rangeSetFromIPRanges(rs []IPRange) (ipam.RangeSet, error) {
 	const key = "runtimeConfig.ipRanges"
 	var set ipam.RangeSet
 	for _, ir := range rs {
-		p, err := parseCIDR(ir.Subnet)
+		p, err := parsePodCIDR(ir.Subnet)
 		if err != nil {
 			return nil, configError(key+" subnet", ir.Subnet, "%v", err)
 		}
@@ -310,13 +339,108 @@ func parseCIDR(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-// validIfName applies the kernel's rules for interface names.
-func validIfName(name string) error {
-	if len(name) > 15 {
-		return fmt.Errorf("longer than 15 bytes")
+// MaxNetworkNameLen bounds the network name: it becomes a directory name and, prefixed, the
+// name of nftables tables and part of the bridge's alias.
+const MaxNetworkNameLen = 128
+
+// validNetworkName applies CNI's rule for network names (letters, digits and "_.-", not starting
+// with a symbol) that skel applies to the binary's input, for the in-process NetworkPlugin too.
+func validNetworkName(name string) error {
+	if name == "" {
+		return configError("name", "", "the network needs a name")
 	}
-	if name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
-		return fmt.Errorf("not a valid interface name")
+	if err := utils.ValidateNetworkName(name); err != nil {
+		return configError("name", name, "%s", strings.TrimSuffix(err.Msg, ":"))
+	}
+	if len(name) > MaxNetworkNameLen {
+		return configError("name", name, "longer than %d bytes", MaxNetworkNameLen)
+	}
+	return nil
+}
+
+// kubenetLinkName matches the names kubenet gives host veths and ifbs (NamesFor).
+var kubenetLinkName = regexp.MustCompile(`^(veth|kifb)[0-9a-f]{11}$`)
+
+// validBridgeName applies the kernel's rules for interface names and refuses the names the
+// kernel treats specially: "lo"; "all" and "default", which are the sysctl directories for every
+// interface (kubenet writes sysctls under the bridge's name: route_localnet on "all" would open
+// the node's 127.0.0.0/8 on every link); "bonding_masters" (a file in /sys/class/net); names
+// with "%" (the kernel numbers them, e.g. "br%d" becomes "br0"); and names of kubenet's own host
+// veths and ifbs, which a DEL would delete.
+func validBridgeName(name string) error {
+	if err := utils.ValidateInterfaceName(name); err != nil {
+		return errors.New(err.Msg)
+	}
+	for _, b := range []byte(name) {
+		if b <= ' ' || b > '~' {
+			return fmt.Errorf("contains the byte %#x: use printable ASCII", b)
+		}
+	}
+	switch {
+	case name == "lo":
+		return errors.New("is the loopback interface")
+	case name == "all" || name == "default":
+		return errors.New("names the sysctl settings of every interface")
+	case name == "bonding_masters":
+		return errors.New("is a reserved name in /sys/class/net")
+	case strings.Contains(name, "%"):
+		return errors.New("is a name template the kernel would number")
+	case kubenetLinkName.MatchString(name):
+		return errors.New("has the form of kubenet's own host veth and ifb names")
+	}
+	return nil
+}
+
+// specialRange is an address range that no pod network may overlap.
+type specialRange struct {
+	prefix netip.Prefix
+	what   string
+}
+
+// specialRanges: loopback, link-local, multicast, unspecified and broadcast addresses, and the
+// IPv6 ranges that embed or translate IPv4 addresses. (240.0.0.0/4 is not among them: Linux routes
+// it, and clusters short of private space use it for pods.) A pod CIDR that overlaps one of them
+// gives pods addresses the node treats as its own or never routes, or takes the node's
+// link-local neighbours (its gateway, metadata service) away from it.
+var specialRanges = []specialRange{
+	{netip.MustParsePrefix("0.0.0.0/8"), `"this network" (0.0.0.0/8, holds the unspecified address)`},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
+	{netip.MustParsePrefix("255.255.255.255/32"), "the limited broadcast address"},
+	{netip.MustParsePrefix("::/96"), "the unspecified and loopback addresses and IPv4-compatible addresses"},
+	{netip.MustParsePrefix("::ffff:0:0/96"), "IPv4-mapped addresses"},
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), "IPv4-translated addresses"},
+	{netip.MustParsePrefix("64:ff9b::/96"), "the NAT64 prefix"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "the local-use NAT64 prefix"},
+	{netip.MustParsePrefix("100::/64"), "discard-only addresses"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+}
+
+// parsePodCIDR is parseCIDR for a pod network: it must not overlap a special range.
+func parsePodCIDR(s string) (netip.Prefix, error) {
+	p, err := parseCIDR(s)
+	if err != nil {
+		return p, err
+	}
+	for _, r := range specialRanges {
+		if p.Overlaps(r.prefix) {
+			return netip.Prefix{}, fmt.Errorf("overlaps %s, which is %s", r.prefix, r.what)
+		}
+	}
+	return p, nil
+}
+
+// sensibleNonMasquerade refuses a non-masquerade CIDR that can never match a pod's destination:
+// one inside the loopback, multicast, unspecified or IPv4-embedding ranges. Wider ones (0.0.0.0/0
+// turns masquerading off) and link-local ones (a cloud's metadata service) are fine.
+func sensibleNonMasquerade(p netip.Prefix) error {
+	for _, r := range specialRanges {
+		if r.what == "link-local" || r.prefix.Bits() > p.Bits() || !r.prefix.Contains(p.Addr()) {
+			continue
+		}
+		return fmt.Errorf("lies in %s, which is %s: no pod traffic goes there", r.prefix, r.what)
 	}
 	return nil
 }

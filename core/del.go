@@ -13,28 +13,54 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
 // Del removes every host-side trace of the attachment: host veth (and with it the pod end),
 // conntrack entries of its addresses, its reservations and its record. It needs neither the pod's
 // netns nor prevResult, and succeeds when repeated. It tries every step and reports all failures.
+// It holds the attachment lock throughout, so it never interleaves with an ADD of the same
+// attachment.
 func Del(ctx context.Context, cfg *Config, att Attachment) error {
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
-	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+	if err := att.Validate(); err != nil {
+		return err
 	}
-	defer store.Close()
-	rec, err := NewRecords(store.Dir()).Load(att)
+	store, err := openStore(cfg)
 	if err != nil {
 		return err
 	}
-	return del(ctx, cfg, store, att, rec)
+	defer store.Close()
+	return teardown(ctx, cfg, store, att)
 }
 
-// del is Del on an open store with the attachment's record (nil: none), so that GC, which has
-// both already, does not open and read them again for every attachment it collects.
-func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, rec *Record) error {
+// teardown is Del on an open store: under the attachment lock, it reads the record and removes
+// everything of the attachment.
+func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment) (err error) {
+	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, unlock()) }()
+	rec, err := NewRecords(store.Dir()).Load(att)
+	var corrupt *CorruptRecordError
+	if err != nil && !errors.As(err, &corrupt) {
+		return err
+	}
+	_, err = del(ctx, cfg, store, att, rec, corrupt != nil)
+	return err
+}
+
+// del removes the attachment with its record rec (nil: none). unknown says that a record exists
+// but cannot be read: then the host ports are found by owner in the whole index and the maps,
+// and everything else from the attachment's key, as without a record.
+//
+// The reservations and the record go only when everything before them is gone: an address is
+// free only once no veth, rule or flow of the attachment can still use it, and the record is what
+// a retried DEL (or GC) needs to find the rest.
+//
+// It returns the addresses it released.
+func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, rec *Record, unknown bool) ([]netip.Addr, error) {
 	records := NewRecords(store.Dir())
 	var hint []netip.Addr
 	if rec != nil {
@@ -43,11 +69,23 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	names := NamesFor(cfg.Network, att)
 
 	var errs []error
-	unmapped, err := delHostPorts(cfg, att, rec, store)
-	errs = append(errs, err)
+	// A transaction that removes set or map elements waits for an RCU grace period, and two of
+	// them (isolation elements, host ports) wait one after the other: both run alongside the
+	// link deletion instead of before it.
+	isolated := alongside(func() error { return delIsolation(cfg, att, rec) })
+	var unmapped []hostport.Entry
+	hostPortsGone := alongside(func() (err error) {
+		unmapped, err = delHostPorts(cfg, att, rec, unknown, store)
+		return err
+	})
 	errs = append(errs, delLinks(names))
+	// The host ports are gone before the conntrack walk, so no new flow to the pod can appear
+	// behind it.
+	errs = append(errs, <-hostPortsGone)
+	crashPoint("del: host ports removed")
+	crashPoint("del: links removed")
 	if err := ctx.Err(); err != nil {
-		return errors.Join(append(errs, err)...)
+		return nil, errors.Join(append(errs, <-isolated, err)...)
 	}
 	// Forget flows of the pod's addresses, so a new pod that gets the same address does not
 	// inherit this pod's NAT bindings (UDP flows never time out while traffic continues). This
@@ -55,38 +93,100 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	// addresses are still reserved: no other pod can hold them yet. The host ports' translated
 	// flows lead to the same addresses, so the one walk forgets them too.
 	errs = append(errs, flushConntrack(hint))
-	// The record is what a retried DEL (or GC) needs to find host ports and addresses when the
-	// runtime sends nothing, so it goes only once everything before it is gone.
-	removedAll := errors.Join(errs...) == nil
-
-	errs = append(errs, withNetworkLock(store, func() error {
-		return releaseLocked(cfg.Network, store, records, att, hint, unmapped, removedAll)
-	}))
-	return errors.Join(errs...)
+	errs = append(errs, <-isolated)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%w (the addresses stay reserved and the record stays until a DEL gets everything)", err)
+	}
+	var released []netip.Addr
+	err := withNetworkLock(store, func() (err error) {
+		released, err = releaseLocked(cfg.Network, store, records, att, hint, unmapped)
+		return err
+	})
+	return released, err
 }
 
 // releaseLocked is DEL's part under the network lock: release the reservations, forget the flows
 // of addresses only the release revealed and of host ports that led elsewhere, and remove the
-// record once everything before it succeeded (removedAll).
-func releaseLocked(network string, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry, removedAll bool) error {
-	var errs []error
-	// The policy elements of the addresses go first, while the addresses are still this
-	// attachment's: once released, the next ADD may hold them for another pod.
-	errs = append(errs, forgetPolicies(network, hint))
+// record once all of that succeeded. The policy elements of the attachment's addresses go first,
+// while the addresses are still this attachment's: once released, the next ADD may hold them for
+// another pod.
+func releaseLocked(network string, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
+	if err := forgetPolicies(network, hint); err != nil {
+		return nil, err
+	}
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
-	errs = append(errs, err)
-	errs = append(errs, forgetPolicies(network, slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })))
-	// Without a record the addresses are known only now; forget their flows under the lock.
-	errs = append(errs, flushConntrack(slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })))
+	if err != nil {
+		return released, err
+	}
+	damaged, err := releaseDamaged(store, records, att, hint)
+	released = append(released, damaged...)
+	if err != nil {
+		return released, err
+	}
+	crashPoint("del: addresses released")
+	// Without a record the addresses are known only now; forget their policy elements and their
+	// flows under the lock.
+	revealed := slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })
+	errs := []error{forgetPolicies(network, revealed), flushConntrack(revealed)}
 	// A host port that led to an address that is not the pod's (a DEL that lost record and
 	// reservations; the address may be another pod's by now) has its port's flows forgotten
 	// instead of the address's.
 	ours := slices.Concat(hint, released)
 	errs = append(errs, hostport.FlushUDP(slices.DeleteFunc(unmapped, func(e hostport.Entry) bool { return slices.Contains(ours, e.PodIP) })))
-	if err == nil && removedAll {
-		errs = append(errs, records.Remove(att))
+	if err := errors.Join(errs...); err != nil {
+		return released, err
 	}
-	return errors.Join(errs...)
+	return released, records.Remove(att)
+}
+
+// releaseDamaged releases the addresses of hint (the attachment's record) whose reservation
+// file is damaged or torn (ipam.Store.Torn): while a record lists an address, no other attachment
+// can have been given it, so it is this attachment's. Should another record list it too, it
+// stays for GC to sort out.
+func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []netip.Addr) ([]netip.Addr, error) {
+	var scan *RecordScan
+	var released []netip.Addr
+	for _, a := range hint {
+		damaged, err := store.Torn(a, att.ContainerID, att.IfName)
+		if err != nil {
+			return released, err
+		}
+		if !damaged {
+			continue
+		}
+		if scan == nil {
+			s, err := records.Scan()
+			if err != nil {
+				return released, err
+			}
+			scan = &s
+		}
+		if claimant, ok := scan.claimant(a); ok && claimant != (attachmentKey{att.ContainerID, att.IfName}) {
+			continue
+		}
+		if err := store.ReleaseAddr(a); err != nil {
+			return released, err
+		}
+		released = append(released, a)
+	}
+	return released, nil
+}
+
+// DelCrashPoints names the crash points of DEL (see CrashPoints), in the order DEL passes them.
+func DelCrashPoints() []string {
+	return []string{"del: host ports removed", "del: links removed", "del: addresses released"}
+}
+
+// delIsolation removes the pod's elements from the bridge's isolation sets. They are keyed by
+// the host veth's name, the MAC derived from the attachment and the recorded addresses; without
+// a record the sets are searched for the port (only then does DEL cost what the node holds).
+func delIsolation(cfg *Config, att Attachment, rec *Record) error {
+	if rec != nil {
+		return isolation.Remove(cfg.Network, portOf(cfg, att, rec.IPs))
+	}
+	port := NamesFor(cfg.Network, att).HostVeth
+	_, err := isolation.GC(cfg.Network, func(p, _ string) bool { return p != port })
+	return err
 }
 
 // delLinks deletes the attachment's interfaces: the host veth (with it the pod end and the

@@ -108,3 +108,80 @@ func FuzzRuntimeConfig(f *testing.F) {
 		checkValidConfig(t, cfg)
 	})
 }
+
+// FuzzTeardownConfig: DEL and GC accept any configuration whose name and data dir are valid,
+// never panic, and pass on only valid host ports and pod CIDRs.
+func FuzzTeardownConfig(f *testing.F) {
+	for _, seed := range []string{
+		`{"cniVersion":"1.1.0","name":"kubenet","podCIDRs":["10.244.1.0/24"],"runtimeConfig":{"portMappings":[{"hostPort":0}]}}`,
+		`{"name":"n","dataDir":"/x","runtimeConfig":{"ipRanges":[[{"subnet":"banana"}]],"portMappings":"x"}}`,
+		`{"name":"n","podCIDRs":["fd00::/64","10.0.0.0/24","10.1.0.0/24"],"bridge":7}`,
+		`{"name":"n","prevResult":{"ips":[{"interface":-1}]}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseTeardownConfig(data)
+		if err != nil {
+			requireCNIError(t, err, types.ErrDecodingFailure, types.ErrInvalidNetworkConfig)
+			return
+		}
+		if validNetworkName(cfg.Network) != nil || !strings.HasPrefix(cfg.DataDir, "/") || validBridgeName(cfg.Bridge) != nil || len(cfg.Ranges) > 2 {
+			t.Fatalf("teardown config with bad basics: %+v", cfg)
+		}
+		for _, pm := range cfg.Runtime.PortMappings {
+			if err := validatePortMapping(&pm, "x"); err != nil {
+				t.Fatalf("kept an invalid mapping %+v: %v", pm, err)
+			}
+		}
+		for _, p := range cfg.PodCIDRs() {
+			if _, err := parsePodCIDR(p.String()); err != nil {
+				t.Fatalf("kept pod CIDR %s: %v", p, err)
+			}
+		}
+	})
+}
+
+// FuzzGCList: the GC list parser never panics, and what it accepts names only valid attachments.
+func FuzzGCList(f *testing.F) {
+	for _, seed := range []string{
+		`{"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}]}`,
+		`{"cni.dev/valid-attachments":null,"cni.dev/attachments":[{"containerID":"b"}]}`,
+		`{"cni.dev/valid-attachments":[null,{}]}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		valid, err := ParseValidAttachments(data)
+		if err != nil {
+			requireCNIError(t, err, types.ErrDecodingFailure, types.ErrInvalidNetworkConfig)
+			return
+		}
+		for _, v := range valid {
+			if err := (Attachment{ContainerID: v.ContainerID, IfName: v.IfName}).Validate(); err != nil {
+				t.Fatalf("accepted %+v: %v", v, err)
+			}
+		}
+	})
+}
+
+// FuzzPrevResult: whatever prevResult a runtime caches, CHECK's reading of it never panics.
+func FuzzPrevResult(f *testing.F) {
+	for _, seed := range []string{
+		`{"cniVersion":"1.1.0","interfaces":[{"name":"eth0"}],"ips":[{"interface":0,"address":"10.0.0.2/24"}]}`,
+		`{"cniVersion":"0.3.1","ips":[{"version":"4","interface":-1,"address":"10.0.0.2/24"}]}`,
+		`{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"}}`,
+		`{"cniVersion":"1.1.0","ips":[null]}`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, prev string) {
+		cfg, err := ParseCheckConfig([]byte(`{"cniVersion":"1.1.0","name":"n","podCIDRs":["10.0.0.0/24"],"prevResult":` + prev + `}`))
+		if err != nil || cfg.PrevResult == nil {
+			return
+		}
+		if _, err := prevAddrs(cfg.PrevResult, Attachment{ContainerID: "c", IfName: "eth0"}); err != nil {
+			requireCNIError(t, err, types.ErrInvalidNetworkConfig)
+		}
+	})
+}

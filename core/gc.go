@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 type attachmentKey struct{ id, ifname string }
@@ -26,6 +29,23 @@ type Keeper struct {
 	// period never collects an attachment whose ADD was still running at T: ADD writes the
 	// reservations and the record first, under the same lock.
 	WrittenBefore time.Time
+	// listed are the attachments InUse names, when the caller knows them (CNI GC's list).
+	listed []attachmentKey
+}
+
+// keeps reports whether att's host-side state (found without its record) stays: the attachment
+// is in use, or its record is too young to collect. ADD writes the record before anything else.
+func (k Keeper) keeps(records Records, att Attachment) bool {
+	if k.InUse(att.ContainerID, att.IfName) {
+		return true
+	}
+	if k.WrittenBefore.IsZero() {
+		return false
+	}
+	written, err := records.Written(att)
+	// Without a record the owner's ADD is over (crashed or rolled back); a record that cannot be
+	// read is kept, collecting is never a guess.
+	return !errors.Is(err, fs.ErrNotExist) && (err != nil || k.spares(written))
 }
 
 // spares reports whether a file written at written is too young to collect.
@@ -39,9 +59,18 @@ type GCReport struct {
 	Addresses   []netip.Addr // reservations released that no record described
 }
 
-// GC removes every attachment of this network that is not in valid (CNI GC): see Collect.
+// GC removes every attachment of this network that is not in valid (CNI GC): see Collect. A
+// list with an entry that names no valid attachment is refused as a whole (code 7): read
+// leniently, an entry without its interface name would protect nothing.
 func GC(ctx context.Context, cfg *Config, valid []ValidAttachment) error {
-	_, err := Collect(ctx, cfg, Keeper{InUse: validAttachments(valid)})
+	if err := ValidateAttachments(valid); err != nil {
+		return err
+	}
+	k := Keeper{InUse: validAttachments(valid)}
+	for _, v := range valid {
+		k.listed = append(k.listed, attachmentKey{v.ContainerID, v.IfName})
+	}
+	_, err := Collect(ctx, cfg, k)
 	return err
 }
 
@@ -62,57 +91,96 @@ func validAttachments(valid []ValidAttachment) func(id, ifName string) bool {
 	}
 }
 
-// Collect removes every attachment of this network that k does not keep: for each attachment
-// record the full DEL (veth, host ports, shaping, conntrack, reservations, record); then
-// reservations without a record (made by host-local, or by a kubenet crashed before its record),
-// host-port reservations and map elements of owners not kept, and left-over temporary files.
-// Lock and cursor files and other networks are never touched. It tries everything and reports
-// all errors together, with what it removed.
+// Collect removes every attachment of this network that k does not keep, in an order that never
+// leaves a rule or a link of an attachment pointing at a free address: first host-port
+// reservations and map elements of owners not kept; then, for each attachment record (readable
+// or not) not kept, the full DEL under its attachment lock; then reservations without a record
+// (made by host-local, or by a kubenet that crashed before its record: their holders' derived
+// links go first), left-over temporary files and junk in the records directory. An attachment
+// whose teardown failed keeps its addresses. Lock and cursor files and other networks are never
+// touched. One broken file or failed attachment never stops the rest: Collect tries everything
+// and reports all errors together, with what it removed.
 func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 	var report GCReport
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	// The runtime's capability arguments would be taken for every attachment's host ports.
+	gcCfg := *cfg
+	gcCfg.Runtime = RuntimeConfig{}
+	cfg = &gcCfg
+	store, err := openStore(cfg)
 	if err != nil {
-		return report, fmt.Errorf("address store: %w", err)
+		return report, err
 	}
 	defer store.Close()
 	records := NewRecords(store.Dir())
-	list, err := records.List()
-	var errs []error
-	if err != nil {
-		errs = append(errs, err)
+
+	errs := []error{gcHostPorts(cfg, store, records, k)}
+	scan, err := records.Scan()
+	errs = append(errs, err)
+	failed := map[attachmentKey]bool{}
+	collect := func(atts []Attachment) {
+		for _, att := range atts {
+			key := attachmentKey{att.ContainerID, att.IfName}
+			if k.InUse(att.ContainerID, att.IfName) || failed[key] {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				errs = append(errs, err)
+				return
+			}
+			rec, released, err := collectOne(ctx, cfg, store, att, k)
+			if err != nil {
+				failed[key] = true
+				errs = append(errs, fmt.Errorf("collect container %q interface %q: %w", att.ContainerID, att.IfName, err))
+				continue
+			}
+			if rec != nil {
+				report.Attachments = append(report.Attachments, *rec)
+			} else {
+				report.Addresses = append(report.Addresses, released...)
+			}
+		}
 	}
-	for _, rec := range list {
-		if k.InUse(rec.ContainerID, rec.IfName) {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return report, errors.Join(append(errs, err)...)
-		}
-		att := Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName}
-		young, err := recordSpared(store, records, att, k)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if young {
-			continue
-		}
-		// From here the attachment cannot come back to life: while its record exists no ADD of
-		// the same container and interface gets past the reservation.
-		if err := del(ctx, cfg, store, att, &rec); err != nil {
-			errs = append(errs, fmt.Errorf("collect container %q interface %q: %w", rec.ContainerID, rec.IfName, err))
-			continue
-		}
-		report.Attachments = append(report.Attachments, rec)
+	var doomed []Attachment
+	for _, rec := range scan.Records {
+		doomed = append(doomed, rec.attachment())
 	}
-	released, err := gcReservations(store, k)
-	report.Addresses = released
-	errs = append(errs, err, gcHostPorts(cfg, store, records, k), gcPolicies(store, cfg.Network, records))
+	collect(append(doomed, scan.Corrupt...))
+	orphans, released, err := gcReservations(store, scan, unrecorded(scan, k), k, failed)
+	report.Addresses = append(report.Addresses, released...)
+	errs = append(errs, err)
+	collect(orphans)
+	errs = append(errs, withNetworkLock(store, func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), gcIsolation(cfg, records, k), gcPolicies(store, cfg.Network, records))
 	return report, errors.Join(errs...)
 }
 
-// recordSpared reports, under the network lock, whether att's record is too young to collect or
-// already gone (a DEL ran meanwhile).
+// collectOne tears att down (Del's teardown) unless k spares it, and returns its record when it
+// had a readable one, and the addresses it released. The attachment lock comes first: an ADD of
+// att still running finishes before GC decides, and the age of what it wrote then spares it.
+func collectOne(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, k Keeper) (rec *Record, released []netip.Addr, err error) {
+	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { err = errors.Join(err, unlock()) }()
+	records := NewRecords(store.Dir())
+	if spared, err := recordSpared(store, records, att, k); err != nil || spared {
+		return nil, nil, err
+	}
+	rec, err = records.Load(att)
+	var corrupt *CorruptRecordError
+	if err != nil && !errors.As(err, &corrupt) {
+		return nil, nil, err
+	}
+	released, err = del(ctx, cfg, store, att, rec, corrupt != nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rec, released, nil
+}
+
+// recordSpared reports, under the network lock, whether att's record is too young to collect.
+// Without a cutoff nothing is spared; without a record there is no age to judge (orphan
+// reservations are judged by their own age in gcReservations).
 func recordSpared(store *ipam.Store, records Records, att Attachment, k Keeper) (bool, error) {
 	if k.WrittenBefore.IsZero() {
 		return false, nil
@@ -121,7 +189,6 @@ func recordSpared(store *ipam.Store, records Records, att Attachment, k Keeper) 
 	err := withNetworkLock(store, func() error {
 		written, err := records.Written(att)
 		if errors.Is(err, fs.ErrNotExist) {
-			spared = true
 			return nil
 		}
 		spared = err == nil && k.spares(written)
@@ -130,54 +197,116 @@ func recordSpared(store *ipam.Store, records Records, att Attachment, k Keeper) 
 	return spared, err
 }
 
-// gcReservations releases reservations whose holder k does not keep, under the lock so no ADD
-// can be handed an address between the listing and the release, and none that an ADD made
-// after k's cutoff is taken from it.
-func gcReservations(store *ipam.Store, k Keeper) ([]netip.Addr, error) {
+// gcReservations releases, under the lock (so no ADD can be handed an address between the
+// listing and the release, and none that an ADD made after k's cutoff is taken from it), the
+// reservations whose holder k does not keep and from whose key no kubenet object derives
+// (unreadable files, host-local's ID-only files), and returns the other holders that are not
+// kept, for a full teardown (their derived links first), with the addresses it released.
+// Holders in failed keep their addresses. A reservation whose address a record in scan lists
+// belongs to that record's attachment, whatever the file says (damaged, torn): repaired when the
+// attachment is kept, left alone when its teardown failed.
+//
+// Kept attachments without a readable record (unknown) may own reservations no record accounts
+// for: a file torn from one of theirs ("id\r\ne" of "id\r\neth0") is repaired for it, and damaged
+// files that name nobody stay while there are such attachments. Releasing one could hand a live
+// pod's address to the next pod; a leaked address until the next GC is the price.
+func gcReservations(store *ipam.Store, scan RecordScan, unknown []attachmentKey, k Keeper, failed map[attachmentKey]bool) ([]Attachment, []netip.Addr, error) {
+	var orphans []Attachment
 	var released []netip.Addr
 	err := withNetworkLock(store, func() error {
-		var err error
-		released, err = gcReservationsLocked(store, k)
-		return err
-	})
-	return released, err
-}
-
-func gcReservationsLocked(store *ipam.Store, k Keeper) ([]netip.Addr, error) {
-	allocs, err := store.List()
-	if err != nil {
-		return nil, err
-	}
-	var errs []error
-	var released []netip.Addr
-	for _, a := range allocs {
-		if a.ContainerID != "" && k.InUse(a.ContainerID, a.IfName) {
-			continue
+		allocs, err := store.List()
+		if err != nil {
+			return err
 		}
-		if !k.WrittenBefore.IsZero() {
-			written, err := store.Written(a.Addr)
-			if errors.Is(err, fs.ErrNotExist) {
+		var errs []error
+		seen := map[attachmentKey]bool{}
+		for _, a := range allocs {
+			key := attachmentKey{a.ContainerID, a.IfName}
+			if a.ContainerID != "" && k.InUse(a.ContainerID, a.IfName) || failed[key] {
 				continue
 			}
-			if err != nil {
+			if claimant, ok := scan.claimant(a.Addr); ok && (k.InUse(claimant.id, claimant.ifname) || failed[claimant]) {
+				if !failed[claimant] {
+					errs = append(errs, store.Repair(a.Addr, claimant.id, claimant.ifname))
+				}
+				continue
+			}
+			if a.ContainerID == "" && len(unknown) > 0 {
+				continue
+			}
+			if owner, ok, err := tornOf(store, a.Addr, unknown); err != nil || ok {
+				errs = append(errs, err)
+				if ok {
+					errs = append(errs, store.Repair(a.Addr, owner.id, owner.ifname))
+				}
+				continue
+			}
+			if !k.WrittenBefore.IsZero() {
+				written, err := store.Written(a.Addr)
+				if errors.Is(err, fs.ErrNotExist) {
+					continue
+				}
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if k.spares(written) {
+					continue
+				}
+			}
+			if att := (Attachment{ContainerID: a.ContainerID, IfName: a.IfName}); att.Validate() == nil {
+				if !seen[key] {
+					seen[key] = true
+					orphans = append(orphans, att)
+				}
+				continue
+			}
+			if err := store.ReleaseAddr(a.Addr); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			if k.spares(written) {
-				continue
-			}
+			released = append(released, a.Addr)
 		}
-		if err := store.ReleaseAddr(a.Addr); err != nil {
+		errs = append(errs, flushConntrack(released))
+		if _, err := store.RemoveTemp(); err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		released = append(released, a.Addr)
+		return errors.Join(errs...)
+	})
+	return orphans, released, err
+}
+
+// unrecorded returns the kept attachments that have no readable record in scan: those the
+// caller listed without one, and those kept whose record cannot be read (a Keeper without a list
+// names no others).
+func unrecorded(scan RecordScan, k Keeper) []attachmentKey {
+	recorded := map[attachmentKey]bool{}
+	for _, rec := range scan.Records {
+		recorded[attachmentKey{rec.ContainerID, rec.IfName}] = true
 	}
-	errs = append(errs, flushConntrack(released))
-	if _, err := store.RemoveTemp(); err != nil {
-		errs = append(errs, err)
+	var out []attachmentKey
+	for _, key := range k.listed {
+		if !recorded[key] {
+			out = append(out, key)
+		}
 	}
-	return released, errors.Join(errs...)
+	for _, a := range scan.Corrupt {
+		if key := (attachmentKey{a.ContainerID, a.IfName}); k.InUse(a.ContainerID, a.IfName) && !slices.Contains(out, key) {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
+// tornOf returns the attachment among candidates whose reservation a's file is a torn write of.
+func tornOf(store *ipam.Store, a netip.Addr, candidates []attachmentKey) (attachmentKey, bool, error) {
+	for _, c := range candidates {
+		torn, err := store.Torn(a, c.id, c.ifname)
+		if err != nil || torn {
+			return c, torn, err
+		}
+	}
+	return attachmentKey{}, false, nil
 }
 
 // gcHostPorts removes host-port reservations and map elements whose owner k does not keep: the
@@ -185,16 +314,7 @@ func gcReservationsLocked(store *ipam.Store, k Keeper) ([]netip.Addr, error) {
 // record before any host port, so an owner whose record is younger than k's cutoff is kept.
 func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) error {
 	keep := func(o hostport.Owner) bool {
-		if k.InUse(o.ContainerID, o.IfName) {
-			return true
-		}
-		if k.WrittenBefore.IsZero() {
-			return false
-		}
-		written, err := records.Written(Attachment{ContainerID: o.ContainerID, IfName: o.IfName})
-		// Without a record the owner's ADD is over (crashed or rolled back); a record that
-		// cannot be read is kept, collecting is never a guess.
-		return !errors.Is(err, fs.ErrNotExist) && (err != nil || k.spares(written))
+		return k.keeps(records, Attachment{ContainerID: o.ContainerID, IfName: o.IfName})
 	}
 	err := withNetworkLock(store, func() error {
 		_, err := hostport.GC(hostportConfig(cfg, store.Dir()), keep)
@@ -202,6 +322,22 @@ func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) erro
 	})
 	if err != nil {
 		return fmt.Errorf("host ports: %w", err)
+	}
+	return nil
+}
+
+// gcIsolation removes the isolation elements of every bridge port whose attachment k does not
+// keep: the records' DELs removed those they knew; this catches what no record describes. An
+// element names its attachment in its comment; one whose comment does not lead back to its port
+// (none, or garbled) is removed, since an element is a permission to send.
+func gcIsolation(cfg *Config, records Records, k Keeper) error {
+	_, err := isolation.GC(cfg.Network, func(port, owner string) bool {
+		id, ifName, ok := strings.Cut(owner, "/")
+		att := Attachment{ContainerID: id, IfName: ifName}
+		return ok && NamesFor(cfg.Network, att).HostVeth == port && k.keeps(records, att)
+	})
+	if err != nil {
+		return fmt.Errorf("isolation: %w", err)
 	}
 	return nil
 }

@@ -4,8 +4,23 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
+
+// openStore opens the network's address store. A data dir that others may write (or that sits
+// below such a directory) is a configuration error naming dataDir: kubenet refuses to keep state
+// where someone else could plant names for it to follow.
+func openStore(cfg *Config) (*ipam.Store, error) {
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if errors.Is(err, safedir.ErrUntrusted) {
+		return nil, configError("dataDir", cfg.DataDir, "%v", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("address store: %w", err)
+	}
+	return store, nil
+}
 
 // withNetworkLock runs f holding the network lock and returns f's error (or the unlock's).
 //

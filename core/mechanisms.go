@@ -1,11 +1,14 @@
 package core
 
 import (
+	"crypto/sha256"
+	"net"
 	"net/netip"
 
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
@@ -20,7 +23,7 @@ func dedupFor(cfg *Config) hairpin.Dedup {
 
 // bridgeConfig is the bridge cfg asks for with MTU mtu (CHECK passes cfg.MTU: 0 accepts any).
 func bridgeConfig(cfg *Config, mtu int) bridge.Config {
-	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge()}
+	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge(), Owner: cfg.Network}
 }
 
 func masqConfig(cfg *Config) masq.Config {
@@ -29,6 +32,31 @@ func masqConfig(cfg *Config) masq.Config {
 
 func hostportConfig(cfg *Config, networkDir string) hostport.Config {
 	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs()}
+}
+
+func isolationConfig(cfg *Config) isolation.Config {
+	return isolation.Config{Network: cfg.Network, AntiSpoofing: cfg.AntiSpoofing}
+}
+
+// podMAC is the MAC of the attachment's pod interface: bridge gives it to the pod end of the
+// veth, isolation keys the pod's anti-spoofing elements by it. Derived from the attachment like
+// the host veth's name, so DEL finds those elements without the pod: a locally administered
+// unicast address from a hash of (network, container ID, interface).
+func podMAC(network string, att Attachment) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("pod-mac\x00" + network + "\x00" + att.ContainerID + "\x00" + att.IfName))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac
+}
+
+// portOf is the attachment's bridge port as isolation sees it, with the pod's addresses.
+func portOf(cfg *Config, att Attachment, ips []netip.Prefix) isolation.Port {
+	return isolation.Port{
+		Name:  NamesFor(cfg.Network, att).HostVeth,
+		Owner: ownerOf(att).String(),
+		MAC:   podMAC(cfg.Network, att),
+		Addrs: prefixAddrs(ips),
+	}
 }
 
 func ownerOf(att Attachment) hostport.Owner {

@@ -2,41 +2,208 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
-	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/isolation"
+	"github.com/kubenet-dev/kubenet/masq"
 )
 
 // EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
 // forwarding and bridge-netfilter sysctls, the bridge with exactly cfg's gateway addresses (a
 // gateway of an earlier pod CIDR is removed), MTU, promiscuous mode with its duplicate-frame
-// rules, and the SNAT chain. ADD does the same on every call; the in-process NetworkPlugin calls
-// this when the node's pod CIDR becomes known or changes, so the node is ready (and no stale
-// gateway stays on the bridge) before the first pod arrives. Runs in the caller's network
-// namespace.
+// rules, the SNAT chain, and the host-port chains and maps, with the map elements of running
+// pods put back from the ownership index when any of that was missing. ADD does the same on
+// every call; the in-process
+// NetworkPlugin calls this when the node's pod CIDR becomes known or changes, so the node is
+// ready (and no stale gateway stays on the bridge) before the first pod arrives. Runs in the
+// caller's network namespace.
 func EnsureNode(ctx context.Context, cfg *Config) error {
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	_, err := HealNode(ctx, cfg, false)
+	return err
+}
+
+// NodeRepair is what HealNode found and did.
+type NodeRepair struct {
+	// SetUp says that the network's bridge did not exist: the node was set up for the first time
+	// (since boot), not repaired.
+	SetUp bool
+	// Found is how the node-wide rules differed from the plan before (CheckNode); nil when they
+	// were as planned.
+	Found error
+	// Restored counts the hostPort map elements of running pods put back from the ownership
+	// index.
+	Restored int
+	// IsolatedPorts counts the running pods whose isolation elements were put back from their
+	// records because the isolation chains (and with them the sets) had to be created again.
+	IsolatedPorts int
+}
+
+// HealNode is EnsureNode for a node agent that re-asserts the node-wide state after somebody
+// else changed it (a firewall reload flushes the ruleset): it also says what it found and how
+// many hostPort map elements it put back. With allElements every reservation of the hostPort
+// index is compared with the kernel's map elements and put back when missing or different,
+// which reads everything the node holds (the agent's periodic pass; ADD and EnsureNode only do
+// that when some node-wide chain or map was missing).
+func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, error) {
+	var rep NodeRepair
+	if err := preflight(cfg, false); err != nil {
+		return rep, err
+	}
+	rep.Found = CheckNode(cfg)
+	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
+		rep.SetUp = true
+	}
+	store, err := openStore(cfg)
 	if err != nil {
-		return fmt.Errorf("address store: %w", err)
+		return rep, err
 	}
 	defer store.Close()
 	a := &addition{cfg: cfg, store: store}
+	var hpRepair hostport.Repair
 	steps := []struct {
 		name string
 		run  func() error
 	}{
 		{"bridge", func() error { return a.ensureBridge(nil) }},
 		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
+		{"isolation rules", func() (err error) {
+			rep.IsolatedPorts, err = ensureIsolation(cfg, NewRecords(store.Dir()), allElements)
+			return err
+		}},
 		{"masquerade", func() error { return a.masquerade(nil) }},
+		{"host-port rules", func() error {
+			hp := hostportConfig(cfg, store.Dir())
+			if !allElements {
+				return ensureHostPortNode(store, hp, &hpRepair)
+			}
+			return withNetworkLock(store, func() (err error) {
+				hpRepair, err = hostport.EnsureNode(hp, true)
+				return err
+			})
+		}},
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("node setup interrupted before %s: %w", s.name, err)
+			return rep, fmt.Errorf("node setup interrupted before %s: %w", s.name, err)
 		}
 		if err := s.run(); err != nil {
-			return fmt.Errorf("node setup of network %q: %s: %w", cfg.Network, s.name, err)
+			return rep, fmt.Errorf("node setup of network %q: %s: %w", cfg.Network, s.name, err)
 		}
 	}
-	return nil
+	rep.Restored = hpRepair.Elements
+	return rep, nil
+}
+
+// ensureIsolation brings the bridge's isolation chains up to date and adds the elements of ports.
+// When the chains had to be created again (a flushed ruleset took the sets, and every running
+// pod's elements with them: those pods were no longer guarded) or when all is set (the agent's
+// periodic pass, which also puts back single elements someone deleted), the elements of every
+// recorded attachment are added too; it returns how many after a rebuild. A pod whose record is
+// unreadable cannot be put back: its addresses are unknown.
+func ensureIsolation(cfg *Config, records Records, all bool, ports ...isolation.Port) (int, error) {
+	icfg := isolationConfig(cfg)
+	rebuilt, err := isolation.Ensure(icfg, ports...)
+	if err != nil || !(rebuilt || all) {
+		return 0, err
+	}
+	scan, scanErr := records.Scan()
+	recorded := make([]isolation.Port, 0, len(scan.Records))
+	for _, rec := range scan.Records {
+		recorded = append(recorded, portOf(cfg, rec.attachment(), rec.IPs))
+	}
+	if _, err := isolation.Ensure(icfg, recorded...); err != nil {
+		return 0, errors.Join(scanErr, fmt.Errorf("put back the isolation elements of %d pods: %w", len(recorded), err))
+	}
+	if !rebuilt {
+		return 0, scanErr
+	}
+	return len(recorded), scanErr
+}
+
+// CheckNode reports how the node-wide rules of cfg's network differ from the plan: the SNAT
+// chain, the duplicate-frame rules, the isolation chains and the host-port chains and maps, each
+// compared by its
+// rules' expressions and comments. It only reads (a dump per chain), so STATUS and ADD afford it.
+// nft.Missing tells which differences are objects missing altogether.
+func CheckNode(cfg *Config) error {
+	return errors.Join(
+		masq.Check(masqConfig(cfg)),
+		hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)),
+		isolation.CheckNode(isolationConfig(cfg)),
+		hostport.CheckNode(hostportConfig(cfg, "")), // reads no index: no data dir needed
+	)
+}
+
+// missingNodeRules returns what CheckNode would find missing altogether (a flushed ruleset, a
+// deleted table or chain), or nil. Rules that merely differ (a configuration edited since the
+// last ADD) are not STATUS's business: the next ADD rewrites them, CHECK reports them. It counts
+// the rules of each chain of the network's inet table from one dump, without decoding them. The
+// host-port chains and maps count only once host ports were used on the node (hostport.InUse): a
+// node set up by an older kubenet that never had a hostPort pod does not have them, and has
+// nothing for them to guard.
+//
+// The isolation chains are not counted: a node upgraded from a kubenet without them would answer
+// NotReady, and kubelet would start no pod whose ADD could set them up. A flushed ruleset is
+// told by the SNAT chain (and, once used, the host-port chains); ADD and the agent put the
+// isolation chains and elements back.
+func missingNodeRules(cfg *Config, networkDir string) error {
+	table := nft.InetTable(cfg.Network)
+	counts, err := nft.TableRuleCounts(table)
+	if err != nil {
+		return err
+	}
+	var out []error
+	if n := len(masq.Plan(masqConfig(cfg))); n > 0 && counts[masq.ChainName] == 0 {
+		out = append(out, &nft.Difference{Table: table, Object: "chain " + masq.ChainName, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", n)})
+	}
+	hp := hostportConfig(cfg, networkDir)
+	inUse, err := hostport.InUse(hp)
+	if err != nil {
+		return err
+	}
+	if inUse {
+		missing, err := hostport.MissingNode(hp, counts)
+		if err != nil {
+			return err
+		}
+		for _, d := range missing {
+			out = append(out, d)
+		}
+	}
+	if cfg.Hairpin == hairpin.PromiscuousBridge {
+		// In the other modes the dedup rules are absent by plan: nothing of theirs can be missing.
+		err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg))
+		var d *nft.Difference
+		if err != nil && !errors.As(err, &d) {
+			return err // a failed read: STATUS cannot vouch for the rules
+		}
+		for _, m := range nft.Missing(err) {
+			out = append(out, m)
+		}
+	}
+	return errors.Join(out...)
+}
+
+// preflight refuses, before anything changes, a configuration that would break the node (see
+// bridge.Preflight): code 7 naming the bridge or the pod CIDR at fault. full also compares the
+// pod CIDRs with the node's addresses and routes when the bridge already carries the gateways.
+func preflight(cfg *Config, full bool) error {
+	err := bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
+	pe, ok := bridge.IsPreflight(err)
+	if !ok {
+		return err
+	}
+	if pe.Key == "bridge" {
+		return configError("bridge", pe.Value, "%s", pe.Reason)
+	}
+	gw, _ := netip.ParsePrefix(pe.Value)
+	return configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
 }

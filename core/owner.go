@@ -4,22 +4,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/kubenet-dev/kubenet/internal/atomicfile"
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
 // NodeSettingsFile, in the network's directory of the data dir, records the node-wide settings
-// that the network's node state (bridge addresses, MTU and promiscuous mode, dedup and SNAT rules)
-// was last made from, and who made it. host-local ignores it (its content is no container ID).
+// that the network's node state (bridge addresses, MTU and promiscuous mode, dedup, isolation and
+// SNAT rules) was last made from, and who made it. host-local ignores it (its content is no container ID).
 const NodeSettingsFile = "kubenet-node.json"
 
 // OwnerCNI is the owner of node-wide settings that come from a CNI configuration (the CNI
@@ -35,11 +32,17 @@ type NodeSettings struct {
 	NonMasqueradeCIDRs []string `json:"nonMasqueradeCIDRs"`
 	MTU                int      `json:"mtu"` // as configured: 0 detects
 	HairpinMode        string   `json:"hairpinMode"`
+	// AntiSpoofing is "on" or "off"; "" (a file written before kubenet had the key) reads as
+	// the default, "on".
+	AntiSpoofing string `json:"antiSpoofing,omitempty"`
 }
 
 // nodeSettings are cfg's node-wide settings in canonical form.
 func (c *Config) nodeSettings() NodeSettings {
-	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin)}
+	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin), AntiSpoofing: "off"}
+	if c.AntiSpoofing {
+		s.AntiSpoofing = "on"
+	}
 	for _, p := range c.PodCIDRs() {
 		s.PodCIDRs = append(s.PodCIDRs, p.String())
 	}
@@ -64,6 +67,13 @@ func (s NodeSettings) differences(o NodeSettings) []string {
 	diff("nonMasqueradeCIDRs", s.NonMasqueradeCIDRs, o.NonMasqueradeCIDRs)
 	diff("mtu", s.MTU, o.MTU)
 	diff("hairpinMode", s.HairpinMode, o.HairpinMode)
+	orOn := func(v string) string {
+		if v == "" {
+			return "on"
+		}
+		return v
+	}
+	diff("antiSpoofing", orOn(s.AntiSpoofing), orOn(o.AntiSpoofing))
 	return out
 }
 
@@ -78,25 +88,23 @@ func ReadNodeSettings(dataDir, network string) (*NodeSettings, error) {
 	return readNodeSettings(store.Dir())
 }
 
-// maxNodeSettingsSize bounds what is read of the file: it is a few hundred bytes when kubenet
-// wrote it, and anything else in the data dir is not trusted.
-const maxNodeSettingsSize = 64 << 10
-
 func readNodeSettings(networkDir string) (*NodeSettings, error) {
-	f, err := os.Open(filepath.Join(networkDir, NodeSettingsFile))
-	if errors.Is(err, fs.ErrNotExist) {
+	d, err := safedir.Open(networkDir)
+	if err != nil {
+		return nil, fmt.Errorf("node settings: %w", err)
+	}
+	defer d.Close()
+	// Read without following a symlink; anything but a small regular file is unreadable as
+	// node settings (safedir.MaxFileSize bounds what is read).
+	data, err := d.ReadFile(NodeSettingsFile)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, safedir.ErrNotRegular) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("node settings: %w", err)
 	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxNodeSettingsSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("node settings: %w", err)
-	}
 	var s NodeSettings
-	if len(data) > maxNodeSettingsSize || json.Unmarshal(data, &s) != nil || s.Owner == "" {
+	if json.Unmarshal(data, &s) != nil || s.Owner == "" {
 		return nil, nil
 	}
 	return &s, nil
@@ -140,7 +148,12 @@ func claimNode(cfg *Config, store *ipam.Store) error {
 		if err != nil {
 			return err
 		}
-		return atomicfile.WriteNoSync(filepath.Join(store.Dir(), NodeSettingsFile), data, 0o644)
+		d, err := safedir.Open(store.Dir())
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		return d.WriteFile(NodeSettingsFile, data, 0o644, false)
 	})
 	if err != nil {
 		return fmt.Errorf("node settings: %w", err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -60,14 +61,14 @@ func TestClaimNode(t *testing.T) {
 	}
 
 	// Another caller with different settings: refused, every difference named, nothing written.
-	other := cfg("kubenetctl", false, `,"podCIDRs":["10.244.1.0/24"],"nonMasqueradeCIDRs":["10.0.0.0/8"],"mtu":1400,"hairpinMode":"promiscuous-bridge","bridge":"br1"`)
+	other := cfg("kubenetctl", false, `,"podCIDRs":["10.244.1.0/24"],"nonMasqueradeCIDRs":["10.0.0.0/8"],"mtu":1400,"hairpinMode":"promiscuous-bridge","bridge":"br1","antiSpoofing":false`)
 	err = claimNode(other, store)
 	var te *types.Error
 	if !asCNI(err, &te) || te.Code != ErrNodeOwned {
 		t.Fatalf("different settings, other caller: %v, want code %d", err, ErrNodeOwned)
 	}
 	for _, want := range []string{`belong to the CNI configuration (cni)`, "bridge cbr0 on the node, br1 here", "podCIDRs [10.244.1.0/24 fd00:10:244:1::/64] on the node, [10.244.1.0/24] here",
-		"nonMasqueradeCIDRs [10.0.0.0/8 fd00::/8] on the node, [10.0.0.0/8] here", "mtu 0 on the node, 1400 here", "hairpinMode hairpin-veth on the node, promiscuous-bridge here", "--take-over-node"} {
+		"nonMasqueradeCIDRs [10.0.0.0/8 fd00::/8] on the node, [10.0.0.0/8] here", "mtu 0 on the node, 1400 here", "hairpinMode hairpin-veth on the node, promiscuous-bridge here", "antiSpoofing on on the node, off here", "--take-over-node"} {
 		if !strings.Contains(te.Msg, want) {
 			t.Errorf("refusal %q does not say %q", te.Msg, want)
 		}
@@ -97,7 +98,7 @@ func TestClaimNode(t *testing.T) {
 	}
 
 	// A file that is not kubenet's settings (garbage, too large, no owner) counts as none.
-	for _, junk := range []string{"{not json", `{"bridge":"cbr0"}`, strings.Repeat(" ", maxNodeSettingsSize+1) + "{}"} {
+	for _, junk := range []string{"{not json", `{"bridge":"cbr0"}`, strings.Repeat(" ", safedir.MaxFileSize+1) + "{}"} {
 		if err := os.WriteFile(file, []byte(junk), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -31,23 +31,8 @@ func NormalizePortMappings(pms []PortMapping) ([]PortMapping, error) {
 	}
 	out := make([]PortMapping, len(pms))
 	for i, pm := range pms {
-		key := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
-		if pm.HostPort < 1 || pm.HostPort > 65535 {
-			return nil, configError(key+".hostPort", pm.HostPort, "must be between 1 and 65535")
-		}
-		if pm.ContainerPort < 1 || pm.ContainerPort > 65535 {
-			return nil, configError(key+".containerPort", pm.ContainerPort, "must be between 1 and 65535")
-		}
-		pm.Protocol = protocolOf(pm.Protocol)
-		if !slices.Contains(hostport.Protocols(), pm.Protocol) {
-			return nil, configError(key+".protocol", pm.Protocol, "must be tcp, udp or sctp")
-		}
-		if pm.HostIP != "" {
-			a, err := netip.ParseAddr(pm.HostIP)
-			if err != nil || a.Zone() != "" {
-				return nil, configError(key+".hostIP", pm.HostIP, "not an IP address")
-			}
-			pm.HostIP = a.Unmap().String()
+		if err := validatePortMapping(&pm, fmt.Sprintf("runtimeConfig.portMappings[%d]", i)); err != nil {
+			return nil, err
 		}
 		out[i] = pm
 	}
@@ -61,4 +46,39 @@ func protocolOf(p string) string {
 		return "tcp"
 	}
 	return strings.ToLower(p)
+}
+
+// validatePortMapping checks and normalises one mapping; key names it in the error.
+func validatePortMapping(pm *PortMapping, key string) error {
+	if pm.HostPort < 1 || pm.HostPort > 65535 {
+		return configError(key+".hostPort", pm.HostPort, "must be between 1 and 65535")
+	}
+	if pm.ContainerPort < 1 || pm.ContainerPort > 65535 {
+		return configError(key+".containerPort", pm.ContainerPort, "must be between 1 and 65535")
+	}
+	pm.Protocol = protocolOf(pm.Protocol)
+	if !slices.Contains(hostport.Protocols(), pm.Protocol) {
+		return configError(key+".protocol", pm.Protocol, "must be tcp, udp or sctp")
+	}
+	if pm.HostIP != "" {
+		a, err := netip.ParseAddr(pm.HostIP)
+		if err != nil || a.Zone() != "" {
+			return configError(key+".hostIP", pm.HostIP, "not an IP address")
+		}
+		pm.HostIP = a.Unmap().String()
+	}
+	return nil
+}
+
+// validPortMappings returns the mappings of pms that validatePortMapping accepts, normalised:
+// on DEL the runtime's mappings are at most hints, and one a pod author got wrong must not stop
+// the teardown.
+func validPortMappings(pms []PortMapping) []PortMapping {
+	var out []PortMapping
+	for _, pm := range pms {
+		if validatePortMapping(&pm, "") == nil {
+			out = append(out, pm)
+		}
+	}
+	return out
 }

@@ -29,9 +29,12 @@ func StatusConfigError(err error) error {
 }
 
 // Status answers whether an ADD can succeed now: the data dir is usable, nftables answers, the
-// bridge name is free or a bridge, and every pod CIDR has a free address. containerd and CRI-O
-// poll it every few seconds, so it only reads: one directory listing per network, one netlink
-// dump, no file contents.
+// configuration cannot break the node (the bridge name is free or a bridge no other network
+// uses, no pod CIDR overlaps the node's addresses or connected routes), every pod CIDR has a free
+// address, and, once the bridge exists, none of the network's node-wide rules is missing.
+// containerd and CRI-O poll it every few seconds, so it only reads: one directory listing per
+// network, one sysctl, the bridge, one address and one route dump per family, one dump of each of
+// the network's nftables tables (their rules counted, not decoded); no file contents.
 func Status(ctx context.Context, cfg *Config) error {
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
@@ -50,8 +53,18 @@ func Status(ctx context.Context, cfg *Config) error {
 			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
 		}
 	}
-	if l, err := netlink.LinkByName(cfg.Bridge); err == nil && l.Type() != "bridge" {
-		return notAvailable("bridge name %q is taken by a %s", cfg.Bridge, l.Type())
+	if err := preflight(cfg, true); err != nil {
+		return notAvailable("configuration: %s", errMsg(err))
+	}
+	if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
+		// The bridge exists, so the network's node-wide rules were set up, and losing them
+		// (another tool ran `nft flush ruleset`) leaves the node open: without the localnet guard
+		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
+		// missing objects (an edited configuration) are left to the next ADD.
+		if err := missingNodeRules(cfg, store.Dir()); err != nil {
+			return notAvailable("node-wide rules of network %q are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, err)
+		}
+		return ctx.Err()
 	}
 	c, err := nftables.New()
 	if err == nil {

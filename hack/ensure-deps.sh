@@ -6,13 +6,13 @@
 # COMMAND:PACKAGE installs PACKAGE when COMMAND is not on the PATH; a bare PACKAGE installs it
 # unless dpkg has it. Without arguments: the tools kubenet's tests and demo use to inspect state
 # the way an operator would (nft, iptables, conntrack, tc, ip) — the plugin itself needs none of
-# them, it talks netlink — and Go.
+# them, it talks netlink —, iperf3 for `make bench`'s datapath workload, and Go.
 set -euo pipefail
 
 wanted=("$@")
 if [ ${#wanted[@]} -eq 0 ]; then
   wanted=(ip:iproute2 tc:iproute2 iptables:iptables ip6tables:iptables nft:nftables
-    ebtables:ebtables conntrack:conntrack nsenter:util-linux)
+    ebtables:ebtables conntrack:conntrack nsenter:util-linux iperf3:iperf3)
   command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || wanted+=(golang-go)
 fi
 missing=()

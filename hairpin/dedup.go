@@ -70,11 +70,13 @@ func dedupChain(t *nftables.Table) *nftables.Chain {
 
 // EnsureDedup installs the dedup rules in promiscuous-bridge mode and removes them in every other
 // mode (so switching modes leaves nothing behind). On a node already in the wanted state it only
-// reads; every write is one atomic transaction, safe from concurrent plugin processes.
+// reads; every write is one atomic transaction, safe from concurrent plugin processes. The
+// network's bridge table holds other packages' chains too (isolation): only the dedup chain is
+// touched.
 func EnsureDedup(m Mode, d Dedup) error {
-	table := nft.BridgeTable(d.Network)
+	chain := dedupChain(nft.BridgeTable(d.Network))
 	if m == PromiscuousBridge {
-		if err := nft.SyncChain(dedupChain(table), PlanDedup(d)); err != nil {
+		if err := nft.SyncChain(chain, PlanDedup(d)); err != nil {
 			return fmt.Errorf("dedup rules for bridge %q: %w", d.Bridge, err)
 		}
 		return nil
@@ -83,21 +85,20 @@ func EnsureDedup(m Mode, d Dedup) error {
 	if err != nil {
 		return fmt.Errorf("dedup rules: netlink: %w", err)
 	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyBridge)
+	have, err := nft.ReadChain(c, chain)
 	if err != nil {
-		return fmt.Errorf("dedup rules: list tables: %w", err)
+		return fmt.Errorf("dedup rules: %w", err)
 	}
-	for _, t := range tables {
-		if t.Name != table.Name {
-			continue
-		}
-		// The bridge table holds only the dedup chain. Adding it before deleting keeps the batch
-		// valid if a concurrent process removed it in between.
-		c.AddTable(table)
-		c.DelTable(table)
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("remove dedup rules of bridge %q: %w", d.Bridge, err)
-		}
+	if len(have) == 0 {
+		return nil // no chain, or an empty one, which drops nothing
+	}
+	// Adding the table and chain before deleting keeps the batch valid if a concurrent process
+	// removed the chain in between.
+	c.AddTable(chain.Table)
+	c.FlushChain(c.AddChain(chain))
+	c.DelChain(chain)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove dedup rules of bridge %q: %w", d.Bridge, err)
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/google/nftables"
 
@@ -12,7 +11,8 @@ import (
 )
 
 // Check verifies that owner's entries are in place: reserved in the index, present in the
-// kernel maps with the right destination, and the fixed rules as planned. It reads the maps
+// kernel maps with the right destination, and the fixed rules as planned (by expressions, not
+// only by comment). It reads the maps
 // (CHECK may cost what the node holds; ADD and DEL may not) and changes nothing.
 func Check(cfg Config, owner Owner, entries []Entry) error {
 	if len(entries) == 0 {
@@ -51,31 +51,16 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 			return fmt.Errorf("%s: no element in nftables map %s of network %q", e, mapName(e.Key), cfg.Network)
 		}
 	}
-	return checkRules(c, cfg)
+	return checkRules(cfg)
 }
 
-// checkRules compares the fixed chains with Rules by comment and count, which is what an
-// operator or another tool would change.
-func checkRules(c *nftables.Conn, cfg Config) error {
-	table := nft.InetTable(cfg.Network)
-	want := map[string][]string{}
-	for _, r := range Rules(cfg.PodCIDRs) {
-		want[r.Chain] = append(want[r.Chain], r.Comment)
+// checkRules compares the fixed chains with Rules, by comment and by expressions.
+func checkRules(cfg Config) error {
+	diffs, err := checkChains(cfg)
+	if err != nil || len(diffs) == 0 {
+		return err
 	}
-	for _, ch := range chains(table) {
-		got, err := c.GetRules(table, ch)
-		if err != nil {
-			return fmt.Errorf("hostport chain %s of network %q: %w", ch.Name, cfg.Network, err)
-		}
-		var comments []string
-		for _, r := range got {
-			comments = append(comments, nft.RuleComment(r))
-		}
-		if !slices.Equal(comments, want[ch.Name]) {
-			return fmt.Errorf("hostport chain %s of network %q has rules %q, want %q", ch.Name, cfg.Network, comments, want[ch.Name])
-		}
-	}
-	return nil
+	return fmt.Errorf("hostport rules of network %q: %w", cfg.Network, diffs[0])
 }
 
 // listElements returns the elements of the named maps of the network; missing maps are empty.
@@ -97,8 +82,12 @@ func listElements(c *nftables.Conn, network string, maps ...string) ([]Reservati
 			if !ok {
 				continue
 			}
-			id, ifName, _ := strings.Cut(el.Comment, "/")
-			out = append(out, Reservation{Entry: e, Owner: Owner{ContainerID: id, IfName: ifName}})
+			// An element without a comment kubenet could have written has no owner (GC leaves it).
+			o, _ := parseOwner(el.Comment)
+			if o.Valid() != nil {
+				o = Owner{}
+			}
+			out = append(out, Reservation{Entry: e, Owner: o})
 		}
 	}
 	return out, nil
@@ -119,9 +108,21 @@ func List(cfg Config) (index, kernel []Reservation, err error) {
 }
 
 // GC removes every reservation and map element whose owner keep rejects, and returns them. An
-// element that carries no owner comment was not made by kubenet and stays.
+// element that carries no owner comment was not made by kubenet and stays. Damaged index files
+// are repaired from the kernel's element of their key when its owner is kept, else removed; an
+// element whose owner is kept gets its index file back if it lost it, so the key stays refused
+// to others. Temporary files of killed writers go.
 func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
-	index, kernel, err := List(cfg)
+	ix := NewIndex(cfg.Dir)
+	index, damaged, err := ix.scan()
+	if err != nil {
+		return nil, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	kernel, err := listElements(c, cfg.Network, MapIPv4, MapIPv4Addr, MapIPv6, MapIPv6Addr)
 	if err != nil {
 		return nil, err
 	}
@@ -137,12 +138,39 @@ func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
 			staleIndex = append(staleIndex, r)
 		}
 	}
+	// A damaged file cannot say whose it is: it is rewritten from the kernel's element of its key
+	// when that element's owner is kept (in place: the key is never without a file, should GC
+	// be killed here), and removed otherwise. A kept element whose file is missing gets it back.
+	errs := []error{ix.RemoveTemp()}
+	for _, k := range damaged {
+		i := slices.IndexFunc(kernel, func(r Reservation) bool { return r.Key == k && r.Owner.ContainerID != "" && keep(r.Owner) })
+		if i < 0 {
+			errs = append(errs, ix.remove([]Reservation{{Entry: Entry{Key: k}}}))
+			continue
+		}
+		errs = append(errs, ix.rewrite(kernel[i]))
+		index = append(index, kernel[i])
+	}
+	errs = append(errs, repairIndex(ix, index, kernel, keep))
 	if len(stale) == 0 {
-		return nil, nil
+		return nil, errors.Join(append(errs, ix.remove(staleIndex))...)
 	}
 	entries, err := unmap(cfg, stale, staleIndex)
 	if entries == nil {
-		return nil, err
+		return nil, errors.Join(append(errs, err)...)
 	}
-	return stale, errors.Join(FlushUDP(entries), err)
+	return stale, errors.Join(append(errs, FlushUDP(entries), err)...)
+}
+
+// repairIndex rewrites the index file of every element whose owner is kept and whose key has no
+// readable file (lost, or damaged and removed), so the key stays refused to other attachments.
+func repairIndex(ix Index, index, kernel []Reservation, keep func(Owner) bool) error {
+	var errs []error
+	for _, r := range kernel {
+		if r.Owner.ContainerID == "" || !keep(r.Owner) || slices.ContainsFunc(index, func(i Reservation) bool { return i.Key == r.Key }) {
+			continue
+		}
+		errs = append(errs, ix.Reserve(r.Owner, []Entry{r.Entry}))
+	}
+	return errors.Join(errs...)
 }

@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/google/nftables"
@@ -58,31 +59,79 @@ func (c Config) hasIPv4() bool {
 	return false
 }
 
-// Add reserves entries for owner and installs them, in one nftables transaction that also
-// (re)writes the fixed rules, then clears stale UDP conntrack entries of the new ports. A
-// conflict returns a *ConflictError and changes nothing; any other failure undoes what Add did.
-// No entries: nothing is touched at all.
+// MaxMappings is the most port mappings one attachment may have. It bounds the work ADD and
+// DEL do under the network lock (one index file and one map element per entry, at most two
+// entries per mapping) and keeps an ADD's map elements inside one nftables transaction
+// (MaxEntriesPerTransaction). docs: README "Host ports".
+const MaxMappings = 128
+
+// LeftoverError reports a failure after which map elements of the attachment may still be in
+// the kernel (their removal failed too). Their index files are kept, so DEL or GC can find and
+// remove them, and the caller must not hand the pod's addresses to another pod before that.
+type LeftoverError struct{ Err error }
+
+func (e *LeftoverError) Error() string {
+	return e.Err.Error() + " (its hostPort map elements may remain; DEL or GC removes them)"
+}
+
+func (e *LeftoverError) Unwrap() error { return e.Err }
+
+// Add reserves entries for owner and installs them as map elements in one nftables
+// transaction, then clears stale UDP conntrack entries of the new ports. The fixed rules are
+// EnsureNode's job. A conflict returns a *ConflictError and changes nothing; any other failure
+// undoes what Add did, or returns a *LeftoverError when that undo failed too. No entries:
+// nothing is touched at all.
 func Add(cfg Config, owner Owner, entries []Entry) error {
 	if len(entries) == 0 {
 		return nil
+	}
+	if len(entries) > MaxEntriesPerTransaction {
+		return fmt.Errorf("%d hostPort entries for one attachment: at most %d fit one transaction", len(entries), MaxEntriesPerTransaction)
 	}
 	ix := NewIndex(cfg.Dir)
 	if err := ix.Reserve(owner, entries); err != nil {
 		return err
 	}
 	if err := install(cfg, owner, entries); err != nil {
-		return errors.Join(err, ix.Release(owner, KeysOf(entries)))
+		return undoAdd(cfg, owner, entries, err)
 	}
 	// After the rules are in place, so no new stale entry can appear: a client that kept
 	// sending to the port before (to nobody, or to an old pod) would otherwise stay pinned to
 	// that entry for as long as it keeps sending (kubernetes#58336, plugins#123).
 	if err := FlushUDP(entries); err != nil {
-		return errors.Join(err, Remove(cfg, owner, KeysOf(entries)))
+		return undoAdd(cfg, owner, entries, err)
 	}
 	return nil
 }
 
+// undoAdd removes what Add installed for owner after cause. The index files go only once the
+// elements are known to be gone: a file whose element stayed in the kernel is what lets DEL and
+// GC find that element later.
+func undoAdd(cfg Config, owner Owner, entries []Entry, cause error) error {
+	rs := reservations(owner, entries)
+	if err := uninstall(cfg.Network, rs); err != nil {
+		return &LeftoverError{Err: errors.Join(cause, err)}
+	}
+	return errors.Join(cause, NewIndex(cfg.Dir).remove(rs))
+}
+
+func reservations(owner Owner, entries []Entry) []Reservation {
+	rs := make([]Reservation, len(entries))
+	for i, e := range entries {
+		rs[i] = Reservation{Entry: e, Owner: owner}
+	}
+	return rs
+}
+
+// install adds owner's elements (and their maps, when missing) in one transaction. When the
+// kernel's answer is lost, the maps are read back: the transaction is atomic, so either every
+// element is there (success) or none of this transaction's is.
 func install(cfg Config, owner Owner, entries []Entry) error {
+	for _, e := range entries {
+		if !slices.Contains(cfg.families(), e.Is6()) {
+			return fmt.Errorf("%s: the network has no pod CIDR of that family", e)
+		}
+	}
 	if cfg.hasIPv4() {
 		if err := enableRouteLocalnet(cfg.Bridge); err != nil {
 			return err
@@ -93,92 +142,25 @@ func install(cfg Config, owner Owner, entries []Entry) error {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
 	}
 	table := c.AddTable(nft.InetTable(cfg.Network))
-	var families []bool
-	for _, p := range cfg.PodCIDRs {
-		families = append(families, p.Addr().Is6())
-	}
-	sets, err := ensureMaps(c, table, families)
-	if err != nil {
+	rs := reservations(owner, entries)
+	if err := queueElements(c, table, map[string]*nftables.Set{}, rs, false); err != nil {
 		return err
 	}
-	// The fixed rules are rewritten only when they are not what Rules plans (first ADD, changed
-	// pod CIDRs, someone else's edit): replacing rules costs the kernel an RCU grace period per
-	// transaction, adding map elements does not. Reading them first is safe because every
-	// writer holds the network lock.
-	if checkRules(c, cfg) != nil {
-		writeRules(c, table, cfg.PodCIDRs)
+	err = flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
+	if errors.Is(err, errOutcomeUnknown) {
+		if ok, rerr := allPresent(cfg.Network, rs); rerr == nil && ok {
+			return nil
+		}
 	}
-	if err := addElements(c, sets, owner, entries); err != nil {
-		return err
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("hostport rules for network %q: %w", cfg.Network, err)
-	}
-	return nil
+	return err
 }
 
-// writeRules replaces the content of every chain with the planned rules (chains are created if
-// missing).
-func writeRules(c *nftables.Conn, table *nftables.Table, podCIDRs []netip.Prefix) {
-	byChain := map[string][]nft.Rule{}
-	for _, r := range Rules(podCIDRs) {
-		byChain[r.Chain] = append(byChain[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
+func (c Config) families() []bool {
+	var out []bool
+	for _, p := range c.PodCIDRs {
+		out = append(out, p.Addr().Is6())
 	}
-	for _, ch := range chains(table) {
-		nft.ReplaceChain(c, ch, byChain[ch.Name])
-	}
-}
-
-// ensureMaps adds (creates if missing) both maps of each family and returns them by name.
-func ensureMaps(c *nftables.Conn, table *nftables.Table, families []bool) (map[string]*nftables.Set, error) {
-	sets := map[string]*nftables.Set{}
-	for _, is6 := range families {
-		anyMap, addrMap := mapNames(is6)
-		for _, name := range []string{anyMap, addrMap} {
-			s, err := addMap(c, table, name)
-			if err != nil {
-				return nil, err
-			}
-			sets[name] = s
-		}
-		hp := hairpinSetDef(table, is6)
-		if err := c.AddSet(hp, nil); err != nil {
-			return nil, fmt.Errorf("hostport set %s: %w", hp.Name, err)
-		}
-		sets[hp.Name] = hp
-	}
-	return sets, nil
-}
-
-// addMap queues the map name (created if missing, as nftables adds do) on c.
-func addMap(c *nftables.Conn, table *nftables.Table, name string) (*nftables.Set, error) {
-	s := mapSet(table, name)
-	if err := c.AddSet(s, nil); err != nil {
-		return nil, fmt.Errorf("hostport map %s: %w", name, err)
-	}
-	return s, nil
-}
-
-func addElements(c *nftables.Conn, sets map[string]*nftables.Set, owner Owner, entries []Entry) error {
-	hairpin := map[netip.Addr]bool{}
-	for _, e := range entries {
-		s, ok := sets[mapName(e.Key)]
-		if !ok {
-			return fmt.Errorf("%s: the network has no pod CIDR of that family", e)
-		}
-		r := Reservation{Entry: e, Owner: owner}
-		if err := c.SetAddElements(s, []nftables.SetElement{element(r)}); err != nil {
-			return fmt.Errorf("hostport map element %s: %w", e, err)
-		}
-		if hairpin[e.PodIP] {
-			continue
-		}
-		hairpin[e.PodIP] = true
-		if err := c.SetAddElements(sets[hairpinSet(e.Key.Is6())], []nftables.SetElement{hairpinElement(r)}); err != nil {
-			return fmt.Errorf("hostport hairpin element %s: %w", e.PodIP, err)
-		}
-	}
-	return nil
+	return out
 }
 
 // Remove deletes owner's reservations among keys: map elements, UDP conntrack entries and index
@@ -194,12 +176,58 @@ func Remove(cfg Config, owner Owner, keys []Key) error {
 // (a walk costs ~10 ms whatever it looks for, and a translated flow of a host port has the pod's
 // address as its reply source), and calls FlushUDP only for entries whose address is not the
 // pod's any more.
+//
+// A key whose index file is damaged or missing is owner's when the kernel's element of the key
+// says so (its comment); then the element (and the file) go. An element of someone else, or
+// none, leaves the key alone. The maps are read only when some key has no readable file.
 func Unmap(cfg Config, owner Owner, keys []Key) ([]Entry, error) {
-	owned, err := NewIndex(cfg.Dir).Owned(owner, keys)
-	if err != nil || len(owned) == 0 {
+	ix := NewIndex(cfg.Dir)
+	owned, unresolved, err := ix.owned(owner, keys)
+	if err != nil {
 		return nil, err
 	}
+	if len(unresolved) > 0 {
+		kernel, err := kernelElements(cfg.Network, unresolved)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range kernel {
+			if r.Owner == owner && slices.Contains(unresolved, r.Key) {
+				owned = append(owned, r)
+			}
+		}
+	}
+	if len(owned) == 0 {
+		return nil, nil
+	}
 	return unmap(cfg, owned, owned)
+}
+
+// UnmapOwner removes every reservation and element of owner wherever it is, reading the whole
+// index and the maps: DEL of an attachment whose record is unreadable, which therefore does not
+// know its keys.
+func UnmapOwner(cfg Config, owner Owner) ([]Entry, error) {
+	stale, err := GC(cfg, func(o Owner) bool { return o != owner })
+	entries := make([]Entry, 0, len(stale))
+	for _, r := range stale {
+		entries = append(entries, r.Entry)
+	}
+	return entries, err
+}
+
+// kernelElements returns the elements of the maps that keys live in.
+func kernelElements(network string, keys []Key) ([]Reservation, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	var maps []string
+	for _, k := range keys {
+		if name := mapName(k); !slices.Contains(maps, name) {
+			maps = append(maps, name)
+		}
+	}
+	return listElements(c, network, maps...)
 }
 
 // unmap deletes the map elements of rs in one transaction, then the index files of files, and
@@ -215,53 +243,32 @@ func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
 	return entries, NewIndex(cfg.Dir).remove(files)
 }
 
-// uninstall deletes the elements of rs in one transaction. Each element is first added with the
-// value the index recorded and then deleted: adding an identical element is a no-op, so the
-// transaction succeeds whether or not the element is still there (an ADD that crashed before
-// its transaction, or a DEL that crashed after it), where a bare delete would fail as a whole.
+// uninstall deletes the elements of rs, in one transaction per MaxEntriesPerTransaction. Each
+// element is first added with the value the index recorded and then deleted: adding an identical
+// element is a no-op, so the transaction succeeds whether or not the element is still there (an
+// ADD that crashed before its transaction, or a DEL that crashed after it), where a bare delete
+// would fail as a whole; and it costs no read of the maps, which grow with the node's pods. When
+// a transaction fails anyway (its answer was lost, or somebody changed an element's value so that
+// the add clashes), the maps are read back and whatever holds rs's keys is deleted by key.
 func uninstall(network string, rs []Reservation) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
 	}
-	table := c.AddTable(nft.InetTable(network))
-	sets := map[string]*nftables.Set{}
-	hairpin := map[netip.Addr]bool{}
-	for _, r := range rs {
-		name := mapName(r.Key)
-		s, ok := sets[name]
-		if !ok {
-			if s, err = addMap(c, table, name); err != nil {
-				return err
+	for _, part := range chunks(rs) {
+		table := c.AddTable(nft.InetTable(network))
+		known := map[string]*nftables.Set{}
+		if err := queueElements(c, table, known, part, false); err != nil {
+			return err
+		}
+		if err := queueElements(c, table, known, part, true); err != nil {
+			return err
+		}
+		if err := flush(c, fmt.Sprintf("remove hostports of network %q", network)); err != nil {
+			if _, rerr := deleteKeys(network, part); rerr != nil {
+				return errors.Join(err, rerr)
 			}
-			sets[name] = s
 		}
-		el := []nftables.SetElement{element(r)}
-		if err := c.SetAddElements(s, el); err != nil {
-			return fmt.Errorf("hostport map element %s: %w", r.Entry, err)
-		}
-		if err := c.SetDeleteElements(s, el); err != nil {
-			return fmt.Errorf("hostport map element %s: %w", r.Entry, err)
-		}
-		// The pod's hairpin element goes with its mappings (all of an owner's go together).
-		if hairpin[r.PodIP] || !r.PodIP.IsValid() {
-			continue
-		}
-		hairpin[r.PodIP] = true
-		hp := hairpinSetDef(table, r.Key.Is6())
-		if err := c.AddSet(hp, nil); err != nil {
-			return fmt.Errorf("hostport set %s: %w", hp.Name, err)
-		}
-		hel := []nftables.SetElement{hairpinElement(r)}
-		if err := c.SetAddElements(hp, hel); err != nil {
-			return fmt.Errorf("hostport hairpin element %s: %w", r.PodIP, err)
-		}
-		if err := c.SetDeleteElements(hp, hel); err != nil {
-			return fmt.Errorf("hostport hairpin element %s: %w", r.PodIP, err)
-		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("remove hostports of network %q: %w", network, err)
 	}
 	return nil
 }

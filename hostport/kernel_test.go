@@ -47,9 +47,15 @@ func (w *world) kernelElements(t testing.TB) []Reservation {
 	return got
 }
 
+// add is what ADD does: the node-wide state first, then the attachment's entries.
 func (w *world) add(t testing.TB, o Owner, es ...Entry) {
 	t.Helper()
-	w.do(t, func() error { return Add(w.cfg, o, es) })
+	w.do(t, func() error {
+		if _, err := EnsureNode(w.cfg, false); err != nil {
+			return err
+		}
+		return Add(w.cfg, o, es)
+	})
 }
 
 // TestCheckFindsDrift: Check passes after Add and names what is missing after someone removes

@@ -142,10 +142,12 @@ func Plan(mappings []Mapping, podIPs []netip.Addr) ([]Entry, error) {
 // key only ever touches a reservation the attachment itself holds, so a superset is safe.
 func Keys(mappings []Mapping, families []bool) []Key {
 	var out []Key
+	seen := map[Key]bool{}
 	for _, m := range mappings {
 		for _, is6 := range families {
 			k, ok := m.keyFor(is6)
-			if ok && !slices.Contains(out, k) {
+			if ok && !seen[k] {
+				seen[k] = true
 				out = append(out, k)
 			}
 		}

@@ -65,12 +65,14 @@ type Rule struct {
 	Exprs   []expr.Any
 }
 
-// Registers. nftables has 16 32-bit registers (8..23, the first four overlaying the 128-bit
-// register 1); a concatenation takes consecutive ones, each component padded to 32 bits.
+// Registers. nftables has 16 32-bit registers (the first four overlaying the 128-bit register
+// 1); a concatenation takes consecutive ones, each component padded to 32 bits. They are
+// numbered here by 32-bit index and encoded with nft.Reg32, which writes them the way the kernel
+// dumps them, so the rules read back compare equal to the plan.
 const (
-	reg1    = 1  // 128-bit register 1, for single matches
-	reg32   = 8  // NFT_REG32_00: start of the lookup key and of the looked-up data
-	regMark = 16 // NFT_REG32_08 (= 128-bit register 3): free of an IPv6 key or data
+	reg1    = 1 // 128-bit register 1, for single matches
+	keyReg  = 0 // 32-bit register 0: start of the lookup key and of the looked-up data
+	markReg = 8 // 32-bit register 8 (= 128-bit register 3): free of an IPv6 key or data
 )
 
 func addrLen(is6 bool) uint32 {
@@ -294,9 +296,9 @@ func masqueradeRules(podCIDRs []netip.Prefix, hasV4 bool) []Rule {
 			saddr, daddr = 8, 24
 		}
 		match := append(nft.MatchFamily(pod.Addr()),
-			&expr.Payload{DestRegister: reg32, Base: expr.PayloadBaseNetworkHeader, Offset: saddr, Len: n},
-			&expr.Payload{DestRegister: reg32 + n/4, Base: expr.PayloadBaseNetworkHeader, Offset: daddr, Len: n},
-			&expr.Lookup{SourceRegister: reg32, SetName: set})
+			&expr.Payload{DestRegister: nft.Reg32(keyReg), Base: expr.PayloadBaseNetworkHeader, Offset: saddr, Len: n},
+			&expr.Payload{DestRegister: nft.Reg32(keyReg + int(n/4)), Base: expr.PayloadBaseNetworkHeader, Offset: daddr, Len: n},
+			&expr.Lookup{SourceRegister: nft.Reg32(keyReg), SetName: set})
 		rules = append(rules, rule(fmt.Sprintf("hostPort connections marked 0x%x of a pod to itself (%s): clear the bit and masquerade", Mark, set), match, true))
 	}
 	if hasV4 {
@@ -335,25 +337,25 @@ func dnatExprs(family netip.Addr, mapName string, specific bool, from *netip.Pre
 	if from != nil {
 		exprs = append(exprs, nft.MatchPrefix(nft.Source, *from, false)...)
 	}
-	reg := uint32(reg32)
+	reg := keyReg
 	if specific {
 		off := uint32(16)
 		if is6 {
 			off = 24
 		}
-		exprs = append(exprs, &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: addrLen(is6)})
-		reg += addrLen(is6) / 4
+		exprs = append(exprs, &expr.Payload{DestRegister: nft.Reg32(reg), Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: addrLen(is6)})
+		reg += int(addrLen(is6) / 4)
 	}
 	exprs = append(exprs,
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
-		&expr.Payload{DestRegister: reg + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: reg32, DestRegister: reg32, IsDestRegSet: true, SetName: mapName},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: nft.Reg32(reg)},
+		&expr.Payload{DestRegister: nft.Reg32(reg + 1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: nft.Reg32(keyReg), DestRegister: nft.Reg32(keyReg), IsDestRegSet: true, SetName: mapName},
 	)
 	if mark {
 		exprs = append(exprs,
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: regMark},
-			&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4, Mask: native(^Mark), Xor: native(Mark)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: regMark},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: nft.Reg32(markReg)},
+			&expr.Bitwise{SourceRegister: nft.Reg32(markReg), DestRegister: nft.Reg32(markReg), Len: 4, Mask: native(^Mark), Xor: native(Mark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: nft.Reg32(markReg)},
 		)
 	}
 	nfproto := uint32(unix.NFPROTO_IPV4)
@@ -363,10 +365,10 @@ func dnatExprs(family netip.Addr, mapName string, specific bool, from *netip.Pre
 	return append(exprs, &expr.NAT{
 		Type:        expr.NATTypeDestNAT,
 		Family:      nfproto,
-		RegAddrMin:  reg32,
-		RegAddrMax:  reg32,
-		RegProtoMin: reg32 + addrLen(is6)/4,
-		RegProtoMax: reg32 + addrLen(is6)/4,
+		RegAddrMin:  nft.Reg32(keyReg),
+		RegAddrMax:  nft.Reg32(keyReg),
+		RegProtoMin: nft.Reg32(keyReg + int(addrLen(is6)/4)),
+		RegProtoMax: nft.Reg32(keyReg + int(addrLen(is6)/4)),
 		Specified:   true,
 	})
 }

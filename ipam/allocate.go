@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 )
 
 // ErrExhausted is wrapped by Allocate when every address of the range set is reserved.
@@ -29,7 +28,7 @@ func (s *Store) Allocate(setIndex int, set RangeSet, id, ifname string) (netip.A
 	if err != nil {
 		return netip.Addr{}, Range{}, fmt.Errorf("allocate in range set %s: %w", set, err)
 	}
-	defer os.Remove(tmp)
+	defer s.removeTemp(tmp)
 
 	start := set.after(s.readCursor(setIndex))
 	for p := start; ; {
@@ -71,7 +70,7 @@ func (s *Store) AllocateAddr(setIndex int, set RangeSet, addr netip.Addr, id, if
 	if err != nil {
 		return Range{}, fmt.Errorf("reserve %s: %w", addr, err)
 	}
-	defer os.Remove(tmp)
+	defer s.removeTemp(tmp)
 
 	if err := s.claim(tmp, addr); errors.Is(err, fs.ErrExist) {
 		return Range{}, fmt.Errorf("reserve %s: %w (%s)", addr, ErrInUse, s.describe(addr))
@@ -103,7 +102,7 @@ func prepare(setIndex int, set RangeSet, id, ifname string) (RangeSet, error) {
 // name without its content, and the synced temp file already rules that out.
 func (s *Store) commit(setIndex int, a netip.Addr) error {
 	if err := s.writeCursor(setIndex, a); err != nil {
-		_ = os.Remove(s.path(a))
+		_ = s.root.Remove(a.String())
 		return fmt.Errorf("reserve %s: %w", a, err)
 	}
 	return nil

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 	"time"
 )
 
@@ -26,11 +25,11 @@ func (s *Store) Holds(a netip.Addr, id, ifname string) (bool, error) {
 // reservation file is written once and never changed). The error wraps fs.ErrNotExist when a is
 // free. Garbage collectors that spare young reservations call it under the lock.
 func (s *Store) Written(a netip.Addr) (time.Time, error) {
-	fi, err := os.Lstat(s.path(a))
+	st, err := s.root.Lstat(a.String())
 	if err != nil {
 		return time.Time{}, fmt.Errorf("reservation %s: %w", a, err)
 	}
-	return fi.ModTime(), nil
+	return time.Unix(st.Mtim.Unix()), nil
 }
 
 // Free returns how many addresses of each set are not reserved, in the order of sets. It lists
@@ -49,7 +48,7 @@ func (s *Store) Free(sets ...RangeSet) ([]uint64, error) {
 			size[i] += r.Size()
 		}
 	}
-	entries, err := os.ReadDir(s.dir)
+	entries, err := s.root.ReadDir()
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", s.dir, err)
 	}

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // Allocation is one reservation file. ContainerID is empty for a file no writer could have made
@@ -91,7 +91,7 @@ func (s *Store) owned(id, ifname string) ([]netip.Addr, error) {
 // temporary files or directories. Hold the lock across List and ReleaseAddr when collecting
 // garbage, or an address may be handed out again in between.
 func (s *Store) List() ([]Allocation, error) {
-	entries, err := os.ReadDir(s.dir)
+	entries, err := s.root.ReadDir()
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", s.dir, err)
 	}
@@ -127,7 +127,7 @@ func (s *Store) ReleaseAddr(a netip.Addr) error {
 // returns how many it removed. The caller holds the lock, so no live writer owns such a file.
 // Left-over files are harmless (nothing reads them); this only reclaims their space.
 func (s *Store) RemoveTemp() (int, error) {
-	entries, err := os.ReadDir(s.dir)
+	entries, err := s.root.ReadDir()
 	if err != nil {
 		return 0, fmt.Errorf("remove temporary files in %s: %w", s.dir, err)
 	}
@@ -137,7 +137,7 @@ func (s *Store) RemoveTemp() (int, error) {
 		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), tempPrefix) {
 			continue
 		}
-		if err := os.Remove(filepath.Join(s.dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.root.Remove(e.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove temporary file: %w", err))
 			continue
 		}
@@ -146,10 +146,69 @@ func (s *Store) RemoveTemp() (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// remove deletes a's reservation file; a file already gone counts as removed.
+// remove deletes a's reservation file (or whatever else stands under a's name, never what a
+// symlink there points to); a file already gone counts as removed.
 func (s *Store) remove(a netip.Addr) error {
-	if err := os.Remove(s.path(a)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.root.RemoveAll(a.String()); err != nil {
 		return fmt.Errorf("release %s: %w", a, err)
+	}
+	return nil
+}
+
+// Damaged tells whether a's reservation exists but names no owner: content no writer produces
+// (garbage, truncated, empty), or a symlink or a directory under a's name.
+func (s *Store) Damaged(a netip.Addr) (bool, error) {
+	_, ok, err := s.readOwner(a)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reservation %s: %w", a, err)
+	}
+	return !ok, nil
+}
+
+// Torn tells whether a's reservation file is damaged (see Damaged) or holds a proper prefix of
+// what a reservation of (id, ifname) holds: what a write of it cut short leaves (host-local
+// creates the file and then writes it), which may parse as another owner ("id\r\ne").
+func (s *Store) Torn(a netip.Addr, id, ifname string) (bool, error) {
+	data, err := s.root.ReadFile(a.String())
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case errors.Is(err, safedir.ErrNotRegular):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reservation %s: %w", a, err)
+	}
+	want := owner{id, ifname}.content()
+	if len(data) < len(want) && strings.HasPrefix(string(want), string(data)) {
+		return true, nil
+	}
+	_, ok := parseOwner(data)
+	return !ok, nil
+}
+
+// Repair makes a's reservation a reservation of (id, ifname), whatever it says now: the caller
+// knows from its own records whose the address is (a damaged or torn file). The caller holds the
+// lock.
+func (s *Store) Repair(a netip.Addr, id, ifname string) error {
+	if err := checkOwner(id, ifname); err != nil {
+		return fmt.Errorf("repair %s: %w", a, err)
+	}
+	if o, ok, err := s.readOwner(a); err == nil && ok && o == (owner{id, ifname}) {
+		return nil
+	}
+	tmp, err := s.writeTemp("ip", owner{id, ifname}.content(), true)
+	if err != nil {
+		return fmt.Errorf("repair %s: %w", a, err)
+	}
+	defer s.removeTemp(tmp)
+	if err := s.remove(a); err != nil {
+		return err
+	}
+	if err := s.claim(tmp, a); err != nil {
+		return fmt.Errorf("repair %s: %w", a, err)
 	}
 	return nil
 }

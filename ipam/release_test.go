@@ -62,6 +62,9 @@ func TestReleaseRejectsEmptyID(t *testing.T) {
 	}
 }
 
+// TestListSkipsNonReservations: List returns reservations, and as garbage (no owner) whatever
+// else stands under an address's name: a symlink or a directory there takes the address from the
+// allocator (link(2) fails on it), so GC must see it to give the address back.
 func TestListSkipsNonReservations(t *testing.T) {
 	s := openStore(t)
 	writeFiles(t, s.Dir(), map[string]string{
@@ -82,9 +85,19 @@ func TestListSkipsNonReservations(t *testing.T) {
 	if err := os.Symlink("10.0.0.2", filepath.Join(s.Dir(), "10.0.0.8")); err != nil {
 		t.Fatal(err)
 	}
-	want := []Allocation{{addrs("10.0.0.2")[0], "a", "eth0"}, {addrs("fd00::2")[0], "a", "eth0"}}
+	want := []Allocation{{addrs("10.0.0.2")[0], "a", "eth0"}, {Addr: addrs("10.0.0.8")[0]}, {Addr: addrs("10.0.0.9")[0]}, {addrs("fd00::2")[0], "a", "eth0"}}
 	if got := list(t, s); !slices.Equal(got, want) {
 		t.Errorf("List = %v, want %v", got, want)
+	}
+	// GC's release removes the symlink and the directory, never what the symlink points to.
+	for _, a := range addrs("10.0.0.8", "10.0.0.9") {
+		if err := s.ReleaseAddr(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want = []Allocation{{addrs("10.0.0.2")[0], "a", "eth0"}, {addrs("fd00::2")[0], "a", "eth0"}}
+	if got := list(t, s); !slices.Equal(got, want) {
+		t.Errorf("List after releasing the garbage = %v, want %v", got, want)
 	}
 }
 

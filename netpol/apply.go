@@ -278,9 +278,13 @@ func verdictChain(b []byte) string {
 // checkBase compares the base chains with BaseRules by comment.
 func checkBase(c *nftables.Conn, t *nftables.Table) error {
 	for _, ch := range baseChains(t) {
-		got, err := nft.ChainComments(c, ch)
+		rules, err := nft.ReadChain(c, ch)
 		if err != nil {
 			return err
+		}
+		got := make([]string, len(rules))
+		for i, r := range rules {
+			got[i] = nft.RuleComment(r)
 		}
 		var want []string
 		for _, r := range BaseRules()[ch.Name] {

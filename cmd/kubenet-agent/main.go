@@ -70,6 +70,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cfg.RuntimeEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "CRI socket of the runtime that runs the node's pods, asked which sandboxes exist so that attachments of dead sandboxes are collected; empty: collect nothing")
 	fs.DurationVar(&o.cfg.StaleGrace, "stale-gc-grace", agent.DefaultStaleGrace, "an attachment is collected only after its sandbox has been missing, and its files old, for this long (longer than any RunPodSandbox)")
 	fs.DurationVar(&o.cfg.StaleInterval, "stale-gc-interval", agent.DefaultStaleInterval, "how often the runtime is asked for its sandboxes")
+	fs.DurationVar(&o.cfg.HealPeriod, "heal-period", agent.DefaultHealPeriod, "re-assert the network's node-wide rules, sysctls and hostPort map elements at least this often (also on every nftables change); 0: never")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:9309", "address of /healthz, /readyz and /metrics; empty: no HTTP server")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")

@@ -33,9 +33,9 @@ func main() {
 		os.Exit(1)
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
-		Add:    run("ADD", onAttachment(add)),
-		Del:    run("DEL", onAttachment(done(core.Del))),
-		Check:  run("CHECK", onAttachment(done(core.Check))),
+		Add:    run("ADD", onAttachment(core.ParseConfig, true, add)),
+		Del:    run("DEL", onAttachment(core.ParseTeardownConfig, false, done(core.Del))),
+		Check:  run("CHECK", onAttachment(core.ParseCheckConfig, false, done(core.Check))),
 		Status: run("STATUS", status),
 		GC:     run("GC", gc),
 	}, version.PluginSupports(core.SupportedVersions()...), fmt.Sprintf("kubenet CNI plugin %s", buildVersion))
@@ -58,16 +58,18 @@ func run(name string, f verb) func(*skel.CmdArgs) error {
 	}
 }
 
-// onAttachment adapts a verb that works on one attachment: it parses the configuration and the
-// attachment (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS, CNI_ARGS) before calling it.
-func onAttachment(f func(context.Context, *core.Config, core.Attachment) (*verblog.Result, error)) verb {
+// onAttachment adapts a verb that works on one attachment: it parses the configuration with
+// parse and the attachment (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS, CNI_ARGS) before calling it.
+// CNI_ARGS only names the pod for the record ADD writes, so only ADD (strictArgs) refuses
+// malformed ones: DEL and CHECK must not fail on them.
+func onAttachment(parse func([]byte) (*core.Config, error), strictArgs bool, f func(context.Context, *core.Config, core.Attachment) (*verblog.Result, error)) verb {
 	return func(ctx context.Context, args *skel.CmdArgs) (*verblog.Result, error) {
-		cfg, err := core.ParseConfig(args.StdinData)
+		cfg, err := parse(args.StdinData)
 		if err != nil {
 			return nil, err
 		}
 		pod, err := ParseCNIArgs(args.Args)
-		if err != nil {
+		if err != nil && strictArgs {
 			return nil, err
 		}
 		return f(ctx, cfg, core.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, NetNS: args.Netns, Pod: pod.Pod()})
@@ -112,7 +114,7 @@ func status(ctx context.Context, args *skel.CmdArgs) (*verblog.Result, error) {
 }
 
 func gc(ctx context.Context, args *skel.CmdArgs) (*verblog.Result, error) {
-	cfg, err := core.ParseConfig(args.StdinData)
+	cfg, err := core.ParseTeardownConfig(args.StdinData)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -36,7 +38,41 @@ func NewNS(t testing.TB) ns.NetNS {
 		if _, err := os.Stat(n.Path()); err != nil {
 			return // the test deleted it already (DeleteNS)
 		}
-		if err := removeNS(n.Path()); err != nil {
+		if err := RemoveNS(n.Path()); err != nil {
+			t.Errorf("remove netns: %v", err)
+		}
+	})
+	Do(t, n, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+	return n
+}
+
+// NewNamedNS creates the persistent network namespace /run/netns/<name> (`ip netns add`), with
+// loopback up, and removes it at cleanup. A name, unlike NewNS's random one, lets a later run
+// recognise what a dead run left (see test/e2e's sweep).
+func NewNamedNS(t testing.TB, name string) ns.NetNS {
+	t.Helper()
+	RequireRoot(t)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	path := filepath.Join("/run/netns", name)
+	n, err := ns.GetNS(path)
+	if err != nil {
+		_ = RemoveNS(path)
+		t.Fatalf("open netns %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = n.Close()
+		if _, err := os.Stat(path); err != nil {
+			return // deleted already (DeleteNS)
+		}
+		if err := RemoveNS(path); err != nil {
 			t.Errorf("remove netns: %v", err)
 		}
 	})
@@ -136,15 +172,15 @@ func DeleteNS(t testing.TB, n ns.NetNS) {
 	t.Helper()
 	path := n.Path()
 	_ = n.Close()
-	if err := removeNS(path); err != nil {
+	if err := RemoveNS(path); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// removeNS detaches the namespace's bind mount and removes the mount point. A lazy unmount,
+// RemoveNS detaches the namespace's bind mount and removes the mount point. A lazy unmount,
 // because parallel tests create namespaces under the same shared mount and a plain unmount can
 // then fail with EBUSY while the namespace is in fact unused.
-func removeNS(path string) error {
+func RemoveNS(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
 		return fmt.Errorf("unmount netns %s: %w", path, err)
 	}

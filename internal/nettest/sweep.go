@@ -172,7 +172,7 @@ func sweep(log io.Writer, doomed func(name string) bool, reason string) error {
 		if !doomed(e.Name()) {
 			continue
 		}
-		if err := removeNS(filepath.Join(nsRunDir, e.Name())); err != nil {
+		if err := RemoveNS(filepath.Join(nsRunDir, e.Name())); err != nil {
 			errs = append(errs, err)
 			continue
 		}

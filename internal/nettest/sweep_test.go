@@ -79,7 +79,7 @@ func TestSweepStaleNamespaces(t *testing.T) {
 		n.Close()
 		t.Cleanup(func() {
 			if _, err := os.Stat(filepath.Join(nsRunDir, name)); err == nil {
-				_ = removeNS(filepath.Join(nsRunDir, name))
+				_ = RemoveNS(filepath.Join(nsRunDir, name))
 			}
 		})
 	}
@@ -148,7 +148,7 @@ func TestSweepOnSignal(t *testing.T) {
 		t.Errorf("helper ended with %v, want exit 130", err)
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		_ = removeNS(path)
+		_ = RemoveNS(path)
 		t.Errorf("the interrupted run left %s (stat: %v); stderr: %s", path, err, stderr.String())
 	}
 }

@@ -27,7 +27,13 @@ const underlayBridge = "br0"
 // namespace.
 func NewUnderlay(t testing.TB, mtu int, addrs ...netip.Prefix) *Underlay {
 	t.Helper()
-	u := &Underlay{NS: NewNS(t), mtu: mtu}
+	return NewUnderlayIn(t, NewNS(t), mtu, addrs...)
+}
+
+// NewUnderlayIn is NewUnderlay in a namespace the caller made (and removes).
+func NewUnderlayIn(t testing.TB, n ns.NetNS, mtu int, addrs ...netip.Prefix) *Underlay {
+	t.Helper()
+	u := &Underlay{NS: n, mtu: mtu}
 	Do(t, u.NS, func() error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: underlayBridge, MTU: mtu}}
 		if err := netlink.LinkAdd(br); err != nil {

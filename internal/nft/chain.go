@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -9,9 +10,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Rule is one planned rule: its expressions and a comment that says why it exists. The comment
-// names every parameter the rule depends on, so comparing comments tells whether a chain is up
-// to date without decoding expressions.
+// Rule is one planned rule: its expressions and a comment that says why it exists. A rule in
+// the kernel is the planned one only when both are equal: the comment tells a reader what the
+// rule is for, the expressions are what the kernel does, and a rule edited in place (by a
+// person, or written by another kubenet release) keeps its comment but not its expressions.
 type Rule struct {
 	Comment string
 	Exprs   []expr.Any
@@ -20,34 +22,141 @@ type Rule struct {
 // IsNotExist tells whether err says the table or chain does not exist.
 func IsNotExist(err error) bool { return errors.Is(err, unix.ENOENT) }
 
-// ChainComments reads the comments of chain's rules, in order. A missing table or chain reads as
-// no rules.
-func ChainComments(c *nftables.Conn, chain *nftables.Chain) ([]string, error) {
+// Difference is how an object of kubenet's (a chain, a map) in the kernel differs from its
+// plan. Missing says that the object, or every rule of a chain, is absent (the table or chain
+// is gone, or the chain is empty), which is what a flushed ruleset leaves; otherwise the object
+// is there but not as planned (rules changed, added or removed).
+type Difference struct {
+	Table   *nftables.Table
+	Object  string // "chain <name>", "map <name>"
+	Missing bool
+	Detail  string
+}
+
+func (d *Difference) Error() string {
+	return fmt.Sprintf("nftables %s of table %s %s: %s", d.Object, familyName(d.Table.Family), d.Table.Name, d.Detail)
+}
+
+// Missing returns the differences in err (which may join several) that are missing rules.
+func Missing(err error) []*Difference {
+	var out []*Difference
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *Difference:
+			if e.Missing {
+				out = append(out, e)
+			}
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+func familyName(f nftables.TableFamily) string {
+	switch f {
+	case nftables.TableFamilyINet:
+		return "inet"
+	case nftables.TableFamilyBridge:
+		return "bridge"
+	case nftables.TableFamilyIPv4:
+		return "ip"
+	case nftables.TableFamilyIPv6:
+		return "ip6"
+	}
+	return fmt.Sprintf("family %d", f)
+}
+
+// ReadChain reads chain's rules through c. A missing table or chain reads as no rules (the
+// kernel's dump does not tell them apart).
+func ReadChain(c *nftables.Conn, chain *nftables.Chain) ([]*nftables.Rule, error) {
 	rules, err := c.GetRules(chain.Table, chain)
 	if IsNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read chain %s: %w", chain.Name, err)
 	}
-	out := make([]string, len(rules))
-	for i, r := range rules {
-		out[i] = RuleComment(r)
+	return rules, nil
+}
+
+// Compare returns the first difference between a chain's rules as read from the kernel (have)
+// and the plan, or nil when they are equal. Rules are compared by comment and by their
+// expressions' netlink encoding, which for a planned rule is exactly what the kernel dumps back
+// (see Reg32). Pure, so it is tested without a kernel.
+func Compare(chain *nftables.Chain, have []*nftables.Rule, want []Rule) *Difference {
+	diff := func(missing bool, format string, args ...any) *Difference {
+		return &Difference{Table: chain.Table, Object: "chain " + chain.Name, Missing: missing, Detail: fmt.Sprintf(format, args...)}
 	}
-	return out, nil
+	switch {
+	case len(want) == 0 && len(have) == 0:
+		return nil
+	case len(have) == 0:
+		return diff(true, "missing or empty, want %d rules", len(want))
+	case len(have) != len(want):
+		return diff(false, "has %d rules, want %d", len(have), len(want))
+	}
+	fam := byte(chain.Table.Family)
+	for i, w := range want {
+		if got := RuleComment(have[i]); got != w.Comment {
+			return diff(false, "rule %d is %q, want %q", i, got, w.Comment)
+		}
+		if !sameExprs(fam, have[i].Exprs, w.Exprs) {
+			return diff(false, "rule %d (%q) does not match what kubenet plans: it was changed in place", i, w.Comment)
+		}
+	}
+	return nil
+}
+
+// sameExprs compares two expression lists by their netlink encoding for family fam.
+func sameExprs(fam byte, have, want []expr.Any) bool {
+	if len(have) != len(want) {
+		return false
+	}
+	for i := range want {
+		a, errA := expr.Marshal(fam, have[i])
+		b, errB := expr.Marshal(fam, want[i])
+		if errA != nil || errB != nil || !bytes.Equal(a, b) {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckChainWith reads chain through c and returns nil when it holds exactly rules, else a
+// *Difference (or the read's error).
+func CheckChainWith(c *nftables.Conn, chain *nftables.Chain, rules []Rule) error {
+	have, err := ReadChain(c, chain)
+	if err != nil {
+		return err
+	}
+	if d := Compare(chain, have, rules); d != nil {
+		return d
+	}
+	return nil
 }
 
 // SyncChain makes chain hold exactly rules. It reads the chain first (a dump, cheap) and writes
 // only when it differs, because every write that removes rules waits for an RCU grace period
-// (about 10 ms): a node's rules only change when its configuration does, not per pod. The write
-// replaces the chain's content in one transaction, so concurrent callers never leave duplicates.
+// (about 10 ms): a node's rules only change when its configuration does (or someone else
+// changed them), not per pod. The write replaces the chain's content in one transaction, so
+// concurrent callers never leave duplicates.
 func SyncChain(chain *nftables.Chain, rules []Rule) error {
-	c, have, err := readComments(chain)
+	c, err := nftables.New()
 	if err != nil {
-		return err
+		return fmt.Errorf("netlink: %w", err)
 	}
-	if sameComments(have, rules) {
-		return nil
+	err = CheckChainWith(c, chain, rules)
+	var d *Difference
+	if !errors.As(err, &d) {
+		return err // nil: up to date
 	}
 	c.AddTable(chain.Table)
 	ReplaceChain(c, chain, rules)
@@ -67,44 +176,11 @@ func ReplaceChain(c *nftables.Conn, chain *nftables.Chain, rules []Rule) {
 	}
 }
 
-// CheckChain reports the first difference between chain and rules.
+// CheckChain reports the first difference between chain and rules (a *Difference), or nil.
 func CheckChain(chain *nftables.Chain, rules []Rule) error {
-	_, have, err := readComments(chain)
-	if err != nil {
-		return err
-	}
-	if len(have) != len(rules) {
-		return fmt.Errorf("chain %s of table %s has %d rules, want %d", chain.Name, chain.Table.Name, len(have), len(rules))
-	}
-	for i, r := range rules {
-		if have[i] != r.Comment {
-			return fmt.Errorf("rule %d of chain %s is %q, want %q", i, chain.Name, have[i], r.Comment)
-		}
-	}
-	return nil
-}
-
-// readComments opens a netlink connection and reads chain's comments through it.
-func readComments(chain *nftables.Chain) (*nftables.Conn, []string, error) {
 	c, err := nftables.New()
 	if err != nil {
-		return nil, nil, fmt.Errorf("netlink: %w", err)
+		return fmt.Errorf("netlink: %w", err)
 	}
-	have, err := ChainComments(c, chain)
-	if err != nil {
-		return nil, nil, fmt.Errorf("read chain %s: %w", chain.Name, err)
-	}
-	return c, have, nil
-}
-
-func sameComments(have []string, rules []Rule) bool {
-	if len(have) != len(rules) || len(rules) == 0 {
-		return false
-	}
-	for i, r := range rules {
-		if have[i] != r.Comment {
-			return false
-		}
-	}
-	return true
+	return CheckChainWith(c, chain, rules)
 }

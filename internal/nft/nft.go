@@ -114,3 +114,15 @@ func IfName(name string) []byte {
 
 // nativeUint32 encodes v in host byte order, the order fib writes its result in.
 func nativeUint32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
+
+// Reg32 returns the register number of the i-th 32-bit data register (0-15) in the form the
+// kernel dumps it: a 32-bit register that starts a 128-bit one is reported as that 128-bit
+// register (NFT_REG_1..4), any other as NFT_REG32_xx. Both name the same storage; writing the
+// dumped form makes a rule read back byte for byte as it was planned, which is what comparing
+// rules by their expressions relies on.
+func Reg32(i int) uint32 {
+	if i%4 == 0 {
+		return uint32(unix.NFT_REG_1 + i/4)
+	}
+	return uint32(unix.NFT_REG32_00 + i)
+}

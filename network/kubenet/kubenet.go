@@ -394,8 +394,9 @@ func (p *Plugin) teardownConfig(att core.Attachment) (*core.Config, error) {
 	}
 	conf := *base
 	if att.ContainerID != "" {
+		// An unreadable record gives no CIDR; DEL then finds everything from the attachment's key.
 		rec, err := p.records().Load(att)
-		if err != nil {
+		if err != nil && !errors.As(err, new(*core.CorruptRecordError)) {
 			return nil, err
 		}
 		if rec != nil {
@@ -450,10 +451,10 @@ func (p *Plugin) GC(valid []core.ValidAttachment) error {
 }
 
 // GetPodNetworkStatus returns the sandbox's addresses from its attachment record, or, when there
-// is none (a pod attached by something else), from its interface in the netns.
+// is none (a pod attached by something else) or it is unreadable, from its interface in the netns.
 func (p *Plugin) GetPodNetworkStatus(namespace, name string, id network.ContainerID) (*network.PodNetworkStatus, error) {
 	rec, err := p.records().Load(attachmentOf(id, ""))
-	if err != nil {
+	if err != nil && !errors.As(err, new(*core.CorruptRecordError)) {
 		return nil, err
 	}
 	if rec != nil && len(rec.IPs) > 0 {

@@ -152,6 +152,57 @@ func TestAgentCluster(t *testing.T) {
 				}
 			}
 		}},
+		{"a flushed ruleset is restored by the agent", func(t *testing.T) {
+			// A firewall reload on node-1 runs `nft flush ruleset`: the agent's nftables watch
+			// puts kubenet's rules and the running pod's hostPort element back, without an ADD.
+			list, err := libcni.ConfListFromFile(n1.confFile())
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := n1.cni.NewPod(t, "hostport-heal")
+			pod.RT.CapabilityArgs = map[string]any{"portMappings": []map[string]any{{"hostPort": 30480, "containerPort": 7777, "protocol": "tcp"}}}
+			n1.cni.MustAdd(t, list, pod)
+			nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 7777))
+			hostPort := netip.AddrPortFrom(n1.addrs[0].Addr(), 30480)
+			reachable := func() error {
+				r, err := nettest.TCPRequest(n2.ns, hostPort, "heal", 2*time.Second)
+				return nettest.ExpectFrom(r, err, n2.addrs[0].Addr())
+			}
+			if err := nettest.Eventually(converge, reachable); err != nil {
+				t.Fatalf("host port %s before the flush: %v", hostPort, err)
+			}
+			before, err := n1.metrics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nettest.Run(t, n1.ns, "nft", "flush", "ruleset")
+			flushed := time.Now()
+			err = nettest.Eventually(converge, func() error {
+				out, err := nettest.Output(n1.ns, "nft", "list", "chain", "inet", "kubenet-kubenet", "hostport-localnet")
+				if err != nil || strings.Count(out, " drop ") != 2 {
+					return fmt.Errorf("localnet guard not back: %v\n%s", err, out)
+				}
+				return reachable()
+			})
+			if err != nil {
+				t.Fatalf("after nft flush ruleset: %v", err)
+			}
+			t.Logf("node-1 healed %v after the flush (polled)", time.Since(flushed))
+			after, err := n1.metrics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := "kubenet_agent_heal_repairs_total"; after[r] <= before[r] {
+				t.Errorf("%s = %v, was %v: the repair is not counted", r, after[r], before[r])
+			}
+			if r := "kubenet_agent_heal_restored_hostport_elements_total"; after[r] < before[r]+2 {
+				t.Errorf("%s = %v, was %v: the restored element is not counted", r, after[r], before[r])
+			}
+			// The pod's mapping has no hostIP: one element per family.
+			if _, err := logRecord(n1.logFile(), "node-wide state of the kubenet network restored", map[string]string{"restoredHostPortElements": "2"}); err != nil {
+				t.Error(err)
+			}
+		}},
 		{"operator's route untouched", func(t *testing.T) {
 			expectForeignRoute(t, n1, foreign)
 		}},

@@ -6,7 +6,8 @@
 // pods attached through libcni with the conflist each agent wrote and the binary it installed.
 //
 // The build tag keeps it out of `go test ./...`: the API server is built from source the first
-// time (minutes, about 2 GiB of memory; hack/apiserver). Run it with `make e2e-agent`.
+// time (minutes, about 2 GiB of memory; hack/kubernetes/build.sh, shared with `make
+// e2e-kubernetes`). Run it with `make e2e-agent`.
 package agent
 
 import (
@@ -55,14 +56,15 @@ func build(dir string) error {
 	if testBins.agent, err = nettest.BuildCommand(dir, "kubenet-agent"); err != nil {
 		return err
 	}
-	// Cached outside the checkout by the script: seconds when warm.
-	out, err := exec.Command(filepath.Join("..", "..", "hack", "apiserver", "build.sh")).Output()
+	// Cached outside the checkout by the script, with the rest of the cluster's binaries:
+	// seconds when warm.
+	out, err := exec.Command(filepath.Join("..", "..", "hack", "kubernetes", "build.sh"), "kube-apiserver", "etcd").Output()
 	if err != nil {
 		var stderr []byte
 		if ee, ok := err.(*exec.ExitError); ok {
 			stderr = ee.Stderr
 		}
-		return fmt.Errorf("hack/apiserver/build.sh: %w\n%s", err, stderr)
+		return fmt.Errorf("hack/kubernetes/build.sh: %w\n%s", err, stderr)
 	}
 	apiDir := strings.TrimSpace(string(out))
 	testBins.apiserver = filepath.Join(apiDir, "kube-apiserver")

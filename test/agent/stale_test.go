@@ -120,7 +120,7 @@ func waitPasses(t *testing.T, n *simNode, result string, k float64) map[string]f
 
 // attached tells whether kubenet's record of the pod's attachment exists on the node.
 func attached(n *simNode, id string) bool {
-	_, err := os.Stat(filepath.Join(n.cni.DataDir(), "kubenet", core.RecordDirName, id+"_eth0.json"))
+	_, err := os.Stat(core.RecordPath(filepath.Join(n.cni.DataDir(), "kubenet"), core.Attachment{ContainerID: id, IfName: "eth0"}))
 	return err == nil
 }
 

@@ -11,7 +11,9 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 // TestBadInputChangesNothing feeds the binary malformed configuration and environment and checks
@@ -258,7 +260,11 @@ func TestHairpinModeChange(t *testing.T) {
 	if br.Attrs().Promisc != 0 {
 		t.Error("cbr0 still promiscuous after switching to hairpin-veth")
 	}
-	if out, err := nettest.Output(node.NS, "nft", "list", "table", "bridge", "kubenet-kubenet"); err == nil {
-		t.Errorf("dedup table still present after switching to hairpin-veth:\n%s", out)
+	if out, err := nettest.Output(node.NS, "nft", "list", "chain", "bridge", "kubenet-kubenet", hairpin.DedupChain); err == nil {
+		t.Errorf("dedup chain still present after switching to hairpin-veth:\n%s", out)
+	}
+	// The bridge table stays: it holds the isolation chains, which every mode has.
+	if out := nettest.Run(t, node.NS, "nft", "list", "chain", "bridge", "kubenet-kubenet", isolation.ChainGuard); !strings.Contains(out, "drop") {
+		t.Errorf("isolation chain lost when the dedup chain went:\n%s", out)
 	}
 }

@@ -175,7 +175,7 @@ func TestStatus(t *testing.T) {
 			nettest.Do(t, node.NS, func() error {
 				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cbr0"}, PeerName: "cbr0peer"})
 			})
-		}, `bridge name "cbr0" is taken`},
+		}, `bridge "cbr0": is an existing veth link of the node, not a bridge`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,7 +285,7 @@ func TestCollectSparesYoung(t *testing.T) {
 	}
 	// An hour ago: the old pod's reservations and record, and the old orphan.
 	longAgo := time.Now().Add(-time.Hour)
-	oldFiles := []string{oldOrphan, filepath.Join(netDir, core.RecordDirName, "old_eth0.json")}
+	oldFiles := []string{oldOrphan, core.RecordPath(netDir, core.Attachment{ContainerID: "old", IfName: "eth0"})}
 	for _, ip := range old.IPs() {
 		oldFiles = append(oldFiles, filepath.Join(netDir, ip.String()))
 	}

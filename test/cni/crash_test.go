@@ -3,11 +3,14 @@ package cni
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubenet-dev/kubenet/core"
@@ -27,31 +30,76 @@ func TestCrashSafety(t *testing.T) {
 			node := nettest.NewNode(t, crashBin)
 			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
 			for i, point := range core.CrashPoints() {
-				pod := node.NewPod(t, fmt.Sprintf("crash-%02d", i))
-				// Everything ADD can create: addresses, veth, a host port, shaping both ways.
-				pod.RT.CapabilityArgs = map[string]any{
-					"portMappings": []map[string]any{{"hostPort": 30080, "containerPort": 80, "protocol": "udp"}},
-					"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 20_000_000},
-				}
-				t.Setenv("KUBENET_CRASH_AT", point)
-				if err := node.Add(list, pod); err == nil || !strings.Contains(err.Error(), "signal: killed") {
-					t.Fatalf("ADD at crash point %q was not killed: %v", point, err)
-				}
-				t.Setenv("KUBENET_CRASH_AT", "")
-				switch cleanup {
-				case "DEL":
-					err = node.Del(list, pod)
-				case "GC":
-					err = node.GC(list, []types.GCAttachment{})
-				}
-				if err != nil {
-					t.Errorf("%s after a crash at %q: %v", cleanup, point, err)
-				}
-				testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), nil)
-				if left := stateFiles(t, node); len(left) > 0 {
-					t.Errorf("after a crash at %q and %s the data dir still holds %v", point, cleanup, left)
-				}
+				pod := crashPod(node, fmt.Sprintf("crash-%02d", i), t)
+				crashAt(t, point, "ADD", func() error { return node.Add(list, pod) })
+				cleanUpAfterCrash(t, node, list, pod, cleanup, point, nil)
 			}
 		})
+	}
+	// A DEL killed at any of its own steps leaves a state the next DEL (or GC) finishes; until
+	// then the pod's addresses stay reserved, so no other pod can be handed them.
+	for _, cleanup := range []string{"DEL", "GC"} {
+		t.Run("DEL crashed, then "+cleanup, func(t *testing.T) {
+			node := nettest.NewNode(t, crashBin)
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
+			for i, point := range core.DelCrashPoints() {
+				pod := crashPod(node, fmt.Sprintf("delcrash-%02d", i), t)
+				if err := node.Add(list, pod); err != nil {
+					t.Fatal(err)
+				}
+				ips := pod.IPs()
+				crashAt(t, point, "DEL", func() error { return node.Del(list, pod) })
+				if point != "del: addresses released" {
+					for _, ip := range ips {
+						if b, err := os.ReadFile(filepath.Join(node.DataDir(), "kubenet", ip.String())); err != nil || !strings.HasPrefix(string(b), pod.RT.ContainerID+"\r\n") {
+							t.Errorf("after DEL died at %q, %s is no longer reserved for the pod: %q %v", point, ip, b, err)
+						}
+					}
+				}
+				cleanUpAfterCrash(t, node, list, pod, cleanup, point, ips)
+			}
+		})
+	}
+}
+
+// crashPod is a pod that asks for everything ADD can create: addresses, veth, a host port,
+// shaping both ways.
+func crashPod(node *nettest.Node, id string, t *testing.T) *nettest.Pod {
+	pod := node.NewPod(t, id)
+	pod.RT.CapabilityArgs = map[string]any{
+		"portMappings": []map[string]any{{"hostPort": 30080, "containerPort": 80, "protocol": "udp"}},
+		"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 20_000_000},
+	}
+	return pod
+}
+
+// crashAt runs verb with KUBENET_CRASH_AT=point and requires that it was killed there.
+func crashAt(t *testing.T, point, verb string, run func() error) {
+	t.Helper()
+	t.Setenv("KUBENET_CRASH_AT", point)
+	if err := run(); err == nil || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("%s at crash point %q was not killed: %v", verb, point, err)
+	}
+	t.Setenv("KUBENET_CRASH_AT", "")
+}
+
+// cleanUpAfterCrash runs cleanup (DEL, or GC with an empty list) and requires that nothing of
+// the pod is left: links, reservations, record, host-port state, conntrack entries of ips.
+func cleanUpAfterCrash(t *testing.T, node *nettest.Node, list *libcni.NetworkConfigList, pod *nettest.Pod, cleanup, point string, ips []netip.Addr) {
+	t.Helper()
+	var err error
+	switch cleanup {
+	case "DEL":
+		err = node.Del(list, pod)
+	case "GC":
+		err = node.GC(list, []types.GCAttachment{})
+	}
+	if err != nil {
+		t.Errorf("%s after a crash at %q: %v", cleanup, point, err)
+	}
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), ips)
+	testkit.AssertNoHostPortResidue(t, node, ips, 30080)
+	if left := stateFiles(t, node); len(left) > 0 {
+		t.Errorf("after a crash at %q and %s the data dir still holds %v", point, cleanup, left)
 	}
 }

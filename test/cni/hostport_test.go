@@ -26,6 +26,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 // hpMapping is one portMappings entry as a runtime sends it.
@@ -576,7 +577,7 @@ func TestHostPortDelLeavesAReusedAddressAlone(t *testing.T) {
 	// The old pod's state is lost, its netns gone, and the allocator hands its addresses out
 	// next (each cursor set to the address before the old pod's).
 	dir := filepath.Join(node.DataDir(), "kubenet")
-	lost := []string{filepath.Join(dir, "kubenet-attachments", old.RT.ContainerID+"_eth0.json")}
+	lost := []string{core.RecordPath(dir, testkit.AttachmentOf(old))}
 	for _, ip := range old.IPs() {
 		lost = append(lost, filepath.Join(dir, ip.String()))
 	}
@@ -651,10 +652,10 @@ func TestHostPortDelForgetsTranslatedFlows(t *testing.T) {
 	}{
 		{"record and reservations", func(string, *nettest.Pod) []string { return nil }},
 		{"reservations only", func(dir string, pod *nettest.Pod) []string {
-			return []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			return []string{core.RecordPath(dir, testkit.AttachmentOf(pod))}
 		}},
 		{"host-port index only", func(dir string, pod *nettest.Pod) []string {
-			files := []string{filepath.Join(dir, "kubenet-attachments", pod.RT.ContainerID+"_eth0.json")}
+			files := []string{core.RecordPath(dir, testkit.AttachmentOf(pod))}
 			for _, ip := range pod.IPs() {
 				files = append(files, filepath.Join(dir, ip.String()))
 			}
@@ -776,35 +777,100 @@ func TestHostPortSCTP(t *testing.T) {
 
 // TestHostPortLocalnetGuard: localhost access turns route_localnet on for the bridge, which
 // would let a pod reach services the node binds to 127.0.0.1 (plugins#729). A pod that routes
-// 127.0.0.0/8 to the node must not get through; with the guard chain emptied it does, which
-// shows that the guard is what stops it.
+// 127.0.0.0/8 to the node must not get through. Two guards stop it: the bridge's isolation
+// chain drops loopback destinations from pods, and the host ports' localnet chain drops
+// 127.0.0.0/8 that does not come from lo. With the first emptied the second still holds; with
+// both emptied the pod gets through, which shows that the guards are what stop it.
 func TestHostPortLocalnetGuard(t *testing.T) {
 	node, list, _ := hpNode(t)
 	pod := node.NewPod(t, "localnet")
 	pod.RT.CapabilityArgs = hpArgs(false, hpMapping{32500, 8080, "tcp", ""})
 	node.MustAdd(t, list, pod)
-	private := nettest.StartTCPEcho(t, node.NS, netip.MustParseAddrPort("127.0.0.1:9999"))
-	// The pod sends 127.0.0.0/8 to its gateway: no loopback address of its own, a route through
-	// eth0.
-	nettest.Do(t, pod.NS, func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.AddrDel(lo, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.MustParsePrefix("127.0.0.1/8"))})
-	})
-	nettest.WriteSysctl(t, pod.NS, "net/ipv4/conf/eth0/route_localnet", "1")
-	nettest.AddRoute(t, pod.NS, netip.MustParsePrefix("127.0.0.0/8"), testkit.GatewayOf(nettest.PodCIDR4))
-
-	if r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", testkit.UnreachableTimeout); err == nil {
-		t.Fatalf("a pod reached the node's 127.0.0.1 service: %+v", r)
-	}
+	attack := testkit.LocalnetAttack(t, node, pod, 9999)
+	testkit.ExpectAttackFails(t, attack, "with the guard")
+	// Either guard alone stops the attack: the bridge's (isolation) drops the frames, the host
+	// ports' localnet chain the routed packets.
+	nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
+	testkit.ExpectAttackFails(t, attack, "with the bridge's guard emptied")
 	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnet)
-	err := nettest.Eventually(testkit.TrafficTimeout, func() error {
-		r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", time.Second)
-		return nettest.ExpectFrom(r, err, pod.IP(nettest.NodeUplink4.Addr()))
-	})
-	if err != nil {
-		t.Errorf("without the guard the pod should reach 127.0.0.1 (else this test proves nothing): %v", err)
+	testkit.ExpectAttackWorks(t, attack, "with both guard chains emptied")
+}
+
+// TestHostPortLimit: a dual-stack pod with hostport.MaxMappings mappings (two map elements
+// each) is set up, reachable on its first and last ports, checked, and torn down without
+// residue, also by a repeated DEL; one mapping more is refused with code 7 naming the key and
+// the count, and changes nothing. (One nftables message per element made ADD fail with ENOBUFS
+// from about 120 such mappings, after the kernel had committed them, and DEL fail forever from
+// about 75.)
+func TestHostPortLimit(t *testing.T) {
+	node, list, _ := hpNode(t)
+	mappings := func(n int) []hpMapping {
+		var ms []hpMapping
+		for i := range n {
+			m := hpMapping{31000 + i, 8080, "tcp", ""}
+			if i%2 == 1 {
+				m = hpMapping{31000 + i, 8081, "udp", ""}
+			}
+			ms = append(ms, m)
+		}
+		return ms
 	}
+	pod := node.NewPod(t, "limit")
+	pod.RT.CapabilityArgs = hpArgs(true, mappings(hostport.MaxMappings)...)
+	node.MustAdd(t, list, pod)
+	nettest.StartTCPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8080))
+	nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
+	if got := len(testkit.HostPortElements(t, node)); got != 2*hostport.MaxMappings {
+		t.Errorf("%d map elements, want %d", got, 2*hostport.MaxMappings)
+	}
+	for _, c := range []struct {
+		proto string
+		port  uint16
+	}{{"tcp", 31000}, {"udp", 31000 + hostport.MaxMappings - 1}} {
+		for _, uplink := range []netip.Addr{nettest.NodeUplink4.Addr(), nettest.NodeUplink6.Addr()} {
+			want := nettest.External4.Addr()
+			if uplink.Is6() {
+				want = nettest.External6.Addr()
+			}
+			dst := netip.AddrPortFrom(uplink, c.port)
+			err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+				r, err := hpRequest(c.proto, node.External, dst, "limit", time.Second)
+				return nettest.ExpectFrom(r, err, want)
+			})
+			if err != nil {
+				t.Errorf("%s to %s: %v", c.proto, dst, err)
+			}
+		}
+	}
+	if err := node.Check(list, pod); err != nil {
+		t.Errorf("CHECK at the limit: %v", err)
+	}
+
+	over := node.NewPod(t, "over-limit")
+	over.RT.CapabilityArgs = hpArgs(false, mappings(hostport.MaxMappings+1)...)
+	before := hpSnapshot(t, node)
+	err := node.Add(list, over)
+	want := fmt.Sprintf("runtimeConfig.portMappings %d", hostport.MaxMappings+1)
+	if testkit.CNICode(err) != 7 || !strings.Contains(err.Error(), want) {
+		t.Errorf("ADD with %d mappings = %v (code %d), want code 7 naming %q", hostport.MaxMappings+1, err, testkit.CNICode(err), want)
+	}
+	if after := hpSnapshot(t, node); after != before {
+		t.Errorf("the refused ADD changed the node:\nbefore %s\nafter  %s", before, after)
+	}
+	if err := node.Del(list, over); err != nil {
+		t.Errorf("DEL after the refused ADD: %v", err)
+	}
+
+	ips := pod.IPs()
+	for i := range 2 {
+		if err := node.Del(list, pod); err != nil {
+			t.Fatalf("DEL #%d of the pod at the limit: %v", i+1, err)
+		}
+	}
+	var ports []int
+	for i := range hostport.MaxMappings {
+		ports = append(ports, 31000+i)
+	}
+	testkit.AssertNoHostPortResidue(t, node, ips, ports...)
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), ips)
 }

@@ -83,9 +83,9 @@ func newNPCluster(t *testing.T) *npCluster {
 	c.udp5353 = nettest.StartUDPEcho(t, c.server.NS, netip.AddrPortFrom(any6, 5353))
 	c.onNode, c.onPeer, c.onExternal = map[bool]*nettest.EchoServer{}, map[bool]*nettest.EchoServer{}, map[bool]*nettest.EchoServer{}
 	for _, is6 := range []bool{false, true} {
-		c.onNode[is6] = nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(pick(is6, nettest.NodePeerLink4, nettest.NodePeerLink6).Addr(), 0))
-		c.onPeer[is6] = nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(pick(is6, nettest.Peer4, nettest.Peer6).Addr(), 0))
-		c.onExternal[is6] = nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(pick(is6, nettest.External4, nettest.External6).Addr(), 0))
+		c.onNode[is6] = nettest.StartTCPEcho(t, node.NS, netip.AddrPortFrom(byFamily(is6, nettest.NodePeerLink4, nettest.NodePeerLink6).Addr(), 0))
+		c.onPeer[is6] = nettest.StartTCPEcho(t, node.Peer, netip.AddrPortFrom(byFamily(is6, nettest.Peer4, nettest.Peer6).Addr(), 0))
+		c.onExternal[is6] = nettest.StartTCPEcho(t, node.External, netip.AddrPortFrom(byFamily(is6, nettest.External4, nettest.External6).Addr(), 0))
 	}
 	// The external host reaches the pod CIDRs through the node (a cloud route would do this).
 	nettest.AddRoute(t, node.External, netip.MustParsePrefix("10.244.0.0/16"), nettest.NodeUplink4.Addr())
@@ -93,7 +93,7 @@ func newNPCluster(t *testing.T) *npCluster {
 	return c
 }
 
-func pick[T any](is6 bool, v4, v6 T) T {
+func byFamily[T any](is6 bool, v4, v6 T) T {
 	if is6 {
 		return v6
 	}
@@ -166,12 +166,12 @@ func npPort(proto corev1.Protocol, p intstr.IntOrString, end ...int32) networkin
 func TestNetworkPolicyTraffic(t *testing.T) {
 	c := newNPCluster(t)
 	for _, is6 := range []bool{false, true} {
-		fam := pick(is6, "ipv4", "ipv6")
-		like := pick(is6, netip.IPv4Unspecified(), netip.IPv6Unspecified())
+		fam := byFamily(is6, "ipv4", "ipv6")
+		like := byFamily(is6, netip.IPv4Unspecified(), netip.IPv6Unspecified())
 		srv := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(c.server.IP(like), port) }
 		clientIP, otherIP := c.client.IP(like), c.other.IP(like)
-		peerIP := pick(is6, nettest.Peer4, nettest.Peer6).Addr()
-		uplink := pick(is6, nettest.NodeUplink4, nettest.NodeUplink6).Addr()
+		peerIP := byFamily(is6, nettest.Peer4, nettest.Peer6).Addr()
+		uplink := byFamily(is6, nettest.NodeUplink4, nettest.NodeUplink6).Addr()
 		hostPort := netip.AddrPortFrom(uplink, 30080)
 		ingress := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
 		egress := []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
@@ -222,7 +222,7 @@ func TestNetworkPolicyTraffic(t *testing.T) {
 			expect(t, "other through the Service stays denied", c.other.NS, svc, false, netip.Addr{})
 			expect(t, "client through the NodePort", c.client.NS, nodePort, true, netip.Addr{})
 			expect(t, "other through the NodePort stays denied", c.other.NS, nodePort, false, netip.Addr{})
-			expect(t, "peer host through the NodePort stays denied", c.node.Peer, netip.AddrPortFrom(pick(is6, nettest.NodePeerLink4, nettest.NodePeerLink6).Addr(), nodePort.Port()), false, netip.Addr{})
+			expect(t, "peer host through the NodePort stays denied", c.node.Peer, netip.AddrPortFrom(byFamily(is6, nettest.NodePeerLink4, nettest.NodePeerLink6).Addr(), nodePort.Port()), false, netip.Addr{})
 		})
 
 		t.Run(fam+"/namespaceSelector", func(t *testing.T) {
@@ -233,18 +233,18 @@ func TestNetworkPolicyTraffic(t *testing.T) {
 		})
 
 		t.Run(fam+"/ipBlock with except", func(t *testing.T) {
-			block := pick(is6, "10.200.0.0/24", "fd00:200::/64")
-			except := pick(is6, "10.200.0.2/32", "fd00:200::2/128")
+			block := byFamily(is6, "10.200.0.0/24", "fd00:200::/64")
+			except := byFamily(is6, "10.200.0.2/32", "fd00:200::2/128")
 			c.apply(t, policyOf("a", "p", networkingv1.NetworkPolicySpec{PodSelector: serverSel, PolicyTypes: ingress,
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: block}}}}}}))
 			expect(t, "peer host inside the block", c.node.Peer, srv(8080), true, peerIP)
 			c.apply(t, policyOf("a", "p", networkingv1.NetworkPolicySpec{PodSelector: serverSel, PolicyTypes: ingress,
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: block, Except: []string{except}}}}}}}))
 			expect(t, "peer host in the except", c.node.Peer, srv(8080), false, netip.Addr{})
-			ext := pick(is6, "198.18.0.0/24", "2001:db8:e::/64")
+			ext := byFamily(is6, "198.18.0.0/24", "2001:db8:e::/64")
 			c.apply(t, policyOf("a", "p", networkingv1.NetworkPolicySpec{PodSelector: serverSel, PolicyTypes: ingress,
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: ext}}}}}}))
-			expect(t, "external host directly", c.node.External, srv(8080), true, pick(is6, nettest.External4, nettest.External6).Addr())
+			expect(t, "external host directly", c.node.External, srv(8080), true, byFamily(is6, nettest.External4, nettest.External6).Addr())
 			expect(t, "external host through the hostPort", c.node.External, hostPort, true, netip.Addr{})
 			expect(t, "client", c.client.NS, srv(8080), false, netip.Addr{})
 		})
@@ -253,7 +253,7 @@ func TestNetworkPolicyTraffic(t *testing.T) {
 			c.apply(t, policyOf("a", "p", networkingv1.NetworkPolicySpec{PodSelector: *labelSel("app", "client"), PolicyTypes: egress,
 				Egress: []networkingv1.NetworkPolicyEgressRule{
 					{To: []networkingv1.NetworkPolicyPeer{{PodSelector: labelSel("app", "server")}}, Ports: []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, intstr.FromInt32(9000), 9100)}},
-					{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: pick(is6, "198.18.0.0/24", "2001:db8:e::/64")}}}},
+					{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: byFamily(is6, "198.18.0.0/24", "2001:db8:e::/64")}}}},
 				}}))
 			expect(t, "client to server in the port range", c.client.NS, srv(9090), true, clientIP)
 			expect(t, "client to server outside the range", c.client.NS, srv(8080), false, netip.Addr{})
@@ -332,7 +332,7 @@ func (c *npCluster) kubeProxy(t *testing.T, is6 bool) (svc, nodePort netip.AddrP
 	}
 	nettest.Run(t, c.node.NS, "nft", "-f", f)
 	t.Cleanup(func() { _, _ = nettest.Output(c.node.NS, "nft", "delete", "table", family, table) })
-	return netip.AddrPortFrom(clusterIP, 80), netip.AddrPortFrom(pick(is6, nettest.NodeUplink4, nettest.NodeUplink6).Addr(), 31080)
+	return netip.AddrPortFrom(clusterIP, 80), netip.AddrPortFrom(byFamily(is6, nettest.NodeUplink4, nettest.NodeUplink6).Addr(), 31080)
 }
 
 // TestNetworkPolicyLeaks: DEL and GC leave no pending or map element of the pod's addresses.

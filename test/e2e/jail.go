@@ -36,20 +36,59 @@ type Jail struct {
 	CgroupParent string
 
 	holder *proc
+	uts    bool // the jail has its own UTS namespace
+	closed bool
 }
 
 // Bind is a directory bind-mounted over a path inside the jail (e.g. a private
 // /etc/containers), so the runtime reads the test's files where it expects its system's.
-type Bind struct{ Source, Target string }
+type Bind struct {
+	Source, Target string
+	// Create makes Target first when missing: only for a target inside an Overlay, where
+	// that writes to the overlay's upper directory, never to the machine's.
+	Create bool
+}
+
+// Overlay makes a directory of the machine (Target, e.g. /etc) writable inside the jail: an
+// overlay whose lower layer is the machine's directory and whose changes land in Upper, so a
+// daemon may create /etc/cni/net.d or /opt/cni/bin without touching the machine's.
+type Overlay struct{ Target, Upper, Work string }
+
+// JailConfig says what a jail holds beyond its private mount and PID namespaces and its fresh
+// /run and /var/lib.
+type JailConfig struct {
+	// Hostname, when set, gives the jail a UTS namespace of its own with that host name: a
+	// node's daemons and host-network pods see the node's name, not the machine's.
+	Hostname string
+	// NetnsSys mounts a sysfs of the jail's network namespace over /sys (so /sys/class/net
+	// lists the node's links) with the machine's cgroup hierarchies bound back in.
+	NetnsSys bool
+	// Overlays are applied first, then Binds (so a bind may land inside an overlay).
+	Overlays []Overlay
+	Binds    []Bind
+	// CgroupParent is the cgroup the jail removes at the end (a daemon places its pods and
+	// containers below it); empty: a random one.
+	CgroupParent string
+}
 
 // NewJail starts a jail inside netns. It stops at cleanup: SIGTERM to PID 1 (the kernel then
 // kills every other process in the PID namespace), SIGKILL if that takes too long, and the
 // removal of the jail's cgroups.
 func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 	t.Helper()
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	j := &Jail{CgroupParent: "/kubenet-e2e-" + hex.EncodeToString(suffix[:])}
+	return StartJail(t, netns, JailConfig{Binds: binds})
+}
+
+// StartJail starts a jail inside netns as cfg says; it stops at cleanup like NewJail's, or
+// earlier with Kill.
+func StartJail(t testing.TB, netns ns.NetNS, cfg JailConfig) *Jail {
+	t.Helper()
+	j := &Jail{CgroupParent: cfg.CgroupParent}
+	if j.CgroupParent == "" {
+		var suffix [4]byte
+		_, _ = rand.Read(suffix[:])
+		j.CgroupParent = "/kubenet-e2e-" + hex.EncodeToString(suffix[:])
+	}
 
 	script := []string{
 		"set -eu",
@@ -60,7 +99,28 @@ func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 		"mount -t tmpfs -o mode=0755 tmpfs /run",
 		"mount -t tmpfs -o mode=0755 tmpfs /var/lib",
 	}
-	for _, b := range binds {
+	if cfg.Hostname != "" {
+		script = append(script, fmt.Sprintf("hostname %q", cfg.Hostname))
+	}
+	if cfg.NetnsSys {
+		// sysfs shows the links of the namespace of the process that mounts it; the cgroup
+		// hierarchies below the machine's /sys are carried over through /run.
+		script = append(script,
+			"mkdir /run/.machine-sys",
+			"mount --rbind /sys /run/.machine-sys",
+			"mount -t sysfs sysfs /sys",
+			"mount --rbind /run/.machine-sys/fs/cgroup /sys/fs/cgroup",
+			"umount -l /run/.machine-sys",
+			"rmdir /run/.machine-sys",
+		)
+	}
+	for _, o := range cfg.Overlays {
+		script = append(script, fmt.Sprintf("mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s %s", o.Target, o.Upper, o.Work, o.Target))
+	}
+	for _, b := range cfg.Binds {
+		if b.Create {
+			script = append(script, fmt.Sprintf("mkdir -p %q", b.Target))
+		}
 		script = append(script, fmt.Sprintf("mount --bind %q %q", b.Source, b.Target))
 	}
 	script = append(script,
@@ -70,11 +130,16 @@ func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 		"echo ready",
 		"while :; do sleep 1000 & wait $!; done",
 	)
+	flags := syscall.CLONE_NEWNS | syscall.CLONE_NEWPID
+	if cfg.Hostname != "" {
+		flags |= syscall.CLONE_NEWUTS
+		j.uts = true
+	}
 	cmd := exec.Command("bash", "-c", strings.Join(script, "\n"))
 	// Pdeathsig: should the test binary itself die (a go test timeout skips cleanups), the
 	// kernel kills PID 1 and with it the whole jail. It fires when the forking thread exits, so
 	// the jail is forked from a thread that lives exactly as long as the jail.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: uintptr(flags), Pdeathsig: syscall.SIGKILL}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -109,10 +174,31 @@ func NewJail(t testing.TB, netns ns.NetNS, binds ...Bind) *Jail {
 	return j
 }
 
+// Pid is the jail's PID 1 as the machine sees it; /proc/<Pid>/root is the jail's file system.
+func (j *Jail) Pid() int { return j.holder.cmd.Process.Pid }
+
+// Kill ends every process of the jail at once (SIGKILL to PID 1, as a power cut would) and
+// removes its cgroups; the jail's mounts go with it. The cleanup then has nothing left to do.
+func (j *Jail) Kill() error {
+	if j.closed {
+		return nil
+	}
+	j.closed = true
+	_ = j.holder.cmd.Process.Kill()
+	if err := j.holder.wait(30 * time.Second); err != nil {
+		return err
+	}
+	return removeCgroupWhenEmpty(j.CgroupParent, 30*time.Second)
+}
+
 // Command returns a command that runs name inside the jail: its mount, PID and network
 // namespaces.
 func (j *Jail) Command(name string, args ...string) *exec.Cmd {
-	return exec.Command("nsenter", append([]string{"-t", strconv.Itoa(j.holder.cmd.Process.Pid), "-m", "-p", "-n", "--", name}, args...)...)
+	flags := []string{"-t", strconv.Itoa(j.holder.cmd.Process.Pid), "-m", "-p", "-n"}
+	if j.uts {
+		flags = append(flags, "-u")
+	}
+	return exec.Command("nsenter", append(append(flags, "--", name), args...)...)
 }
 
 // Run runs name inside the jail and returns its combined output, failing the test on error.
@@ -137,15 +223,25 @@ func (j *Jail) Output(name string, args ...string) (string, error) {
 // close ends the jail and removes its cgroups.
 func (j *Jail) close(t testing.TB) {
 	t.Helper()
+	if j.closed {
+		return
+	}
+	j.closed = true
 	_ = j.holder.cmd.Process.Signal(syscall.SIGTERM)
 	if err := j.holder.wait(20 * time.Second); err != nil {
 		t.Errorf("jail: %v; killing it", err)
 		_ = j.holder.cmd.Process.Kill()
 		<-j.holder.exited
 	}
-	if err := removeCgroup(j.CgroupParent); err != nil {
+	if err := removeCgroupWhenEmpty(j.CgroupParent, 30*time.Second); err != nil {
 		t.Errorf("leak: %v", err)
 	}
+}
+
+// removeCgroupWhenEmpty retries removeCgroup until timeout: the kernel takes a moment to empty
+// the cgroups of processes that were just killed.
+func removeCgroupWhenEmpty(parent string, timeout time.Duration) error {
+	return nettest.Eventually(timeout, func() error { return removeCgroup(parent) })
 }
 
 // proc is a started process whose exit is awaited once, in the background.
@@ -261,13 +357,24 @@ func (d *Daemon) Pid() (int, error) {
 	return strconv.Atoi(fields[0])
 }
 
+// Exited tells whether the daemon's process has ended (by Stop, or on its own).
+func (d *Daemon) Exited() bool {
+	select {
+	case <-d.proc.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stopped tells whether Stop was called.
 func (d *Daemon) Stopped() bool { return d.stopped }
 
 // Stop sends SIGTERM to the daemon by its pid and waits for it to exit, then SIGKILL if it has
 // not exited within 30s.
 func (d *Daemon) Stop() error {
-	if d.stopped {
+	if d.stopped || d.Exited() {
+		d.stopped = true
 		return nil
 	}
 	d.stopped = true

@@ -89,7 +89,7 @@ func TestRuntimeContainerdStaleAttachments(t *testing.T) {
 		err = os.Remove(lostRec.NetNS)
 	}
 	Require(t, err, "lost's netns mount %s removed", lostRec.NetNS)
-	_, err = os.Stat(filepath.Join(w.node.DataDir(), network, core.RecordDirName, lost+"_eth0.json"))
+	_, err = os.Stat(core.RecordPath(filepath.Join(w.node.DataDir(), network), core.Attachment{ContainerID: lost, IfName: "eth0"}))
 	Require(t, err, "lost's attachment (addresses %v, hostPort 30091) is still on the node: the leak", lostRec.IPs)
 
 	collector := newStaleCollector(t, w, cd)
@@ -118,7 +118,7 @@ func TestRuntimeContainerdStaleAttachments(t *testing.T) {
 	Require(t, err, "lost's attachment collected once it was without a sandbox for %s (pass %d)", staleGrace, passes)
 	Check(t, attachmentGone(t, w, lost, lostRec), "nothing of lost remains: record, reservations %v, hostPort 30091 elements", lostRec.IPs)
 	for _, id := range []string{web, halted} {
-		_, err := os.Stat(filepath.Join(w.node.DataDir(), network, core.RecordDirName, id+"_eth0.json"))
+		_, err := os.Stat(core.RecordPath(filepath.Join(w.node.DataDir(), network), core.Attachment{ContainerID: id, IfName: "eth0"}))
 		Check(t, err, "%s's attachment kept (READY or NOTREADY, containerd lists it)", short(id))
 	}
 	for _, ip := range webIPs {
@@ -145,7 +145,7 @@ func TestRuntimeContainerdStaleAttachments(t *testing.T) {
 	for range 3 {
 		pass()
 	}
-	_, err = os.Stat(filepath.Join(w.node.DataDir(), network, core.RecordDirName, inFlight.ContainerID+"_eth0.json"))
+	_, err = os.Stat(core.RecordPath(filepath.Join(w.node.DataDir(), network), core.Attachment{ContainerID: inFlight.ContainerID, IfName: "eth0"}))
 	Check(t, err, "three passes during the ADD left creating's attachment alone")
 	gate.release(t)
 	Require(t, <-created, "RunPodSandbox creating returned")
@@ -247,7 +247,7 @@ func attachmentGone(t *testing.T, w runtimeWorld, id string, rec *core.Record) e
 	t.Helper()
 	netDir := filepath.Join(w.node.DataDir(), network)
 	var left []string
-	if _, err := os.Stat(filepath.Join(netDir, core.RecordDirName, id+"_eth0.json")); err == nil {
+	if _, err := os.Stat(core.RecordPath(netDir, core.Attachment{ContainerID: id, IfName: "eth0"})); err == nil {
 		left = append(left, "record")
 	}
 	for _, p := range rec.IPs {

@@ -77,6 +77,12 @@ func LinkExists(t testing.TB, n ns.NetNS, name string) bool {
 // Addrs lists the global addresses of name inside n.
 func Addrs(t testing.TB, n ns.NetNS, name string) []netip.Prefix {
 	t.Helper()
+	return slices.DeleteFunc(AllAddrs(t, n, name), func(p netip.Prefix) bool { return p.Addr().IsLinkLocalUnicast() })
+}
+
+// AllAddrs lists every address of name inside n, link-local ones included.
+func AllAddrs(t testing.TB, n ns.NetNS, name string) []netip.Prefix {
+	t.Helper()
 	var out []netip.Prefix
 	nettest.Do(t, n, func() error {
 		l, err := netlink.LinkByName(name)
@@ -90,10 +96,7 @@ func Addrs(t testing.TB, n ns.NetNS, name string) []netip.Prefix {
 		for _, a := range as {
 			ip, _ := netip.AddrFromSlice(a.IP)
 			ones, _ := a.Mask.Size()
-			p := netip.PrefixFrom(ip.Unmap(), ones)
-			if !p.Addr().IsLinkLocalUnicast() {
-				out = append(out, p)
-			}
+			out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
 		}
 		return nil
 	})
@@ -143,7 +146,7 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 			t.Errorf("leak: reservation %s still held by %s", e.Name(), att.ContainerID)
 		}
 	}
-	record := filepath.Join(netDir, core.RecordDirName, att.ContainerID+"_"+att.IfName+".json")
+	record := core.RecordPath(netDir, att)
 	if _, err := os.Stat(record); err == nil {
 		t.Errorf("leak: attachment record %s remains", record)
 	}
@@ -262,50 +265,58 @@ func HostPortElements(t testing.TB, node *nettest.Node) []HostPortElement {
 	t.Helper()
 	var out []HostPortElement
 	for _, m := range []string{hostport.MapIPv4, hostport.MapIPv4Addr, hostport.MapIPv6, hostport.MapIPv6Addr} {
-		text, err := nettest.Output(node.NS, "nft", "-j", "list", "map", "inet", HostPortTable, m)
-		if err != nil {
-			if strings.Contains(text, "No such file") {
-				continue
+		for _, raw := range NFTElements(t, node, "inet", "map", m) {
+			var el [2]json.RawMessage
+			var key struct {
+				Concat []any `json:"concat"`
+				Elem   struct {
+					Val struct {
+						Concat []any `json:"concat"`
+					} `json:"val"`
+					Comment string `json:"comment"`
+				} `json:"elem"`
 			}
-			t.Fatal(err)
-		}
-		var doc struct {
-			Nftables []struct {
-				Map *struct {
-					Elem [][2]json.RawMessage `json:"elem"`
-				} `json:"map"`
-			} `json:"nftables"`
-		}
-		if err := json.Unmarshal([]byte(text), &doc); err != nil {
-			t.Fatalf("nft -j list map %s: %v\n%s", m, err, text)
-		}
-		for _, o := range doc.Nftables {
-			if o.Map == nil {
-				continue
+			var val struct {
+				Concat []any `json:"concat"`
 			}
-			for _, el := range o.Map.Elem {
-				var key struct {
-					Concat []any `json:"concat"`
-					Elem   struct {
-						Val struct {
-							Concat []any `json:"concat"`
-						} `json:"val"`
-						Comment string `json:"comment"`
-					} `json:"elem"`
-				}
-				var val struct {
-					Concat []any `json:"concat"`
-				}
-				if err := errors.Join(json.Unmarshal(el[0], &key), json.Unmarshal(el[1], &val)); err != nil {
-					t.Fatalf("element of %s: %v", m, err)
-				}
-				k := key.Concat
-				if k == nil {
-					k = key.Elem.Val.Concat
-				}
-				out = append(out, HostPortElement{Map: m, Key: joinConcat(k), Value: joinConcat(val.Concat), Comment: key.Elem.Comment})
+			if err := json.Unmarshal(raw, &el); err != nil {
+				t.Fatalf("element of %s: %v", m, err)
 			}
+			if err := errors.Join(json.Unmarshal(el[0], &key), json.Unmarshal(el[1], &val)); err != nil {
+				t.Fatalf("element of %s: %v", m, err)
+			}
+			k := key.Concat
+			if k == nil {
+				k = key.Elem.Val.Concat
+			}
+			out = append(out, HostPortElement{Map: m, Key: joinConcat(k), Value: joinConcat(val.Concat), Comment: key.Elem.Comment})
 		}
+	}
+	return out
+}
+
+// NFTElements returns the elements of the set or map (kind) name in the tests' network's table
+// of family, as the nft tool shows them in JSON. A missing set or map has none.
+func NFTElements(t testing.TB, node *nettest.Node, family, kind, name string) []json.RawMessage {
+	t.Helper()
+	text, err := nettest.Output(node.NS, "nft", "-j", "list", kind, family, HostPortTable, name)
+	if err != nil {
+		if strings.Contains(text, "No such file") {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	var doc struct {
+		Nftables []map[string]struct {
+			Elem []json.RawMessage `json:"elem"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(text), &doc); err != nil {
+		t.Fatalf("nft -j list %s %s: %v\n%s", kind, name, err, text)
+	}
+	var out []json.RawMessage
+	for _, o := range doc.Nftables {
+		out = append(out, o[kind].Elem...)
 	}
 	return out
 }

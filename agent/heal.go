@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/nft"
+)
+
+// DefaultHealPeriod is how often the healer re-asserts the node-wide state and compares every
+// hostPort map element with the plugin's ownership index, whether or not an nftables event came.
+const DefaultHealPeriod = 30 * time.Second
+
+// The healer keeps the node-wide state of the kubenet network as the plugin set it up: the
+// sysctls, the bridge, the SNAT, duplicate-frame and host-port rules (the localnet guard among
+// them), and the hostPort map elements of running pods. Another tool that reloads the firewall
+// runs `nft flush ruleset`; until something puts kubenet's rules back, pods reach services bound
+// to the node's 127.0.0.0/8 (route_localnet stays on) and host ports lead nowhere. The plugin
+// restores them at the next ADD, but a node may go long without one, and STATUS reports the node
+// not ready meanwhile. The healer reacts to nftables change events (NFNLGRP_NFTABLES) that touch
+// the network's tables, and also runs on a timer because events can be lost (the multicast
+// socket overflows) and element deletions are not watched (every pod's ADD and DEL makes them).
+type healer struct {
+	log    *slog.Logger
+	period time.Duration
+	// config returns the plugin configuration of the network, or nil while there is none (no
+	// pod CIDR yet).
+	config func() (*core.Config, error)
+	// done, when not nil, is told of every pass (tests wait on it).
+	done func(healPass)
+	// minGap is the shortest time between two passes triggered by events: the healer's own
+	// writes are events too, and a rule that kept being changed back (another tool fighting
+	// over it) must not make it spin.
+	minGap time.Duration
+	// kick asks for a pass (1-buffered): nftables events, and the agent when the conflist
+	// changed.
+	kick chan struct{}
+}
+
+// wake asks for a pass without waiting.
+func (h *healer) wake() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// healPass is what one pass found and did.
+type healPass struct {
+	full     bool // the periodic pass, which compares every map element
+	setUp    bool // the network's bridge did not exist: a first setup, not a repair
+	found    error
+	restored int
+	isolated int // pods whose isolation elements were put back
+	err      error
+	took     time.Duration
+}
+
+// run heals until ctx ends. All netlink work happens on the calling goroutine, in the caller's
+// network namespace (the agent runs in the host's), the event subscription included; the
+// goroutine that reads events only forwards signals.
+func (h *healer) run(ctx context.Context) {
+	ended := make(chan struct{}, 1)
+	var forwarders sync.WaitGroup
+	defer forwarders.Wait()
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	subscribe := func() {
+		events, closeMonitor, err := h.watch()
+		if err != nil {
+			h.log.Warn("nftables events unavailable; the node-wide state is only checked periodically", "err", err, "period", h.period)
+			return
+		}
+		closers = append(closers, closeMonitor)
+		forwarders.Add(1)
+		go func() {
+			defer forwarders.Done()
+			if h.forward(ctx, events, h.wake) {
+				select {
+				case ended <- struct{}{}:
+				case <-ctx.Done():
+				}
+			}
+		}()
+	}
+	subscribe()
+	ticker := time.NewTicker(h.period)
+	defer ticker.Stop()
+	full := true // the first pass compares everything
+	var last time.Time
+	for {
+		if wait := h.minGap - time.Since(last); !full && wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		h.pass(ctx, full)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			full = true
+		case <-h.kick:
+			full = false
+		case <-ended:
+			// Events were lost: subscribe again, then look at what may have changed.
+			subscribe()
+			full = false
+		}
+	}
+}
+
+// pass runs one HealNode with the current configuration.
+func (h *healer) pass(ctx context.Context, full bool) {
+	cfg, err := h.config()
+	if cfg == nil && err == nil {
+		return // no pod CIDR yet: nothing is set up, nothing to keep
+	}
+	start := time.Now()
+	p := healPass{full: full}
+	if err != nil {
+		p.err = err
+	} else {
+		var rep core.NodeRepair
+		rep, p.err = core.HealNode(ctx, cfg, full)
+		p.setUp, p.found, p.restored, p.isolated = rep.SetUp, rep.Found, rep.Restored, rep.IsolatedPorts
+	}
+	p.took = time.Since(start)
+	switch {
+	case p.err != nil:
+		h.log.Error("node-wide state of the kubenet network not restored", "err", p.err)
+	case p.setUp:
+		h.log.Info("node-wide state of the kubenet network set up", "took", p.took)
+	case p.found != nil || p.restored > 0:
+		h.log.Warn("node-wide state of the kubenet network restored", "found", p.found, "restoredHostPortElements", p.restored, "restoredIsolationPorts", p.isolated, "took", p.took)
+	}
+	if h.done != nil {
+		h.done(p)
+	}
+}
+
+// watch subscribes to nftables change events.
+func (h *healer) watch() (<-chan *nftables.MonitorEvents, func(), error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, nil, err
+	}
+	// A generous buffer: the monitor goroutine blocks on a full channel, and while it does the
+	// socket may overflow and end the subscription.
+	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(64))
+	events, err := c.AddGenerationalMonitor(mon)
+	if err != nil {
+		return nil, nil, err
+	}
+	return events, func() { _ = mon.Close() }, nil
+}
+
+// forward signals a pass for every committed transaction that changed a table, chain, rule or
+// map of kubenet's. It returns true when the subscription ended before ctx (the socket
+// overflowed: events were lost, only a pass can tell what changed). It does no netlink work.
+func (h *healer) forward(ctx context.Context, events <-chan *nftables.MonitorEvents, wake func()) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case batch, ok := <-events:
+			if ctx.Err() != nil {
+				return false
+			}
+			if !ok {
+				h.log.Warn("nftables event subscription ended; subscribing again")
+				return true
+			}
+			if batch.GeneratedBy != nil && batch.GeneratedBy.Error != nil {
+				// The monitor ends after reporting its socket's error; the closed channel follows.
+				h.log.Warn("nftables event subscription failed", "err", batch.GeneratedBy.Error)
+				continue
+			}
+			if slices.ContainsFunc(batch.Changes, concernsKubenet) {
+				wake()
+			}
+		}
+	}
+}
+
+// concernsKubenet tells whether an event changed (or removed) a table, chain, rule or map of a
+// kubenet network. Element events are left out: every pod's ADD and DEL makes them.
+func concernsKubenet(e *nftables.MonitorEvent) bool {
+	var table *nftables.Table
+	switch d := e.Data.(type) {
+	case *nftables.Table:
+		table = d
+	case *nftables.Chain:
+		table = d.Table
+	case *nftables.Rule:
+		table = d.Table
+	case *nftables.Set:
+		table = d.Table
+	}
+	return table != nil && strings.HasPrefix(table.Name, nft.TableName(""))
+}
+
+// newHealer returns the agent's healer, which follows the plugin configuration of the conflist
+// the agent wrote last.
+func (a *Agent) newHealer() *healer {
+	return &healer{
+		kick:   a.healKick,
+		log:    a.log.With("component", "heal"),
+		period: a.cfg.HealPeriod,
+		minGap: 200 * time.Millisecond,
+		config: func() (*core.Config, error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.network, nil
+		},
+		done: a.metrics.healed,
+	}
+}
+
+// healed counts a pass in the metrics.
+func (m *metrics) healed(p healPass) {
+	switch {
+	case p.err != nil:
+		m.healErrors.Inc()
+	case !p.setUp && (p.found != nil || p.restored > 0):
+		m.healRepairs.Inc()
+	}
+	m.healRestored.Add(float64(p.restored))
+}

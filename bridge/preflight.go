@@ -1,0 +1,172 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/links"
+)
+
+// aliasPrefix starts the alias (IFLA_IFALIAS, what `ip link` shows as "alias") by which a bridge
+// names the kubenet network that uses it. Two networks on one bridge would each reconcile the
+// bridge's addresses to their own gateways and remove the other's.
+const aliasPrefix = "kubenet network "
+
+// ownerAlias is the alias of a bridge used by network.
+func ownerAlias(network string) string { return aliasPrefix + network }
+
+// PreflightError says why cfg cannot be applied to this node: Key is the setting at fault
+// ("bridge" or "gateway"), Value its value.
+type PreflightError struct {
+	Key, Value, Reason string
+}
+
+func (e *PreflightError) Error() string {
+	return fmt.Sprintf("%s %q: %s", e.Key, e.Value, e.Reason)
+}
+
+// Preflight checks, before anything is changed, that Ensure can apply cfg without breaking the
+// node: the name is free or a bridge's; no other kubenet network has pods on that bridge; and no
+// gateway's subnet overlaps an address or a connected route of another link of the node (which
+// would take that link's neighbours, or the node's own gateway, away from it). With full unset the
+// overlap check is skipped when the bridge already carries every gateway: it was made when they
+// were added, and a steady ADD should not dump the node's addresses.
+func Preflight(cfg Config, full bool) error {
+	l, err := netlinksafe.LinkByName(cfg.Name)
+	if err != nil && !links.IsNotFound(err) {
+		return fmt.Errorf("bridge %q: %w", cfg.Name, err)
+	}
+	brIndex := 0
+	if err == nil {
+		br, ok := l.(*netlink.Bridge)
+		if !ok {
+			return &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", l.Type())}
+		}
+		brIndex = br.Index
+		if err := checkOwner(br, cfg.Owner); err != nil {
+			return err
+		}
+		if !full {
+			have, err := linkAddrs(br.Index)
+			if err != nil {
+				return err
+			}
+			missing := false
+			for _, g := range cfg.Gateways {
+				missing = missing || !containsPrefix(have, g)
+			}
+			if !missing {
+				return nil
+			}
+		}
+	}
+	return checkOverlaps(cfg, brIndex)
+}
+
+func containsPrefix(ps []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range ps {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// checkOwner refuses a bridge that another kubenet network claims while pods are on it. A bridge
+// without ports serves nobody: it may change hands (a network renamed after its node drained).
+func checkOwner(br *netlink.Bridge, owner string) error {
+	claimed, ok := strings.CutPrefix(br.Alias, aliasPrefix)
+	if !ok || owner == "" || claimed == owner {
+		return nil
+	}
+	all, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("bridge %q: list links: %w", br.Name, err)
+	}
+	ports := 0
+	for _, l := range all {
+		if l.Attrs().MasterIndex == br.Index {
+			ports++
+		}
+	}
+	if ports == 0 {
+		return nil
+	}
+	return &PreflightError{"bridge", br.Name, fmt.Sprintf("is used by kubenet network %q (%d pods on it); two networks on one bridge remove each other's gateways: give each network its own bridge", claimed, ports)}
+}
+
+// checkOverlaps compares each gateway's subnet with the addresses and the connected routes (no
+// gateway, scope link, not a default route) of every link but the bridge (index brIndex, 0 when
+// it does not exist yet).
+func checkOverlaps(cfg Config, brIndex int) error {
+	for _, g := range cfg.Gateways {
+		subnet := g.Masked()
+		family := netlink.FAMILY_V4
+		if subnet.Addr().Is6() {
+			family = netlink.FAMILY_V6
+		}
+		addrs, err := netlinksafe.AddrList(nil, family)
+		if err != nil {
+			return fmt.Errorf("list the node's addresses: %w", err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok || a.LinkIndex == brIndex {
+				continue
+			}
+			ones, _ := a.Mask.Size()
+			p := netip.PrefixFrom(ip.Unmap(), ones)
+			if !subnet.Overlaps(p.Masked()) {
+				continue
+			}
+			// The bridge may have appeared since it was looked up (a parallel first ADD).
+			if name := linkName(a.LinkIndex); name != cfg.Name {
+				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the address %s of the node's link %s", subnet, p, name)}
+			}
+		}
+		routes, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return fmt.Errorf("list the node's routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.LinkIndex == brIndex || r.Dst == nil || r.Gw != nil || len(r.MultiPath) > 0 || r.Scope != netlink.SCOPE_LINK || r.Type != unix.RTN_UNICAST {
+				continue
+			}
+			dst, ok := netip.AddrFromSlice(r.Dst.IP)
+			ones, _ := r.Dst.Mask.Size()
+			if !ok || ones == 0 {
+				continue
+			}
+			p := netip.PrefixFrom(dst.Unmap(), ones)
+			if !subnet.Overlaps(p) {
+				continue
+			}
+			if name := linkName(r.LinkIndex); name != cfg.Name {
+				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the node's connected route %s on %s", subnet, p, name)}
+			}
+		}
+	}
+	return nil
+}
+
+func linkName(index int) string {
+	l, err := netlink.LinkByIndex(index)
+	if err != nil {
+		return fmt.Sprintf("#%d", index)
+	}
+	return l.Attrs().Name
+}
+
+// IsPreflight tells whether err is a refusal of Preflight (or of Ensure, which runs the same
+// checks where it changes the bridge's addresses).
+func IsPreflight(err error) (*PreflightError, bool) {
+	var pe *PreflightError
+	ok := errors.As(err, &pe)
+	return pe, ok
+}

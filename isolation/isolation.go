@@ -1,0 +1,359 @@
+// Package isolation keeps the pods of a bridge from attacking each other and the node through
+// the bridge, with bridge-family nftables chains in the network's bridge table that see every
+// frame a pod sends before the bridge forwards it, learns its source MAC, or hands it to the
+// node's IP stack (br_netfilter's NAT included):
+//
+//   - the guard (always on): no pod acts as a router or DHCP server for the others or the node.
+//     Router advertisements and solicitations, router renumbering, ICMP and ICMPv6 redirects,
+//     DHCP and DHCPv6 server replies, loopback sources and destinations and VLAN-tagged frames
+//     from pod ports are dropped, in every hairpin mode and for both families (a pod's IPv6
+//     link-local stack is up on an IPv4-only network too);
+//   - anti-spoofing (on unless the configuration turns it off): a pod sends only from its own
+//     MAC and its own addresses (its IPv6 link-local address, derived from its MAC, included;
+//     :: only for duplicate address detection and MLD reports; 0.0.0.0 only in ARP probes), and
+//     its ARP messages and neighbour advertisements claim only its own addresses and MAC.
+//
+// The chains are fixed: their rules depend on the configuration, never on the pods. A pod's
+// part is a handful of elements keyed by its bridge port (the host veth's name) in five sets,
+// so ADD and DEL each add or remove a few elements in one transaction, whatever the number of
+// pods. The chains look only at frames from ports in those sets: other bridges on the node, and
+// pods attached before kubenet had these chains, are left alone. A port without anti-spoofing
+// elements (a pod attached while it was off) is left alone by the anti-spoofing chain, so
+// turning it on never cuts off running pods; their CHECK reports the missing elements.
+package isolation
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+)
+
+// Config is what the chains of one network depend on.
+type Config struct {
+	Network      string // CNI network name: selects the bridge table
+	AntiSpoofing bool
+}
+
+// Port is one pod's bridge port and what the pod may send through it.
+type Port struct {
+	Name  string           // the host veth, the bridge port the pod's frames enter by
+	Owner string           // the attachment ("containerID/ifname"), the elements' comment
+	MAC   net.HardwareAddr // the pod interface's MAC
+	Addrs []netip.Addr     // the pod's addresses; its IPv6 link-local address is derived from MAC
+}
+
+// LinkLocal is the IPv6 link-local address the kernel derives from mac (EUI-64), which the pod
+// interface uses (the bridge package sets its address generation mode to EUI-64).
+func LinkLocal(mac net.HardwareAddr) netip.Addr {
+	var b [16]byte
+	b[0], b[1] = 0xfe, 0x80
+	if len(mac) == 6 {
+		b[8], b[9], b[10], b[11], b[12] = mac[0]^0x02, mac[1], mac[2], 0xff, 0xfe
+		b[13], b[14], b[15] = mac[3], mac[4], mac[5]
+	}
+	return netip.AddrFrom16(b)
+}
+
+// Ensure brings the network's chains and sets to Plan(cfg) and adds the elements of ports
+// (with anti-spoofing on, all of them; else only the pod-ports ones), in one transaction for a
+// pod's ADD. It reads the table's rules first (one dump) and rewrites the chains only when they
+// differ from the plan: replacing rules costs the kernel an RCU grace period, adding elements
+// does not. Safe from concurrent plugin processes: every write replaces whole chains atomically
+// and adding an existing element is a no-op. Many ports (a node re-installing every pod's
+// elements) go in several transactions of portsPerBatch, after the first.
+//
+// rebuilt says that the chains were missing altogether (a new node, or another tool flushed the
+// ruleset): the sets went with them, so the elements of every running pod but ports are gone,
+// and the caller puts them back (Ensure again with all of them).
+func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
+	table := nft.BridgeTable(cfg.Network)
+	have, err := nft.TableRules(table)
+	if err != nil {
+		return false, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	plan := Plan(cfg)
+	found := compare(table, have, plan)
+	rebuilt = len(nft.Missing(found)) > 0
+	byName := map[string]*nftables.Set{}
+	for _, s := range sets(table) {
+		byName[s.Name] = s
+	}
+	for i, batch := range batches(ports, portsPerBatch) {
+		c, err := nftables.New()
+		if err != nil {
+			return rebuilt, fmt.Errorf("isolation rules: netlink: %w", err)
+		}
+		// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
+		// set-up node sends its elements and nothing else.
+		if i == 0 && found != nil {
+			c.AddTable(table)
+			for _, s := range sets(table) {
+				if err := c.AddSet(s, nil); err != nil {
+					return rebuilt, fmt.Errorf("isolation set %s: %w", s.Name, err)
+				}
+			}
+			writeChains(c, table, plan, have)
+		}
+		// One message per set: the kernel acknowledges every message, and hundreds of
+		// acknowledgements overflow the socket's receive buffer (ENOBUFS) after the commit.
+		for name, els := range elementsOf(batch, cfg.AntiSpoofing) {
+			if err := c.SetAddElements(byName[name], els); err != nil {
+				return rebuilt, fmt.Errorf("isolation elements of set %s: %w", name, err)
+			}
+		}
+		if err := c.Flush(); err != nil {
+			return rebuilt, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+		}
+	}
+	return rebuilt, nil
+}
+
+// elementsOf gathers the elements of ports by set name.
+func elementsOf(ports []Port, antiSpoofing bool) map[string][]nftables.SetElement {
+	out := map[string][]nftables.SetElement{}
+	for _, p := range ports {
+		for name, els := range p.elements(antiSpoofing) {
+			out[name] = append(out[name], els...)
+		}
+	}
+	return out
+}
+
+// portsPerBatch bounds one transaction's elements: google/nftables sends a transaction in one
+// message, which fails (EMSGSIZE) beyond the socket's buffer. 64 ports are at most 384 elements,
+// about 40 KiB.
+const portsPerBatch = 64
+
+// batches splits xs into runs of at most n; none at all is one empty run, so that a caller
+// still does its once-per-call work.
+func batches[T any](xs []T, n int) [][]T {
+	out := [][]T{xs[:min(n, len(xs))]}
+	for xs = xs[len(out[0]):]; len(xs) > 0; xs = xs[min(n, len(xs)):] {
+		out = append(out, xs[:min(n, len(xs))])
+	}
+	return out
+}
+
+// writeChains queues on c what makes the table's chains of this package exactly plan: every
+// planned chain is created if missing and refilled (each after the chains it goes to), and
+// chains the plan no longer has (anti-spoofing turned off) are emptied and deleted.
+func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map[string][]*nftables.Rule) {
+	var obsolete []*nftables.Chain
+	for _, name := range obsoleteChains(have, plan) {
+		obsolete = append(obsolete, &nftables.Chain{Name: name, Table: table})
+	}
+	// Empty everything first, so that no rule still goes to a chain that is refilled or deleted.
+	defs := make([]*nftables.Chain, len(plan))
+	for i, p := range plan {
+		defs[i] = c.AddChain(chainDef(table, p))
+		c.FlushChain(defs[i])
+	}
+	for _, o := range obsolete {
+		c.FlushChain(o)
+	}
+	for _, o := range obsolete {
+		c.DelChain(o)
+	}
+	for i, p := range plan {
+		for _, r := range p.Rules {
+			c.AddRule(&nftables.Rule{Table: table, Chain: defs[i], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
+		}
+	}
+}
+
+// obsoleteChains names the chains of this package that have rules but no place in plan.
+func obsoleteChains(have map[string][]*nftables.Rule, plan []Chain) []string {
+	var out []string
+	for _, name := range chainNames {
+		if len(have[name]) > 0 && !slices.ContainsFunc(plan, func(p Chain) bool { return p.Name == name }) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// compare returns how the table's rules (by chain) differ from plan, each chain compared by its
+// rules' expressions and comments (nft.Compare): one *nft.Difference per chain that differs, or
+// nil.
+func compare(table *nftables.Table, have map[string][]*nftables.Rule, plan []Chain) error {
+	var out []error
+	for _, p := range plan {
+		if d := nft.Compare(chainDef(table, p), have[p.Name], p.Rules); d != nil {
+			out = append(out, d)
+		}
+	}
+	for _, name := range obsoleteChains(have, plan) {
+		out = append(out, &nft.Difference{Table: table, Object: "chain " + name, Detail: "exists but the configuration has no use for it"})
+	}
+	return errors.Join(out...)
+}
+
+// CheckNode reports how the network's isolation chains differ from Plan(cfg) (see compare), from
+// one dump of the bridge table; nft.Missing tells the chains missing altogether.
+func CheckNode(cfg Config) error {
+	table := nft.BridgeTable(cfg.Network)
+	have, err := nft.TableRules(table)
+	if err != nil {
+		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	return compare(table, have, Plan(cfg))
+}
+
+// MissingNode returns the planned chains that have no rules in counts (the rule count per chain
+// of the bridge table, nft.TableRuleCounts): what a flushed ruleset leaves. STATUS's cheap read.
+func MissingNode(cfg Config, counts map[string]int) []*nft.Difference {
+	var out []*nft.Difference
+	table := nft.BridgeTable(cfg.Network)
+	for _, p := range Plan(cfg) {
+		if len(p.Rules) > 0 && counts[p.Name] == 0 {
+			out = append(out, &nft.Difference{Table: table, Object: "chain " + p.Name, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", len(p.Rules))})
+		}
+	}
+	return out
+}
+
+// Remove deletes the elements of ports, whatever the configuration says now (anti-spoofing may
+// have been on when they were added). Each element is added and then deleted in the same
+// transaction: adding an existing element is a no-op, so the transaction succeeds whether or not
+// the element is still there (a repeated DEL, an ADD that crashed before adding it), where a
+// bare delete would fail as a whole. Missing sets mean there is nothing to remove. It needs
+// neither the pod's netns nor anything read back from the pod.
+func Remove(network string, ports ...Port) error {
+	var errs []error
+	for _, batch := range batches(ports, portsPerBatch) {
+		errs = append(errs, removeBatch(network, elementsOf(batch, true)))
+	}
+	return errors.Join(errs...)
+}
+
+// removeBatch removes els (by set name) in one transaction; when a set or the table is missing
+// (flushed by someone else, or never made), set by set, so the sets that exist are still cleaned.
+func removeBatch(network string, els map[string][]nftables.SetElement) error {
+	if len(els) == 0 {
+		return nil
+	}
+	byName := map[string]*nftables.Set{}
+	for _, s := range sets(nft.BridgeTable(network)) {
+		byName[s.Name] = s
+	}
+	err := removeElements(byName, els)
+	if !nft.IsNotExist(err) {
+		return err
+	}
+	var errs []error
+	for name, e := range els {
+		if err := removeElements(byName, map[string][]nftables.SetElement{name: e}); err != nil && !nft.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeElements(sets map[string]*nftables.Set, els map[string][]nftables.SetElement) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("anti-spoofing elements: netlink: %w", err)
+	}
+	for name, e := range els {
+		if err := c.SetAddElements(sets[name], e); err != nil {
+			return fmt.Errorf("anti-spoofing set %s: %w", name, err)
+		}
+		if err := c.SetDeleteElements(sets[name], e); err != nil {
+			return fmt.Errorf("anti-spoofing set %s: %w", name, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove anti-spoofing elements: %w", err)
+	}
+	return nil
+}
+
+// GC removes every element that keep rejects, given the element's port and its comment (the
+// owner it was added for, "" if none), and returns the ports it removed elements of. It reads
+// the whole sets (GC may cost what the node holds; ADD and DEL may not).
+func GC(network string, keep func(port, owner string) bool) ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("anti-spoofing elements: netlink: %w", err)
+	}
+	table := nft.BridgeTable(network)
+	stale := map[string][]nftables.SetElement{}
+	var ports []string
+	for _, s := range sets(table) {
+		els, err := listElements(c, s)
+		if err != nil {
+			return nil, err
+		}
+		for _, el := range els {
+			if port := nameOf(el.Key); !keep(port, el.Comment) {
+				stale[s.Name] = append(stale[s.Name], nftables.SetElement{Key: el.Key})
+				if !slices.Contains(ports, port) {
+					ports = append(ports, port)
+				}
+			}
+		}
+	}
+	if len(stale) == 0 {
+		return nil, nil
+	}
+	slices.Sort(ports)
+	var errs []error
+	for name, els := range stale {
+		for _, batch := range batches(els, 6*portsPerBatch) {
+			errs = append(errs, removeBatch(network, map[string][]nftables.SetElement{name: batch}))
+		}
+	}
+	return ports, errors.Join(errs...)
+}
+
+// listElements returns the elements of s; a missing table or set holds none.
+func listElements(c *nftables.Conn, s *nftables.Set) ([]nftables.SetElement, error) {
+	if ok, err := setExists(s); err != nil || !ok {
+		return nil, err
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return nil, fmt.Errorf("anti-spoofing set %s of table %s: %w", s.Name, s.Table.Name, err)
+	}
+	return els, nil
+}
+
+// Check verifies that the chains are as planned and, with anti-spoofing on, that every element
+// of p is in place. It reads the sets whole (CHECK may cost what the node holds) and changes
+// nothing.
+func Check(cfg Config, p Port) error {
+	table := nft.BridgeTable(cfg.Network)
+	if err := CheckNode(cfg); err != nil {
+		return err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("isolation elements: netlink: %w", err)
+	}
+	want := p.elements(cfg.AntiSpoofing)
+	for _, s := range sets(table) {
+		els, err := listElements(c, s)
+		if err != nil {
+			return err
+		}
+		for _, w := range want[s.Name] {
+			if !slices.ContainsFunc(els, func(e nftables.SetElement) bool { return slices.Equal(e.Key, w.Key) }) {
+				return fmt.Errorf("isolation of pod %s: no element %s", p.Owner, describe(s.Name, w.Key))
+			}
+		}
+		// Elements of the port that the pod does not own (an address it no longer has) would
+		// let it send from them. Without anti-spoofing they do nothing.
+		for _, e := range els {
+			if cfg.AntiSpoofing && nameOf(e.Key) == p.Name && !slices.ContainsFunc(want[s.Name], func(w nftables.SetElement) bool { return slices.Equal(e.Key, w.Key) }) {
+				return fmt.Errorf("isolation of pod %s: stray element %s", p.Owner, describe(s.Name, e.Key))
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,636 @@
+package cni
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
+	"github.com/kubenet-dev/kubenet/test/testkit"
+)
+
+// The hostile-pod tests: one pod ("evil", with CAP_NET_RAW as containerd grants by default)
+// writes raw frames on its interface to become a router for the others, to impersonate the
+// gateway or another pod, and to reach what a pod must not reach. Every attempt is checked where
+// it would do harm: the victims' routes and neighbour tables, the bridge's forwarding table,
+// and the traffic that did or did not arrive. The honest pods ("victim" and "honest") must keep
+// working throughout.
+
+// Ports of the servers the tests run.
+const (
+	hostileTCPPort  = 8080  // TCP echo in victim and honest
+	hostileUDPPort  = 8081  // UDP echo in victim (and the target of its host port)
+	hostileHostPort = 31081 // the victim's UDP host port
+	nodeTCPPort     = 7000  // TCP echo on the node, every address
+	nodeUDPPort     = 7001  // UDP echo on the node, every address (link-local traffic)
+	nodeLocalPort   = 7100  // UDP echo on the node's 127.0.0.1 and ::1 only
+)
+
+// hostileNode is a node with three pods: evil (the attacker), victim and honest.
+type hostileNode struct {
+	node                 *nettest.Node
+	list                 *libcni.NetworkConfigList
+	evil, victim, honest *nettest.Pod
+	mac                  map[*nettest.Pod]net.HardwareAddr
+	bridgeMAC            net.HardwareAddr
+	bridgeLL             netip.Addr
+	gateway              map[bool]netip.Addr // by "is IPv6", for the families of the network
+	capture              *testkit.Capture    // frames arriving at the victim
+	victimUDP            *nettest.EchoServer // behind the victim's host port too
+	nodeLocal            map[bool]*nettest.EchoServer
+	seq                  int
+}
+
+func newHostileNode(t *testing.T, mode string, cidrs []netip.Prefix, extra map[string]any) *hostileNode {
+	t.Helper()
+	h := &hostileNode{node: nettest.NewNode(t, binDir), mac: map[*nettest.Pod]net.HardwareAddr{}, gateway: map[bool]netip.Addr{}}
+	h.list = h.node.ConfList(t, nettest.NetConf{
+		PodCIDRs:           cidrs,
+		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
+		HairpinMode:        mode,
+		Extra:              extra,
+	})
+	for _, c := range cidrs {
+		h.gateway[c.Addr().Is6()] = testkit.GatewayOf(c)
+	}
+	h.evil, h.victim, h.honest = h.node.NewPod(t, "evil"), h.node.NewPod(t, "victim"), h.node.NewPod(t, "honest")
+	h.victim.RT.CapabilityArgs = hpArgs(false, hpMapping{hostileHostPort, hostileUDPPort, "udp", ""})
+	for _, p := range []*nettest.Pod{h.evil, h.victim, h.honest} {
+		h.node.MustAdd(t, h.list, p)
+		mac, err := net.ParseMAC(p.Result.Interfaces[2].Mac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.mac[p] = mac
+	}
+	var err error
+	if h.bridgeMAC, err = net.ParseMAC(h.victim.Result.Interfaces[0].Mac); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range testkit.AllAddrs(t, h.node.NS, "cbr0") {
+		if p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
+			h.bridgeLL = p.Addr()
+		}
+	}
+	if !h.bridgeLL.IsValid() {
+		t.Fatal("the bridge has no IPv6 link-local address")
+	}
+
+	h.victimUDP = nettest.StartUDPEcho(t, h.victim.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileUDPPort))
+	nettest.StartTCPEcho(t, h.victim.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileTCPPort))
+	nettest.StartTCPEcho(t, h.honest.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileTCPPort))
+	nettest.StartUDPEcho(t, h.honest.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), hostileUDPPort))
+	nettest.StartTCPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), nodeTCPPort))
+	nettest.StartTCPEcho(t, h.node.External, netip.AddrPortFrom(netip.IPv6Unspecified(), nodeTCPPort))
+	nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), nodeUDPPort))
+	h.nodeLocal = map[bool]*nettest.EchoServer{
+		false: nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), nodeLocalPort)),
+		true:  nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Loopback(), nodeLocalPort)),
+	}
+
+	// Fill the neighbour tables an attacker would poison: the victim's entries for the gateway
+	// and for the honest pod (global and link-local), and the node's entries for the honest pod.
+	for _, gw := range h.gateway {
+		h.expectTCP(t, "victim to the gateway", h.victim, netip.AddrPortFrom(gw, nodeTCPPort), h.victim.IP(gw))
+		h.expectTCP(t, "victim to honest", h.victim, netip.AddrPortFrom(h.honest.IP(gw), hostileTCPPort), h.victim.IP(gw))
+		h.expectTCP(t, "node to honest", nil, netip.AddrPortFrom(h.honest.IP(gw), hostileTCPPort), gw)
+	}
+	for _, dst := range []netip.Addr{h.bridgeLL, h.ll(h.honest)} {
+		to := netip.AddrPortFrom(onLink(t, h.victim, dst), pick[uint16](dst == h.bridgeLL, nodeUDPPort, hostileUDPPort))
+		// Polled: a link-local address may still be in duplicate address detection.
+		err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+			_, err := nettest.UDPRequest(h.victim.NS, to, "ll", time.Second)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("victim to %s over IPv6 link-local: %v", dst, err)
+		}
+	}
+	h.capture = testkit.StartCapture(t, h.victim.NS, "eth0")
+	return h
+}
+
+// onLink scopes a link-local address to p's eth0. The zone is the interface index: Go resolves
+// zone names through a process-wide cache, which cannot tell one namespace's eth0 from another's.
+func onLink(t *testing.T, p *nettest.Pod, a netip.Addr) netip.Addr {
+	return a.WithZone(fmt.Sprint(testkit.Link(t, p.NS, "eth0").Attrs().Index))
+}
+
+func pick[T any](c bool, a, b T) T {
+	if c {
+		return a
+	}
+	return b
+}
+
+// ll is the pod's IPv6 link-local address (its interface's EUI-64 address).
+func (h *hostileNode) ll(p *nettest.Pod) netip.Addr { return testkit.LinkLocal(h.mac[p]) }
+
+func (h *hostileNode) has(ipv6 bool) bool { _, ok := h.gateway[ipv6]; return ok }
+
+// expectTCP checks a TCP request from p (nil: the node) to dst and the source the server saw.
+func (h *hostileNode) expectTCP(t *testing.T, what string, p *nettest.Pod, dst netip.AddrPort, wantFrom netip.Addr) {
+	t.Helper()
+	from := h.node.NS
+	if p != nil {
+		from = p.NS
+	}
+	r, err := nettest.TCPRequest(from, dst, what, testkit.TrafficTimeout)
+	if err := nettest.ExpectFrom(r, err, wantFrom); err != nil {
+		t.Errorf("%s (%s): %v", what, dst, err)
+	}
+}
+
+// send writes frames from evil, then a marker datagram from evil's own addresses to the victim,
+// and waits until the marker has arrived: frames sent before it on the same veth have been
+// handled by then (the node and the victim handle a veth's frames in order). It fails the test
+// when the marker does not arrive, since evil's honest traffic must keep working.
+func (h *hostileNode) send(t *testing.T, frames ...[]byte) {
+	t.Helper()
+	h.seq++
+	marker := []byte(fmt.Sprintf("marker-%d", h.seq))
+	is6 := !h.has(false)
+	src, dst := h.evil.IP(h.gateway[is6]), h.victim.IP(h.gateway[is6])
+	frames = append(frames, testkit.IPFrame(h.mac[h.victim], h.mac[h.evil], testkit.UDPPacket(src, dst, 40000, 9, marker)))
+	testkit.SendFrames(t, h.evil.NS, "eth0", frames...)
+	err := h.capture.WaitFor(testkit.TrafficTimeout, "marker", func(f testkit.Frame) bool {
+		_, _, payload, ok := f.UDP()
+		return ok && string(payload) == string(marker)
+	})
+	if err != nil {
+		t.Fatalf("evil's own datagram to the victim (%s -> %s) did not arrive: %v", src, dst, err)
+	}
+}
+
+// expectNotCaptured fails when the victim received a frame that match accepts.
+func (h *hostileNode) expectNotCaptured(t *testing.T, what string, match func(testkit.Frame) bool) {
+	t.Helper()
+	if got := h.capture.Matching(match); len(got) > 0 {
+		t.Errorf("%s: %d frame(s) reached the victim, first: % x", what, len(got), []byte(got[0]))
+	}
+}
+
+// expectNeighbor fails when the neighbour entry for ip on ifname in p (nil: the node's bridge)
+// names another MAC than want. mustExist: the entry has to be there (it was made before).
+func (h *hostileNode) expectNeighbor(t *testing.T, what string, p *nettest.Pod, ip netip.Addr, want net.HardwareAddr, mustExist bool) {
+	t.Helper()
+	n, ifname, who := h.node.NS, "cbr0", "the node"
+	if p != nil {
+		n, ifname, who = p.NS, "eth0", p.RT.ContainerID
+	}
+	got := testkit.NeighborMAC(t, n, ifname, ip)
+	switch {
+	case got == nil && mustExist:
+		t.Errorf("%s: %s has no neighbour entry for %s any more", what, who, ip)
+	case got != nil && got.String() != want.String():
+		t.Errorf("%s: %s now sends %s to %s, want %s", what, who, ip, got, want)
+	}
+}
+
+// fromPods restricts match to frames that did not come from the node itself (the bridge's
+// MAC): the node may send redirects of its own, which is no attack.
+func (h *hostileNode) fromPods(match func(testkit.Frame) bool) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool { return f.Src().String() != h.bridgeMAC.String() && match(f) }
+}
+
+func isICMP(typ int) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool {
+		got, _, ok := f.ICMP()
+		return ok && got == typ
+	}
+}
+
+func isUDPTo(port uint16) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool {
+		_, dst, _, ok := f.UDP()
+		return ok && dst == port
+	}
+}
+
+func hasPayload(payload string) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool {
+		_, _, p, ok := f.UDP()
+		return ok && string(p) == payload
+	}
+}
+
+// ndTarget matches neighbour advertisements for target.
+func ndTarget(typ int, target netip.Addr) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool {
+		got, body, ok := f.ICMP()
+		if !ok || got != typ || len(body) < 20 {
+			return false
+		}
+		a, _ := netip.AddrFromSlice(body[4:20])
+		return a == target.WithZone("")
+	}
+}
+
+func arpClaim(spa netip.Addr, sha net.HardwareAddr) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool {
+		_, s, p, _, ok := f.ARP()
+		return ok && p == spa && s.String() == sha.String()
+	}
+}
+
+// routerAttacks: evil announces itself as a router (RA, also priority-tagged and with the
+// gateway's link-local source), solicits routers with another pod's address, sends redirects
+// (ICMPv6 and ICMP, from its own address and from the gateway's) and DHCP server replies.
+func (h *hostileNode) routerAttacks(t *testing.T) {
+	evil, evilMAC, evilLL := h.evil, h.mac[h.evil], h.ll(h.evil)
+	allNodes := netip.MustParseAddr("ff02::1")
+	bogus := netip.MustParsePrefix("2001:db8:bad::/64")
+	ra := func(src netip.Addr, mac net.HardwareAddr) []byte {
+		return testkit.IPFrame(testkit.MulticastMAC(allNodes), mac,
+			testkit.ICMPPacket(src, allNodes, testkit.ICMPv6RouterAdvertisement, 0, testkit.RouterAdvertisementBody(mac, bogus)))
+	}
+	t.Run("router advertisement", func(t *testing.T) {
+		h.send(t, ra(evilLL, evilMAC), testkit.PriorityTagged(ra(evilLL, evilMAC)), ra(h.bridgeLL, evilMAC), ra(h.bridgeLL, h.bridgeMAC))
+		h.expectNotCaptured(t, "router advertisement", isICMP(testkit.ICMPv6RouterAdvertisement))
+		for _, p := range []*nettest.Pod{h.victim, h.honest} {
+			for _, r := range testkit.Routes(t, p.NS, true) {
+				gw, _ := netip.AddrFromSlice(r.Gw)
+				dst := routeDst(r)
+				// The only IPv6 default route a pod may have is kubenet's, via the gateway.
+				if (dst.Bits() == 0 && gw != h.gateway[true]) || (dst.Bits() > 0 && dst.Overlaps(bogus)) {
+					t.Errorf("%s took a route from the RA: %s", p.RT.ContainerID, r)
+				}
+			}
+			for _, a := range testkit.AllAddrs(t, p.NS, "eth0") {
+				if bogus.Contains(a.Addr()) {
+					t.Errorf("%s configured an address from the RA's prefix: %s", p.RT.ContainerID, a)
+				}
+			}
+		}
+		for _, r := range testkit.Routes(t, h.node.NS, true) {
+			if dst := routeDst(r); dst.Bits() > 0 && dst.Overlaps(bogus) {
+				t.Errorf("the node took a route from the RA: %s", r)
+			}
+		}
+	})
+	t.Run("router solicitation with another pod's address", func(t *testing.T) {
+		allRouters := netip.MustParseAddr("ff02::2")
+		var frames [][]byte
+		for _, src := range h.honestV6Addrs() {
+			frames = append(frames, testkit.IPFrame(testkit.MulticastMAC(allRouters), evilMAC,
+				testkit.ICMPPacket(src, allRouters, testkit.ICMPv6RouterSolicitation, 0, testkit.RouterSolicitationBody(evilMAC))))
+		}
+		h.send(t, frames...)
+		// The victim's own host veth (the node's end, IPv6 on) solicits routers too, straight
+		// to its peer: only evil's count.
+		h.expectNotCaptured(t, "router solicitation", func(f testkit.Frame) bool {
+			src, _, _, _, _ := f.IP()
+			return isICMP(testkit.ICMPv6RouterSolicitation)(f) && (f.Src().String() == evilMAC.String() || slices.Contains(h.honestV6Addrs(), src))
+		})
+		for _, src := range h.honestV6Addrs() {
+			h.expectNeighbor(t, "router solicitation", nil, src, h.mac[h.honest], false)
+		}
+	})
+	t.Run("ICMPv6 redirect", func(t *testing.T) {
+		dst := nettest.External6.Addr()
+		var frames [][]byte
+		for _, src := range []netip.Addr{evilLL, h.bridgeLL} {
+			for _, to := range h.victimV6Addrs() {
+				frames = append(frames, testkit.IPFrame(h.mac[h.victim], evilMAC,
+					testkit.ICMPPacket(src, to, testkit.ICMPv6Redirect, 0, testkit.RedirectV6Body(evilLL, dst))))
+			}
+		}
+		h.send(t, frames...)
+		h.expectNotCaptured(t, "ICMPv6 redirect", h.fromPods(isICMP(testkit.ICMPv6Redirect)))
+		if h.has(true) {
+			if gw := testkit.RouteGateway(t, h.victim.NS, dst); gw != h.gateway[true] {
+				t.Errorf("victim routes %s via %s, want the gateway %s", dst, gw, h.gateway[true])
+			}
+		}
+	})
+	t.Run("DHCPv6 reply", func(t *testing.T) {
+		h.send(t, testkit.IPFrame(h.mac[h.victim], evilMAC, testkit.UDPPacket(evilLL, h.ll(h.victim), 547, 546, []byte("dhcpv6 reply"))))
+		h.expectNotCaptured(t, "DHCPv6 server reply", isUDPTo(546))
+	})
+	if !h.has(false) {
+		return
+	}
+	gw4, victim4 := h.gateway[false], h.victim.IP(h.gateway[false])
+	t.Run("ICMP redirect", func(t *testing.T) {
+		dst := nettest.External4.Addr()
+		invoking := testkit.UDPPacket(victim4, dst, 5000, 53, []byte("query"))
+		var frames [][]byte
+		for _, src := range []netip.Addr{evil.IP(gw4), gw4} {
+			redirect := testkit.IPFrame(h.mac[h.victim], evilMAC, testkit.ICMPPacket(src, victim4, testkit.ICMPRedirect, 1, testkit.RedirectV4Body(evil.IP(gw4), invoking)))
+			// The first one makes the victim resolve the new gateway, the second one takes.
+			frames = append(frames, redirect, redirect)
+		}
+		h.send(t, frames...)
+		h.expectNotCaptured(t, "ICMP redirect", h.fromPods(isICMP(testkit.ICMPRedirect)))
+		if gw := testkit.RouteGateway(t, h.victim.NS, dst); gw != gw4 {
+			t.Errorf("victim routes %s via %s, want the gateway %s", dst, gw, gw4)
+		}
+	})
+	t.Run("ICMP router advertisement and DHCP offer", func(t *testing.T) {
+		allHosts, bcast := netip.MustParseAddr("224.0.0.1"), netip.MustParseAddr("255.255.255.255")
+		h.send(t,
+			testkit.IPFrame(net.HardwareAddr{0x01, 0, 0x5e, 0, 0, 1}, evilMAC, testkit.ICMPPacket(evil.IP(gw4), allHosts, testkit.ICMPRouterAdvertisement, 0, append([]byte{1, 2, 0, 0}, append(evil.IP(gw4).AsSlice(), 0, 0, 0, 1)...))),
+			testkit.IPFrame(testkit.Broadcast, evilMAC, testkit.UDPPacket(evil.IP(gw4), bcast, 67, 68, []byte("dhcp offer"))))
+		h.expectNotCaptured(t, "ICMP router advertisement", isICMP(testkit.ICMPRouterAdvertisement))
+		h.expectNotCaptured(t, "DHCP server reply", isUDPTo(68))
+	})
+}
+
+// routeDst is an IPv6 route's destination (::/0 for a default route).
+func routeDst(r netlink.Route) netip.Prefix {
+	if r.Dst == nil {
+		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	a, _ := netip.AddrFromSlice(r.Dst.IP)
+	ones, _ := r.Dst.Mask.Size()
+	return netip.PrefixFrom(a, ones)
+}
+
+func (h *hostileNode) honestV6Addrs() []netip.Addr {
+	out := []netip.Addr{h.ll(h.honest)}
+	if h.has(true) {
+		out = append(out, h.honest.IP(h.gateway[true]))
+	}
+	return out
+}
+
+func (h *hostileNode) victimV6Addrs() []netip.Addr {
+	out := []netip.Addr{h.ll(h.victim)}
+	if h.has(true) {
+		out = append(out, h.victim.IP(h.gateway[true]))
+	}
+	return out
+}
+
+// spoofingAttacks: evil claims the gateway's and the honest pod's addresses in ARP and neighbour
+// advertisements, sends from addresses and MACs that are not its own, and hides another MAC in
+// ARP and neighbour discovery messages.
+func (h *hostileNode) spoofingAttacks(t *testing.T) {
+	evilMAC, honestMAC := h.mac[h.evil], h.mac[h.honest]
+	if h.has(false) {
+		gw4, honest4, evil4 := h.gateway[false], h.honest.IP(h.gateway[false]), h.evil.IP(h.gateway[false])
+		t.Run("gratuitous ARP for the gateway and another pod", func(t *testing.T) {
+			var frames [][]byte
+			for _, ip := range []netip.Addr{gw4, honest4} {
+				for _, op := range []uint16{1, 2} {
+					frames = append(frames, testkit.Ethernet(testkit.Broadcast, evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(op, evilMAC, ip, testkit.Broadcast, ip)))
+				}
+				// And a reply to the victim directly, as if it had asked.
+				frames = append(frames, testkit.Ethernet(h.mac[h.victim], evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(2, evilMAC, ip, h.mac[h.victim], h.victim.IP(gw4))))
+			}
+			h.send(t, frames...)
+			h.expectNotCaptured(t, "ARP for the gateway", arpClaim(gw4, evilMAC))
+			h.expectNotCaptured(t, "ARP for the honest pod", arpClaim(honest4, evilMAC))
+			h.expectNeighbor(t, "ARP for the gateway", h.victim, gw4, h.bridgeMAC, true)
+			h.expectNeighbor(t, "ARP for the honest pod", h.victim, honest4, honestMAC, true)
+			h.expectNeighbor(t, "ARP for the honest pod", nil, honest4, honestMAC, true)
+		})
+		t.Run("ARP with another pod's MAC", func(t *testing.T) {
+			h.send(t, testkit.Ethernet(testkit.Broadcast, evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(2, honestMAC, evil4, testkit.Broadcast, evil4)))
+			h.expectNotCaptured(t, "ARP naming another pod's MAC", arpClaim(evil4, honestMAC))
+		})
+	}
+	// Neighbour advertisements for the gateway (global on an IPv6 network, the bridge's
+	// link-local address always) and for the honest pod.
+	gws := []netip.Addr{h.bridgeLL}
+	if h.has(true) {
+		gws = append(gws, h.gateway[true])
+	}
+	allNodes := netip.MustParseAddr("ff02::1")
+	na := func(src, dst netip.Addr, dstMAC net.HardwareAddr, target netip.Addr, tlla net.HardwareAddr) []byte {
+		return testkit.IPFrame(dstMAC, evilMAC, testkit.ICMPPacket(src, dst, testkit.ICMPv6NeighborAdvertisement, 0,
+			testkit.NeighborAdvertisementBody(target, tlla, false)))
+	}
+	t.Run("neighbour advertisements for the gateway and another pod", func(t *testing.T) {
+		var frames [][]byte
+		for _, target := range append(slices.Clone(gws), h.honestV6Addrs()...) {
+			frames = append(frames, na(h.ll(h.evil), allNodes, testkit.MulticastMAC(allNodes), target, evilMAC))
+			// Sent from the target's own address, as its owner would.
+			frames = append(frames, na(target, allNodes, testkit.MulticastMAC(allNodes), target, evilMAC))
+		}
+		h.send(t, frames...)
+		for _, gw := range gws {
+			h.expectNotCaptured(t, "neighbour advertisement for "+gw.String(), ndTarget(testkit.ICMPv6NeighborAdvertisement, gw))
+			h.expectNeighbor(t, "neighbour advertisement for the gateway", h.victim, gw, h.bridgeMAC, true)
+		}
+		for _, a := range h.honestV6Addrs() {
+			h.expectNotCaptured(t, "neighbour advertisement for "+a.String(), ndTarget(testkit.ICMPv6NeighborAdvertisement, a))
+			h.expectNeighbor(t, "neighbour advertisement for the honest pod", h.victim, a, honestMAC, true)
+			h.expectNeighbor(t, "neighbour advertisement for the honest pod", nil, a, honestMAC, !a.IsLinkLocalUnicast())
+		}
+	})
+	t.Run("neighbour discovery with another pod's MAC", func(t *testing.T) {
+		var frames [][]byte
+		for _, own := range h.evilV6Addrs() {
+			frames = append(frames,
+				na(own, allNodes, testkit.MulticastMAC(allNodes), own, honestMAC),
+				testkit.IPFrame(h.mac[h.victim], evilMAC, testkit.ICMPPacket(own, h.ll(h.victim), testkit.ICMPv6NeighborSolicitation, 0,
+					testkit.NeighborSolicitationBody(h.ll(h.victim), honestMAC))))
+		}
+		h.send(t, frames...)
+		h.expectNotCaptured(t, "neighbour discovery naming another pod's MAC", func(f testkit.Frame) bool {
+			typ, body, ok := f.ICMP()
+			return ok && (typ == testkit.ICMPv6NeighborAdvertisement || typ == testkit.ICMPv6NeighborSolicitation) &&
+				len(body) >= 28 && net.HardwareAddr(body[22:28]).String() == honestMAC.String()
+		})
+		for _, own := range h.evilV6Addrs() {
+			if mac := testkit.NeighborMAC(t, h.victim.NS, "eth0", own); mac != nil && mac.String() == honestMAC.String() {
+				t.Errorf("victim sends evil's %s to the honest pod's MAC", own)
+			}
+		}
+	})
+	t.Run("spoofed source addresses", func(t *testing.T) {
+		type spoof struct {
+			name     string
+			src, dst netip.Addr
+			srcMAC   net.HardwareAddr
+		}
+		var spoofs []spoof
+		for is6, gw := range h.gateway {
+			outside := pick(is6, netip.MustParseAddr("2001:db8:dead::7"), netip.MustParseAddr("203.0.113.7"))
+			victim := h.victim.IP(gw)
+			spoofs = append(spoofs,
+				spoof{"another pod's address", h.honest.IP(gw), victim, evilMAC},
+				spoof{"the gateway's address", gw, victim, evilMAC},
+				spoof{"an address outside the pod CIDR", outside, victim, evilMAC},
+				spoof{"its own address with another pod's MAC", h.evil.IP(gw), victim, honestMAC})
+		}
+		spoofs = append(spoofs, spoof{"another pod's link-local address", h.ll(h.honest), h.ll(h.victim), evilMAC})
+		var frames [][]byte
+		for i, s := range spoofs {
+			payload := fmt.Sprintf("spoof-%d", i)
+			frames = append(frames, testkit.IPFrame(h.mac[h.victim], s.srcMAC, testkit.UDPPacket(s.src, s.dst, 40001, hostileUDPPort, []byte(payload))))
+		}
+		h.send(t, frames...)
+		h.flushVictimUDP(t)
+		for i, s := range spoofs {
+			payload := fmt.Sprintf("spoof-%d", i)
+			h.expectNotCaptured(t, s.name, hasPayload(payload))
+			if n := h.victimUDP.Received(payload); n > 0 {
+				t.Errorf("%s (%s): the victim's server received it", s.name, s.src)
+			}
+		}
+		if ports := testkit.FDBPorts(t, h.node.NS, honestMAC); !slices.Equal(ports, []string{testkit.KubenetNames(h.honest).HostVeth}) {
+			t.Errorf("the bridge has the honest pod's MAC on ports %v, want only %s", ports, testkit.KubenetNames(h.honest).HostVeth)
+		}
+	})
+}
+
+func (h *hostileNode) evilV6Addrs() []netip.Addr {
+	out := []netip.Addr{h.ll(h.evil)}
+	if h.has(true) {
+		out = append(out, h.evil.IP(h.gateway[true]))
+	}
+	return out
+}
+
+// flushVictimUDP makes the victim's UDP server handle everything queued before: a datagram
+// from the victim itself goes through the same socket queue.
+func (h *hostileNode) flushVictimUDP(t *testing.T) {
+	t.Helper()
+	lo := pick(h.has(false), netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback())
+	if _, err := nettest.UDPRequest(h.victim.NS, netip.AddrPortFrom(lo, hostileUDPPort), "flush", testkit.TrafficTimeout); err != nil {
+		t.Fatalf("victim's own request to its UDP server: %v", err)
+	}
+}
+
+// localhostAndHostPorts: evil sends to the node's 127.0.0.1 and ::1 services (route_localnet is
+// on for the bridge: the victim has a host port) and to the victim's host port with another
+// pod's source address and through 127.0.0.1.
+func (h *hostileNode) localhostAndHostPorts(t *testing.T) {
+	evilMAC := h.mac[h.evil]
+	type attempt struct {
+		name     string
+		src, dst netip.AddrPort
+		server   *nettest.EchoServer
+	}
+	var attempts []attempt
+	local4, local6 := netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()
+	for is6, gw := range h.gateway {
+		evil := h.evil.IP(gw)
+		src := netip.AddrPortFrom(evil, 40002)
+		local := pick(is6, local6, local4)
+		attempts = append(attempts,
+			attempt{"the node's localhost service", src, netip.AddrPortFrom(local, nodeLocalPort), h.nodeLocal[is6]},
+			attempt{"the node's localhost service, from a localhost source", netip.AddrPortFrom(local, 40003), netip.AddrPortFrom(local, nodeLocalPort), h.nodeLocal[is6]},
+			attempt{"the victim's host port through localhost", src, netip.AddrPortFrom(local, hostileHostPort), h.victimUDP},
+			attempt{"the victim's host port with another pod's source", netip.AddrPortFrom(h.honest.IP(gw), 40004), netip.AddrPortFrom(gw, hostileHostPort), h.victimUDP})
+	}
+	var frames [][]byte
+	for i, a := range attempts {
+		frames = append(frames, testkit.IPFrame(h.bridgeMAC, evilMAC, testkit.UDPPacket(a.src.Addr(), a.dst.Addr(), a.src.Port(), a.dst.Port(), fmt.Appendf(nil, "local-%d", i))))
+	}
+	h.send(t, frames...)
+	h.flushVictimUDP(t)
+	for is6, srv := range h.nodeLocal {
+		if _, err := nettest.UDPRequest(h.node.NS, srv.Addr, "flush", testkit.TrafficTimeout); err != nil {
+			t.Fatalf("the node's own request to its localhost server (ipv6 %v): %v", is6, err)
+		}
+	}
+	for i, a := range attempts {
+		if n := a.server.Received(fmt.Sprintf("local-%d", i)); n > 0 {
+			t.Errorf("%s (%s -> %s) got through", a.name, a.src, a.dst)
+		}
+	}
+}
+
+// honestTrafficWorks: after the attacks, the honest pods reach each other (global and
+// link-local), the gateway, the outside and the victim's host port; and the attacker's own
+// honest traffic works too. It also checks that what a pod legitimately sends from no address
+// (an ARP probe, duplicate address detection) still passes.
+func (h *hostileNode) honestTrafficWorks(t *testing.T) {
+	for is6, gw := range h.gateway {
+		v, o := h.victim.IP(gw), h.honest.IP(gw)
+		h.expectTCP(t, "victim to honest", h.victim, netip.AddrPortFrom(o, hostileTCPPort), v)
+		h.expectTCP(t, "honest to victim", h.honest, netip.AddrPortFrom(v, hostileTCPPort), o)
+		h.expectTCP(t, "evil to victim", h.evil, netip.AddrPortFrom(v, hostileTCPPort), h.evil.IP(gw))
+		h.expectTCP(t, "victim to the gateway", h.victim, netip.AddrPortFrom(gw, nodeTCPPort), v)
+		external, uplink := pick(is6, nettest.External6, nettest.External4), pick(is6, nettest.NodeUplink6, nettest.NodeUplink4)
+		h.expectTCP(t, "victim to the outside (SNAT)", h.victim, netip.AddrPortFrom(external.Addr(), nodeTCPPort), uplink.Addr())
+		if r, err := nettest.UDPRequest(h.honest.NS, netip.AddrPortFrom(gw, hostileHostPort), "via host port", testkit.TrafficTimeout); err != nil || r.Payload != "via host port" {
+			t.Errorf("honest to the victim's host port %s: %+v, %v", netip.AddrPortFrom(gw, hostileHostPort), r, err)
+		}
+	}
+	for _, p := range []*nettest.Pod{h.evil, h.victim} {
+		if _, err := nettest.UDPRequest(p.NS, netip.AddrPortFrom(onLink(t, p, h.ll(h.honest)), hostileUDPPort), "ll", testkit.TrafficTimeout); err != nil {
+			t.Errorf("%s to the honest pod's link-local address: %v", p.RT.ContainerID, err)
+		}
+	}
+	evilMAC := h.mac[h.evil]
+	probe := netip.MustParseAddr("fe80::abcd")
+	frames := [][]byte{testkit.IPFrame(testkit.MulticastMAC(testkit.SolicitedNode(probe)), evilMAC,
+		testkit.ICMPPacket(netip.IPv6Unspecified(), testkit.SolicitedNode(probe), testkit.ICMPv6NeighborSolicitation, 0, testkit.NeighborSolicitationBody(probe, nil)))}
+	probe4 := netip.MustParseAddr("10.244.1.250")
+	if h.has(false) {
+		frames = append(frames, testkit.Ethernet(testkit.Broadcast, evilMAC, testkit.EtherTypeARP, testkit.ARPPacket(1, evilMAC, netip.IPv4Unspecified(), make(net.HardwareAddr, 6), probe4)))
+	}
+	testkit.SendFrames(t, h.evil.NS, "eth0", frames...)
+	if err := h.capture.WaitFor(testkit.TrafficTimeout, "duplicate address detection", ndTarget(testkit.ICMPv6NeighborSolicitation, probe)); err != nil {
+		t.Errorf("evil's duplicate address detection for %s: %v", probe, err)
+	}
+	if h.has(false) {
+		err := h.capture.WaitFor(testkit.TrafficTimeout, "ARP probe", func(f testkit.Frame) bool {
+			op, _, spa, tpa, ok := f.ARP()
+			return ok && op == 1 && spa == netip.IPv4Unspecified() && tpa == probe4
+		})
+		if err != nil {
+			t.Errorf("evil's ARP probe for %s: %v", probe4, err)
+		}
+	}
+}
+
+// TestHostilePods runs the attacks in every hairpin mode on IPv4, IPv6 and dual-stack networks,
+// then deletes the pods and audits the node for leftovers.
+func TestHostilePods(t *testing.T) {
+	for _, mode := range []string{"hairpin-veth", "promiscuous-bridge", "none"} {
+		for _, fam := range familyCases {
+			t.Run(mode+"/"+fam.name, func(t *testing.T) {
+				t.Parallel()
+				h := newHostileNode(t, mode, fam.cidrs, nil)
+				t.Run("router", h.routerAttacks)
+				t.Run("spoofing", h.spoofingAttacks)
+				t.Run("localhost and host ports", h.localhostAndHostPorts)
+				t.Run("honest traffic", h.honestTrafficWorks)
+				for _, p := range []*nettest.Pod{h.evil, h.victim, h.honest} {
+					if err := h.node.Del(h.list, p); err != nil {
+						t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
+					}
+					testkit.AssertNoResidue(t, h.node, "kubenet", testkit.AttachmentOf(p), p.IPs())
+				}
+			})
+		}
+	}
+}
+
+// TestAntiSpoofingOff: with "antiSpoofing": false a pod still cannot act as a router, but a
+// spoofed source address gets through, which shows that the anti-spoofing rules are what stops
+// it in TestHostilePods.
+func TestAntiSpoofingOff(t *testing.T) {
+	h := newHostileNode(t, "hairpin-veth", testkit.DualStack(), map[string]any{"antiSpoofing": false})
+	t.Run("router", h.routerAttacks)
+	for is6, gw := range h.gateway {
+		payload := fmt.Sprintf("spoofed-%v", is6)
+		h.send(t, testkit.IPFrame(h.mac[h.victim], h.mac[h.evil], testkit.UDPPacket(h.honest.IP(gw), h.victim.IP(gw), 40001, hostileUDPPort, []byte(payload))))
+		h.flushVictimUDP(t)
+		if n := h.victimUDP.Received(payload); n != 1 {
+			t.Errorf("without anti-spoofing the victim received a datagram from a spoofed %s %d times, want 1", h.honest.IP(gw), n)
+		}
+	}
+	for _, set := range []string{isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
+		if out := nettest.Run(t, h.node.NS, "nft", "list", "set", "bridge", testkit.HostPortTable, set); strings.Contains(out, "evil/eth0") {
+			t.Errorf("anti-spoofing is off, yet set %s has elements of the pods:\n%s", set, out)
+		}
+	}
+	if out := nettest.Run(t, h.node.NS, "nft", "list", "set", "bridge", testkit.HostPortTable, isolation.SetPodPorts); !strings.Contains(out, "evil/eth0") {
+		t.Errorf("the guard's set %s lacks evil's port:\n%s", isolation.SetPodPorts, out)
+	}
+	t.Run("honest traffic", h.honestTrafficWorks)
+}

@@ -1,0 +1,149 @@
+package cni
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/testkit"
+)
+
+// raceRounds is how many times TestAddDelRaceSameAttachment races the two verbs;
+// KUBENET_RACE_ROUNDS overrides it.
+func raceRounds(t *testing.T) int { return envInt(t, "KUBENET_RACE_ROUNDS", 40) }
+
+// TestAddDelRaceSameAttachment starts an ADD and a DEL of one attachment as two plugin
+// processes at (nearly) the same time, with one's start shifted by a different delay each round
+// (the DEL's in even rounds, the ADD's in odd ones) so that each lands in every phase of the
+// other, and checks the outcome: either the pod is
+// fully set up with its record (CHECK passes, its address is reserved for it, it has its host
+// port) or nothing of it is left. Then it cleans up with a DEL and races again.
+func TestAddDelRaceSameAttachment(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	pod := node.NewPod(t, "race")
+	base := map[string]any{
+		"cniVersion": "1.1.0", "name": "kubenet", "type": "kubenet", "dataDir": node.DataDir(),
+		"podCIDRs": []string{nettest.PodCIDR4.String(), nettest.PodCIDR6.String()},
+		"runtimeConfig": map[string]any{
+			"portMappings": []map[string]any{{"hostPort": 31080, "containerPort": 80, "protocol": "udp"}},
+			"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 10_000_000},
+		},
+	}
+	stdin, _ := json.Marshal(base)
+	env := func(cmd string) map[string]string {
+		return map[string]string{"CNI_COMMAND": cmd, "CNI_CONTAINERID": "race", "CNI_IFNAME": "eth0",
+			"CNI_NETNS": pod.NS.Path(), "CNI_PATH": binDir, "CNI_ARGS": "IgnoreUnknown=1"}
+	}
+	// An ADD alone takes tens of milliseconds; spread the DEL's start over that.
+	solo := time.Now()
+	if run, err := node.ExecPlugin(binDir, env("ADD"), stdin); err != nil || run.ExitCode != 0 {
+		t.Fatalf("ADD alone: %v %+v", err, run)
+	}
+	span := time.Since(solo)
+	if run, err := node.ExecPlugin(binDir, env("DEL"), stdin); err != nil || run.ExitCode != 0 {
+		t.Fatalf("DEL alone: %v %+v", err, run)
+	}
+	rounds := raceRounds(t)
+	outcomes := map[string]int{}
+	for i := range rounds {
+		shift := time.Duration(i/2*2) * span / time.Duration(rounds)
+		addDelay, delDelay := time.Duration(0), shift
+		if i%2 == 1 {
+			addDelay, delDelay = shift/4, 0 // a DEL alone is quicker than an ADD
+		}
+		var wg sync.WaitGroup
+		var add, del nettest.PluginRun
+		var addErr, delErr error
+		wg.Add(2)
+		// The delays stagger the two starts; they wait for nothing.
+		go func() {
+			defer wg.Done()
+			time.Sleep(addDelay)
+			add, addErr = node.ExecPlugin(binDir, env("ADD"), stdin)
+		}()
+		go func() {
+			defer wg.Done()
+			time.Sleep(delDelay)
+			del, delErr = node.ExecPlugin(binDir, env("DEL"), stdin)
+		}()
+		wg.Wait()
+		if addErr != nil || delErr != nil {
+			t.Fatalf("round %d: %v %v", i, addErr, delErr)
+		}
+		if del.ExitCode != 0 {
+			t.Fatalf("round %d: DEL failed: %s", i, del.Stdout)
+		}
+		state := raceOutcome(t, node, pod, add, stdin)
+		outcomes[state]++
+		if t.Failed() {
+			t.Fatalf("round %d (ADD started after %v, DEL after %v): ADD exit %d %s", i, addDelay, delDelay, add.ExitCode, add.Stdout)
+		}
+		if run, err := node.ExecPlugin(binDir, env("DEL"), stdin); err != nil || run.ExitCode != 0 {
+			t.Fatalf("round %d: cleanup DEL: %v %s", i, err, run.Stdout)
+		}
+		testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), nil)
+	}
+	t.Logf("%d rounds (starts shifted over %v): %v", rounds, span, outcomes)
+}
+
+// raceOutcome classifies the node after a racing ADD and DEL: "set up" (everything there, CHECK
+// passes) or "nothing" (no trace); anything in between fails the test.
+func raceOutcome(t *testing.T, node *nettest.Node, pod *nettest.Pod, add nettest.PluginRun, stdin []byte) string {
+	t.Helper()
+	att := testkit.AttachmentOf(pod)
+	names := core.NamesFor("kubenet", att)
+	netDir := filepath.Join(node.DataDir(), "kubenet")
+	_, recErr := os.Stat(core.RecordPath(netDir, att))
+	pieces := map[string]bool{
+		"record":           recErr == nil,
+		"host veth":        testkit.LinkExists(t, node.NS, names.HostVeth),
+		"ifb":              testkit.LinkExists(t, node.NS, names.IFB),
+		"pod eth0":         testkit.LinkExists(t, pod.NS, "eth0"),
+		"reservation":      false,
+		"hostPort file":    len(testkit.HostPortIndexFiles(t, node)) > 0,
+		"hostPort element": len(testkit.HostPortElements(t, node)) > 0,
+	}
+	entries, _ := os.ReadDir(netDir)
+	for _, e := range entries {
+		if b, err := os.ReadFile(filepath.Join(netDir, e.Name())); err == nil && strings.HasPrefix(string(b), "race\r\n") {
+			pieces["reservation"] = true
+		}
+	}
+	var have, missing []string
+	for k, v := range pieces {
+		if v {
+			have = append(have, k)
+		} else {
+			missing = append(missing, k)
+		}
+	}
+	switch {
+	case len(missing) == 0:
+		// Set up: the ADD must have succeeded, and CHECK must pass with its result.
+		if add.ExitCode != 0 {
+			t.Errorf("the pod is set up but ADD failed: %s", add.Stdout)
+			return "broken"
+		}
+		var conf map[string]any
+		_ = json.Unmarshal(stdin, &conf)
+		conf["prevResult"] = json.RawMessage(add.Stdout)
+		check, _ := json.Marshal(conf)
+		run, err := node.ExecPlugin(binDir, map[string]string{"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "race", "CNI_IFNAME": "eth0",
+			"CNI_NETNS": pod.NS.Path(), "CNI_PATH": binDir}, check)
+		if err != nil || run.ExitCode != 0 {
+			t.Errorf("the pod is set up but CHECK fails: %v %s", err, run.Stdout)
+		}
+		return "set up"
+	case len(have) == 0:
+		return "nothing"
+	}
+	t.Errorf("half an attachment after ADD and DEL raced: has %v, lacks %v", have, missing)
+	return fmt.Sprintf("half: %v", have)
+}

@@ -1,0 +1,146 @@
+package testkit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
+)
+
+// NeighborMAC returns the link-layer address of ip in the neighbour table of ifname inside n,
+// or nil when there is no entry with an address (none, or still unresolved).
+func NeighborMAC(t testing.TB, n ns.NetNS, ifname string, ip netip.Addr) net.HardwareAddr {
+	t.Helper()
+	var mac net.HardwareAddr
+	nettest.Do(t, n, func() error {
+		l, err := netlink.LinkByName(ifname)
+		if err != nil {
+			return err
+		}
+		family := netlink.FAMILY_V4
+		if ip.Is6() {
+			family = netlink.FAMILY_V6
+		}
+		entries, err := netlink.NeighList(l.Attrs().Index, family)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if a, _ := netip.AddrFromSlice(e.IP); a.Unmap() == ip.WithZone("") && len(e.HardwareAddr) > 0 {
+				mac = e.HardwareAddr
+			}
+		}
+		return nil
+	})
+	return mac
+}
+
+// RouteGateway returns the next hop n uses for dst (invalid when dst is on-link).
+func RouteGateway(t testing.TB, n ns.NetNS, dst netip.Addr) netip.Addr {
+	t.Helper()
+	var gw netip.Addr
+	nettest.Do(t, n, func() error {
+		routes, err := netlink.RouteGet(dst.AsSlice())
+		if err != nil {
+			return err
+		}
+		if len(routes) > 0 {
+			gw, _ = netip.AddrFromSlice(routes[0].Gw)
+			gw = gw.Unmap()
+		}
+		return nil
+	})
+	return gw
+}
+
+// Routes lists the routes of one family inside n.
+func Routes(t testing.TB, n ns.NetNS, ipv6 bool) []netlink.Route {
+	t.Helper()
+	family := netlink.FAMILY_V4
+	if ipv6 {
+		family = netlink.FAMILY_V6
+	}
+	var out []netlink.Route
+	nettest.Do(t, n, func() error {
+		var err error
+		out, err = netlink.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		return err
+	})
+	return out
+}
+
+// FDBPorts returns the bridge ports on which the bridge inside n has learned mac.
+func FDBPorts(t testing.TB, n ns.NetNS, mac net.HardwareAddr) []string {
+	t.Helper()
+	var out []string
+	nettest.Do(t, n, func() error {
+		entries, err := netlink.NeighList(0, unix.AF_BRIDGE)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if e.HardwareAddr.String() != mac.String() {
+				continue
+			}
+			l, err := netlink.LinkByIndex(e.LinkIndex)
+			if err != nil {
+				continue // the port went away
+			}
+			out = append(out, l.Attrs().Name)
+		}
+		return nil
+	})
+	return out
+}
+
+// IsolationElement is one element of the bridge table's isolation sets, as the nft tool shows it.
+type IsolationElement struct{ Set, Key, Comment string }
+
+func (e IsolationElement) String() string { return fmt.Sprintf("%s: %s [%s]", e.Set, e.Key, e.Comment) }
+
+// IsolationElements lists the elements of the isolation sets of the tests' network with the nft
+// tool (not with the code under test). Missing sets are empty.
+func IsolationElements(t testing.TB, node *nettest.Node) []IsolationElement {
+	t.Helper()
+	var out []IsolationElement
+	for _, set := range []string{isolation.SetPodPorts, isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
+		for _, raw := range NFTElements(t, node, "bridge", "set", set) {
+			var el struct {
+				Elem *struct {
+					Val     any    `json:"val"`
+					Comment string `json:"comment"`
+				} `json:"elem"`
+			}
+			var val any
+			if json.Unmarshal(raw, &el) == nil && el.Elem != nil {
+				val = el.Elem.Val
+			} else if err := json.Unmarshal(raw, &val); err != nil {
+				t.Fatalf("element of %s: %v", set, err)
+			}
+			e := IsolationElement{Set: set, Key: nftValue(val)}
+			if el.Elem != nil {
+				e.Comment = el.Elem.Comment
+			}
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// nftValue renders a value of nft's JSON output: a string, or a concatenation.
+func nftValue(v any) string {
+	if m, ok := v.(map[string]any); ok {
+		if parts, ok := m["concat"].([]any); ok {
+			return joinConcat(parts)
+		}
+	}
+	return fmt.Sprint(v)
+}
