@@ -69,7 +69,7 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 // elements) go in several transactions of portsPerBatch, after the first.
 //
 // rebuilt says that the chains were missing altogether (a new node, or another tool flushed the
-// ruleset): the sets went with them, so the elements of every running pod but ports are gone,
+// ruleset or deleted the table): the sets went with them, so the elements of every running pod but ports are gone,
 // and the caller puts them back (Ensure again with all of them).
 func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	table := nft.BridgeTable(cfg.Network)
@@ -79,7 +79,10 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	}
 	plan := Plan(cfg)
 	found := compare(table, have, plan)
-	rebuilt = len(nft.Missing(found)) > 0
+	// The guard chain is in every plan: without it the table was flushed or never made. (Chains
+	// missing because the configuration just turned anti-spoofing on are no rebuild: pods
+	// attached while it was off keep only their pod-ports elements, as documented.)
+	rebuilt = len(have[ChainGuard]) == 0
 	byName := map[string]*nftables.Set{}
 	for _, s := range sets(table) {
 		byName[s.Name] = s
@@ -92,13 +95,14 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 		// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
 		// set-up node sends its elements and nothing else.
 		if i == 0 && found != nil {
-			c.AddTable(table)
-			for _, s := range sets(table) {
-				if err := c.AddSet(s, nil); err != nil {
-					return rebuilt, fmt.Errorf("isolation set %s: %w", s.Name, err)
-				}
+			mistyped, err := mistypedSets(c, table)
+			if err != nil {
+				return rebuilt, err
 			}
-			writeChains(c, table, plan, have)
+			c.AddTable(table)
+			if err := writeChains(c, table, plan, have, mistyped); err != nil {
+				return rebuilt, err
+			}
 		}
 		// One message per set: the kernel acknowledges every message, and hundreds of
 		// acknowledgements overflow the socket's receive buffer (ENOBUFS) after the commit.
@@ -140,15 +144,17 @@ func batches[T any](xs []T, n int) [][]T {
 	return out
 }
 
-// writeChains queues on c what makes the table's chains of this package exactly plan: every
-// planned chain is created if missing and refilled (each after the chains it goes to), and
-// chains the plan no longer has (anti-spoofing turned off) are emptied and deleted.
-func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map[string][]*nftables.Rule) {
+// writeChains queues on c what makes the table's chains and sets of this package exactly plan:
+// every planned chain is created if missing and refilled (each after the chains it goes to),
+// chains the plan no longer has (anti-spoofing turned off) are emptied and deleted, and the sets
+// are created, the mistyped ones (somebody else's set under one of our names) deleted first.
+func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map[string][]*nftables.Rule, mistyped []string) error {
 	var obsolete []*nftables.Chain
 	for _, name := range obsoleteChains(have, plan) {
 		obsolete = append(obsolete, &nftables.Chain{Name: name, Table: table})
 	}
-	// Empty everything first, so that no rule still goes to a chain that is refilled or deleted.
+	// Empty everything first, so that no rule still goes to a chain that is refilled or deleted,
+	// or refers to a set that is replaced.
 	defs := make([]*nftables.Chain, len(plan))
 	for i, p := range plan {
 		defs[i] = c.AddChain(chainDef(table, p))
@@ -160,11 +166,45 @@ func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map
 	for _, o := range obsolete {
 		c.DelChain(o)
 	}
+	for _, name := range mistyped {
+		c.DelSet(&nftables.Set{Table: table, Name: name})
+	}
+	for _, s := range sets(table) {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("isolation set %s: %w", s.Name, err)
+		}
+	}
 	for i, p := range plan {
 		for _, r := range p.Rules {
 			c.AddRule(&nftables.Rule{Table: table, Chain: defs[i], Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
 		}
 	}
+	return nil
+}
+
+// mistypedSets names the sets of the table that carry one of this package's names with another
+// key type: adding the planned set over one fails, so it is replaced. Read only when the chains
+// are rewritten anyway (a kubenet set cannot change type while a rule refers to it).
+func mistypedSets(c *nftables.Conn, table *nftables.Table) ([]string, error) {
+	have, err := c.GetSets(table)
+	if err != nil {
+		// google/nftables loses the errno of this dump; a missing table is the usual cause, and
+		// then nothing can be mistyped.
+		tables, lerr := c.ListTablesOfFamily(table.Family)
+		if lerr != nil || slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == table.Name }) {
+			return nil, fmt.Errorf("isolation sets of table %s: %w", table.Name, err)
+		}
+		return nil, nil
+	}
+	var out []string
+	for _, want := range sets(table) {
+		for _, s := range have {
+			if s.Name == want.Name && (s.IsMap || s.KeyType.GetNFTMagic() != want.KeyType.GetNFTMagic()) {
+				out = append(out, s.Name)
+			}
+		}
+	}
+	return out, nil
 }
 
 // obsoleteChains names the chains of this package that have rules but no place in plan.

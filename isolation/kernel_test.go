@@ -202,6 +202,27 @@ func TestEnsureCheckRemoveGC(t *testing.T) {
 				t.Errorf("Check %s after the rebuild: %v", p.Name, err)
 			}
 		}
+
+		// Somebody else's set under one of the names: the planned set cannot be added over it,
+		// and Remove cannot work on it; Ensure replaces it.
+		for _, ch := range []string{ChainAntiSpoofIPv4, ChainAntiSpoofARP} {
+			nettest.Run(t, n, "nft", "flush", "chain", "bridge", "kubenet-t", ch)
+		}
+		nettest.Run(t, n, "nft", "delete", "set", "bridge", "kubenet-t", SetIPv4)
+		nettest.Run(t, n, "nft", "add", "set", "bridge", "kubenet-t", SetIPv4, "{ type ipv4_addr; }")
+		if err := in(t, n, func() error { return Remove("t", p2) }); err == nil {
+			t.Error("Remove succeeded on a mistyped set")
+		}
+		nettest.Do(t, n, func() (err error) { rebuilt, err = Ensure(on, p1); return err })
+		if rebuilt {
+			t.Error("Ensure says it rebuilt the table where only a set was replaced")
+		}
+		if err := in(t, n, func() error { return CheckNode(on) }); err != nil {
+			t.Errorf("CheckNode after the mistyped set was replaced: %v", err)
+		}
+		if err := in(t, n, func() error { return Check(on, p1) }); err != nil {
+			t.Errorf("Check %s after the mistyped set was replaced: %v", p1.Name, err)
+		}
 	})
 }
 

@@ -185,11 +185,19 @@ func TestRuleChangedInPlace(t *testing.T) {
 			name: "localnet guard drop becomes accept", family: "inet", table: testkit.HostPortTable, chain: hostport.ChainLocalnet,
 			marker: "drop packets to 127.0.0.0/8", old: " drop ", replacement: " accept ",
 			traffic: func(t *testing.T, h *healNode, p phase) {
-				if p == edited {
-					testkit.ExpectAttackWorks(t, h.attack, "with the guard edited")
-				} else {
+				if p == restored {
 					testkit.ExpectAttackFails(t, h.attack, "with the guard restored")
+					return
 				}
+				// The bridge's guard (isolation) stops the attack too: only with it emptied does
+				// the edit show. It is put back before CHECK, which names the first difference.
+				testkit.ExpectAttackFails(t, h.attack, "with the localnet guard edited and the bridge's guard in place")
+				nettest.Run(t, h.node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
+				testkit.ExpectAttackWorks(t, h.attack, "with the localnet guard edited and the bridge's guard emptied")
+				nettest.Do(t, h.node.NS, func() error {
+					_, err := isolation.Ensure(isolation.Config{Network: "kubenet", AntiSpoofing: true})
+					return err
+				})
 			},
 		},
 		{
@@ -307,9 +315,10 @@ func TestNodeRulesStable(t *testing.T) {
 			if err := testkit.NodeRulesOK(t, node, testkit.PluginConfig(t, list)); err != nil {
 				t.Fatal(err)
 			}
-			before := nettest.Run(t, node.NS, "nft", "-a", "list", "ruleset")
+			// Terse: set elements (every pod adds its isolation elements) are not node-wide rules.
+			before := nettest.Run(t, node.NS, "nft", "-a", "-t", "list", "ruleset")
 			node.MustAdd(t, list, node.NewPod(t, "stable-2"))
-			if after := nettest.Run(t, node.NS, "nft", "-a", "list", "ruleset"); after != before {
+			if after := nettest.Run(t, node.NS, "nft", "-a", "-t", "list", "ruleset"); after != before {
 				t.Errorf("a second ADD rewrote node-wide rules:\nbefore\n%s\nafter\n%s", before, after)
 			}
 		})

@@ -16,6 +16,7 @@ import (
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -324,12 +325,14 @@ func TestFailedTeardownKeepsAddresses(t *testing.T) {
 	n := newRawNode(t)
 	pod := n.NewPod(t, "stuck")
 	ips := podIPs(t, n.mustAdd(pod, 31201))
-	// Someone replaces kubenet's IPv4 hostPort map with one of another type: the element of
-	// the pod cannot be removed (nor the map re-declared) until it is put back.
+	// Someone replaces kubenet's IPv4 isolation set with one of another type: the pod's elements
+	// in it cannot be removed until kubenet's set is back (the next ADD puts it back).
 	table := testkit.HostPortTable
-	nettest.Run(t, n.NS, "nft", "flush", "chain", "inet", table, hostport.ChainDNAT)
-	nettest.Run(t, n.NS, "nft", "delete", "map", "inet", table, hostport.MapIPv4)
-	nettest.Run(t, n.NS, "nft", "add", "map", "inet", table, hostport.MapIPv4, "{ type ipv4_addr : ipv4_addr ; }")
+	for _, ch := range []string{isolation.ChainAntiSpoofIPv4, isolation.ChainAntiSpoofARP} {
+		nettest.Run(t, n.NS, "nft", "flush", "chain", "bridge", table, ch)
+	}
+	nettest.Run(t, n.NS, "nft", "delete", "set", "bridge", table, isolation.SetIPv4)
+	nettest.Run(t, n.NS, "nft", "add", "set", "bridge", table, isolation.SetIPv4, "{ type ipv4_addr ; }")
 	run := n.exec("DEL", pod, n.conf(nil), nil)
 	if run.ExitCode == 0 {
 		t.Fatal("DEL succeeded with the hostPort map replaced")
@@ -355,9 +358,9 @@ func TestFailedTeardownKeepsAddresses(t *testing.T) {
 			}
 		}
 	}
-	nettest.Run(t, n.NS, "nft", "delete", "map", "inet", table, hostport.MapIPv4)
+	// The next ADD replaced the set (isolation.Ensure), so the obstacle is gone.
 	if run := n.exec("DEL", pod, n.conf(nil), nil); run.ExitCode != 0 {
-		t.Fatalf("DEL after the map was removed: %s", run.Stdout)
+		t.Fatalf("DEL after the set was put back: %s", run.Stdout)
 	}
 	testkit.AssertNoResidue(t, n.Node, "kubenet", testkit.AttachmentOf(pod), ips)
 }

@@ -148,7 +148,7 @@ func TestIsolationGC(t *testing.T) {
 		node.MustAdd(t, list, p)
 	}
 	record := func(p *nettest.Pod) string {
-		return filepath.Join(node.DataDir(), "kubenet", core.RecordDirName, p.RT.ContainerID+"_"+p.RT.IfName+".json")
+		return core.RecordPath(filepath.Join(node.DataDir(), "kubenet"), testkit.AttachmentOf(p))
 	}
 	if err := os.Remove(record(lost)); err != nil {
 		t.Fatal(err)
