@@ -211,7 +211,7 @@ func concernsKubenet(e *nftables.MonitorEvent) bool {
 	case *nftables.Set:
 		table = d.Table
 	}
-	return table != nil && strings.HasPrefix(table.Name, nft.TableName(""))
+	return table != nil && (strings.HasPrefix(table.Name, nft.TableName("")) || core.IsPolicyTable(table.Name))
 }
 
 // newHealer returns the agent's healer, which follows the plugin configuration of the conflist
@@ -227,7 +227,15 @@ func (a *Agent) newHealer() *healer {
 			defer a.mu.Unlock()
 			return a.network, nil
 		},
-		done: a.metrics.healed,
+		done: func(p healPass) {
+			a.metrics.healed(p)
+			// The policy table is node-wide state too, but the policy controller owns it: a
+			// change by somebody else (a flushed ruleset) makes it compare and rewrite at once
+			// instead of at its next resync, while the flushed node forwards unfiltered.
+			if a.policy != nil && !p.full {
+				a.policy.Wake()
+			}
+		},
 	}
 }
 

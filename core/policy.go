@@ -36,6 +36,10 @@ func PolicyPrefix(p netip.Prefix) PolicyRange { return netpol.PrefixRange(p) }
 // comments): the same "containerID/ifname" the hostPort elements use.
 func PolicyOwner(containerID, ifName string) string { return containerID + "/" + ifName }
 
+// IsPolicyTable tells whether an nftables table name is one of the networks' policy tables (the
+// agent's healer watches them, so that a flushed ruleset brings the policies back too).
+func IsPolicyTable(name string) bool { return strings.HasPrefix(name, netpol.TableName("")) }
+
 // holdForPolicies puts the new pod's addresses into the pending sets before its interface
 // exists, when the node enforces NetworkPolicy: the pod sends and receives nothing until the
 // agent has installed its policies (ApplyPolicies). One small transaction, whatever the node's

@@ -102,6 +102,10 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 // OnPass registers f to be told of every pass (for tests). Call before Run.
 func (c *Controller) OnPass(f func(Pass)) { c.passed = f }
 
+// Wake asks for a pass without waiting (the agent's healer, after somebody else changed the
+// ruleset).
+func (c *Controller) Wake() { c.wake() }
+
 func (c *Controller) wake() {
 	select {
 	case c.kick <- struct{}{}:

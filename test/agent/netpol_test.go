@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/netpol"
 )
@@ -251,6 +252,42 @@ func TestAgentNetworkPolicy(t *testing.T) {
 		if err := api.NetworkingV1().NetworkPolicies(namespace).Delete(ctx, "allow-client", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	})
+
+	t.Run("flushed ruleset: the policies come back without waiting for the resync", func(t *testing.T) {
+		target := netip.AddrPortFrom(podAddr(1)[0], 7777)
+		if err := nettest.Eventually(converge, func() error {
+			if _, err := nettest.TCPRequest(client.NS, target, "x", 500*time.Millisecond); err == nil {
+				return fmt.Errorf("the client reaches target-1 after allow-client was deleted")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		before := policyTable(t, n)
+		start := time.Now()
+		nettest.Run(t, n.ns, "nft", "flush", "ruleset")
+		// The healer sees the flush as an nftables event and wakes the policy controller; a
+		// third of the controller's resync tells that apart from its timer.
+		err := nettest.Eventually(policy.DefaultResync/3, func() error {
+			table, err := nettest.Output(n.ns, "nft", "list", "table", "inet", netpol.TableName("kubenet"))
+			if err != nil {
+				return fmt.Errorf("no policy table: %v", err)
+			}
+			for _, l := range strings.Split(before, "\n") {
+				if !strings.Contains(table, l) {
+					return fmt.Errorf("the policy table lacks %q", l)
+				}
+			}
+			if _, err := nettest.TCPRequest(client.NS, target, "x", 300*time.Millisecond); err == nil {
+				return fmt.Errorf("the client reaches target-1")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("after nft flush ruleset: %v", err)
+		}
+		t.Logf("the policies were back %v after the flush", time.Since(start).Round(time.Millisecond))
 	})
 
 	t.Run("agent down: rules kept; back: reconciled", func(t *testing.T) {
