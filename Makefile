@@ -125,7 +125,7 @@ bench-agent: deps
 # checkout (hack/kubernetes/build.sh: about 20 minutes on 2 cores); later runs reuse it. As root.
 #   E2E_PROXY_MODES  kube-proxy modes, one cluster each (iptables,nftables)
 #   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
-#   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, dual-stack)
+#   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, netpol, dual-stack)
 #   E2E_FOCUS        a ginkgo focus regexp instead, e.g. E2E_FOCUS='\[sig-network\] Netpol'
 #   E2E_PROCS        specs run at once, per cluster
 #   E2E_PARALLEL     false: one cluster after the other instead of all at once

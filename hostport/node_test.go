@@ -59,8 +59,9 @@ func TestEnsureNodeReadsBackWhatItWrote(t *testing.T) {
 			if err := w.checkNode(t); len(nft.Missing(err)) == 0 {
 				t.Fatalf("CheckNode on an empty node = %v, want missing chains and maps", err)
 			}
-			if rep := w.ensure(t, false); len(rep.Chains) != 5-boolInt(len(cidrs) == 1 && cidrs[0].Addr().Is6()) || len(rep.Maps) != 2*len(cidrs) {
-				t.Errorf("first EnsureNode: %v, want every chain with rules and %d maps", rep, 2*len(cidrs))
+			// Per family: the two maps and the hairpin set.
+			if rep := w.ensure(t, false); len(rep.Chains) != 5-boolInt(len(cidrs) == 1 && cidrs[0].Addr().Is6()) || len(rep.Maps) != 3*len(cidrs) {
+				t.Errorf("first EnsureNode: %v, want every chain with rules and %d maps and sets", rep, 3*len(cidrs))
 			}
 			if err := w.checkNode(t); err != nil {
 				t.Fatalf("CheckNode after EnsureNode: %v", err)
@@ -100,14 +101,14 @@ func TestEnsureNodeAfterFlushedRuleset(t *testing.T) {
 	for _, d := range missing {
 		objects = append(objects, d.Object)
 	}
-	for _, want := range []string{"chain " + ChainLocalnet, "chain " + ChainDNAT, "map " + MapIPv4, "map " + MapIPv6Addr} {
+	for _, want := range []string{"chain " + ChainLocalnet, "chain " + ChainDNAT, "map " + MapIPv4, "map " + MapIPv6Addr, "map " + SetHairpinIPv4} {
 		if !slices.Contains(objects, want) {
 			t.Errorf("CheckNode after the flush reports missing %v, want %s among them (error: %v)", objects, want, err)
 		}
 	}
 	rep := w.ensure(t, false)
-	if rep.Elements != 4 || len(rep.Maps) != 4 {
-		t.Errorf("EnsureNode after the flush: %v, want 4 maps and 4 elements restored", rep)
+	if rep.Elements != 4 || len(rep.Maps) != 6 {
+		t.Errorf("EnsureNode after the flush: %v, want 4 maps, 2 hairpin sets and 4 elements restored", rep)
 	}
 	if got := sortedReservations(w.kernelElements(t)); !slices.Equal(got, elements) {
 		t.Errorf("elements after the repair:\n%q\nwant\n%q", got, elements)

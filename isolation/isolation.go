@@ -95,10 +95,7 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 		// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
 		// set-up node sends its elements and nothing else.
 		if i == 0 && found != nil {
-			mistyped, err := mistypedSets(c, table)
-			if err != nil {
-				return rebuilt, err
-			}
+			mistyped := mistypedSets(c, table)
 			c.AddTable(table)
 			if err := writeChains(c, table, plan, have, mistyped); err != nil {
 				return rebuilt, err
@@ -185,16 +182,13 @@ func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map
 // mistypedSets names the sets of the table that carry one of this package's names with another
 // key type: adding the planned set over one fails, so it is replaced. Read only when the chains
 // are rewritten anyway (a kubenet set cannot change type while a rule refers to it).
-func mistypedSets(c *nftables.Conn, table *nftables.Table) ([]string, error) {
+func mistypedSets(c *nftables.Conn, table *nftables.Table) []string {
 	have, err := c.GetSets(table)
 	if err != nil {
-		// google/nftables loses the errno of this dump; a missing table is the usual cause, and
-		// then nothing can be mistyped.
-		tables, lerr := c.ListTablesOfFamily(table.Family)
-		if lerr != nil || slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == table.Name }) {
-			return nil, fmt.Errorf("isolation sets of table %s: %w", table.Name, err)
-		}
-		return nil, nil
+		// google/nftables loses the errno of this dump; a missing table (or one a concurrent
+		// first ADD is creating) is the usual cause, and then nothing can be mistyped. Should
+		// the read have failed otherwise, the transaction that follows fails and says why.
+		return nil
 	}
 	var out []string
 	for _, want := range sets(table) {
@@ -204,7 +198,7 @@ func mistypedSets(c *nftables.Conn, table *nftables.Table) ([]string, error) {
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // obsoleteChains names the chains of this package that have rules but no place in plan.

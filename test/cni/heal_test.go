@@ -62,6 +62,9 @@ func newHealNode(t *testing.T) *healNode {
 			{"udp", node.External, netip.AddrPortFrom(nettest.NodeUplink6.Addr(), 30181), nettest.External6.Addr()},
 			{"tcp", node.External, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 30182), nettest.External4.Addr()},
 			{"tcp", node.NS, netip.MustParseAddrPort("127.0.0.1:30180"), testkit.GatewayOf(nettest.PodCIDR4)},
+			// The pod reaching its own host port is masqueraded (its hairpin element).
+			{"tcp", h.holder.NS, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 30180), testkit.GatewayOf(nettest.PodCIDR4)},
+			{"tcp", h.holder.NS, netip.AddrPortFrom(nettest.NodeUplink6.Addr(), 30180), testkit.GatewayOf(nettest.PodCIDR6)},
 		} {
 			err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 				r, err := hpRequest(c.proto, c.from, c.dst, "heal", time.Second)

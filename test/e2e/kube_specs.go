@@ -51,6 +51,10 @@ var SpecSets = []SpecSet{{
 	Name:  "sig-network",
 	Focus: []string{`\[sig-network\]`},
 }, {
+	// The network policy suite: kubenet-agent enforces NetworkPolicy (docs/networkpolicy.md).
+	Name:  "netpol",
+	Focus: []string{`\[sig-network\] Netpol`},
+}, {
 	// The dual-stack specs, for a DualStack cluster.
 	Name:  "dual-stack",
 	Focus: []string{`\[sig-network\] \[Feature:IPv6DualStack\]`},
