@@ -159,6 +159,8 @@ func TestAgentCluster(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// In the API first: with NetworkPolicy on, a pod the agent cannot find stays held.
+			createPod(t, n1.admin, "default", "hostport-heal", n1.name, nil)
 			pod := n1.cni.NewPod(t, "hostport-heal")
 			pod.RT.CapabilityArgs = map[string]any{"portMappings": []map[string]any{{"hostPort": 30480, "containerPort": 7777, "protocol": "tcp"}}}
 			n1.cni.MustAdd(t, list, pod)
