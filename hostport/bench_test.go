@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // BenchmarkAddDel measures one pod's ADD and DEL of its host ports on a node that already has 1
@@ -54,31 +55,17 @@ func benchAddDel(b *testing.B, existing int, measured []Mapping) {
 		b.Fatal(err)
 	}
 	owner := Owner{ContainerID: "measured", IfName: "eth0"}
-	var add, del time.Duration
 	err = w.ns.Do(func(ns.NetNS) error {
 		if err := populate(); err != nil {
 			return err
 		}
-		b.ResetTimer()
-		for range b.N {
-			t0 := time.Now()
-			if err := Add(w.cfg, owner, es); err != nil {
-				return err
-			}
-			t1 := time.Now()
-			if err := Remove(w.cfg, owner, KeysOf(es)); err != nil {
-				return err
-			}
-			add += t1.Sub(t0)
-			del += time.Since(t1)
-		}
-		return nil
+		return nettest.AddRemoveLoop(b,
+			func() error { return Add(w.cfg, owner, es) },
+			func() error { return Remove(w.cfg, owner, KeysOf(es)) })
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ReportMetric(float64(add.Microseconds())/float64(b.N), "µs/add")
-	b.ReportMetric(float64(del.Microseconds())/float64(b.N), "µs/del")
 }
 
 func podMappings(tcpPort, udpPort int) []Mapping {

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -33,7 +32,6 @@ func BenchmarkEnsureRemove(b *testing.B) {
 		b.Run(fmt.Sprintf("existing=%d", existing), func(b *testing.B) {
 			n := nettest.NewNS(b)
 			measured := port(existing + 1)
-			var add, del time.Duration
 			err := n.Do(func(ns.NetNS) error {
 				others := make([]Port, existing)
 				for i := range others {
@@ -42,26 +40,13 @@ func BenchmarkEnsureRemove(b *testing.B) {
 				if _, err := Ensure(cfg, others...); err != nil {
 					return err
 				}
-				b.ResetTimer()
-				for range b.N {
-					t0 := time.Now()
-					if _, err := Ensure(cfg, measured); err != nil {
-						return err
-					}
-					t1 := time.Now()
-					if err := Remove(cfg.Network, measured); err != nil {
-						return err
-					}
-					add += t1.Sub(t0)
-					del += time.Since(t1)
-				}
-				return nil
+				return nettest.AddRemoveLoop(b,
+					func() error { _, err := Ensure(cfg, measured); return err },
+					func() error { return Remove(cfg.Network, measured) })
 			})
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.ReportMetric(float64(add.Microseconds())/float64(b.N), "µs/add")
-			b.ReportMetric(float64(del.Microseconds())/float64(b.N), "µs/del")
 		})
 	}
 }
