@@ -91,7 +91,7 @@ type Skip struct{ Pattern, Reason string }
 var Skips = []Skip{
 	{`\[Disruptive\]`, "restarts components or nodes through the cloud provider or SSH, which this cluster has not; TestKubernetes's lifecycle checks restart them itself"},
 	{`\[Feature:LoadBalancer\]|LoadBalancer`, "needs a cloud load balancer"},
-	{`SCTP`, "the kernel of the machines these tests run on has no SCTP (socket(..., IPPROTO_SCTP) fails with EPROTONOSUPPORT)"},
+	{`\[Feature:SCTPConnectivity\]|an SCTP HostPort|a basic SCTP service`, "the kernel of the machines these tests run on has no SCTP (socket(..., IPPROTO_SCTP) fails with EPROTONOSUPPORT); the Netpol specs with SCTP in a policy but TCP traffic run"},
 	{`should not be vulnerable to the invalid conntrack state bug`, "needs the image regression-issue-74839, which is not built here"},
 	{`CLOSE_WAIT`, "needs the image distroless-iptables, which is not built here"},
 	{`\[sig-network\] DNS`, "needs the image jessie-dnsutils, which is not built here"},
