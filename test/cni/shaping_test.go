@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/core"
@@ -135,12 +137,13 @@ func TestShapingThroughput(t *testing.T) {
 					{"ingress", other, podSinks[fam.Is4()], c.ingress},
 					{"egress", pod, otherSinks[fam.Is4()], c.egress},
 				} {
-					got, err := measured.Measure(d.from.NS, d.to)
+					lo, hi := 0.85*float64(d.rate), 1.15*float64(d.rate)
+					got, err := medianRate(measured, d.from.NS, d.to, func(r float64) bool { return r >= lo && r <= hi })
 					if err != nil {
 						t.Fatalf("%s %s: %v", d.dir, family(fam), err)
 					}
 					t.Logf("%s %s: %.1f Mbit/s (limit %d)", d.dir, family(fam), got/1e6, d.rate/1e6)
-					if lo, hi := 0.85*float64(d.rate), 1.15*float64(d.rate); got < lo || got > hi {
+					if got < lo || got > hi {
 						t.Errorf("%s %s: %.1f Mbit/s, want %d Mbit/s ±15%%", d.dir, family(fam), got/1e6, d.rate/1e6)
 					}
 				}
@@ -355,4 +358,25 @@ func checkShaping(names core.Names, l shaping.Limits) error {
 		return err
 	}
 	return shaping.Check(host, names.IFB, l)
+}
+
+// medianRate measures the stream once and, when the rate is not ok, twice more and returns the
+// median of the three: on a busy 2-core machine one window now and then loses a share of the CPU
+// to other processes and reads low, and the median of three tells that from a limit that is
+// wrong (which reads wrong every time).
+func medianRate(s nettest.Stream, from ns.NetNS, to *nettest.Sink, ok func(float64) bool) (float64, error) {
+	first, err := s.Measure(from, to)
+	if err != nil || ok(first) {
+		return first, err
+	}
+	rates := []float64{first}
+	for range 2 {
+		r, err := s.Measure(from, to)
+		if err != nil {
+			return 0, err
+		}
+		rates = append(rates, r)
+	}
+	slices.Sort(rates)
+	return rates[1], nil
 }
