@@ -63,13 +63,13 @@ bench: deps
 
 # NetworkPolicy's cost (docs/networkpolicy.md): new connections and throughput between two pods
 # with and without 100 policies, and with kube-network-policies v0.8.0 (built from hack/knp), in
-# bench/; and, in test/agent against a real API server (hack/apiserver), a policy change's way to
+# bench/; and, in test/agent against a real API server (hack/kubernetes), a policy change's way to
 # the node with 1000 pods and 200 policies and the agent's memory. As root, about 5 minutes;
 # both write their tables into docs/networkpolicy.md.
 NETPOL_BENCH_ARGS ?=
 .PHONY: bench-netpol
 bench-netpol: deps
-	hack/apiserver/build.sh >/dev/null
+	hack/kubernetes/build.sh kube-apiserver etcd >/dev/null
 	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkNetworkPolicy$$' -benchtime 1x -timeout 30m ./bench/ \
 	  -args -bench.netpol-out ../docs/networkpolicy.md $(NETPOL_BENCH_ARGS)
 	$(GO) vet -tags kubenet_e2e_agent ./test/agent/
