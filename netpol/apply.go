@@ -275,23 +275,14 @@ func verdictChain(b []byte) string {
 	return chain
 }
 
-// checkBase compares the base chains with BaseRules by comment.
+// checkBase compares the base chains with BaseRules by their expressions and comments, so a
+// rule edited in place (a verdict flipped, a match changed, the comment kept) counts as a
+// difference and the next Apply or Hold rewrites the chain.
 func checkBase(c *nftables.Conn, t *nftables.Table) error {
+	rules := BaseRules()
 	for _, ch := range baseChains(t) {
-		rules, err := nft.ReadChain(c, ch)
-		if err != nil {
-			return err
-		}
-		got := make([]string, len(rules))
-		for i, r := range rules {
-			got[i] = nft.RuleComment(r)
-		}
-		var want []string
-		for _, r := range BaseRules()[ch.Name] {
-			want = append(want, r.Comment)
-		}
-		if !slices.Equal(got, want) {
-			return fmt.Errorf("policy chain %s has rules %q, want %q", ch.Name, got, want)
+		if err := nft.CheckChainWith(c, ch, rules[ch.Name]); err != nil {
+			return fmt.Errorf("policy %w", err)
 		}
 	}
 	return nil

@@ -167,3 +167,39 @@ func TestApplyKeepsTableWhenNothingChanges(t *testing.T) {
 		t.Errorf("second Apply of the same ruleset = %+v, want no change", again)
 	}
 }
+
+// TestApplyRewritesBaseRuleChangedInPlace edits a base rule the way a person with the nft tool
+// would, keeping its comment: the ingress dispatch becomes an accept, which lets everything to
+// local pods through. The next Apply must see the change by the rule's expressions and put the
+// planned rule back, so the isolated pod is denied again.
+func TestApplyRewritesBaseRuleChangedInPlace(t *testing.T) {
+	r := newRoutedNode(t)
+	b80 := nettest.StartTCPEcho(t, r.b, netip.AddrPortFrom(r.b4, 0)).Addr
+	deny := Ruleset{Pods: []Pod{{Owner: "b", IPs: []netip.Addr{r.b4}, Ingress: Direction{Isolated: true}}}}
+	r.apply(t, deny)
+	expectReach(t, "isolated", r.a, b80, false)
+
+	table := TableName(r.network)
+	comment := "ingress of local pods, by destination (" + MapIngress4 + ")"
+	listing := nettest.Run(t, r.node, "nft", "-a", "list", "chain", "inet", table, ChainForward)
+	var handle string
+	for _, l := range strings.Split(listing, "\n") {
+		if strings.Contains(l, `comment "`+comment+`"`) {
+			if i := strings.LastIndex(l, "# handle "); i >= 0 {
+				handle = strings.TrimSpace(l[i+len("# handle "):])
+			}
+		}
+	}
+	if handle == "" {
+		t.Fatalf("no rule with comment %q in:\n%s", comment, listing)
+	}
+	nettest.Run(t, r.node, "nft", "replace", "rule", "inet", table, ChainForward, "handle", handle,
+		"meta", "nfproto", "ipv4", "accept", "comment", `"`+comment+`"`)
+	expectReach(t, "after the edit (the edit works)", r.a, b80, true)
+
+	again := r.apply(t, deny)
+	if !again.BaseWritten {
+		t.Errorf("Apply after an in-place edit = %+v, want the base chains rewritten", again)
+	}
+	expectReach(t, "after Apply", r.a, b80, false)
+}
