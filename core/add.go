@@ -302,7 +302,7 @@ func (a *addition) configurePod(*undoStack) error {
 func (a *addition) isolate(undo *undoStack) error {
 	port := portOf(a.cfg, a.att, a.ips)
 	a.isolated = &pending{done: alongside(func() error {
-		_, err := ensureIsolation(a.cfg, a.records, false, port)
+		_, err := ensureIsolation(a.cfg, a.store, false, &a.att, port)
 		return err
 	})}
 	undo.push(func() error {

@@ -12,6 +12,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 )
@@ -75,7 +76,7 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 		{"bridge", func() error { return a.ensureBridge(nil) }},
 		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
 		{"isolation rules", func() (err error) {
-			rep.IsolatedPorts, err = ensureIsolation(cfg, NewRecords(store.Dir()), allElements)
+			rep.IsolatedPorts, err = ensureIsolation(cfg, store, allElements, nil)
 			return err
 		}},
 		{"masquerade", func() error { return a.masquerade(nil) }},
@@ -107,17 +108,44 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 // pod's elements with them: those pods were no longer guarded) or when all is set (the agent's
 // periodic pass, which also puts back single elements someone deleted), the elements of every
 // recorded attachment are added too; it returns how many after a rebuild. A pod whose record is
-// unreadable cannot be put back: its addresses are unknown.
-func ensureIsolation(cfg *Config, records Records, all bool, ports ...isolation.Port) (int, error) {
+// unreadable cannot be put back: its addresses are unknown. self is the attachment an ADD works
+// on (nil for the node's healing): its port is among ports already.
+//
+// An attachment is put back only under its attachment lock, taken without waiting, and only
+// if its record is still there once the lock is held: a DEL removes the elements first and the
+// record last, so putting back from a record read while that DEL runs would leave elements of a
+// deleted pod behind. An attachment whose ADD or DEL is in flight is skipped: the ADD adds its
+// own elements, the DEL removes them, and the next pass puts back what is still missing.
+func ensureIsolation(cfg *Config, store *ipam.Store, all bool, self *Attachment, ports ...isolation.Port) (int, error) {
 	icfg := isolationConfig(cfg)
 	rebuilt, err := isolation.Ensure(icfg, ports...)
 	if err != nil || !(rebuilt || all) {
 		return 0, err
 	}
+	records := NewRecords(store.Dir())
 	scan, scanErr := records.Scan()
-	recorded := make([]isolation.Port, 0, len(scan.Records))
+	var recorded []isolation.Port
+	var unlocks []func() error
+	defer func() {
+		for _, unlock := range unlocks {
+			_ = unlock()
+		}
+	}()
 	for _, rec := range scan.Records {
-		recorded = append(recorded, portOf(cfg, rec.attachment(), rec.IPs))
+		att := rec.attachment()
+		if self != nil && att == *self {
+			continue
+		}
+		unlock, ok, err := store.TryLockAttachment(att.ContainerID, att.IfName)
+		if err != nil || !ok {
+			scanErr = errors.Join(scanErr, err)
+			continue
+		}
+		unlocks = append(unlocks, unlock)
+		if now, err := records.Load(att); err != nil || now == nil {
+			continue // deleted (or damaged) since the scan
+		}
+		recorded = append(recorded, portOf(cfg, att, rec.IPs))
 	}
 	if _, err := isolation.Ensure(icfg, recorded...); err != nil {
 		return 0, errors.Join(scanErr, fmt.Errorf("put back the isolation elements of %d pods: %w", len(recorded), err))

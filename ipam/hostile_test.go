@@ -253,3 +253,46 @@ func TestParseOwnerRefusesWhatNoWriterWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestTryLockAttachment: a second store gets no lock that another holds, and gets it at once
+// when it is free; the holder's release frees it for the next try.
+func TestTryLockAttachment(t *testing.T) {
+	dataDir := t.TempDir()
+	a, b := openStoreAt(t, dataDir), openStoreAt(t, dataDir)
+	unlock, err := a.LockAttachment("pod", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		id, ifname string
+		want       bool
+	}{
+		{"pod", "eth0", false},
+		{"pod", "eth1", true},
+		{"po", "deth0", true},
+	}
+	for _, tc := range cases {
+		u, ok, err := b.TryLockAttachment(tc.id, tc.ifname)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != tc.want {
+			t.Errorf("%s/%s: TryLockAttachment = %v while pod/eth0 is held, want %v", tc.id, tc.ifname, ok, tc.want)
+		}
+		if ok {
+			if err := u(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := unlock(); err != nil {
+		t.Fatal(err)
+	}
+	u, ok, err := b.TryLockAttachment("pod", "eth0")
+	if err != nil || !ok {
+		t.Fatalf("TryLockAttachment after the holder let go = %v, %v; want the lock", ok, err)
+	}
+	if err := u(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -110,18 +110,39 @@ func (s *Store) Unlock() error {
 // released by the kernel when the holder dies, and it needs no file per attachment. Two
 // attachments share a byte with a chance of 2^-62: they would then only wait for each other.
 func (s *Store) LockAttachment(id, ifname string) (func() error, error) {
+	unlock, _, err := s.lockAttachment(id, ifname, true)
+	return unlock, err
+}
+
+// TryLockAttachment takes the attachment lock of (id, ifname) if nobody holds it and reports
+// whether it did, without waiting: for a pass over many attachments (the node's healing) that
+// must not touch one whose ADD or DEL is in flight, and must not wait behind it. The lock is
+// the Store's own: a Store that already holds it gets it again, and the release then frees it,
+// so a caller skips the attachment it works on itself.
+func (s *Store) TryLockAttachment(id, ifname string) (unlock func() error, ok bool, err error) {
+	return s.lockAttachment(id, ifname, false)
+}
+
+func (s *Store) lockAttachment(id, ifname string, wait bool) (func() error, bool, error) {
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	h.Write([]byte{0})
 	h.Write([]byte(ifname))
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(h.Sum64() >> 2), Len: 1}
+	cmd := unix.F_OFD_SETLK
+	if wait {
+		cmd = unix.F_OFD_SETLKW
+	}
 	for {
-		err := unix.FcntlFlock(s.lock.Fd(), unix.F_OFD_SETLKW, &lk)
+		err := unix.FcntlFlock(s.lock.Fd(), cmd, &lk)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
+		if !wait && (errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES)) {
+			return nil, false, nil
+		}
 		if err != nil {
-			return nil, fmt.Errorf("lock attachment %s %s in %s: %w", id, ifname, s.dir, err)
+			return nil, false, fmt.Errorf("lock attachment %s %s in %s: %w", id, ifname, s.dir, err)
 		}
 		break
 	}
@@ -132,7 +153,7 @@ func (s *Store) LockAttachment(id, ifname string) (func() error, error) {
 			return fmt.Errorf("unlock attachment %s %s in %s: %w", id, ifname, s.dir, err)
 		}
 		return nil
-	}, nil
+	}, true, nil
 }
 
 // Close closes the lock file, which releases the locks if held, and the directory.

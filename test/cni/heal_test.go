@@ -16,6 +16,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/test/testkit"
@@ -325,5 +326,75 @@ func TestNodeRulesStable(t *testing.T) {
 				t.Errorf("a second ADD rewrote node-wide rules:\nbefore\n%s\nafter\n%s", before, after)
 			}
 		})
+	}
+}
+
+// TestHealLeavesAttachmentInFlight: the node's healing puts back the isolation elements of
+// running pods from their records, but not those of a pod whose DEL is in flight. DEL removes the
+// elements first and the record last; a heal pass that read the record in between and put the
+// elements back would leave a deleted pod's port, MAC and addresses in the sets. Here the DEL is
+// held at that point: its attachment lock taken, its elements gone, its record still there.
+func TestHealLeavesAttachmentInFlight(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
+	cfg := testkit.PluginConfig(t, list)
+	running, leaving := node.NewPod(t, "heal-running"), node.NewPod(t, "heal-leaving")
+	node.MustAdd(t, list, running)
+	node.MustAdd(t, list, leaving)
+	portOf := func(p *nettest.Pod) string {
+		return core.NamesFor(cfg.Network, core.Attachment{ContainerID: p.RT.ContainerID, IfName: p.RT.IfName}).HostVeth
+	}
+	elementsOf := func(p *nettest.Pod) int {
+		n := 0
+		for _, e := range testkit.IsolationElements(t, node) {
+			if strings.Contains(e.Key, portOf(p)) {
+				n++
+			}
+		}
+		return n
+	}
+	if elementsOf(running) == 0 || elementsOf(leaving) == 0 {
+		t.Fatalf("isolation elements before: %v", testkit.IsolationElements(t, node))
+	}
+
+	// The DEL of "leaving", held after it removed the elements: its lock, as DEL takes it.
+	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	unlock, err := store.LockAttachment(leaving.RT.ContainerID, leaving.RT.IfName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nettest.Run(t, node.NS, "nft", "flush", "ruleset")
+
+	heal := func() core.NodeRepair {
+		var rep core.NodeRepair
+		nettest.Do(t, node.NS, func() (err error) {
+			rep, err = core.HealNode(context.Background(), cfg, true)
+			return err
+		})
+		return rep
+	}
+	rep := heal()
+	if rep.IsolatedPorts != 1 || elementsOf(running) == 0 {
+		t.Errorf("heal put back %d pods' elements (running pod: %d elements), want the running pod's", rep.IsolatedPorts, elementsOf(running))
+	}
+	if n := elementsOf(leaving); n != 0 {
+		t.Errorf("heal put back %d elements of a pod whose DEL is in flight", n)
+	}
+	if err := unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Del(list, leaving); err != nil {
+		t.Fatalf("DEL of the pod after its lock was let go: %v", err)
+	}
+	heal()
+	if n := elementsOf(leaving); n != 0 {
+		t.Errorf("%d elements of the deleted pod after its DEL and another heal", n)
+	}
+	if err := node.Check(list, running); err != nil {
+		t.Errorf("CHECK of the running pod after the heal: %v", err)
 	}
 }
