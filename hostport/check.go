@@ -32,23 +32,13 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 			return fmt.Errorf("%s is reserved for %s, want %s", e.Key, r.Entry, e)
 		}
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	var maps []string
-	for _, e := range entries {
-		if name := mapName(e.Key); !slices.Contains(maps, name) {
-			maps = append(maps, name)
-		}
-	}
-	kernel, err := listElements(c, cfg.Network, maps...)
+	kernel, err := cfg.backend().list(cfg, KeysOf(entries))
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
 		if !slices.ContainsFunc(kernel, func(r Reservation) bool { return r.Entry == e && r.Owner == owner }) {
-			return fmt.Errorf("%s: no element in nftables map %s of network %q", e, mapName(e.Key), cfg.Network)
+			return fmt.Errorf("%s: not in the kernel's host-port rules of network %q", e, cfg.Network)
 		}
 	}
 	return checkRules(cfg)
@@ -56,11 +46,10 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 
 // checkRules compares the fixed chains with Rules, by comment and by expressions.
 func checkRules(cfg Config) error {
-	diffs, err := checkChains(cfg)
-	if err != nil || len(diffs) == 0 {
-		return err
+	if err := CheckNode(cfg); err != nil {
+		return fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
 	}
-	return fmt.Errorf("hostport rules of network %q: %w", cfg.Network, diffs[0])
+	return nil
 }
 
 // listElements returns the elements of the named maps of the network; missing maps are empty.
@@ -99,11 +88,7 @@ func List(cfg Config) (index, kernel []Reservation, err error) {
 	if index, err = NewIndex(cfg.Dir).All(); err != nil {
 		return nil, nil, err
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return nil, nil, fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	kernel, err = listElements(c, cfg.Network, MapIPv4, MapIPv4Addr, MapIPv6, MapIPv6Addr)
+	kernel, err = cfg.backend().list(cfg, nil)
 	return index, kernel, err
 }
 
@@ -118,11 +103,7 @@ func GC(cfg Config, keep func(Owner) bool) ([]Reservation, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	kernel, err := listElements(c, cfg.Network, MapIPv4, MapIPv4Addr, MapIPv6, MapIPv6Addr)
+	kernel, err := cfg.backend().list(cfg, nil)
 	if err != nil {
 		return nil, err
 	}

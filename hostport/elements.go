@@ -25,9 +25,14 @@ const MaxEntriesPerTransaction = 256
 // may or may not have committed it, so the caller reads the maps back.
 var errOutcomeUnknown = errors.New("the kernel's answer was lost (ENOBUFS): outcome unknown")
 
-// flush sends c's transaction. A lost answer is reported as errOutcomeUnknown.
-func flush(c *nftables.Conn, what string) error {
-	err := c.Flush()
+// flush sends c's transaction (through b.commit when a test injects a fault). A lost answer is
+// reported as errOutcomeUnknown.
+func (b nftablesBackend) flush(c *nftables.Conn, what string) error {
+	commit := (*nftables.Conn).Flush
+	if b.commit != nil {
+		commit = b.commit
+	}
+	err := commit(c)
 	if err == nil {
 		return nil
 	}
@@ -166,7 +171,7 @@ func present(c *nftables.Conn, network string, rs []Reservation) ([]Reservation,
 // after reading them back: the way out when a transaction's outcome is unknown, or when an
 // element was changed behind kubenet's back so that the add-then-delete of uninstall clashes
 // with it. It reports how many it found.
-func deleteKeys(network string, rs []Reservation) (int, error) {
+func (b nftablesBackend) deleteKeys(network string, rs []Reservation) (int, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return 0, fmt.Errorf("hostport rules: netlink: %w", err)
@@ -180,7 +185,7 @@ func deleteKeys(network string, rs []Reservation) (int, error) {
 		if err := queueElements(c, table, map[string]*nftables.Set{}, keyOnly(part), true); err != nil {
 			return len(found), err
 		}
-		if err := flush(c, "remove hostports of network "+network); err != nil && !errors.Is(err, errOutcomeUnknown) {
+		if err := b.flush(c, "remove hostports of network "+network); err != nil && !errors.Is(err, errOutcomeUnknown) {
 			return len(found), err
 		}
 	}

@@ -33,12 +33,10 @@ import (
 	"slices"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
-	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/internal/sysctl"
 )
 
@@ -48,6 +46,8 @@ type Config struct {
 	Dir      string         // the network's data directory; the index lives below it
 	Bridge   string         // gets route_localnet=1 for localhost access (IPv4)
 	PodCIDRs []netip.Prefix // the node's pod CIDRs: their sources get SNAT on hostPorts
+	// Backend is where the mappings and the fixed rules live: nil is nftables.
+	Backend Backend
 }
 
 func (c Config) hasIPv4() bool {
@@ -109,7 +109,7 @@ func Add(cfg Config, owner Owner, entries []Entry) error {
 // GC find that element later.
 func undoAdd(cfg Config, owner Owner, entries []Entry, cause error) error {
 	rs := reservations(owner, entries)
-	if err := uninstall(cfg.Network, rs); err != nil {
+	if err := cfg.backend().uninstall(cfg, rs); err != nil {
 		return &LeftoverError{Err: errors.Join(cause, err)}
 	}
 	return errors.Join(cause, NewIndex(cfg.Dir).remove(rs))
@@ -123,9 +123,9 @@ func reservations(owner Owner, entries []Entry) []Reservation {
 	return rs
 }
 
-// install adds owner's elements (and their maps, when missing) in one transaction. When the
-// kernel's answer is lost, the maps are read back: the transaction is atomic, so either every
-// element is there (success) or none of this transaction's is.
+// install adds owner's entries to the kernel (the backend's one transaction per family), after
+// the checks every backend needs: each entry's family is the network's, and IPv4 host ports
+// reach 127.0.0.1 through route_localnet on the bridge.
 func install(cfg Config, owner Owner, entries []Entry) error {
 	for _, e := range entries {
 		if !slices.Contains(cfg.families(), e.Is6()) {
@@ -137,22 +137,7 @@ func install(cfg Config, owner Owner, entries []Entry) error {
 			return err
 		}
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	table := c.AddTable(nft.InetTable(cfg.Network))
-	rs := reservations(owner, entries)
-	if err := queueElements(c, table, map[string]*nftables.Set{}, rs, false); err != nil {
-		return err
-	}
-	err = flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
-	if errors.Is(err, errOutcomeUnknown) {
-		if ok, rerr := allPresent(cfg.Network, rs); rerr == nil && ok {
-			return nil
-		}
-	}
-	return err
+	return cfg.backend().install(cfg, reservations(owner, entries))
 }
 
 func (c Config) families() []bool {
@@ -187,7 +172,7 @@ func Unmap(cfg Config, owner Owner, keys []Key) ([]Entry, error) {
 		return nil, err
 	}
 	if len(unresolved) > 0 {
-		kernel, err := kernelElements(cfg.Network, unresolved)
+		kernel, err := cfg.backend().list(cfg, unresolved)
 		if err != nil {
 			return nil, err
 		}
@@ -215,25 +200,10 @@ func UnmapOwner(cfg Config, owner Owner) ([]Entry, error) {
 	return entries, err
 }
 
-// kernelElements returns the elements of the maps that keys live in.
-func kernelElements(network string, keys []Key) ([]Reservation, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	var maps []string
-	for _, k := range keys {
-		if name := mapName(k); !slices.Contains(maps, name) {
-			maps = append(maps, name)
-		}
-	}
-	return listElements(c, network, maps...)
-}
-
 // unmap deletes the map elements of rs in one transaction, then the index files of files, and
 // returns rs's entries (none if the elements stay).
 func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
-	if err := uninstall(cfg.Network, rs); err != nil {
+	if err := cfg.backend().uninstall(cfg, rs); err != nil {
 		return nil, err
 	}
 	entries := make([]Entry, 0, len(rs))
@@ -241,36 +211,6 @@ func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
 		entries = append(entries, r.Entry)
 	}
 	return entries, NewIndex(cfg.Dir).remove(files)
-}
-
-// uninstall deletes the elements of rs, in one transaction per MaxEntriesPerTransaction. Each
-// element is first added with the value the index recorded and then deleted: adding an identical
-// element is a no-op, so the transaction succeeds whether or not the element is still there (an
-// ADD that crashed before its transaction, or a DEL that crashed after it), where a bare delete
-// would fail as a whole; and it costs no read of the maps, which grow with the node's pods. When
-// a transaction fails anyway (its answer was lost, or somebody changed an element's value so that
-// the add clashes), the maps are read back and whatever holds rs's keys is deleted by key.
-func uninstall(network string, rs []Reservation) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	for _, part := range chunks(rs) {
-		table := c.AddTable(nft.InetTable(network))
-		known := map[string]*nftables.Set{}
-		if err := queueElements(c, table, known, part, false); err != nil {
-			return err
-		}
-		if err := queueElements(c, table, known, part, true); err != nil {
-			return err
-		}
-		if err := flush(c, fmt.Sprintf("remove hostports of network %q", network)); err != nil {
-			if _, rerr := deleteKeys(network, part); rerr != nil {
-				return errors.Join(err, rerr)
-			}
-		}
-	}
-	return nil
 }
 
 // enableRouteLocalnet lets the bridge route packets whose source or destination is in

@@ -27,7 +27,9 @@ import (
 // changed ones. It only reads: one dump of the table's rules, and of its maps only when a chain
 // is not as planned (the planned rules look every map up by name, and the kernel keeps a map
 // that a rule refers to, so planned rules in place mean the maps are there).
-func CheckNode(cfg Config) error {
+func CheckNode(cfg Config) error { return cfg.backend().checkNode(cfg) }
+
+func (nftablesBackend) checkNode(cfg Config) error {
 	diffs, err := checkChains(cfg)
 	if err != nil || len(diffs) == 0 {
 		return err
@@ -54,13 +56,17 @@ func CheckNode(cfg Config) error {
 // rules of each chain of the network's inet table (nft.TableRuleCounts): chains without a rule
 // where the plan has rules, and, when there is one, the maps that are missing (read then). It
 // decodes no rule, for STATUS; changed rules are CheckNode's.
-func MissingNode(cfg Config, counts map[string]int) ([]*nft.Difference, error) {
+func MissingNode(cfg Config, counts map[string]int) ([]error, error) {
+	return cfg.backend().missingNode(cfg, counts)
+}
+
+func (nftablesBackend) missingNode(cfg Config, counts map[string]int) ([]error, error) {
 	table := nft.InetTable(cfg.Network)
 	planned := map[string]int{}
 	for _, r := range Rules(cfg.PodCIDRs) {
 		planned[r.Chain]++
 	}
-	var out []*nft.Difference
+	var out []error
 	for _, ch := range chains(table) {
 		if planned[ch.Name] > 0 && counts[ch.Name] == 0 {
 			out = append(out, &nft.Difference{Table: table, Object: "chain " + ch.Name, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", planned[ch.Name])})
@@ -183,42 +189,49 @@ func (r Repair) String() string {
 // everything the node holds, which a healthy node's ADD does not pay. The caller holds the
 // network lock: the index must not change while it is copied into the kernel.
 func EnsureNode(cfg Config, all bool) (Repair, error) {
-	var rep Repair
-	c, err := nftables.New(nftables.AsLasting())
-	if err != nil {
-		return rep, fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	defer c.CloseLasting()
-	diffs, err := checkChains(cfg)
+	rep, missing, err := cfg.backend().ensureNode(cfg)
 	if err != nil {
 		return rep, err
+	}
+	// Elements are compared when something was missing altogether, not only when a map was:
+	// a DEL after a flush creates the maps again (empty) on its way to deleting its own elements.
+	if !all && !missing {
+		return rep, nil
+	}
+	rep.Elements, err = restoreElements(cfg)
+	return rep, err
+}
+
+func (b nftablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
+	var rep Repair
+	c, err := nftables.New()
+	if err != nil {
+		return rep, false, fmt.Errorf("hostport rules: netlink: %w", err)
+	}
+	diffs, err := checkChains(cfg)
+	if err != nil {
+		return rep, false, err
 	}
 	missing, err := missingMaps(c, cfg)
 	if err != nil {
-		return rep, err
+		return rep, false, err
 	}
 	if len(diffs) > 0 || len(missing) > 0 {
-		if err := writeNode(c, cfg, diffs, missing); err != nil {
-			return rep, err
+		if err := b.writeNode(c, cfg, diffs, missing); err != nil {
+			return rep, false, err
 		}
 		for _, d := range diffs {
 			rep.Chains = append(rep.Chains, d.Object)
 		}
 		rep.Maps = missing
 	}
-	// Elements are compared when something was missing altogether, not only when a map was:
-	// a DEL after a flush creates the maps again (empty) on its way to deleting its own elements.
-	if !all && len(missing) == 0 && !slices.ContainsFunc(diffs, func(d *nft.Difference) bool { return d.Missing }) {
-		return rep, nil
-	}
-	rep.Elements, err = restoreElements(c, cfg)
-	return rep, err
+	return rep, len(missing) > 0 || slices.ContainsFunc(diffs, func(d *nft.Difference) bool { return d.Missing }), nil
 }
 
 // writeNode replaces the chains of diffs and creates the maps, in one transaction. A map that
 // exists with other types is deleted first (its rules go with the chains, which are rewritten
 // all at once so that none refers to it any more).
-func writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Difference, missing []string) error {
+func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Difference, missing []string) error {
 	table := c.AddTable(nft.InetTable(cfg.Network))
 	byChain := map[string][]nft.Rule{}
 	for _, r := range Rules(cfg.PodCIDRs) {
@@ -261,19 +274,20 @@ func writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Difference, missing []
 			nft.ReplaceChain(c, ch, byChain[ch.Name])
 		}
 	}
-	return flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
+	return b.flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
 }
 
-// restoreElements puts every reservation of the index whose element is missing or different
-// into the kernel, and returns how many it wrote. It reads the whole index and every map.
-func restoreElements(c *nftables.Conn, cfg Config) (int, error) {
+// restoreElements puts every reservation of the index whose kernel entry is missing or
+// different into the kernel, and returns how many it wrote. It reads the whole index and every
+// entry of the network.
+func restoreElements(cfg Config) (int, error) {
 	index, err := NewIndex(cfg.Dir).All()
 	if err != nil {
 		return 0, err
 	}
-	maps := plannedMaps(cfg)
-	index = slices.DeleteFunc(index, func(r Reservation) bool { return !slices.Contains(maps, mapName(r.Key)) })
-	kernel, err := listElements(c, cfg.Network, maps...)
+	families := cfg.families()
+	index = slices.DeleteFunc(index, func(r Reservation) bool { return !slices.Contains(families, r.Is6()) })
+	kernel, err := cfg.backend().list(cfg, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -302,25 +316,21 @@ func restoreElements(c *nftables.Conn, cfg Config) (int, error) {
 		return 0, nil
 	}
 	if len(replace) > 0 {
-		if _, err := deleteKeys(cfg.Network, replace); err != nil {
+		// What holds a replaced key leads elsewhere: it goes by key, whoever it names.
+		var wrong []Reservation
+		for _, k := range kernel {
+			if slices.ContainsFunc(replace, func(r Reservation) bool { return r.Key == k.Key }) {
+				wrong = append(wrong, k)
+			}
+		}
+		if err := cfg.backend().uninstall(cfg, wrong); err != nil {
 			return 0, err
 		}
 	}
 	restored := 0
 	for _, part := range chunks(append(add, replace...)) {
-		table := c.AddTable(nft.InetTable(cfg.Network))
-		if err := queueElements(c, table, map[string]*nftables.Set{}, part, false); err != nil {
-			return restored, err
-		}
-		err := flush(c, fmt.Sprintf("restore hostports of network %q", cfg.Network))
-		if errors.Is(err, errOutcomeUnknown) {
-			var ok bool
-			if ok, err = allPresent(cfg.Network, part); err == nil && !ok {
-				err = fmt.Errorf("restore hostports of network %q: %w", cfg.Network, errOutcomeUnknown)
-			}
-		}
-		if err != nil {
-			return restored, err
+		if err := cfg.backend().install(cfg, part); err != nil {
+			return restored, fmt.Errorf("restore hostports of network %q: %w", cfg.Network, err)
 		}
 		restored += len(part)
 	}
