@@ -1,0 +1,496 @@
+// Package ipt is the iptables backend's plumbing: reading a table of iptables, ip6tables or
+// ebtables in one exec of its -save tool, comparing kubenet's chains with their plan rule by
+// rule, and writing every change of one operation in one exec of the -restore tool with
+// --noflush (one transaction: other tools' chains stay untouched). github.com/coreos/go-iptables
+// finds the commands and tells whether iptables is usable at all; it has no save or restore, and
+// one exec per rule would make a pod's ADD cost what its rules count.
+//
+// Rules are kept as the text the -save tool prints after "-A <chain> ", and compared token by
+// token (quoting aside), so a plan must be written in the tool's canonical order: the kernel
+// tests of each mechanism write their plans and read them back to prove that they are.
+package ipt
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-iptables/iptables"
+)
+
+// Family is one of the three rule sets: IPv4 (iptables), IPv6 (ip6tables), bridge (ebtables).
+type Family int
+
+const (
+	IPv4 Family = iota + 1
+	IPv6
+	Bridge
+)
+
+// Families returns the IP families of the given address families (true: IPv6), deduplicated.
+func Families(is6 ...bool) []Family {
+	var out []Family
+	for _, v6 := range is6 {
+		f := IPv4
+		if v6 {
+			f = IPv6
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (f Family) String() string {
+	switch f {
+	case IPv4:
+		return "iptables"
+	case IPv6:
+		return "ip6tables"
+	case Bridge:
+		return "ebtables"
+	}
+	return fmt.Sprintf("family %d", int(f))
+}
+
+// command is the family's tool; its save and restore tools carry the suffixes.
+func (f Family) command() string { return f.String() }
+
+// Timeout bounds one exec of a tool: a hung iptables lock must not hang a CNI verb forever.
+const Timeout = 30 * time.Second
+
+// ChainSuffix is what kubenet appends to the names of a network's chains: a hash of the network
+// name, because chain names are short (iptables allows 28 characters, ebtables 31) and network
+// names are not. The comments of iptables rules carry the network's name for a reader.
+func ChainSuffix(network string) string {
+	sum := sha256.Sum256([]byte("kubenet-chain\x00" + network))
+	return hex.EncodeToString(sum[:4])
+}
+
+// Available tells whether the family's tool (and its save and restore tools) can be run. For
+// iptables and ip6tables go-iptables finds the command and asks its version.
+func Available(f Family) error {
+	if f != Bridge {
+		proto := iptables.ProtocolIPv4
+		if f == IPv6 {
+			proto = iptables.ProtocolIPv6
+		}
+		if _, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(int(Timeout.Seconds()))); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+	} else if _, err := exec.LookPath(f.command()); err != nil {
+		return fmt.Errorf("%s: %w", f, err)
+	}
+	for _, tool := range []string{f.command() + "-save", f.command() + "-restore"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// Table is one table of one family as its -save tool printed it.
+type Table struct {
+	Family Family
+	Name   string
+	// Chains maps each chain the table declares to its rules, in order, each the text after
+	// "-A <chain> ".
+	Chains map[string][]string
+	// Policies maps each declared chain to its policy ("ACCEPT", "RETURN", "-" ...).
+	Policies map[string]string
+}
+
+// Has tells whether the table declares chain.
+func (t *Table) Has(chain string) bool {
+	_, ok := t.Chains[chain]
+	return ok
+}
+
+// run execs the family's tool with suffix ("-save", "-restore") and stdin, bounded by Timeout.
+func run(ctx context.Context, f Family, suffix string, stdin []byte, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, f.command()+suffix, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return nil, fmt.Errorf("%s%s %s: %s", f.command(), suffix, strings.Join(args, " "), msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// Save reads one table of f. A table nobody created yet reads as empty.
+func Save(ctx context.Context, f Family, table string) (*Table, error) {
+	out, err := run(ctx, f, "-save", nil, "-t", table)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(f, table, out), nil
+}
+
+// Parse reads the output of a -save tool for one table (pure, so it is tested without a kernel).
+func Parse(f Family, table string, out []byte) *Table {
+	t := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
+	in := ""
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "*"):
+			in = strings.TrimPrefix(line, "*")
+		case in != table:
+		case strings.HasPrefix(line, ":"):
+			fields := strings.Fields(line[1:])
+			if len(fields) == 0 {
+				continue
+			}
+			if _, ok := t.Chains[fields[0]]; !ok {
+				t.Chains[fields[0]] = nil
+			}
+			if len(fields) > 1 {
+				t.Policies[fields[0]] = fields[1]
+			}
+		case strings.HasPrefix(line, "-A "):
+			chain, rule, _ := strings.Cut(line[3:], " ")
+			t.Chains[chain] = append(t.Chains[chain], rule)
+		}
+	}
+	return t
+}
+
+// Restore applies lines (restore syntax: ":CHAIN POLICY", "-A", "-D", "-I", "-F", "-X") to one
+// table of f in one transaction, leaving everything else as it is. A chain declared with ":"
+// is created, or emptied if it exists. iptables and ip6tables wait for the xtables lock of
+// legacy kernels' tables (-w).
+func Restore(ctx context.Context, f Family, table string, lines []string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%s\n", table)
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	b.WriteString("COMMIT\n")
+	args := []string{"--noflush"}
+	if f != Bridge {
+		args = append(args, "-w", fmt.Sprint(int(Timeout.Seconds())))
+	}
+	_, err := run(ctx, f, "-restore", []byte(b.String()), args...)
+	return err
+}
+
+// Tokens splits a rule into its words, honouring double quotes the way the tools quote comments,
+// so that two spellings of one rule compare equal.
+func Tokens(rule string) []string {
+	var out []string
+	var cur strings.Builder
+	quoted, have := false, false
+	for _, r := range rule {
+		switch {
+		case r == '"':
+			quoted, have = !quoted, true
+		case r == ' ' && !quoted:
+			if have {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteRune(r)
+			have = true
+		}
+	}
+	if have {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// Same tells whether two rules are the same rule.
+func Same(a, b string) bool { return slices.Equal(Tokens(a), Tokens(b)) }
+
+// Quote quotes a comment for a rule: kubenet's comments hold no quotes or backslashes.
+func Quote(s string) string { return `"` + s + `"` }
+
+// Chain is a planned chain: its name, the policy it is declared with ("-" for iptables, "RETURN"
+// for an ebtables chain that hands back to its caller) and its rules in order.
+type Chain struct {
+	Name   string
+	Policy string
+	Rules  []string
+}
+
+// Jump is a planned rule in a chain kubenet does not own (a built-in chain such as POSTROUTING):
+// it must be there exactly once; other rules of that chain are left alone.
+type Jump struct {
+	From string
+	Rule string
+}
+
+// Difference is how a table differs from its plan in one object (a chain, a jump). Missing says
+// that the object is absent altogether (what a flushed ruleset leaves), rather than changed.
+type Difference struct {
+	Family  Family
+	Table   string
+	Object  string
+	Missing bool
+	Detail  string
+}
+
+func (d *Difference) Error() string {
+	return fmt.Sprintf("%s table %s %s: %s", d.Family, d.Table, d.Object, d.Detail)
+}
+
+// Compare returns the differences between the table and the plan: each planned chain must hold
+// exactly its rules (and, for ebtables, its policy), each jump must be in its chain exactly once.
+// Pure.
+func Compare(t *Table, chains []Chain, jumps []Jump) []*Difference {
+	var out []*Difference
+	diff := func(object string, missing bool, format string, args ...any) {
+		out = append(out, &Difference{Family: t.Family, Table: t.Name, Object: object, Missing: missing, Detail: fmt.Sprintf(format, args...)})
+	}
+	for _, c := range chains {
+		have, ok := t.Chains[c.Name]
+		object := "chain " + c.Name
+		switch {
+		case !ok:
+			diff(object, true, "missing, want %d rules", len(c.Rules))
+		case len(have) == 0 && len(c.Rules) > 0:
+			diff(object, true, "empty, want %d rules", len(c.Rules))
+		case len(have) != len(c.Rules):
+			diff(object, false, "has %d rules, want %d", len(have), len(c.Rules))
+		case t.Family == Bridge && c.Policy != "" && t.Policies[c.Name] != c.Policy:
+			diff(object, false, "policy %s, want %s", t.Policies[c.Name], c.Policy)
+		default:
+			for i, r := range c.Rules {
+				if !Same(have[i], r) {
+					diff(object, false, "rule %d is %q, want %q: changed in place", i, have[i], r)
+					break
+				}
+			}
+		}
+	}
+	for _, j := range jumps {
+		n := 0
+		for _, r := range t.Chains[j.From] {
+			if Same(r, j.Rule) {
+				n++
+			}
+		}
+		switch n {
+		case 1:
+		case 0:
+			diff("jump from "+j.From, true, "missing: %s", j.Rule)
+		default:
+			diff("jump from "+j.From, false, "%d copies of %s, want one", n, j.Rule)
+		}
+	}
+	return out
+}
+
+// SyncLines returns the restore lines that make t hold chains and jumps as planned, writing only
+// what differs: a chain that differs is declared again (which empties it) and refilled, a missing
+// jump is inserted first in its chain, extra copies of a jump are deleted. It also returns what
+// differed. Pure.
+func SyncLines(t *Table, chains []Chain, jumps []Jump) ([]string, []*Difference) {
+	diffs := Compare(t, chains, jumps)
+	var lines []string
+	for _, c := range chains {
+		if !slices.ContainsFunc(diffs, func(d *Difference) bool { return d.Object == "chain "+c.Name }) {
+			continue
+		}
+		lines = append(lines, declare(t.Family, c))
+		for _, r := range c.Rules {
+			lines = append(lines, "-A "+c.Name+" "+r)
+		}
+	}
+	for _, j := range jumps {
+		n := 0
+		for _, r := range t.Chains[j.From] {
+			if Same(r, j.Rule) {
+				n++
+			}
+		}
+		if n == 0 {
+			lines = append(lines, insertFirst(j.From, j.Rule))
+		}
+		for ; n > 1; n-- {
+			lines = append(lines, "-D "+j.From+" "+j.Rule)
+		}
+	}
+	return lines, diffs
+}
+
+// declare is the restore line that creates (or empties) chain c.
+func declare(f Family, c Chain) string {
+	policy := c.Policy
+	if policy == "" {
+		policy = "-"
+		if f == Bridge {
+			policy = "ACCEPT"
+		}
+	}
+	if f == Bridge {
+		return ":" + c.Name + " " + policy
+	}
+	return ":" + c.Name + " " + policy + " [0:0]"
+}
+
+// Declare is the restore line that creates (or empties) chain c of family f.
+func Declare(f Family, c Chain) string { return declare(f, c) }
+
+// insertFirst is the restore line that puts rule first in chain.
+func insertFirst(chain, rule string) string { return "-I " + chain + " 1 " + rule }
+
+// Sync makes the table hold chains and jumps as planned, reading it first (have, when the caller
+// read it already, else one -save) and writing at most one -restore. It returns the differences
+// it repaired; nil when the table was as planned.
+func Sync(ctx context.Context, f Family, table string, have *Table, chains []Chain, jumps []Jump) ([]*Difference, error) {
+	if have == nil {
+		var err error
+		if have, err = Save(ctx, f, table); err != nil {
+			return nil, err
+		}
+	}
+	lines, diffs := SyncLines(have, chains, jumps)
+	if err := Restore(ctx, f, table, lines); err != nil {
+		return diffs, err
+	}
+	return diffs, nil
+}
+
+// RemoveLines returns the restore lines that remove every jump to one of chains from the
+// table's other chains, then empty and delete chains (those the table has). Pure.
+func RemoveLines(t *Table, chains []string) []string {
+	var lines []string
+	for from, rules := range t.Chains {
+		if slices.Contains(chains, from) {
+			continue
+		}
+		for _, r := range rules {
+			if target := jumpTarget(r); target != "" && slices.Contains(chains, target) {
+				lines = append(lines, "-D "+from+" "+r)
+			}
+		}
+	}
+	slices.Sort(lines) // deterministic order
+	var present []string
+	for _, c := range chains {
+		if t.Has(c) {
+			present = append(present, c)
+		}
+	}
+	for _, c := range present {
+		lines = append(lines, "-F "+c)
+	}
+	for _, c := range present {
+		lines = append(lines, "-X "+c)
+	}
+	return lines
+}
+
+// jumpTarget returns the chain a rule jumps or goes to, or "".
+func jumpTarget(rule string) string {
+	tok := Tokens(rule)
+	for i := 0; i+1 < len(tok); i++ {
+		if tok[i] == "-j" || tok[i] == "-g" || tok[i] == "--jump" || tok[i] == "--goto" {
+			return tok[i+1]
+		}
+	}
+	return ""
+}
+
+// State reads each table of each family at most once per operation (one ADD, one STATUS), for
+// mechanisms that each look at their own chains of a shared table. Safe for concurrent use. A
+// mechanism that writes a table calls Forget, so a later reader of that table sees the write.
+type State struct {
+	mu     sync.Mutex
+	tables map[stateKey]*tableOnce
+}
+
+type stateKey struct {
+	f     Family
+	table string
+}
+
+type tableOnce struct {
+	once sync.Once
+	t    *Table
+	err  error
+}
+
+// Table returns table of f, read once.
+func (s *State) Table(ctx context.Context, f Family, table string) (*Table, error) {
+	s.mu.Lock()
+	if s.tables == nil {
+		s.tables = map[stateKey]*tableOnce{}
+	}
+	k := stateKey{f, table}
+	o, ok := s.tables[k]
+	if !ok {
+		o = &tableOnce{}
+		s.tables[k] = o
+	}
+	s.mu.Unlock()
+	o.once.Do(func() { o.t, o.err = Save(ctx, f, table) })
+	return o.t, o.err
+}
+
+// Forget drops what was read of table of f.
+func (s *State) Forget(f Family, table string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.tables, stateKey{f, table})
+}
+
+// Plan is what one mechanism keeps in one table of one family: its chains and its jumps.
+type Plan struct {
+	Chains []Chain
+	Jumps  []Jump
+}
+
+// Check reports how the table (read through st) differs from the plan, every difference
+// joined, or nil.
+func (p Plan) Check(ctx context.Context, st *State, f Family, table string) error {
+	t, err := st.Table(ctx, f, table)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, d := range Compare(t, p.Chains, p.Jumps) {
+		errs = append(errs, d)
+	}
+	return errors.Join(errs...)
+}
+
+// Ensure makes the table hold the plan, reading it through st and writing one restore only when
+// it differs; it returns what differed (nil: nothing was written).
+func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]*Difference, error) {
+	t, err := st.Table(ctx, f, table)
+	if err != nil {
+		return nil, err
+	}
+	lines, diffs := SyncLines(t, p.Chains, p.Jumps)
+	if len(lines) == 0 {
+		return nil, nil
+	}
+	st.Forget(f, table)
+	return diffs, Restore(ctx, f, table, lines)
+}

@@ -1,0 +1,296 @@
+package isolation
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/ipt"
+)
+
+// The iptables backend guards the bridge with ebtables, in the nat table's PREROUTING (priority
+// -300: before the bridge learns a frame's source MAC, forwards it, or hands it to br_netfilter):
+//
+//	PREROUTING -j KUBENET-PODS-<net>   one jump
+//	KUBENET-PODS-<net>                 one rule per pod: -i <host veth> -j KNP-<net>-<port>
+//	KUBENET-GUARD-<net>                the guard, fixed: no routers, DHCP servers, loopback, VLANs
+//	KNP-<net>-<port>                   the pod's chain: the guard, then (anti-spoofing) its own MAC
+//	                                   and addresses pass and everything else is dropped
+//
+// ebtables has no sets, so a pod's part is a chain of a few rules and one dispatch rule instead of
+// set elements: still constant work per ADD and DEL (one ebtables-restore each). What ebtables
+// cannot express: the target address of a neighbour advertisement and the link-layer address
+// option of neighbour solicitations and advertisements (its ip6 match stops at the ICMPv6 type),
+// so there a pod can claim another IPv6 address in neighbour discovery, from its own address and
+// MAC. ARP, every source address and MAC, and the guard are checked as with nftables.
+
+// ebtablesTable is the ebtables table of the isolation chains.
+const ebtablesTable = "nat"
+
+func ebtablesPods(network string) string  { return "KUBENET-PODS-" + ipt.ChainSuffix(network) }
+func ebtablesGuard(network string) string { return "KUBENET-GUARD-" + ipt.ChainSuffix(network) }
+
+// ebtablesPodPrefix starts the name of every pod chain of the network.
+func ebtablesPodPrefix(network string) string { return "KNP-" + ipt.ChainSuffix(network) + "-" }
+
+// ebtablesPod is the chain of the pod behind port.
+func ebtablesPod(network, port string) string {
+	sum := sha256.Sum256([]byte(port))
+	return ebtablesPodPrefix(network) + hex.EncodeToString(sum[:5])
+}
+
+// dispatch is the rule of the pods chain that sends port's frames to the pod's chain.
+func dispatch(network, port string) string { return "-i " + port + " -j " + ebtablesPod(network, port) }
+
+// EbtablesNodePlan returns the network's fixed ebtables objects: the guard chain and the jump to
+// the dispatch chain (which holds only the pods' rules, so it is not compared, only declared).
+// Pure.
+func EbtablesNodePlan(cfg Config) ipt.Plan {
+	guard := ipt.Chain{Name: ebtablesGuard(cfg.Network), Policy: "RETURN", Rules: []string{
+		"-p 802_1Q -j DROP",
+		"-p S-TAG -j DROP",
+		"-p IPv4 --ip-src 127.0.0.0/8 -j DROP",
+		"-p IPv4 --ip-dst 127.0.0.0/8 -j DROP",
+		"-p IPv4 --ip-proto icmp --ip-icmp-type redirect -j DROP",
+		"-p IPv4 --ip-proto icmp --ip-icmp-type router-advertisement -j DROP",
+		"-p IPv4 --ip-proto udp --ip-sport 67 --ip-dport 68 -j DROP",
+		"-p IPv6 --ip6-src ::1 -j DROP",
+		"-p IPv6 --ip6-dst ::1 -j DROP",
+		"-p IPv6 --ip6-proto udp --ip6-sport 547 --ip6-dport 546 -j DROP",
+		"-p IPv6 --ip6-proto ipv6-icmp --ip6-icmp-type router-solicitation -j DROP",
+		"-p IPv6 --ip6-proto ipv6-icmp --ip6-icmp-type router-advertisement -j DROP",
+		"-p IPv6 --ip6-proto ipv6-icmp --ip6-icmp-type redirect -j DROP",
+		"-p IPv6 --ip6-proto ipv6-icmp --ip6-icmp-type 138/0:255 -j DROP",
+	}}
+	return ipt.Plan{
+		Chains: []ipt.Chain{guard},
+		Jumps:  []ipt.Jump{{From: "PREROUTING", Rule: "-j " + ebtablesPods(cfg.Network)}},
+	}
+}
+
+// ebtablesPodChain is the chain of port p: the guard, then with anti-spoofing its MAC and its
+// addresses pass (its IPv6 link-local address too; :: only for duplicate address detection and
+// MLD reports, 0.0.0.0 only in ARP probes) and everything else is dropped. Pure.
+func ebtablesPodChain(cfg Config, p Port) ipt.Chain {
+	c := ipt.Chain{Name: ebtablesPod(cfg.Network, p.Name), Policy: "RETURN", Rules: []string{"-j " + ebtablesGuard(cfg.Network)}}
+	if !cfg.AntiSpoofing {
+		return c
+	}
+	mac := strings.ToLower(p.MAC.String())
+	add := func(rule string) { c.Rules = append(c.Rules, rule) }
+	add("-s ! " + mac + " -j DROP")
+	v6 := []netip.Addr{}
+	for _, a := range p.Addrs {
+		if a.Is6() {
+			v6 = append(v6, a)
+			continue
+		}
+		add("-p IPv4 --ip-src " + a.String() + " -j RETURN")
+		add("-p ARP --arp-htype 1 --arp-ptype 0x800 --arp-ip-src " + a.String() + " --arp-mac-src " + mac + " -j RETURN")
+	}
+	add("-p ARP --arp-op Request --arp-htype 1 --arp-ptype 0x800 --arp-ip-src 0.0.0.0 --arp-mac-src " + mac + " -j RETURN")
+	for _, a := range append(v6, LinkLocal(p.MAC)) {
+		add("-p IPv6 --ip6-src " + a.String() + " -j RETURN")
+	}
+	for _, t := range []string{"neighbour-solicitation", "143/0:255", "131/0:255"} {
+		add("-p IPv6 --ip6-src :: --ip6-proto ipv6-icmp --ip6-icmp-type " + t + " -j RETURN")
+	}
+	add("-j DROP")
+	return c
+}
+
+// EnsureEbtables brings the network's fixed chains to EbtablesNodePlan(cfg) and adds the chains
+// and dispatch rules of ports, in one ebtables-restore, reading the table through st (one
+// ebtables-save per operation). A port whose chain is already as planned costs nothing. rebuilt
+// says that the guard chain was missing (a new node, or a flushed ruleset): every running pod's
+// chain went with it, and the caller puts them back.
+func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Port) (rebuilt bool, err error) {
+	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	if err != nil {
+		return false, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	rebuilt = len(t.Chains[ebtablesGuard(cfg.Network)]) == 0
+	plan := EbtablesNodePlan(cfg)
+	lines, _ := ipt.SyncLines(t, plan.Chains, nil)
+	pods := ebtablesPods(cfg.Network)
+	if !t.Has(pods) {
+		// Declared before the jump to it; declaring an existing chain would empty it.
+		lines = append(lines, ipt.Declare(ipt.Bridge, ipt.Chain{Name: pods, Policy: "RETURN"}))
+	}
+	jumps, _ := ipt.SyncLines(t, nil, plan.Jumps)
+	lines = append(lines, jumps...)
+	for _, p := range ports {
+		chain := ebtablesPodChain(cfg, p)
+		chainLines, _ := ipt.SyncLines(t, []ipt.Chain{chain}, nil)
+		lines = append(lines, chainLines...)
+		if !slices.ContainsFunc(t.Chains[pods], func(r string) bool { return ipt.Same(r, dispatch(cfg.Network, p.Name)) }) {
+			lines = append(lines, "-A "+pods+" "+dispatch(cfg.Network, p.Name))
+		}
+	}
+	if len(lines) == 0 {
+		return rebuilt, nil
+	}
+	st.Forget(ipt.Bridge, ebtablesTable)
+	if err := ipt.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
+		return rebuilt, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	return rebuilt, nil
+}
+
+// RemoveEbtables removes the dispatch rules and chains of ports, those that exist, in one
+// ebtables-restore.
+func RemoveEbtables(ctx context.Context, st *ipt.State, network string, ports ...Port) error {
+	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	if err != nil {
+		return fmt.Errorf("isolation rules of network %q: %w", network, err)
+	}
+	names := make([]string, len(ports))
+	for i, p := range ports {
+		names[i] = p.Name
+	}
+	return removePorts(ctx, st, t, network, names)
+}
+
+// removePorts removes the dispatch rules and chains of the named ports from t.
+func removePorts(ctx context.Context, st *ipt.State, t *ipt.Table, network string, ports []string) error {
+	pods := ebtablesPods(network)
+	var lines []string
+	for _, port := range ports {
+		for _, r := range t.Chains[pods] {
+			if ipt.Same(r, dispatch(network, port)) {
+				lines = append(lines, "-D "+pods+" "+r)
+			}
+		}
+	}
+	for _, port := range ports {
+		if chain := ebtablesPod(network, port); t.Has(chain) {
+			lines = append(lines, "-F "+chain, "-X "+chain)
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	st.Forget(ipt.Bridge, ebtablesTable)
+	if err := ipt.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
+		return fmt.Errorf("remove isolation rules of network %q: %w", network, err)
+	}
+	return nil
+}
+
+// GCEbtables removes the chain and dispatch rule of every port keep rejects (ebtables rules
+// carry no comment: keep gets the port and no owner), and every pod chain no dispatch rule
+// leads to; it returns the ports it removed.
+func GCEbtables(ctx context.Context, st *ipt.State, network string, keep func(port, owner string) bool) ([]string, error) {
+	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	if err != nil {
+		return nil, fmt.Errorf("isolation rules of network %q: %w", network, err)
+	}
+	var stale []string
+	reached := map[string]bool{}
+	for _, r := range t.Chains[ebtablesPods(network)] {
+		port := inputPort(r)
+		reached[ebtablesPod(network, port)] = true
+		if port == "" || !keep(port, "") {
+			stale = append(stale, port)
+		}
+	}
+	var lines []string
+	for chain := range t.Chains {
+		if strings.HasPrefix(chain, ebtablesPodPrefix(network)) && !reached[chain] {
+			lines = append(lines, "-F "+chain, "-X "+chain)
+		}
+	}
+	if err := removePorts(ctx, st, t, network, stale); err != nil {
+		return stale, err
+	}
+	if len(lines) > 0 {
+		slices.Sort(lines)
+		st.Forget(ipt.Bridge, ebtablesTable)
+		if err := ipt.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
+			return stale, fmt.Errorf("remove isolation rules of network %q: %w", network, err)
+		}
+	}
+	slices.Sort(stale)
+	return stale, nil
+}
+
+// inputPort returns the interface a dispatch rule matches ("-i <port> ..."), or "".
+func inputPort(rule string) string {
+	tok := ipt.Tokens(rule)
+	for i := 0; i+1 < len(tok); i++ {
+		if tok[i] == "-i" {
+			return tok[i+1]
+		}
+	}
+	return ""
+}
+
+// CheckNodeEbtables reports how the network's fixed ebtables objects differ from the plan.
+func CheckNodeEbtables(ctx context.Context, st *ipt.State, cfg Config) error {
+	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	if err != nil {
+		return err
+	}
+	plan := EbtablesNodePlan(cfg)
+	diffs := ipt.Compare(t, plan.Chains, plan.Jumps)
+	if pods := ebtablesPods(cfg.Network); !t.Has(pods) {
+		diffs = append(diffs, &ipt.Difference{Family: ipt.Bridge, Table: ebtablesTable, Object: "chain " + pods, Missing: true, Detail: "missing"})
+	}
+	return joinDiffs(diffs)
+}
+
+// CheckEbtables verifies the fixed objects and p's chain and dispatch rule.
+func CheckEbtables(ctx context.Context, st *ipt.State, cfg Config, p Port) error {
+	if err := CheckNodeEbtables(ctx, st, cfg); err != nil {
+		return err
+	}
+	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	if err != nil {
+		return err
+	}
+	if d := ipt.Compare(t, []ipt.Chain{ebtablesPodChain(cfg, p)}, nil); len(d) > 0 {
+		return fmt.Errorf("isolation of port %s: %w", p.Name, d[0])
+	}
+	n := 0
+	for _, r := range t.Chains[ebtablesPods(cfg.Network)] {
+		if ipt.Same(r, dispatch(cfg.Network, p.Name)) {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("isolation of port %s: %d dispatch rules in %s, want 1", p.Name, n, ebtablesPods(cfg.Network))
+	}
+	return nil
+}
+
+// EbtablesChains returns, for removing the network's isolation from ebtables altogether, the
+// chains of the table that are the network's.
+func EbtablesChains(t *ipt.Table, network string) []string {
+	var out []string
+	for chain := range t.Chains {
+		if chain == ebtablesPods(network) || chain == ebtablesGuard(network) || strings.HasPrefix(chain, ebtablesPodPrefix(network)) {
+			out = append(out, chain)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// EbtablesTable is the ebtables table that holds the isolation chains.
+func EbtablesTable() string { return ebtablesTable }
+
+func joinDiffs(diffs []*ipt.Difference) error {
+	if len(diffs) == 0 {
+		return nil
+	}
+	errs := make([]error, len(diffs))
+	for i, d := range diffs {
+		errs[i] = d
+	}
+	return errors.Join(errs...)
+}
