@@ -18,8 +18,6 @@ import (
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/ipam"
-	"github.com/kubenet-dev/kubenet/isolation"
-	"github.com/kubenet-dev/kubenet/masq"
 )
 
 // undoStack collects the undo of each per-attachment step of ADD, run in reverse on failure.
@@ -88,6 +86,9 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
+	if cfg, err = prepareBackend(cfg, store); err != nil {
+		return nil, err
+	}
 
 	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir())}
 	var undo undoStack
@@ -307,7 +308,7 @@ func (a *addition) isolate(undo *undoStack) error {
 	})}
 	undo.push(func() error {
 		_ = a.isolated.wait() // whatever it did, remove the port's elements after it
-		return isolation.Remove(a.cfg.Network, port)
+		return a.cfg.filter().removeIsolation(a.cfg.Network, port)
 	})
 	return nil
 }
@@ -320,11 +321,11 @@ func (a *addition) hairpin(*undoStack) error {
 	if err := hairpin.SetPort(a.cfg.Hairpin, a.host); err != nil {
 		return err
 	}
-	return hairpin.EnsureDedup(a.cfg.Hairpin, dedupFor(a.cfg))
+	return a.cfg.filter().ensureDedup(a.cfg.Hairpin, dedupFor(a.cfg))
 }
 
 func (a *addition) masquerade(*undoStack) error {
-	return masq.Ensure(masqConfig(a.cfg))
+	return a.cfg.filter().ensureMasquerade(masqConfig(a.cfg))
 }
 
 // result is the CNI result: interfaces [bridge, host veth, pod interface], every address on the

@@ -431,3 +431,12 @@ func (s RecordScan) claimant(a netip.Addr) (attachmentKey, bool) {
 	}
 	return attachmentKey{}, false
 }
+
+// attachments returns the attachments of the readable records.
+func (s RecordScan) attachments() []Attachment {
+	out := make([]Attachment, len(s.Records))
+	for i, rec := range s.Records {
+		out[i] = rec.attachment()
+	}
+	return out
+}

@@ -13,7 +13,6 @@ import (
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/ipam"
-	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
@@ -43,6 +42,9 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 		return err
 	}
 	defer store.Close()
+	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+		return err
+	}
 	// An ADD or DEL of the attachment in progress would make the comparison meaningless.
 	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
 	if err != nil {
@@ -77,12 +79,12 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways()), MAC: podMAC(cfg.Network, att)}, host, br.MTU); err != nil {
 		return err
 	}
-	if err := isolation.Check(isolationConfig(cfg), portOf(cfg, att, rec.IPs)); err != nil {
+	if err := cfg.filter().checkIsolation(isolationConfig(cfg), portOf(cfg, att, rec.IPs)); err != nil {
 		return err
 	}
 	// The node-wide rules by their expressions, not only their comments: a rule changed in
 	// place keeps its comment.
-	if err := CheckNode(cfg); err != nil {
+	if err := cfg.filter().checkNode(cfg); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

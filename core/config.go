@@ -38,6 +38,7 @@ type NetConf struct {
 	LogMaxBytes        int64         `json:"logMaxBytes,omitempty"`
 	NetworkPolicy      bool          `json:"networkPolicy,omitempty"` // kubenet-agent enforces policies: ADD holds new pods (docs/networkpolicy.md)
 	AntiSpoofing       *bool         `json:"antiSpoofing,omitempty"`  // nil: on
+	NetfilterBackend   string        `json:"netfilterBackend,omitempty"`
 	RuntimeConfig      RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
@@ -92,9 +93,11 @@ type Config struct {
 	DataDir            string
 	NetworkPolicy      bool
 	AntiSpoofing       bool // pods may send only from their own MAC and addresses
-	Runtime            RuntimeConfig
-	PrevResult         *current.Result
-	Log                LogSettings
+	// Netfilter is the netfilterBackend key: where the rules go (backend.go resolves auto).
+	Netfilter  NetfilterBackend
+	Runtime    RuntimeConfig
+	PrevResult *current.Result
+	Log        LogSettings
 	// Owner names who applies the node-wide settings (OwnerCNI for a CNI configuration; the
 	// in-process plugin sets its own). TakeOverNode lets it replace another owner's different
 	// settings instead of failing (see claimNode).
@@ -102,6 +105,8 @@ type Config struct {
 	TakeOverNode bool
 	// fromIPRanges: the ranges came from the runtime's ipRanges, not from podCIDRs.
 	fromIPRanges bool
+	// nf is the packet-filter backend a verb resolved for this copy (withFilter).
+	nf packetFilter
 }
 
 // rangesKey is the configuration key the pod CIDRs came from, for messages.
@@ -189,6 +194,9 @@ func (nc *NetConf) Validate() (*Config, error) {
 		return nil, configError("hairpinMode", nc.HairpinMode, "valid values are %q, %q and %q", hairpin.HairpinVeth, hairpin.PromiscuousBridge, hairpin.None)
 	}
 	c.Hairpin = mode
+	if c.Netfilter, err = parseNetfilterBackend(nc.NetfilterBackend); err != nil {
+		return nil, err
+	}
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		return nil, configError("mtu", c.MTU, "must be 0 (detect) or between 576 and 65535")
 	}

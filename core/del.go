@@ -13,7 +13,6 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/links"
 	"github.com/kubenet-dev/kubenet/ipam"
-	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
@@ -37,6 +36,9 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 // teardown is Del on an open store: under the attachment lock, it reads the record and removes
 // everything of the attachment.
 func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment) (err error) {
+	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+		return err
+	}
 	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
 	if err != nil {
 		return err
@@ -182,11 +184,10 @@ func DelCrashPoints() []string {
 // a record the sets are searched for the port (only then does DEL cost what the node holds).
 func delIsolation(cfg *Config, att Attachment, rec *Record) error {
 	if rec != nil {
-		return isolation.Remove(cfg.Network, portOf(cfg, att, rec.IPs))
+		return cfg.filter().removeIsolation(cfg.Network, portOf(cfg, att, rec.IPs))
 	}
 	port := NamesFor(cfg.Network, att).HostVeth
-	_, err := isolation.GC(cfg.Network, func(p, _ string) bool { return p != port })
-	return err
+	return cfg.filter().gcIsolation(cfg.Network, func(p, _ string) bool { return p != port })
 }
 
 // delLinks deletes the attachment's interfaces: the host veth (with it the pod end and the

@@ -12,7 +12,6 @@ import (
 
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/ipam"
-	"github.com/kubenet-dev/kubenet/isolation"
 )
 
 type attachmentKey struct{ id, ifname string }
@@ -111,6 +110,9 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 		return report, err
 	}
 	defer store.Close()
+	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+		return report, err
+	}
 	records := NewRecords(store.Dir())
 
 	errs := []error{gcHostPorts(cfg, store, records, k)}
@@ -140,11 +142,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 			}
 		}
 	}
-	var doomed []Attachment
-	for _, rec := range scan.Records {
-		doomed = append(doomed, rec.attachment())
-	}
-	collect(append(doomed, scan.Corrupt...))
+	collect(append(scan.attachments(), scan.Corrupt...))
 	orphans, released, err := gcReservations(store, scan, unrecorded(scan, k), k, failed)
 	report.Addresses = append(report.Addresses, released...)
 	errs = append(errs, err)
@@ -326,12 +324,28 @@ func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) erro
 	return nil
 }
 
-// gcIsolation removes the isolation elements of every bridge port whose attachment k does not
-// keep: the records' DELs removed those they knew; this catches what no record describes. An
+// gcIsolation removes the isolation of every bridge port whose attachment k does not keep: the
+// records' DELs removed those they knew; this catches what no record describes. An nftables
 // element names its attachment in its comment; one whose comment does not lead back to its port
-// (none, or garbled) is removed, since an element is a permission to send.
+// (none, or garbled) is removed, since an element is a permission to send. ebtables rules carry
+// no comment: their port is looked up among the records' attachments.
 func gcIsolation(cfg *Config, records Records, k Keeper) error {
-	_, err := isolation.GC(cfg.Network, func(port, owner string) bool {
+	var byPort map[string]Attachment
+	err := cfg.filter().gcIsolation(cfg.Network, func(port, owner string) bool {
+		if owner == "" {
+			if byPort == nil {
+				byPort = map[string]Attachment{}
+				scan, err := records.Scan()
+				if err != nil {
+					return true // unknown: nothing is removed on a guess
+				}
+				for _, att := range append(scan.Corrupt, scan.attachments()...) {
+					byPort[NamesFor(cfg.Network, att).HostVeth] = att
+				}
+			}
+			att, ok := byPort[port]
+			return ok && k.keeps(records, att)
+		}
 		id, ifName, ok := strings.Cut(owner, "/")
 		att := Attachment{ContainerID: id, IfName: ifName}
 		return ok && NamesFor(cfg.Network, att).HostVeth == port && k.keeps(records, att)

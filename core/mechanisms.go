@@ -31,7 +31,11 @@ func masqConfig(cfg *Config) masq.Config {
 }
 
 func hostportConfig(cfg *Config, networkDir string) hostport.Config {
-	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs()}
+	return hostportConfigWith(cfg, cfg.filter().hostPorts(), networkDir)
+}
+
+func hostportConfigWith(cfg *Config, b hostport.Backend, networkDir string) hostport.Config {
+	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs(), Backend: b}
 }
 
 func isolationConfig(cfg *Config) isolation.Config {

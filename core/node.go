@@ -9,12 +9,9 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/bridge"
-	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
-	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
-	"github.com/kubenet-dev/kubenet/masq"
 )
 
 // EnsureNode brings the node-wide state of cfg's network up to date without attaching a pod:
@@ -58,15 +55,18 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 	if err := preflight(cfg, false); err != nil {
 		return rep, err
 	}
-	rep.Found = CheckNode(cfg)
-	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
-		rep.SetUp = true
-	}
 	store, err := openStore(cfg)
 	if err != nil {
 		return rep, err
 	}
 	defer store.Close()
+	if cfg, err = prepareBackend(cfg, store); err != nil {
+		return rep, err
+	}
+	rep.Found = cfg.filter().checkNode(cfg)
+	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
+		rep.SetUp = true
+	}
 	a := &addition{cfg: cfg, store: store}
 	var hpRepair hostport.Repair
 	steps := []struct {
@@ -74,7 +74,7 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 		run  func() error
 	}{
 		{"bridge", func() error { return a.ensureBridge(nil) }},
-		{"duplicate-frame rules", func() error { return hairpin.EnsureDedup(cfg.Hairpin, dedupFor(cfg)) }},
+		{"duplicate-frame rules", func() error { return a.cfg.filter().ensureDedup(cfg.Hairpin, dedupFor(cfg)) }},
 		{"isolation rules", func() (err error) {
 			rep.IsolatedPorts, err = ensureIsolation(cfg, store, allElements, nil)
 			return err
@@ -118,7 +118,7 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 // own elements, the DEL removes them, and the next pass puts back what is still missing.
 func ensureIsolation(cfg *Config, store *ipam.Store, all bool, self *Attachment, ports ...isolation.Port) (int, error) {
 	icfg := isolationConfig(cfg)
-	rebuilt, err := isolation.Ensure(icfg, ports...)
+	rebuilt, err := cfg.filter().ensureIsolation(icfg, ports...)
 	if err != nil || !(rebuilt || all) {
 		return 0, err
 	}
@@ -147,7 +147,7 @@ func ensureIsolation(cfg *Config, store *ipam.Store, all bool, self *Attachment,
 		}
 		recorded = append(recorded, portOf(cfg, att, rec.IPs))
 	}
-	if _, err := isolation.Ensure(icfg, recorded...); err != nil {
+	if _, err := cfg.filter().ensureIsolation(icfg, recorded...); err != nil {
 		return 0, errors.Join(scanErr, fmt.Errorf("put back the isolation elements of %d pods: %w", len(recorded), err))
 	}
 	if !rebuilt {
@@ -156,68 +156,34 @@ func ensureIsolation(cfg *Config, store *ipam.Store, all bool, self *Attachment,
 	return len(recorded), scanErr
 }
 
-// CheckNode reports how the node-wide rules of cfg's network differ from the plan: the SNAT
-// chain, the duplicate-frame rules, the isolation chains and the host-port chains and maps, each
-// compared by its
-// rules' expressions and comments. It only reads (a dump per chain), so STATUS and ADD afford it.
-// nft.Missing tells which differences are objects missing altogether.
+// CheckNode reports how the node-wide rules of cfg's network differ from the plan, in the backend
+// that holds them: the SNAT chain, the duplicate-frame rules, the isolation chains and the
+// host-port chains and maps, each compared by its rules' expressions and comments. It only reads
+// (a dump per chain, or one -save per table), so STATUS and ADD afford it.
 func CheckNode(cfg *Config) error {
-	return errors.Join(
-		masq.Check(masqConfig(cfg)),
-		hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)),
-		isolation.CheckNode(isolationConfig(cfg)),
-		hostport.CheckNode(hostportConfig(cfg, "")), // reads no index: no data dir needed
-	)
+	store, err := openStore(cfg)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+		return err
+	}
+	return cfg.filter().checkNode(cfg)
 }
 
-// missingNodeRules returns what CheckNode would find missing altogether (a flushed ruleset, a
+// missingNodeRules returns what the node-wide rules are missing altogether (a flushed ruleset, a
 // deleted table or chain), or nil. Rules that merely differ (a configuration edited since the
-// last ADD) are not STATUS's business: the next ADD rewrites them, CHECK reports them. It counts
-// the rules of each chain of the network's inet table from one dump, without decoding them. The
-// host-port chains and maps count only once host ports were used on the node (hostport.InUse): a
-// node set up by an older kubenet that never had a hostPort pod does not have them, and has
-// nothing for them to guard.
-//
-// The isolation chains are not counted: a node upgraded from a kubenet without them would answer
-// NotReady, and kubelet would start no pod whose ADD could set them up. A flushed ruleset is
-// told by the SNAT chain (and, once used, the host-port chains); ADD and the agent put the
-// isolation chains and elements back.
+// last ADD) are not STATUS's business: the next ADD rewrites them, CHECK reports them. The
+// host-port chains count only once host ports were used on the node (hostport.InUse): a node set
+// up by an older kubenet that never had a hostPort pod does not have them, and has nothing for
+// them to guard.
 func missingNodeRules(cfg *Config, networkDir string) error {
-	table := nft.InetTable(cfg.Network)
-	counts, err := nft.TableRuleCounts(table)
+	used, err := hostport.InUse(hostportConfig(cfg, networkDir))
 	if err != nil {
 		return err
 	}
-	var out []error
-	if n := len(masq.Plan(masqConfig(cfg))); n > 0 && counts[masq.ChainName] == 0 {
-		out = append(out, &nft.Difference{Table: table, Object: "chain " + masq.ChainName, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", n)})
-	}
-	hp := hostportConfig(cfg, networkDir)
-	inUse, err := hostport.InUse(hp)
-	if err != nil {
-		return err
-	}
-	if inUse {
-		missing, err := hostport.MissingNode(hp, counts)
-		if err != nil {
-			return err
-		}
-		for _, d := range missing {
-			out = append(out, d)
-		}
-	}
-	if cfg.Hairpin == hairpin.PromiscuousBridge {
-		// In the other modes the dedup rules are absent by plan: nothing of theirs can be missing.
-		err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg))
-		var d *nft.Difference
-		if err != nil && !errors.As(err, &d) {
-			return err // a failed read: STATUS cannot vouch for the rules
-		}
-		for _, m := range nft.Missing(err) {
-			out = append(out, m)
-		}
-	}
-	return errors.Join(out...)
+	return cfg.filter().missingNode(cfg, used)
 }
 
 // preflight refuses, before anything changes, a configuration that would break the node (see

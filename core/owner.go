@@ -35,11 +35,14 @@ type NodeSettings struct {
 	// AntiSpoofing is "on" or "off"; "" (a file written before kubenet had the key) reads as
 	// the default, "on".
 	AntiSpoofing string `json:"antiSpoofing,omitempty"`
+	// NetfilterBackend is the netfilterBackend key; "" (a file written before kubenet had the
+	// key) reads as the default, auto.
+	NetfilterBackend string `json:"netfilterBackend,omitempty"`
 }
 
 // nodeSettings are cfg's node-wide settings in canonical form.
 func (c *Config) nodeSettings() NodeSettings {
-	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin), AntiSpoofing: "off"}
+	s := NodeSettings{Owner: c.Owner, Bridge: c.Bridge, MTU: c.MTU, HairpinMode: string(c.Hairpin), AntiSpoofing: "off", NetfilterBackend: string(c.Netfilter)}
 	if c.AntiSpoofing {
 		s.AntiSpoofing = "on"
 	}
@@ -74,6 +77,13 @@ func (s NodeSettings) differences(o NodeSettings) []string {
 		return v
 	}
 	diff("antiSpoofing", orOn(s.AntiSpoofing), orOn(o.AntiSpoofing))
+	orAuto := func(v string) string {
+		if v == "" {
+			return string(NetfilterAuto)
+		}
+		return v
+	}
+	diff("netfilterBackend", orAuto(s.NetfilterBackend), orAuto(o.NetfilterBackend))
 	return out
 }
 
@@ -89,23 +99,10 @@ func ReadNodeSettings(dataDir, network string) (*NodeSettings, error) {
 }
 
 func readNodeSettings(networkDir string) (*NodeSettings, error) {
-	d, err := safedir.Open(networkDir)
-	if err != nil {
-		return nil, fmt.Errorf("node settings: %w", err)
-	}
-	defer d.Close()
-	// Read without following a symlink; anything but a small regular file is unreadable as
-	// node settings (safedir.MaxFileSize bounds what is read).
-	data, err := d.ReadFile(NodeSettingsFile)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, safedir.ErrNotRegular) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("node settings: %w", err)
-	}
 	var s NodeSettings
-	if json.Unmarshal(data, &s) != nil || s.Owner == "" {
-		return nil, nil
+	found, err := readNodeFile(networkDir, NodeSettingsFile, &s)
+	if err != nil || !found || s.Owner == "" {
+		return nil, err
 	}
 	return &s, nil
 }
@@ -144,16 +141,7 @@ func claimNode(cfg *Config, store *ipam.Store) error {
 				return nil
 			}
 		}
-		data, err := json.Marshal(want)
-		if err != nil {
-			return err
-		}
-		d, err := safedir.Open(store.Dir())
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		return d.WriteFile(NodeSettingsFile, data, 0o644, false)
+		return writeNodeFile(store.Dir(), NodeSettingsFile, want)
 	})
 	if err != nil {
 		return fmt.Errorf("node settings: %w", err)
@@ -162,6 +150,40 @@ func claimNode(cfg *Config, store *ipam.Store) error {
 		return refusal
 	}
 	return nil
+}
+
+// readNodeFile reads the JSON file name (one of the node's files of a network: NodeSettingsFile,
+// NetfilterFile) from networkDir into v. It never follows a symlink, and anything but a small
+// regular file that decodes is not found (safedir.MaxFileSize bounds what is read): the next
+// writer replaces it.
+func readNodeFile(networkDir, name string, v any) (bool, error) {
+	d, err := safedir.Open(networkDir)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", name, err)
+	}
+	defer d.Close()
+	data, err := d.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, safedir.ErrNotRegular) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", name, err)
+	}
+	return json.Unmarshal(data, v) == nil, nil
+}
+
+// writeNodeFile writes v as the JSON file name in networkDir, whole or not at all.
+func writeNodeFile(networkDir, name string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	d, err := safedir.Open(networkDir)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	defer d.Close()
+	return d.WriteFile(name, data, 0o644, false)
 }
 
 func describeOwner(owner string) string {

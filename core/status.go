@@ -28,13 +28,15 @@ func StatusConfigError(err error) error {
 	return notAvailable("configuration: %v", err)
 }
 
-// Status answers whether an ADD can succeed now: the data dir is usable, nftables answers, the
-// configuration cannot break the node (the bridge name is free or a bridge no other network
-// uses, no pod CIDR overlaps the node's addresses or connected routes), every pod CIDR has a free
-// address, and, once the bridge exists, none of the network's node-wide rules is missing.
-// containerd and CRI-O poll it every few seconds, so it only reads: one directory listing per
-// network, one sysctl, the bridge, one address and one route dump per family, one dump of each of
-// the network's nftables tables (their rules counted, not decoded); no file contents.
+// Status answers whether an ADD can succeed now: the data dir is usable, the netfilter backend
+// answers, the configuration cannot break the node (the bridge name is free or a bridge no other
+// network uses, no pod CIDR overlaps the node's addresses or connected routes), every pod CIDR has
+// a free address, and, once the bridge exists, none of the network's node-wide rules is missing
+// in the backend that holds them (NetfilterStatus names it, and every answer of 50 does too).
+// containerd and CRI-O poll it every few seconds, so it only reads: one directory listing and one
+// small file per network, one sysctl, the bridge, one address and one route dump per family, one
+// dump of each of the network's nftables tables (their rules counted, not decoded) or one -save
+// per iptables table; no other file contents, and never a probe of the kernel.
 func Status(ctx context.Context, cfg *Config) error {
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
@@ -56,22 +58,53 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err := preflight(cfg, true); err != nil {
 		return notAvailable("configuration: %s", errMsg(err))
 	}
+	rec, backend, err := inUseBackend(cfg, store.Dir())
+	if err != nil {
+		return notAvailable("netfilter backend: %v", err)
+	}
+	cfg = cfg.withFilter(filterFor(backend))
+	if cfg.NetworkPolicy && backend == NetfilterIPTables {
+		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", describeChoice(rec, backend))
+	}
 	if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
 		// The bridge exists, so the network's node-wide rules were set up, and losing them
 		// (another tool ran `nft flush ruleset`) leaves the node open: without the localnet guard
 		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
 		// missing objects (an edited configuration) are left to the next ADD.
 		if err := missingNodeRules(cfg, store.Dir()); err != nil {
-			return notAvailable("node-wide rules of network %q are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, err)
+			return notAvailable("node-wide rules of network %q in %s are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, describeChoice(rec, backend), err)
 		}
 		return ctx.Err()
 	}
+	// Nothing set up yet: the backend the first ADD would use must answer (with auto, either).
+	nftErr := nftablesUsable()
+	switch {
+	case cfg.Netfilter == NetfilterNFTables && nftErr != nil:
+		return notAvailable("netfilterBackend nftables: nftables unusable: %v", nftErr)
+	case cfg.Netfilter == NetfilterIPTables:
+		if err := iptablesUsable(cfg); err != nil {
+			return notAvailable("netfilterBackend iptables: %v", err)
+		}
+	case nftErr != nil:
+		if err := iptablesUsable(cfg); err != nil {
+			return notAvailable("netfilterBackend auto: neither backend answers: nftables: %v; iptables: %v", nftErr, err)
+		}
+	}
+	return ctx.Err()
+}
+
+// nftablesUsable tells whether nftables answers at all (one list of tables).
+func nftablesUsable() error {
 	c, err := nftables.New()
 	if err == nil {
 		_, err = c.ListTablesOfFamily(nftables.TableFamilyINet)
 	}
-	if err != nil {
-		return notAvailable("nftables unusable: %v", err)
+	return err
+}
+
+func describeChoice(rec *BackendChoice, b NetfilterBackend) string {
+	if rec != nil {
+		return rec.String()
 	}
-	return ctx.Err()
+	return string(b)
 }

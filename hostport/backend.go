@@ -34,6 +34,8 @@ type Backend interface {
 	// ensureNode writes the fixed objects that differ, and tells whether one was missing
 	// altogether (then the entries of running pods must be put back).
 	ensureNode(cfg Config) (rep Repair, missing bool, err error)
+	// home names where an entry of k lives, for messages.
+	home(cfg Config, k Key) string
 }
 
 // NFTables is the nftables backend: one map element per entry in the network's inet table.
@@ -101,6 +103,10 @@ func (b nftablesBackend) uninstall(cfg Config, rs []Reservation) error {
 		}
 	}
 	return nil
+}
+
+func (nftablesBackend) home(cfg Config, k Key) string {
+	return fmt.Sprintf("no element in nftables map %s of network %q", mapName(k), cfg.Network)
 }
 
 func (nftablesBackend) list(cfg Config, keys []Key) ([]Reservation, error) {

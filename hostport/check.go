@@ -38,7 +38,7 @@ func Check(cfg Config, owner Owner, entries []Entry) error {
 	}
 	for _, e := range entries {
 		if !slices.ContainsFunc(kernel, func(r Reservation) bool { return r.Entry == e && r.Owner == owner }) {
-			return fmt.Errorf("%s: not in the kernel's host-port rules of network %q", e, cfg.Network)
+			return fmt.Errorf("%s: %s", e, cfg.backend().home(cfg, e.Key))
 		}
 	}
 	return checkRules(cfg)

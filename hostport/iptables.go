@@ -273,6 +273,10 @@ func (b iptablesBackend) read(ctx context.Context, f ipt.Family) (*ipt.Table, er
 	return b.st.Table(ctx, f, "nat")
 }
 
+func (iptablesBackend) home(cfg Config, k Key) string {
+	return fmt.Sprintf("no rule in %s chain %s of network %q", familyOf(k.Is6()), chainHPDNAT(cfg.Network), cfg.Network)
+}
+
 func (b iptablesBackend) list(cfg Config, keys []Key) ([]Reservation, error) {
 	var out []Reservation
 	for _, is6 := range cfg.families() {

@@ -83,3 +83,17 @@ func CheckIPTables(ctx context.Context, st *ipt.State, cfg Config) error {
 func IPTablesChains(network string) map[string][]string {
 	return map[string][]string{"nat": {IPTablesChain(network)}}
 }
+
+// HasIPTablesChain tells whether the network's SNAT chain exists in iptables or ip6tables: the
+// network's rules are there. False when the tools cannot run.
+func HasIPTablesChain(network string) bool {
+	for _, f := range []ipt.Family{ipt.IPv4, ipt.IPv6} {
+		if ipt.Available(f) != nil {
+			continue
+		}
+		if t, err := ipt.Save(context.Background(), f, "nat"); err == nil && t.Has(IPTablesChain(network)) {
+			return true
+		}
+	}
+	return false
+}

@@ -184,3 +184,21 @@ func CheckChain(chain *nftables.Chain, rules []Rule) error {
 	}
 	return CheckChainWith(c, chain, rules)
 }
+
+// TableExists tells whether the kernel holds table; false when nftables cannot be asked.
+func TableExists(table *nftables.Table) bool {
+	c, err := nftables.New()
+	if err != nil {
+		return false
+	}
+	tables, err := c.ListTablesOfFamily(table.Family)
+	if err != nil {
+		return false
+	}
+	for _, t := range tables {
+		if t.Name == table.Name {
+			return true
+		}
+	}
+	return false
+}

@@ -94,13 +94,13 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 
 // stateFiles lists the data dir's reservations and records, leaving out the lock and the
 // round-robin cursors, which any allocation attempt may create or move (as with host-local), and
-// the node-wide settings, which belong to the node (like its bridge), not to an attachment.
+// the node-wide files (settings, backend record), which belong to the node (like its bridge).
 func stateFiles(t testing.TB, node *nettest.Node) []string {
 	t.Helper()
 	var out []string
 	for _, f := range testkit.DataDirFiles(t, node) {
 		base := filepath.Base(f)
-		if base != "lock" && !strings.HasPrefix(base, "last_reserved_ip.") && base != core.NodeSettingsFile {
+		if base != "lock" && !strings.HasPrefix(base, "last_reserved_ip.") && !core.IsNodeFile(base) {
 			out = append(out, f)
 		}
 	}

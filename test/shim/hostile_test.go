@@ -61,7 +61,7 @@ func TestShimHostileSandboxIDs(t *testing.T) {
 	}
 	for _, f := range testkit.DataDirFiles(t, node) {
 		// The network's lock and its node-wide settings, from the pod CIDR event; nothing of a pod.
-		if base := filepath.Base(f); base != "lock" && base != core.NodeSettingsFile {
+		if base := filepath.Base(f); base != "lock" && !core.IsNodeFile(base) {
 			t.Errorf("the data dir holds %s", f)
 		}
 	}
