@@ -37,10 +37,20 @@ func TestRender(t *testing.T) {
 			},
 		},
 		{
+			name: "iptables backend",
+			opts: Options{PodCIDRs: dual, NetfilterBackend: "iptables"},
+			check: func(t *testing.T, c *core.Config, plugin map[string]any) {
+				if plugin["netfilterBackend"] != "iptables" || c.Netfilter != core.NetfilterIPTables {
+					t.Errorf("netfilterBackend: conflist %v, plugin config %q", plugin["netfilterBackend"], c.Netfilter)
+				}
+			},
+		},
+		{name: "unknown backend", opts: Options{PodCIDRs: dual, NetfilterBackend: "ebpf"}, wantErr: "netfilterBackend"},
+		{
 			name: "defaults are left to the plugin",
 			opts: Options{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}},
 			check: func(t *testing.T, c *core.Config, plugin map[string]any) {
-				for _, k := range []string{"mtu", "hairpinMode", "bridge", "dataDir", "nonMasqueradeCIDRs"} {
+				for _, k := range []string{"mtu", "hairpinMode", "bridge", "dataDir", "nonMasqueradeCIDRs", "netfilterBackend"} {
 					if _, ok := plugin[k]; ok {
 						t.Errorf("key %s written although unset: %v", k, plugin[k])
 					}

@@ -44,6 +44,8 @@ type Options struct {
 	// NetworkPolicy tells the plugin that the agent enforces NetworkPolicy: ADD holds a new
 	// pod's addresses until the agent has installed its policies.
 	NetworkPolicy bool
+	// NetfilterBackend is the plugin's netfilterBackend key ("": left out, auto).
+	NetfilterBackend string
 }
 
 // pluginConf is the plugin entry of the conflist: kubenet's keys (README) and the capabilities
@@ -58,6 +60,7 @@ type pluginConf struct {
 	HairpinMode        string          `json:"hairpinMode,omitempty"`
 	DataDir            string          `json:"dataDir,omitempty"`
 	NetworkPolicy      bool            `json:"networkPolicy,omitempty"`
+	NetfilterBackend   string          `json:"netfilterBackend,omitempty"`
 	Capabilities       map[string]bool `json:"capabilities"`
 }
 
@@ -110,6 +113,7 @@ func build(o Options) (confList, *core.Config, error) {
 		HairpinMode:        o.HairpinMode,
 		DataDir:            o.DataDir,
 		NetworkPolicy:      o.NetworkPolicy,
+		NetfilterBackend:   o.NetfilterBackend,
 		Capabilities: map[string]bool{
 			"portMappings": true, "bandwidth": true, "ipRanges": true, "io.kubernetes.cri.pod-annotations": true,
 		},

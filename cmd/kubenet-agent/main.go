@@ -31,6 +31,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
 	"github.com/kubenet-dev/kubenet/agent/cri"
 	"github.com/kubenet-dev/kubenet/agent/routes"
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // buildVersion is stamped at build time (-ldflags -X main.buildVersion=...).
@@ -63,7 +64,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cfg.ConfFile, "cni-conf-name", cnidir.DefaultFileName, "conflist file name in the conf dir")
 	fs.StringVar(&o.cfg.BinDir, "cni-bin-dir", agent.DefaultBinDir, "CNI bin dir the runtime executes plugins from")
 	fs.StringVar(&o.cfg.BinSource, "cni-bin-source", "", "kubenet binary to install into --cni-bin-dir when it differs; empty: install nothing")
-	fs.BoolVar(&o.cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy on this node (off: the policy table is removed)")
+	fs.BoolVar(&o.cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy on this node (off: the policy table is removed); needs the nftables backend")
+	fs.StringVar(&o.cfg.Conflist.NetfilterBackend, "netfilter-backend", "", `the conflist's netfilterBackend: "auto" (nftables where the kernel holds kubenet's rules, else iptables), "nftables" or "iptables"; empty leaves the key out (auto)`)
 	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")
 	fs.IntVar(&o.cfg.RouteProtocol, "route-protocol", routes.DefaultProtocol, "route protocol number that marks the agent's routes (1-255)")
 	fs.DurationVar(&o.cfg.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "full re-sync interval; also repairs routes removed behind the agent's back")
@@ -82,6 +84,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.cfg.NetworkPolicy && o.cfg.Conflist.NetfilterBackend == string(core.NetfilterIPTables) {
+		return nil, fmt.Errorf("--network-policy needs the nftables backend (policies are nftables sets and maps); with --netfilter-backend iptables pass --network-policy=false")
 	}
 	var err error
 	if o.cfg.Conflist.NonMasqueradeCIDRs, err = parseCIDRs("--cluster-cidr", o.clusterCIDR); err != nil {
@@ -189,7 +194,7 @@ func run(o *options) error {
 	}
 	log.Info("kubenet-agent starting", "version", buildVersion, "node", o.cfg.NodeName,
 		"confDir", o.cfg.ConfDir, "binDir", o.cfg.BinDir, "manageRoutes", o.cfg.ManageRoutes, "runtimeEndpoint", o.cfg.RuntimeEndpoint,
-		"networkPolicy", o.cfg.NetworkPolicy)
+		"networkPolicy", o.cfg.NetworkPolicy, "netfilterBackend", o.cfg.Conflist.NetfilterBackend)
 	// Files and routes stay when the agent stops: an upgrade or restart must not disturb pods.
 	return a.Run(ctx)
 }

@@ -47,6 +47,16 @@ func TestParseFlags(t *testing.T) {
 			},
 		},
 		{name: "no grace", args: []string{"--stale-gc-grace=0s"}, wantErr: "must be positive"},
+		{
+			name: "iptables backend without policies",
+			args: []string{"--netfilter-backend=iptables", "--network-policy=false"},
+			check: func(t *testing.T, o *options) {
+				if o.cfg.Conflist.NetfilterBackend != "iptables" || o.cfg.NetworkPolicy {
+					t.Errorf("parsed: %+v", o.cfg)
+				}
+			},
+		},
+		{name: "iptables backend with policies", args: []string{"--netfilter-backend=iptables"}, wantErr: "--network-policy needs the nftables backend"},
 		{name: "negative interval", args: []string{"--stale-gc-interval=-1s"}, wantErr: "must be positive"},
 		{
 			name: "service CIDRs",

@@ -80,7 +80,7 @@ func commands() []command {
 		},
 		{
 			name: "node", flags: []string{"json"}, synopsis: "[--json]",
-			summary: "print who owns kubenet's node-wide settings and what they are (reads only)",
+			summary: "print who owns kubenet's node-wide settings, what they are, and which netfilter backend holds the node's rules and why (reads only)",
 			run:     runNode,
 		},
 	}
@@ -254,7 +254,7 @@ func (in *invocation) withPlugin(f func(*network.PluginManager) error) error {
 func (o *options) kubenetOptions() kubenet.Options {
 	return kubenet.Options{
 		DataDir: o.dataDir, Network: o.network, Bridge: o.bridge,
-		SkipPortReacquire: true, Owner: Owner, TakeOverNode: o.takeOver,
+		SkipPortReacquire: true, Owner: Owner, TakeOverNode: o.takeOver, NetfilterBackend: o.netfilter,
 	}
 }
 

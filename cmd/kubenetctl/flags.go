@@ -36,6 +36,7 @@ type options struct {
 	bridge    string
 	nodeNetns string
 	takeOver  bool
+	netfilter string
 	logLevel  string
 	level     slog.Level // logLevel, parsed by validate
 	// per command
@@ -65,6 +66,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.dataDir, "kubenet-data-dir", core.DefaultDataDir, "kubenet's address and attachment state directory (kubenet)")
 	fs.StringVar(&o.network, "kubenet-network", kubenet.DefaultNetwork, "kubenet's network name (kubenet)")
 	fs.StringVar(&o.bridge, "kubenet-bridge", core.DefaultBridge, "kubenet's bridge (kubenet)")
+	fs.StringVar(&o.netfilter, "netfilter-backend", string(core.NetfilterAuto), `where kubenet's rules go: "auto" (nftables where the kernel holds them, else iptables), "nftables" or "iptables" (kubenet)`)
 	fs.BoolVar(&o.takeOver, "take-over-node", false, "apply these settings to the node even though another owner (a CNI configuration, a shim) set it up with different ones; kubenetctl becomes the owner (kubenet)")
 	fs.StringVar(&o.nodeNetns, "node-netns", "", "the node's network namespace, when kubenetctl does not run in it")
 	fs.StringVar(&o.logLevel, "log-level", "error", "log level on stderr: debug, info, warn or error")

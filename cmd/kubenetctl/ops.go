@@ -119,13 +119,25 @@ func runNode(in *invocation) error {
 	if s == nil {
 		return fmt.Errorf("network %q in %s has no node-wide settings yet: nothing set the node up", in.o.network, in.o.dataDir)
 	}
+	backend, err := core.ReadNetfilterRecord(in.o.dataDir, in.o.network)
+	if err != nil {
+		return err
+	}
 	if in.o.json {
-		return json.NewEncoder(in.stdout).Encode(s)
+		return json.NewEncoder(in.stdout).Encode(struct {
+			*core.NodeSettings
+			Netfilter *core.BackendChoice `json:"netfilter,omitempty"`
+		}{s, backend})
+	}
+	inUse := "not chosen yet (no pod since the choice)"
+	if backend != nil {
+		inUse = backend.String()
 	}
 	tw := tabwriter.NewWriter(in.stdout, 0, 4, 2, ' ', 0)
 	for _, row := range [][2]any{
 		{"owner", s.Owner}, {"bridge", s.Bridge}, {"podCIDRs", strings.Join(s.PodCIDRs, ",")},
 		{"nonMasqueradeCIDRs", strings.Join(s.NonMasqueradeCIDRs, ",")}, {"mtu", s.MTU}, {"hairpinMode", s.HairpinMode},
+		{"netfilterBackend", s.NetfilterBackend}, {"netfilter in use", inUse},
 	} {
 		fmt.Fprintf(tw, "%s\t%v\n", row[0], row[1])
 	}

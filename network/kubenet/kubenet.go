@@ -69,6 +69,9 @@ type Options struct {
 	// SetUpPod fail naming the differences, unless TakeOverNode makes this caller the owner.
 	Owner        string
 	TakeOverNode bool
+	// NetfilterBackend is the netfilterBackend key: "auto" (default), "nftables" or
+	// "iptables". Node-wide, like the settings above.
+	NetfilterBackend string
 }
 
 // DefaultOwner is the owner of the node-wide settings the in-process plugin applies.
@@ -139,6 +142,7 @@ func (p *Plugin) Init(host network.Host, hairpinMode network.HairpinMode, nonMas
 		MTU:                mtu,
 		HairpinMode:        string(hairpinMode),
 		DataDir:            p.opts.DataDir,
+		NetfilterBackend:   p.opts.NetfilterBackend,
 	}
 	base.Name = p.opts.Network
 	versions := core.SupportedVersions()
