@@ -106,6 +106,7 @@ type NetConf struct {
 	NonMasqueradeCIDRs []netip.Prefix
 	MTU                int
 	HairpinMode        string
+	NetfilterBackend   string         // "" leaves the key out (auto)
 	Extra              map[string]any // more plugin keys, verbatim
 }
 
@@ -139,6 +140,9 @@ func (n *Node) ConfList(t testing.TB, c NetConf) *libcni.NetworkConfigList {
 	}
 	if c.HairpinMode != "" {
 		plugin["hairpinMode"] = c.HairpinMode
+	}
+	if c.NetfilterBackend != "" {
+		plugin["netfilterBackend"] = c.NetfilterBackend
 	}
 	for k, v := range c.Extra {
 		plugin[k] = v

@@ -70,34 +70,41 @@ func TestHairpinModes(t *testing.T) {
 }
 
 // TestPromiscuousNoDuplicates sends datagrams from one pod through a service to another pod and
-// to itself on a promiscuous bridge and counts what arrives: every datagram exactly once. The
-// control case removes the dedup chain and must see duplicates, which shows the count can fail.
+// to itself on a promiscuous bridge and counts what arrives: every datagram exactly once, with
+// either backend. The control cases empty the dedup chain and must see duplicates, which shows
+// the count can fail.
 func TestPromiscuousNoDuplicates(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		dropDedup bool
-	}{{"with dedup rules", false}, {"control without dedup rules", true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			node := nettest.NewNode(t, binDir)
-			list := node.ConfList(t, nettest.NetConf{
-				PodCIDRs:    []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6},
-				HairpinMode: "promiscuous-bridge",
+	for _, backend := range backends {
+		for _, tc := range []struct {
+			name      string
+			dropDedup bool
+		}{{"with dedup rules", false}, {"control without dedup rules", true}} {
+			t.Run(backend+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				node := nettest.NewNode(t, binDir)
+				list := node.ConfList(t, nettest.NetConf{
+					PodCIDRs:         []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6},
+					HairpinMode:      "promiscuous-bridge",
+					NetfilterBackend: backend,
+				})
+				a, b := node.NewPod(t, "dup-a"), node.NewPod(t, "dup-b")
+				node.MustAdd(t, list, a)
+				node.MustAdd(t, list, b)
+				if tc.dropDedup && backend == "nftables" {
+					nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", "kubenet-kubenet", hairpin.DedupChain)
+				}
+				if tc.dropDedup && backend == "iptables" {
+					nettest.Run(t, node.NS, "ebtables", "-t", "filter", "-F", hairpin.EbtablesDedupChain("kubenet"))
+				}
+				dups := countDuplicates(t, node, a, b)
+				if !tc.dropDedup && dups != 0 {
+					t.Errorf("%d duplicate datagrams arrived with the dedup rules in place", dups)
+				}
+				if tc.dropDedup && dups == 0 {
+					t.Errorf("no duplicates without the dedup rules: the kernel no longer duplicates, so the test above proves nothing")
+				}
 			})
-			a, b := node.NewPod(t, "dup-a"), node.NewPod(t, "dup-b")
-			node.MustAdd(t, list, a)
-			node.MustAdd(t, list, b)
-			if tc.dropDedup {
-				nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", "kubenet-kubenet", hairpin.DedupChain)
-			}
-			dups := countDuplicates(t, node, a, b)
-			if !tc.dropDedup && dups != 0 {
-				t.Errorf("%d duplicate datagrams arrived with the dedup rules in place", dups)
-			}
-			if tc.dropDedup && dups == 0 {
-				t.Errorf("no duplicates without the dedup rules: the kernel no longer duplicates, so the test above proves nothing")
-			}
-		})
+		}
 	}
 }
 

@@ -47,15 +47,17 @@ type hostileNode struct {
 	victimUDP            *nettest.EchoServer // behind the victim's host port too
 	nodeLocal            map[bool]*nettest.EchoServer
 	seq                  int
+	backend              string // netfilter backend ("" is the default)
 }
 
-func newHostileNode(t *testing.T, mode string, cidrs []netip.Prefix, extra map[string]any) *hostileNode {
+func newHostileNode(t *testing.T, mode, backend string, cidrs []netip.Prefix, extra map[string]any) *hostileNode {
 	t.Helper()
-	h := &hostileNode{node: nettest.NewNode(t, binDir), mac: map[*nettest.Pod]net.HardwareAddr{}, gateway: map[bool]netip.Addr{}}
+	h := &hostileNode{node: nettest.NewNode(t, binDir), mac: map[*nettest.Pod]net.HardwareAddr{}, gateway: map[bool]netip.Addr{}, backend: backend}
 	h.list = h.node.ConfList(t, nettest.NetConf{
 		PodCIDRs:           cidrs,
 		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
 		HairpinMode:        mode,
+		NetfilterBackend:   backend,
 		Extra:              extra,
 	})
 	for _, c := range cidrs {
@@ -410,6 +412,7 @@ func (h *hostileNode) spoofingAttacks(t *testing.T) {
 			testkit.NeighborAdvertisementBody(target, tlla, false)))
 	}
 	t.Run("neighbour advertisements for the gateway and another pod", func(t *testing.T) {
+		h.skipNDOnEbtables(t)
 		var frames [][]byte
 		for _, target := range append(slices.Clone(gws), h.honestV6Addrs()...) {
 			frames = append(frames, na(h.ll(h.evil), allNodes, testkit.MulticastMAC(allNodes), target, evilMAC))
@@ -428,6 +431,7 @@ func (h *hostileNode) spoofingAttacks(t *testing.T) {
 		}
 	})
 	t.Run("neighbour discovery with another pod's MAC", func(t *testing.T) {
+		h.skipNDOnEbtables(t)
 		var frames [][]byte
 		for _, own := range h.evilV6Addrs() {
 			frames = append(frames,
@@ -482,6 +486,16 @@ func (h *hostileNode) spoofingAttacks(t *testing.T) {
 			t.Errorf("the bridge has the honest pod's MAC on ports %v, want only %s", ports, testkit.KubenetNames(h.honest).HostVeth)
 		}
 	})
+}
+
+// skipNDOnEbtables skips the checks of what neighbour discovery messages claim on the iptables
+// backend: ebtables' ip6 match stops at the ICMPv6 type, so the target address and link-layer
+// option of a pod's neighbour advertisements and solicitations are not checked there (README,
+// "Pod isolation"; isolation/ebtables.go). Source addresses and MACs are, below.
+func (h *hostileNode) skipNDOnEbtables(t *testing.T) {
+	if h.backend == "iptables" {
+		t.Skip("documented limit of the iptables backend: ebtables cannot read a neighbour discovery message's target or options")
+	}
 }
 
 func (h *hostileNode) evilV6Addrs() []netip.Addr {
@@ -588,25 +602,37 @@ func (h *hostileNode) honestTrafficWorks(t *testing.T) {
 }
 
 // TestHostilePods runs the attacks in every hairpin mode on IPv4, IPv6 and dual-stack networks,
-// then deletes the pods and audits the node for leftovers.
+// then deletes the pods and audits the node for leftovers; on the iptables backend in every mode
+// on a dual-stack network, and on an IPv4-only one (an IPv6 router advertisement there).
 func TestHostilePods(t *testing.T) {
+	type variant struct {
+		backend, mode string
+		fam           string
+		cidrs         []netip.Prefix
+	}
+	var variants []variant
 	for _, mode := range []string{"hairpin-veth", "promiscuous-bridge", "none"} {
 		for _, fam := range familyCases {
-			t.Run(mode+"/"+fam.name, func(t *testing.T) {
-				t.Parallel()
-				h := newHostileNode(t, mode, fam.cidrs, nil)
-				t.Run("router", h.routerAttacks)
-				t.Run("spoofing", h.spoofingAttacks)
-				t.Run("localhost and host ports", h.localhostAndHostPorts)
-				t.Run("honest traffic", h.honestTrafficWorks)
-				for _, p := range []*nettest.Pod{h.evil, h.victim, h.honest} {
-					if err := h.node.Del(h.list, p); err != nil {
-						t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
-					}
-					testkit.AssertNoResidue(t, h.node, "kubenet", testkit.AttachmentOf(p), p.IPs())
-				}
-			})
+			variants = append(variants, variant{"nftables", mode, fam.name, fam.cidrs})
 		}
+		variants = append(variants, variant{"iptables", mode, "dual", testkit.DualStack()})
+	}
+	variants = append(variants, variant{"iptables", "hairpin-veth", "ipv4", []netip.Prefix{nettest.PodCIDR4}})
+	for _, v := range variants {
+		t.Run(v.backend+"/"+v.mode+"/"+v.fam, func(t *testing.T) {
+			t.Parallel()
+			h := newHostileNode(t, v.mode, v.backend, v.cidrs, nil)
+			t.Run("router", h.routerAttacks)
+			t.Run("spoofing", h.spoofingAttacks)
+			t.Run("localhost and host ports", h.localhostAndHostPorts)
+			t.Run("honest traffic", h.honestTrafficWorks)
+			for _, p := range []*nettest.Pod{h.evil, h.victim, h.honest} {
+				if err := h.node.Del(h.list, p); err != nil {
+					t.Fatalf("DEL %s: %v", p.RT.ContainerID, err)
+				}
+				testkit.AssertNoResidue(t, h.node, "kubenet", testkit.AttachmentOf(p), p.IPs())
+			}
+		})
 	}
 }
 
@@ -614,7 +640,7 @@ func TestHostilePods(t *testing.T) {
 // spoofed source address gets through, which shows that the anti-spoofing rules are what stops
 // it in TestHostilePods.
 func TestAntiSpoofingOff(t *testing.T) {
-	h := newHostileNode(t, "hairpin-veth", testkit.DualStack(), map[string]any{"antiSpoofing": false})
+	h := newHostileNode(t, "hairpin-veth", "nftables", testkit.DualStack(), map[string]any{"antiSpoofing": false})
 	t.Run("router", h.routerAttacks)
 	for is6, gw := range h.gateway {
 		payload := fmt.Sprintf("spoofed-%v", is6)

@@ -154,6 +154,13 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 	if ruleset, err := nettest.Output(node.NS, "nft", "list", "ruleset"); err == nil && strings.Contains(ruleset, `"`+owner+`"`) {
 		t.Errorf("leak: nftables still holds elements of %s:\n%s", owner, ruleset)
 	}
+	// Whichever backend ran: iptables rules name their owner in a comment, ebtables rules the
+	// pod's bridge port.
+	for tool, mark := range map[string]string{"iptables-save": owner, "ip6tables-save": owner, "ebtables-save": names.HostVeth} {
+		if out, err := nettest.Output(node.NS, tool); err == nil && strings.Contains(out, mark) {
+			t.Errorf("leak: %s still shows rules of %s:\n%s", tool, mark, out)
+		}
+	}
 	_ = filepath.WalkDir(filepath.Join(netDir, hostport.IndexDirName), func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			if b, _ := os.ReadFile(p); strings.Contains(string(b), `"`+att.ContainerID+`"`) {
