@@ -25,16 +25,24 @@ func soakDuration(t *testing.T) time.Duration {
 	return 15 * time.Second
 }
 
-// TestConcurrencySoak churns 200 attachments with ADD, CHECK and DEL from 16 parallel plugin
-// processes for a bounded time: never one address for two live pods, no unexpected error, and
-// nothing left at the end.
+// TestConcurrencySoak churns 200 attachments, each with a host port of its own, with ADD, CHECK
+// and DEL from 16 parallel plugin processes for a bounded time, on each backend: never one
+// address for two live pods, no unexpected error (concurrent transactions and restores of many
+// processes on one node), and nothing left at the end.
 func TestConcurrencySoak(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) { soak(t, backend) })
+	}
+}
+
+func soak(t *testing.T, backend string) {
 	const attachments, workers = 200, 16
 	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}, NetfilterBackend: backend})
 	pods := make([]*nettest.Pod, attachments)
 	for i := range pods {
 		pods[i] = node.NewPod(t, fmt.Sprintf("soak-%03d", i))
+		pods[i].RT.CapabilityArgs = hpArgs(false, hpMapping{31000 + i, 8080, "tcp", ""})
 	}
 	var mu sync.Mutex
 	live := map[netip.Addr]string{}
