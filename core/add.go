@@ -52,6 +52,10 @@ type addition struct {
 	keepReservation bool
 	// isolated is the isolation step, which runs alongside the steps after it
 	isolated *pending
+	// settingsChanged: the node-wide settings were written by this call (first pod, a new
+	// configuration), or the caller sets the node up (EnsureNode, HealNode): what only a change
+	// can leave behind is looked for too.
+	settingsChanged bool
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
@@ -252,9 +256,11 @@ func prefixAddrs(ps []netip.Prefix) []netip.Addr {
 // ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge, once
 // the node-wide settings are the caller's to apply (claimNode).
 func (a *addition) ensureBridge(*undoStack) error {
-	if err := claimNode(a.cfg, a.store); err != nil {
+	changed, err := claimNodeSettings(a.cfg, a.store)
+	if err != nil {
 		return err
 	}
+	a.settingsChanged = a.settingsChanged || changed
 	a.mtu = a.cfg.MTU
 	if a.mtu == 0 {
 		a.mtu = bridge.DetectMTU(a.cfg.Bridge)
@@ -321,7 +327,11 @@ func (a *addition) hairpin(*undoStack) error {
 	if err := hairpin.SetPort(a.cfg.Hairpin, a.host); err != nil {
 		return err
 	}
-	return a.cfg.filter().ensureDedup(a.cfg.Hairpin, dedupFor(a.cfg))
+	return a.hairpinDedup()
+}
+
+func (a *addition) hairpinDedup() error {
+	return a.cfg.filter().ensureDedup(a.cfg.Hairpin, dedupFor(a.cfg), a.settingsChanged)
 }
 
 func (a *addition) masquerade(*undoStack) error {

@@ -149,7 +149,7 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 				return err
 			}
 			if inUse != want.Backend {
-				err := filterFor(inUse).removeAll(cfg.Network)
+				err := filterFor(inUse, store).removeAll(cfg.Network)
 				if err != nil && rec != nil {
 					return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
 				}
@@ -160,7 +160,7 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 			return nil, err
 		}
 	}
-	return cfg.withFilter(filterFor(want.Backend)), nil
+	return cfg.withFilter(filterFor(want.Backend, store)), nil
 }
 
 // inUseBackend is the backend that holds the network's rules now, for the verbs that work on
@@ -188,12 +188,12 @@ func inUseBackend(cfg *Config, networkDir string) (*BackendChoice, NetfilterBack
 }
 
 // inUse returns cfg with the backend that holds the network's rules now.
-func inUse(cfg *Config, networkDir string) (*Config, error) {
-	_, b, err := inUseBackend(cfg, networkDir)
+func inUse(cfg *Config, store *ipam.Store) (*Config, error) {
+	_, b, err := inUseBackend(cfg, store.Dir())
 	if err != nil {
 		return nil, err
 	}
-	return cfg.withFilter(filterFor(b)), nil
+	return cfg.withFilter(filterFor(b, store)), nil
 }
 
 // withFilter returns a copy of cfg whose verbs use nf. A copy, because the in-process plugin

@@ -42,7 +42,7 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 		return err
 	}
 	defer store.Close()
-	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+	if cfg, err = inUse(cfg, store); err != nil {
 		return err
 	}
 	// An ADD or DEL of the attachment in progress would make the comparison meaningless.

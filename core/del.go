@@ -36,7 +36,7 @@ func Del(ctx context.Context, cfg *Config, att Attachment) error {
 // teardown is Del on an open store: under the attachment lock, it reads the record and removes
 // everything of the attachment.
 func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment) (err error) {
-	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+	if cfg, err = inUse(cfg, store); err != nil {
 		return err
 	}
 	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)

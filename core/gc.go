@@ -110,7 +110,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 		return report, err
 	}
 	defer store.Close()
-	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+	if cfg, err = inUse(cfg, store); err != nil {
 		return report, err
 	}
 	records := NewRecords(store.Dir())

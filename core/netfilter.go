@@ -11,6 +11,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/netpol"
@@ -23,7 +24,10 @@ import (
 type packetFilter interface {
 	backend() NetfilterBackend
 	ensureMasquerade(masq.Config) error
-	ensureDedup(hairpin.Mode, hairpin.Dedup) error
+	// ensureDedup installs the dedup rules in promiscuous-bridge mode and removes them in the
+	// others; settingsChanged says that the node's settings were just written (a mode left
+	// behind shows only then), so a backend whose reads are dear may skip the removal otherwise.
+	ensureDedup(m hairpin.Mode, d hairpin.Dedup, settingsChanged bool) error
 	// ensureIsolation brings the bridge's isolation chains up to date and adds ports; rebuilt
 	// says that the chains were missing (every running pod's part went with them).
 	ensureIsolation(cfg isolation.Config, ports ...isolation.Port) (rebuilt bool, err error)
@@ -43,11 +47,18 @@ type packetFilter interface {
 	removeAll(network string) error
 }
 
-// filterFor returns the implementation of b. Each call gets its own: the iptables one reads each
-// table once per operation.
-func filterFor(b NetfilterBackend) packetFilter {
+// filterFor returns the implementation of b for the network of store. Each call gets its own:
+// the iptables one reads each table once per operation, and writes node-wide rules under the
+// network's netfilter lock (nftables transactions need none: each replaces whole chains).
+func filterFor(b NetfilterBackend, store *ipam.Store) packetFilter {
 	if b == NetfilterIPTables {
-		return &iptablesFilter{st: &ipt.State{}}
+		return &iptablesFilter{st: &ipt.State{Serialize: func(f func() error) error {
+			unlock, err := store.LockNetfilter()
+			if err != nil {
+				return err
+			}
+			return errors.Join(f(), unlock())
+		}}}
 	}
 	return nftablesFilter{}
 }
@@ -56,8 +67,8 @@ type nftablesFilter struct{}
 
 func (nftablesFilter) backend() NetfilterBackend            { return NetfilterNFTables }
 func (nftablesFilter) ensureMasquerade(c masq.Config) error { return masq.Ensure(c) }
-func (nftablesFilter) ensureDedup(m hairpin.Mode, d hairpin.Dedup) error {
-	return hairpin.EnsureDedup(m, d)
+func (nftablesFilter) ensureDedup(m hairpin.Mode, d hairpin.Dedup, _ bool) error {
+	return hairpin.EnsureDedup(m, d) // one netlink dump: looked for on every call
 }
 func (nftablesFilter) ensureIsolation(c isolation.Config, ports ...isolation.Port) (bool, error) {
 	return isolation.Ensure(c, ports...)
@@ -161,7 +172,14 @@ func (f *iptablesFilter) backend() NetfilterBackend { return NetfilterIPTables }
 func (f *iptablesFilter) ensureMasquerade(c masq.Config) error {
 	return masq.EnsureIPTables(context.Background(), f.st, c)
 }
-func (f *iptablesFilter) ensureDedup(m hairpin.Mode, d hairpin.Dedup) error {
+
+// ensureDedup looks for dedup rules to remove only when the settings changed: ebtables reads
+// cost a process each, and only a change of hairpin mode leaves such rules behind (the agent's
+// healing looks on every pass).
+func (f *iptablesFilter) ensureDedup(m hairpin.Mode, d hairpin.Dedup, settingsChanged bool) error {
+	if m != hairpin.PromiscuousBridge && !settingsChanged {
+		return nil
+	}
 	return hairpin.EnsureDedupEbtables(context.Background(), f.st, m, d)
 }
 func (f *iptablesFilter) ensureIsolation(c isolation.Config, ports ...isolation.Port) (bool, error) {
@@ -246,7 +264,16 @@ func flatten(err error) []error {
 // removeAll removes the network's chains and the jumps to them from every table of the three
 // tools, one restore per table.
 func (f *iptablesFilter) removeAll(network string) error {
+	if f.st.Serialize == nil {
+		return removeIPTables(network)
+	}
+	return f.st.Serialize(func() error { return removeIPTables(network) })
+}
+
+// removeIPTables is removeAll from reads taken now (under the netfilter lock).
+func removeIPTables(network string) error {
 	ctx := context.Background()
+	st := &ipt.State{}
 	type target struct {
 		fam   ipt.Family
 		table string
@@ -265,19 +292,19 @@ func (f *iptablesFilter) removeAll(network string) error {
 	}
 	var errs []error
 	iso := target{ipt.Bridge, isolation.EbtablesTable()}
-	if t, err := f.st.Table(ctx, iso.fam, iso.table); err == nil {
+	if t, err := st.Table(ctx, iso.fam, iso.table); err == nil {
 		chains[iso] = append(chains[iso], isolation.EbtablesChains(t, network)...)
 	} else {
 		errs = append(errs, err)
 	}
 	for tg, names := range chains {
-		t, err := f.st.Table(ctx, tg.fam, tg.table)
+		t, err := st.Table(ctx, tg.fam, tg.table)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if lines := ipt.RemoveLines(t, names); len(lines) > 0 {
-			f.st.Forget(tg.fam, tg.table)
+			st.Forget(tg.fam, tg.table)
 			errs = append(errs, ipt.Restore(ctx, tg.fam, tg.table, lines))
 		}
 	}

@@ -67,14 +67,14 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
 		rep.SetUp = true
 	}
-	a := &addition{cfg: cfg, store: store}
+	a := &addition{cfg: cfg, store: store, settingsChanged: true}
 	var hpRepair hostport.Repair
 	steps := []struct {
 		name string
 		run  func() error
 	}{
 		{"bridge", func() error { return a.ensureBridge(nil) }},
-		{"duplicate-frame rules", func() error { return a.cfg.filter().ensureDedup(cfg.Hairpin, dedupFor(cfg)) }},
+		{"duplicate-frame rules", func() error { return a.hairpinDedup() }},
 		{"isolation rules", func() (err error) {
 			rep.IsolatedPorts, err = ensureIsolation(cfg, store, allElements, nil)
 			return err
@@ -166,7 +166,7 @@ func CheckNode(cfg *Config) error {
 		return err
 	}
 	defer store.Close()
-	if cfg, err = inUse(cfg, store.Dir()); err != nil {
+	if cfg, err = inUse(cfg, store); err != nil {
 		return err
 	}
 	return cfg.filter().checkNode(cfg)

@@ -115,13 +115,21 @@ func readNodeSettings(networkDir string) (*NodeSettings, error) {
 // makes it the owner. Without this, two faces with different defaults (a conflist with both
 // families, kubenetctl with one) would rewrite each other's bridge and SNAT rules pod by pod.
 func claimNode(cfg *Config, store *ipam.Store) error {
+	_, err := claimNodeSettings(cfg, store)
+	return err
+}
+
+// claimNodeSettings is claimNode that also tells whether it wrote the settings: they changed (or
+// the node had none), so node-wide state that only a change of them can leave behind (the dedup
+// rules of a hairpin mode left) is worth looking for.
+func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error) {
 	want := cfg.nodeSettings()
 	have, err := readNodeSettings(store.Dir())
 	if err != nil {
-		return err
+		return false, err
 	}
 	if have != nil && len(have.differences(want)) == 0 {
-		return nil
+		return false, nil
 	}
 	var refusal *types.Error // returned as it is, so that the binary reports its code
 	err = withNetworkLock(store, func() error {
@@ -141,15 +149,16 @@ func claimNode(cfg *Config, store *ipam.Store) error {
 				return nil
 			}
 		}
+		changed = true
 		return writeNodeFile(store.Dir(), NodeSettingsFile, want)
 	})
 	if err != nil {
-		return fmt.Errorf("node settings: %w", err)
+		return false, fmt.Errorf("node settings: %w", err)
 	}
 	if refusal != nil {
-		return refusal
+		return false, refusal
 	}
-	return nil
+	return changed, nil
 }
 
 // readNodeFile reads the JSON file name (one of the node's files of a network: NodeSettingsFile,

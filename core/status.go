@@ -62,7 +62,7 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return notAvailable("netfilter backend: %v", err)
 	}
-	cfg = cfg.withFilter(filterFor(backend))
+	cfg = cfg.withFilter(filterFor(backend, store))
 	if cfg.NetworkPolicy && backend == NetfilterIPTables {
 		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", describeChoice(rec, backend))
 	}

@@ -45,7 +45,7 @@ func EnsureDedupEbtables(ctx context.Context, st *ipt.State, m Mode, d Dedup) er
 		}
 		return nil
 	}
-	t, err := st.Table(ctx, ipt.Bridge, "filter")
+	t, err := st.Chains(ctx, ipt.Bridge, "filter", "OUTPUT", EbtablesDedupChain(d.Network))
 	if err != nil {
 		return fmt.Errorf("dedup rules: %w", err)
 	}
@@ -69,7 +69,7 @@ func CheckDedupEbtables(ctx context.Context, st *ipt.State, m Mode, d Dedup) err
 		}
 		return nil
 	}
-	t, err := st.Table(ctx, ipt.Bridge, "filter")
+	t, err := st.Chains(ctx, ipt.Bridge, "filter", EbtablesDedupChain(d.Network))
 	if err != nil {
 		return err
 	}

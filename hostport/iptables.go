@@ -158,21 +158,31 @@ func (b iptablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 		if err != nil {
 			return rep, false, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
 		}
-		diffs := p.compare(t)
-		if len(diffs) == 0 {
+		if len(p.compare(t)) == 0 {
 			continue
 		}
-		lines, _ := ipt.SyncLines(t, p.plan.Chains, nil)
-		// Entry chains are declared only when missing: declaring empties a chain.
-		var declare []string
-		for _, c := range p.entries {
-			if !t.Has(c) {
-				declare = append(declare, ipt.Declare(p.f, ipt.Chain{Name: c}))
+		// Shared chains and jumps are written under the netfilter lock, from a read taken
+		// under it (see ipt.State.Serialize).
+		var diffs []*ipt.Difference
+		err = b.st.Exclusively(p.f, p.table, func() error {
+			t, err := b.st.Table(ctx, p.f, p.table)
+			if err != nil {
+				return err
 			}
-		}
-		jumps, _ := ipt.SyncLines(t, nil, p.plan.Jumps)
-		b.st.Forget(p.f, p.table)
-		if err := ipt.Restore(ctx, p.f, p.table, slices.Concat(declare, lines, jumps)); err != nil {
+			diffs = p.compare(t)
+			lines, _ := ipt.SyncLines(t, p.plan.Chains, nil)
+			// Entry chains are declared only when missing: declaring empties a chain.
+			var declare []string
+			for _, c := range p.entries {
+				if !t.Has(c) {
+					declare = append(declare, ipt.Declare(p.f, ipt.Chain{Name: c}))
+				}
+			}
+			jumps, _ := ipt.SyncLines(t, nil, p.plan.Jumps)
+			b.st.Forget(p.f, p.table)
+			return ipt.Restore(ctx, p.f, p.table, slices.Concat(declare, lines, jumps))
+		})
+		if err != nil {
 			return rep, false, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
 		}
 		for _, d := range diffs {

@@ -296,3 +296,46 @@ func TestTryLockAttachment(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNetfilterLock: the netfilter lock excludes a second store, and is independent of the
+// network lock and of attachment locks held meanwhile.
+func TestNetfilterLock(t *testing.T) {
+	dataDir := t.TempDir()
+	a, b := openStoreAt(t, dataDir), openStoreAt(t, dataDir)
+	if err := a.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	ua, err := a.LockAttachment("pod", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := a.LockNetfilter()
+	if err != nil {
+		t.Fatalf("netfilter lock while holding the network and an attachment lock: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		u, err := b.LockNetfilter()
+		if err == nil {
+			err = u()
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("a second store took the netfilter lock while it was held (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := b.TryLockAttachment("pod", "eth0"); err != nil || ok {
+		t.Errorf("the attachment lock went with the netfilter lock: %v %v", ok, err)
+	}
+	if err := errors.Join(ua(), a.Unlock()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -123,12 +123,28 @@ func (s *Store) TryLockAttachment(id, ifname string) (unlock func() error, ok bo
 	return s.lockAttachment(id, ifname, false)
 }
 
+// LockNetfilter takes the network's netfilter lock, waiting for its holder, and returns the
+// function that releases it: what serializes the writes of node-wide iptables and ebtables rules
+// (shared chains and jumps, which concurrent restores would duplicate or empty) among plugin
+// processes. It is an OFD lock on byte 2^62 of the lock file, above every attachment's byte,
+// independent of Lock and of the attachment locks, so it may be taken while holding either.
+func (s *Store) LockNetfilter() (func() error, error) {
+	unlock, _, err := s.lockByte(1<<62, "netfilter", true)
+	return unlock, err
+}
+
 func (s *Store) lockAttachment(id, ifname string, wait bool) (func() error, bool, error) {
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	h.Write([]byte{0})
 	h.Write([]byte(ifname))
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(h.Sum64() >> 2), Len: 1}
+	// Attachments take bytes below 2^62: byte 2^62 is the netfilter lock's.
+	return s.lockByte(int64(h.Sum64()>>2), "attachment "+id+" "+ifname, wait)
+}
+
+// lockByte takes an OFD write lock on one byte of the lock file.
+func (s *Store) lockByte(offset int64, what string, wait bool) (func() error, bool, error) {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: offset, Len: 1}
 	cmd := unix.F_OFD_SETLK
 	if wait {
 		cmd = unix.F_OFD_SETLKW
@@ -142,7 +158,7 @@ func (s *Store) lockAttachment(id, ifname string, wait bool) (func() error, bool
 			return nil, false, nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("lock attachment %s %s in %s: %w", id, ifname, s.dir, err)
+			return nil, false, fmt.Errorf("lock %s in %s: %w", what, s.dir, err)
 		}
 		break
 	}
@@ -150,7 +166,7 @@ func (s *Store) lockAttachment(id, ifname string, wait bool) (func() error, bool
 		un := lk
 		un.Type = unix.F_UNLCK
 		if err := unix.FcntlFlock(s.lock.Fd(), unix.F_OFD_SETLK, &un); err != nil {
-			return fmt.Errorf("unlock attachment %s %s in %s: %w", id, ifname, s.dir, err)
+			return fmt.Errorf("unlock %s in %s: %w", what, s.dir, err)
 		}
 		return nil
 	}, true, nil

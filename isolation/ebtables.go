@@ -105,29 +105,72 @@ func ebtablesPodChain(cfg Config, p Port) ipt.Chain {
 }
 
 // EnsureEbtables brings the network's fixed chains to EbtablesNodePlan(cfg) and adds the chains
-// and dispatch rules of ports, in one ebtables-restore, reading the table through st (one
-// ebtables-save per operation). A port whose chain is already as planned costs nothing. rebuilt
-// says that the guard chain was missing (a new node, or a flushed ruleset): every running pod's
-// chain went with it, and the caller puts them back.
+// and dispatch rules of ports, in one ebtables-restore. For a pod's ADD it reads two chains by
+// name, the jump's and the dispatch chain (what the bridge's table holds per pod is never read),
+// and writes the guard whole in the same transaction (declaring a chain empties it; the guard is
+// fixed, so a rule of it changed in place is put right by the next ADD). With many ports (the
+// node's healing) it reads the whole table once and writes only what differs. rebuilt says that
+// the jump or the dispatch chain was missing (a new node, or a flushed ruleset): every running
+// pod's chain went with them, and the caller puts them back.
 func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Port) (rebuilt bool, err error) {
-	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	pods := ebtablesPods(cfg.Network)
+	whole := len(ports) > portsByName
+	read := func() (*ipt.Table, error) {
+		if whole {
+			return st.Table(ctx, ipt.Bridge, ebtablesTable)
+		}
+		return st.Chains(ctx, ipt.Bridge, ebtablesTable, "PREROUTING", pods)
+	}
+	t, err := read()
 	if err != nil {
 		return false, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
 	}
-	rebuilt = len(t.Chains[ebtablesGuard(cfg.Network)]) == 0
 	plan := EbtablesNodePlan(cfg)
-	lines, _ := ipt.SyncLines(t, plan.Chains, nil)
-	pods := ebtablesPods(cfg.Network)
-	if !t.Has(pods) {
-		// Declared before the jump to it; declaring an existing chain would empty it.
-		lines = append(lines, ipt.Declare(ipt.Bridge, ipt.Chain{Name: pods, Policy: "RETURN"}))
+	_, jumpDiffs := ipt.SyncLines(t, nil, plan.Jumps)
+	rebuilt = !t.Has(pods) || len(ipt.Missing(jumpDiffs)) > 0
+	if !t.Has(pods) || len(jumpDiffs) > 0 {
+		// The shared objects are made under the netfilter lock, from a read taken under it: two
+		// first ADDs would each declare the dispatch chain (emptying the other's rule) and
+		// insert the jump twice.
+		err := st.Exclusively(ipt.Bridge, ebtablesTable, func() error {
+			if t, err = read(); err != nil {
+				return err
+			}
+			lines := writeChain(nil, plan.Chains[0])
+			if !t.Has(pods) {
+				lines = append(lines, ipt.Declare(ipt.Bridge, ipt.Chain{Name: pods, Policy: "RETURN"}))
+			}
+			jumps, _ := ipt.SyncLines(t, nil, plan.Jumps)
+			return ipt.Restore(ctx, ipt.Bridge, ebtablesTable, append(lines, jumps...))
+		})
+		if err != nil {
+			return rebuilt, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+		}
+		if !t.Has(pods) {
+			t.Chains[pods] = nil // made just now, empty
+		}
 	}
-	jumps, _ := ipt.SyncLines(t, nil, plan.Jumps)
-	lines = append(lines, jumps...)
+	var lines []string
+	switch {
+	case whole:
+		lines, _ = ipt.SyncLines(t, plan.Chains, nil)
+	default:
+		// The guard is written whole with the pod's rules (declaring it empties it first): it
+		// is fixed, so a rule of it changed in place is put right by the next ADD, without a
+		// read of it.
+		lines = writeChain(lines, plan.Chains[0])
+	}
 	for _, p := range ports {
+		// A pod's chain is written whole whether or not it exists: listing it first would cost
+		// a read per port. With many ports the whole table was read, and only chains that
+		// differ are written.
 		chain := ebtablesPodChain(cfg, p)
-		chainLines, _ := ipt.SyncLines(t, []ipt.Chain{chain}, nil)
-		lines = append(lines, chainLines...)
+		if whole {
+			chainLines, _ := ipt.SyncLines(t, []ipt.Chain{chain}, nil)
+			lines = append(lines, chainLines...)
+		} else {
+			lines = writeChain(lines, chain)
+		}
 		if !slices.ContainsFunc(t.Chains[pods], func(r string) bool { return ipt.Same(r, dispatch(cfg.Network, p.Name)) }) {
 			lines = append(lines, "-A "+pods+" "+dispatch(cfg.Network, p.Name))
 		}
@@ -142,18 +185,31 @@ func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Por
 	return rebuilt, nil
 }
 
+// writeChain appends the restore lines that make chain c exactly its plan.
+func writeChain(lines []string, c ipt.Chain) []string {
+	lines = append(lines, ipt.Declare(ipt.Bridge, c))
+	for _, r := range c.Rules {
+		lines = append(lines, "-A "+c.Name+" "+r)
+	}
+	return lines
+}
+
 // RemoveEbtables removes the dispatch rules and chains of ports, those that exist, in one
 // ebtables-restore.
 func RemoveEbtables(ctx context.Context, st *ipt.State, network string, ports ...Port) error {
-	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	names := []string{ebtablesPods(network)}
+	for _, p := range ports {
+		names = append(names, ebtablesPod(network, p.Name))
+	}
+	t, err := st.Chains(ctx, ipt.Bridge, ebtablesTable, names...)
 	if err != nil {
 		return fmt.Errorf("isolation rules of network %q: %w", network, err)
 	}
-	names := make([]string, len(ports))
+	portNames := make([]string, len(ports))
 	for i, p := range ports {
-		names[i] = p.Name
+		portNames[i] = p.Name
 	}
-	return removePorts(ctx, st, t, network, names)
+	return removePorts(ctx, st, t, network, portNames)
 }
 
 // removePorts removes the dispatch rules and chains of the named ports from t.
@@ -232,7 +288,7 @@ func inputPort(rule string) string {
 
 // CheckNodeEbtables reports how the network's fixed ebtables objects differ from the plan.
 func CheckNodeEbtables(ctx context.Context, st *ipt.State, cfg Config) error {
-	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	t, err := fixedChains(ctx, st, cfg.Network, false)
 	if err != nil {
 		return err
 	}
@@ -249,7 +305,7 @@ func CheckEbtables(ctx context.Context, st *ipt.State, cfg Config, p Port) error
 	if err := CheckNodeEbtables(ctx, st, cfg); err != nil {
 		return err
 	}
-	t, err := st.Table(ctx, ipt.Bridge, ebtablesTable)
+	t, err := st.Chains(ctx, ipt.Bridge, ebtablesTable, ebtablesPods(cfg.Network), ebtablesPod(cfg.Network, p.Name))
 	if err != nil {
 		return err
 	}
@@ -266,6 +322,19 @@ func CheckEbtables(ctx context.Context, st *ipt.State, cfg Config, p Port) error
 		return fmt.Errorf("isolation of port %s: %d dispatch rules in %s, want 1", p.Name, n, ebtablesPods(cfg.Network))
 	}
 	return nil
+}
+
+// portsByName is how many ports EnsureEbtables handles reading only the fixed chains by name;
+// beyond, it reads the whole table once (the node's healing puts back every pod's chain).
+const portsByName = 2
+
+// fixedChains reads the network's fixed chains and the chain they hang from: by name (a read
+// that costs the same on a full node), or with the whole table when whole is set.
+func fixedChains(ctx context.Context, st *ipt.State, network string, whole bool) (*ipt.Table, error) {
+	if whole {
+		return st.Table(ctx, ipt.Bridge, ebtablesTable)
+	}
+	return st.Chains(ctx, ipt.Bridge, ebtablesTable, "PREROUTING", ebtablesGuard(network), ebtablesPods(network))
 }
 
 // EbtablesChains returns, for removing the network's isolation from ebtables altogether, the

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
 )
 
@@ -420,44 +421,177 @@ func jumpTarget(rule string) string {
 // State reads each table of each family at most once per operation (one ADD, one STATUS), for
 // mechanisms that each look at their own chains of a shared table. Safe for concurrent use. A
 // mechanism that writes a table calls Forget, so a later reader of that table sees the write.
+//
+// Table reads a whole table (one -save); Chains lists only the named chains (one -L each, run
+// at once): a -save costs what the table holds, and ebtables' nat table holds a chain per pod,
+// so the verbs that must cost the same on a full node read the bridge's fixed chains by name.
 type State struct {
+	// Serialize runs f while no other process writes node-wide rules of the network (chains
+	// every pod shares, and the jumps to them): restores that declare a shared chain empty it,
+	// and restores that insert a jump duplicate it, when they race. nil runs f as it is (one
+	// process, as in a mechanism's own tests).
+	Serialize func(f func() error) error
+
 	mu     sync.Mutex
-	tables map[stateKey]*tableOnce
+	tables map[stateKey]*readOnce
+}
+
+// Exclusively runs f under Serialize, after dropping what was read of table of f's family: what
+// f decides from a read must rest on a read taken under the lock.
+func (s *State) Exclusively(fam Family, table string, f func() error) error {
+	run := func() error {
+		s.Forget(fam, table)
+		return f()
+	}
+	if s.Serialize == nil {
+		return run()
+	}
+	return s.Serialize(run)
 }
 
 type stateKey struct {
 	f     Family
 	table string
+	chain string // "" for the whole table
 }
 
-type tableOnce struct {
+type readOnce struct {
 	once sync.Once
 	t    *Table
 	err  error
 }
 
-// Table returns table of f, read once.
-func (s *State) Table(ctx context.Context, f Family, table string) (*Table, error) {
+func (s *State) once(k stateKey) *readOnce {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.tables == nil {
-		s.tables = map[stateKey]*tableOnce{}
+		s.tables = map[stateKey]*readOnce{}
 	}
-	k := stateKey{f, table}
 	o, ok := s.tables[k]
 	if !ok {
-		o = &tableOnce{}
+		o = &readOnce{}
 		s.tables[k] = o
 	}
-	s.mu.Unlock()
+	return o
+}
+
+// Table returns table of f, read once.
+func (s *State) Table(ctx context.Context, f Family, table string) (*Table, error) {
+	o := s.once(stateKey{f, table, ""})
 	o.once.Do(func() { o.t, o.err = Save(ctx, f, table) })
 	return o.t, o.err
 }
 
-// Forget drops what was read of table of f.
+// Chains returns a Table that holds the named chains of table that exist (and no others), each
+// listed once; when the whole table was read already, from that.
+func (s *State) Chains(ctx context.Context, f Family, table string, names ...string) (*Table, error) {
+	s.mu.Lock()
+	whole, ok := s.tables[stateKey{f, table, ""}]
+	s.mu.Unlock()
+	if ok {
+		t, err := s.Table(ctx, f, table)
+		if err != nil || whole == nil {
+			return t, err
+		}
+		out := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
+		for _, n := range names {
+			if rules, ok := t.Chains[n]; ok {
+				out.Chains[n], out.Policies[n] = rules, t.Policies[n]
+			}
+		}
+		return out, nil
+	}
+	reads := make([]*readOnce, len(names))
+	// The listings run at once, each on a goroutine that enters the caller's network namespace
+	// first: a new goroutine runs on any thread, and an exec forks from its thread, so without
+	// that a listing would read the namespace the process started in, not the node's (the
+	// in-process plugin and tests call from a thread moved into the node).
+	here, nsErr := ns.GetCurrentNS()
+	if nsErr == nil {
+		defer here.Close()
+	}
+	var wg sync.WaitGroup
+	for i, n := range names {
+		reads[i] = s.once(stateKey{f, table, n})
+		read := func() { reads[i].once.Do(func() { reads[i].t, reads[i].err = List(ctx, f, table, n) }) }
+		if nsErr != nil {
+			read()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := here.Do(func(ns.NetNS) error { read(); return nil }); err != nil {
+				reads[i].once.Do(func() { reads[i].err = err }) // never entered: nothing read
+			}
+		}()
+	}
+	wg.Wait()
+	out := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
+	for i, n := range names {
+		if reads[i].err != nil {
+			return nil, reads[i].err
+		}
+		if rules, ok := reads[i].t.Chains[n]; ok {
+			out.Chains[n], out.Policies[n] = rules, reads[i].t.Policies[n]
+		}
+	}
+	return out, nil
+}
+
+// Forget drops what was read of table of f, whole or by chain.
 func (s *State) Forget(f Family, table string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.tables, stateKey{f, table})
+	for k := range s.tables {
+		if k.f == f && k.table == table {
+			delete(s.tables, k)
+		}
+	}
+}
+
+// List reads one chain of table of f: ebtables -L, or iptables -S. A chain that does not exist
+// reads as a Table without it (the tools fail then; a failure of the tool itself is told apart
+// by running it once more on a built-in chain, which always exists).
+func List(ctx context.Context, f Family, table, chain string) (*Table, error) {
+	args := []string{"-t", table, "-S", chain}
+	if f == Bridge {
+		args = []string{"-t", table, "-L", chain}
+	} else {
+		args = append([]string{"-w", fmt.Sprint(int(Timeout.Seconds()))}, args...)
+	}
+	out, err := run(ctx, f, "", nil, args...)
+	t := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
+	if err != nil {
+		builtin := map[string]string{"nat": "PREROUTING", "filter": "FORWARD", "mangle": "PREROUTING"}[table]
+		if _, berr := List(ctx, f, table, builtin); builtin == "" || builtin == chain || berr != nil {
+			return nil, err
+		}
+		return t, nil // the tool works: the chain is missing
+	}
+	return parseList(f, t, chain, out), nil
+}
+
+// parseList reads the output of ebtables -L CHAIN or iptables -S CHAIN into t (pure).
+func parseList(f Family, t *Table, chain string, out []byte) *Table {
+	t.Chains[chain] = nil
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case f == Bridge && strings.HasPrefix(line, "Bridge chain: "):
+			if _, pol, ok := strings.Cut(line, "policy: "); ok {
+				t.Policies[chain] = strings.TrimSpace(pol)
+			}
+		case f == Bridge && (line == "" || strings.HasPrefix(line, "Bridge table: ")):
+		case f == Bridge:
+			t.Chains[chain] = append(t.Chains[chain], line)
+		case strings.HasPrefix(line, "-A "+chain+" "):
+			t.Chains[chain] = append(t.Chains[chain], strings.TrimPrefix(line, "-A "+chain+" "))
+		case strings.HasPrefix(line, "-P "+chain+" "):
+			t.Policies[chain] = strings.TrimPrefix(line, "-P "+chain+" ")
+		}
+	}
+	return t
 }
 
 // Plan is what one mechanism keeps in one table of one family: its chains and its jumps.
@@ -469,7 +603,7 @@ type Plan struct {
 // Check reports how the table (read through st) differs from the plan, every difference
 // joined, or nil.
 func (p Plan) Check(ctx context.Context, st *State, f Family, table string) error {
-	t, err := st.Table(ctx, f, table)
+	t, err := p.read(ctx, st, f, table)
 	if err != nil {
 		return err
 	}
@@ -483,14 +617,53 @@ func (p Plan) Check(ctx context.Context, st *State, f Family, table string) erro
 // Ensure makes the table hold the plan, reading it through st and writing one restore only when
 // it differs; it returns what differed (nil: nothing was written).
 func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]*Difference, error) {
-	t, err := st.Table(ctx, f, table)
+	t, err := p.read(ctx, st, f, table)
 	if err != nil {
 		return nil, err
 	}
-	lines, diffs := SyncLines(t, p.Chains, p.Jumps)
-	if len(lines) == 0 {
-		return nil, nil
+	if lines, _ := SyncLines(t, p.Chains, p.Jumps); len(lines) == 0 {
+		return nil, nil // the healthy node's ADD: one read, no lock
 	}
-	st.Forget(f, table)
-	return diffs, Restore(ctx, f, table, lines)
+	var diffs []*Difference
+	err = st.Exclusively(f, table, func() error {
+		t, err := p.read(ctx, st, f, table)
+		if err != nil {
+			return err
+		}
+		var lines []string
+		lines, diffs = SyncLines(t, p.Chains, p.Jumps)
+		st.Forget(f, table)
+		return Restore(ctx, f, table, lines)
+	})
+	return diffs, err
+}
+
+// read reads what the plan compares: for ebtables its chains and the chains its jumps hang from,
+// by name (the bridge's tables hold a chain per pod); for iptables and ip6tables the whole table,
+// whose one -save costs less than a listing per chain.
+func (p Plan) read(ctx context.Context, st *State, f Family, table string) (*Table, error) {
+	if f != Bridge {
+		return st.Table(ctx, f, table)
+	}
+	var names []string
+	for _, c := range p.Chains {
+		names = append(names, c.Name)
+	}
+	for _, j := range p.Jumps {
+		if !slices.Contains(names, j.From) {
+			names = append(names, j.From)
+		}
+	}
+	return st.Chains(ctx, f, table, names...)
+}
+
+// Missing returns the differences of diffs that are missing objects.
+func Missing(diffs []*Difference) []*Difference {
+	var out []*Difference
+	for _, d := range diffs {
+		if d.Missing {
+			out = append(out, d)
+		}
+	}
+	return out
 }

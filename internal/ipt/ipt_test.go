@@ -122,3 +122,20 @@ func TestChainSuffix(t *testing.T) {
 		t.Errorf("the longest iptables chain name has %d characters, iptables allows 28", n)
 	}
 }
+
+func TestParseList(t *testing.T) {
+	ebt := "Bridge table: nat\n\nBridge chain: KG, entries: 2, policy: RETURN\n-p IPv4 --ip-src 127.0.0.0/8 -j DROP\n-s ! 0a:58:0a:f4:01:02 -j DROP\n\n"
+	got := parseList(Bridge, &Table{Chains: map[string][]string{}, Policies: map[string]string{}}, "KG", []byte(ebt))
+	if !slices.Equal(got.Chains["KG"], []string{"-p IPv4 --ip-src 127.0.0.0/8 -j DROP", "-s ! 0a:58:0a:f4:01:02 -j DROP"}) || got.Policies["KG"] != "RETURN" {
+		t.Errorf("ebtables -L: %q %v", got.Chains["KG"], got.Policies)
+	}
+	empty := parseList(Bridge, &Table{Chains: map[string][]string{}, Policies: map[string]string{}}, "KE", []byte("Bridge table: nat\n\nBridge chain: KE, entries: 0, policy: ACCEPT\n"))
+	if !empty.Has("KE") || len(empty.Chains["KE"]) != 0 {
+		t.Errorf("an empty chain: %v", empty.Chains)
+	}
+	ip := "-N KN-X\n-A KN-X -s 10.0.0.0/24 -m comment --comment \"keep\" -j RETURN\n-A KN-XY -j DROP\n"
+	got = parseList(IPv4, &Table{Chains: map[string][]string{}, Policies: map[string]string{}}, "KN-X", []byte(ip))
+	if !slices.Equal(got.Chains["KN-X"], []string{`-s 10.0.0.0/24 -m comment --comment "keep" -j RETURN`}) {
+		t.Errorf("iptables -S: %q", got.Chains["KN-X"])
+	}
+}
