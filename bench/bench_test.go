@@ -20,12 +20,14 @@ import (
 )
 
 var (
-	outFile    = flag.String("bench.out", "", "markdown file whose generated block receives the report (docs/bench.md)")
-	refBackend = flag.String("bench.ref-backend", "nftables", "netfilter backend of the reference bridge (ipMasq) and portmap: nftables or iptables")
-	quick      = flag.Bool("bench.quick", false, "small sizes, to try the harness in seconds")
-	withIPAM   = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
-	only       = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale, datapath); empty: all")
-	chainsFlag = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
+	outFile        = flag.String("bench.out", "", "markdown file whose generated block receives the report (docs/bench.md)")
+	refBackend     = flag.String("bench.ref-backend", "nftables", "netfilter backend of the reference bridge (ipMasq) and portmap: nftables or iptables")
+	kubenetBackend = flag.String("bench.kubenet-backend", "nftables", "kubenet's netfilterBackend: nftables or iptables")
+	section        = flag.String("bench.section", "", `-bench.out's generated block: "" is make bench's, NAME the one marked "make bench (NAME)"`)
+	quick          = flag.Bool("bench.quick", false, "small sizes, to try the harness in seconds")
+	withIPAM       = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
+	only           = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale, datapath); empty: all")
+	chainsFlag     = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
 )
 
 // selected reports whether the item named w is in the comma-separated list (empty: everything).
@@ -84,7 +86,7 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 		list   *libcni.NetworkConfigList
 		binDir string
 	}{
-		{kubenetChain, kubenetConfList(b, node.Node), binDir},
+		{kubenetChain, kubenetConfList(b, node.Node, *kubenetBackend), binDir},
 		{referenceChain, refList, refDir},
 	} {
 		if !selected(*chainsFlag, c.name) {
@@ -142,7 +144,7 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	md := rep.markdown()
 	fmt.Println(md)
 	if *outFile != "" {
-		if err := writeInto(*outFile, md); err != nil {
+		if err := writeInto(*outFile, *section, md); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -157,7 +159,7 @@ func datapathChains(b *testing.B, node benchNode, chains []*chain, work, binDir 
 	for _, c := range chains {
 		out = append(out, c)
 		if c.name == kubenetChain {
-			list := kubenetConfListWith(b, node.Node, map[string]any{"antiSpoofing": false})
+			list := kubenetConfListWith(b, node.Node, *kubenetBackend, map[string]any{"antiSpoofing": false})
 			out = append(out, newChain(noAntiSpoofChain, list, binDir, filepath.Join(work, "shim-"+kubenetChain), node.Dir))
 		}
 	}
@@ -191,7 +193,7 @@ func environment(dataDir string, o options) []string {
 		fmt.Sprintf("%d CPUs (%s)", runtime.NumCPU(), cpuModel()),
 		runtime.Version(),
 		"kubenet " + gitDescribe(),
-		"reference plugins " + nettest.RefPluginsVersion + " with the " + *refBackend + " backend",
+		"kubenet with the " + *kubenetBackend + " backend; reference plugins " + nettest.RefPluginsVersion + " with the " + *refBackend + " backend",
 		"IPv4 pod CIDR " + podCIDR.String(),
 		"data dirs on " + fsType(dataDir),
 		"conntrack buckets " + readTrim("/proc/sys/net/netfilter/nf_conntrack_buckets"),

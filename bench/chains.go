@@ -54,12 +54,12 @@ func newChain(name string, list *libcni.NetworkConfigList, binDir, shimDir, work
 
 // kubenetConfList is kubenet as a kubenet-on-containerd node would run it: one plugin that does
 // bridge, IPAM, hairpin, masquerade, host ports and shaping.
-func kubenetConfList(t testing.TB, node *nettest.Node) *libcni.NetworkConfigList {
-	return kubenetConfListWith(t, node, nil)
+func kubenetConfList(t testing.TB, node *nettest.Node, backend string) *libcni.NetworkConfigList {
+	return kubenetConfListWith(t, node, backend, nil)
 }
 
 // kubenetConfListWith is kubenetConfList with more plugin keys.
-func kubenetConfListWith(t testing.TB, node *nettest.Node, extra map[string]any) *libcni.NetworkConfigList {
+func kubenetConfListWith(t testing.TB, node *nettest.Node, backend string, extra map[string]any) *libcni.NetworkConfigList {
 	return node.ConfList(t, nettest.NetConf{
 		Name:               networkName,
 		Bridge:             bridgeName,
@@ -67,6 +67,7 @@ func kubenetConfListWith(t testing.TB, node *nettest.Node, extra map[string]any)
 		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4},
 		MTU:                nodeMTU,
 		HairpinMode:        "hairpin-veth",
+		NetfilterBackend:   backend,
 		Extra:              extra,
 	})
 }
@@ -231,7 +232,8 @@ func (n benchNode) snapshot() (snapshot, error) {
 	if err != nil {
 		return s, fmt.Errorf("list links: %w", err)
 	}
-	if s.ruleset, err = nettest.Output(n.NS, "nft", "list", "ruleset"); err != nil {
+	// Stateless: iptables-nft rules carry counters, which traffic changes.
+	if s.ruleset, err = nettest.Output(n.NS, "nft", "-s", "list", "ruleset"); err != nil {
 		return s, err
 	}
 	err = filepath.WalkDir(n.DataDir(), func(path string, d os.DirEntry, err error) error {

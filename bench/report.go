@@ -167,6 +167,12 @@ const (
 )
 
 // writeInto replaces the generated block of the markdown file at path with body.
-func writeInto(path, body string) error {
-	return nettest.ReplaceGenerated(path, beginMarker, endMarker, body)
+// writeInto replaces the generated block of path named section ("" is make bench's own).
+func writeInto(path, section, body string) error {
+	begin, end := beginMarker, endMarker
+	if section != "" {
+		begin = strings.Replace(begin, "make bench", "make bench ("+section+")", 1)
+		end = strings.Replace(end, "make bench", "make bench ("+section+")", 1)
+	}
+	return nettest.ReplaceGenerated(path, begin, end, body)
 }
