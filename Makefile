@@ -52,13 +52,19 @@ demo: deps build
 
 # kubenet against the reference CNI chain (bridge + host-local, portmap, bandwidth of
 # containernetworking/plugins, go-installed into a temporary dir), both through libcni in one
-# node netns, plus ipam's BenchmarkAllocateRelease; writes the table into docs/bench.md. As root,
-# about 6 minutes on 2 cores; not part of `make test`. BENCH_ARGS=-bench.quick tries it in 40 s.
+# node netns, plus ipam's BenchmarkAllocateRelease; writes the table into docs/bench.md; then the
+# same workloads (without datapath and IPAM) with kubenet's and the reference's iptables backends
+# into docs/bench.md's "(iptables)" block. As root, about 10 minutes on 2 cores; not part of
+# `make test`. BENCH_ARGS=-bench.quick tries it in a minute and a half.
 BENCH_ARGS ?=
 bench: deps
 	refdir=$$(mktemp -d /tmp/kubenet-refplugins-XXXXXX) && trap 'rm -rf "$$refdir"' EXIT && \
 	KUBENET_REFPLUGINS_DIR=$$refdir $(GO) test -count=1 -run '^$$' -bench '^BenchmarkKubenetVsReference$$' \
-	  -benchtime 1x -timeout 30m ./bench/ -args -bench.out ../docs/bench.md $(BENCH_ARGS)
+	  -benchtime 1x -timeout 30m ./bench/ -args -bench.out ../docs/bench.md $(BENCH_ARGS) && \
+	KUBENET_REFPLUGINS_DIR=$$refdir $(GO) test -count=1 -run '^$$' -bench '^BenchmarkKubenetVsReference$$' \
+	  -benchtime 1x -timeout 30m ./bench/ -args -bench.out ../docs/bench.md -bench.section iptables \
+	  -bench.kubenet-backend iptables -bench.ref-backend iptables -bench.ipam=false \
+	  -bench.only sequential,hostports,parallel,status,scale $(BENCH_ARGS)
 	$(MAKE) bench-netpol
 
 # NetworkPolicy's cost (docs/networkpolicy.md): new connections and throughput between two pods

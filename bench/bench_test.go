@@ -140,7 +140,8 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}
 
 	env := append(environment(node.Dir, opts), "load average at start "+loadStart+", at end "+loadAverage())
-	rep := report{m: r.m, opts: opts, env: env, ipam: ipamLines, datapath: datapath, began: began, took: time.Since(began)}
+	rep := report{m: r.m, opts: opts, env: env, ipam: ipamLines, datapath: datapath, began: began, took: time.Since(began),
+		aheadOnly: *kubenetBackend != "nftables"}
 	md := rep.markdown()
 	fmt.Println(md)
 	if *outFile != "" {
