@@ -204,7 +204,7 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 			return nil
 		}
 		return withNetworkLock(a.store, func() error {
-			if err := forgetPolicies(a.cfg.Network, prefixAddrs(a.ips)); err != nil {
+			if err := forgetPolicies(a.cfg, prefixAddrs(a.ips)); err != nil {
 				return err
 			}
 			if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {

@@ -101,7 +101,7 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	}
 	var released []netip.Addr
 	err := withNetworkLock(store, func() (err error) {
-		released, err = releaseLocked(cfg.Network, store, records, att, hint, unmapped)
+		released, err = releaseLocked(cfg, store, records, att, hint, unmapped)
 		return err
 	})
 	return released, err
@@ -112,8 +112,8 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 // record once all of that succeeded. The policy elements of the attachment's addresses go first,
 // while the addresses are still this attachment's: once released, the next ADD may hold them for
 // another pod.
-func releaseLocked(network string, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
-	if err := forgetPolicies(network, hint); err != nil {
+func releaseLocked(cfg *Config, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
+	if err := forgetPolicies(cfg, hint); err != nil {
 		return nil, err
 	}
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
@@ -129,7 +129,7 @@ func releaseLocked(network string, store *ipam.Store, records Records, att Attac
 	// Without a record the addresses are known only now; forget their policy elements and their
 	// flows under the lock.
 	revealed := slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })
-	errs := []error{forgetPolicies(network, revealed), flushConntrack(revealed)}
+	errs := []error{forgetPolicies(cfg, revealed), flushConntrack(revealed)}
 	// A host port that led to an address that is not the pod's (a DEL that lost record and
 	// reservations; the address may be another pod's by now) has its port's flows forgotten
 	// instead of the address's.

@@ -56,8 +56,14 @@ func (a *addition) holdForPolicies() error {
 }
 
 // forgetPolicies removes the policy elements of addrs (DEL; the caller holds the network lock).
-func forgetPolicies(network string, addrs []netip.Addr) error {
-	if err := netpol.Forget(network, addrs); err != nil {
+// Policies live in nftables only: on the iptables backend there is no policy table (networkPolicy
+// is refused there, and a switch removes the table), and nothing is asked of nftables, which such
+// a node may not have at all.
+func forgetPolicies(cfg *Config, addrs []netip.Addr) error {
+	if cfg.filter().backend() != NetfilterNFTables {
+		return nil
+	}
+	if err := netpol.Forget(cfg.Network, addrs); err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
 	return nil
@@ -68,9 +74,12 @@ func forgetPolicies(network string, addrs []netip.Addr) error {
 // so only a crash between the two leaves such an element. Attachments with a record are DEL's
 // and Collect's business; map elements of gone pods are the agent's (its next Apply removes every
 // element of an address no record names).
-func gcPolicies(store *ipam.Store, network string, records Records) error {
+func gcPolicies(cfg *Config, store *ipam.Store, records Records) error {
+	if cfg.filter().backend() != NetfilterNFTables {
+		return nil // see forgetPolicies
+	}
 	return withNetworkLock(store, func() error {
-		owners, err := netpol.PendingOwners(network)
+		owners, err := netpol.PendingOwners(cfg.Network)
 		if err != nil {
 			return fmt.Errorf("network policy: %w", err)
 		}
@@ -85,7 +94,7 @@ func gcPolicies(store *ipam.Store, network string, records Records) error {
 				doomed = append(doomed, addr)
 			}
 		}
-		return forgetPolicies(network, doomed)
+		return forgetPolicies(cfg, doomed)
 	})
 }
 
