@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -121,6 +122,10 @@ func run(ctx context.Context, f Family, suffix string, stdin []byte, args ...str
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, f.command()+suffix, args...)
+	// The tool dies with the plugin: a restore outliving a killed ADD could commit after the
+	// DEL that cleans up, and leave its rules behind. (A restore commits in one transaction, so
+	// one killed half-way writes nothing.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

@@ -25,10 +25,11 @@ func TestCrashSafety(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cleanup := range []string{"DEL", "GC"} {
-		t.Run(cleanup, func(t *testing.T) {
+	for _, v := range crashVariants() {
+		t.Run(v.backend+"/"+v.cleanup, func(t *testing.T) {
 			node := nettest.NewNode(t, crashBin)
-			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}, NetfilterBackend: v.backend})
+			cleanup := v.cleanup
 			for i, point := range core.CrashPoints() {
 				pod := crashPod(node, fmt.Sprintf("crash-%02d", i), t)
 				crashAt(t, point, "ADD", func() error { return node.Add(list, pod) })
@@ -38,10 +39,11 @@ func TestCrashSafety(t *testing.T) {
 	}
 	// A DEL killed at any of its own steps leaves a state the next DEL (or GC) finishes; until
 	// then the pod's addresses stay reserved, so no other pod can be handed them.
-	for _, cleanup := range []string{"DEL", "GC"} {
-		t.Run("DEL crashed, then "+cleanup, func(t *testing.T) {
+	for _, v := range crashVariants() {
+		t.Run(v.backend+"/DEL crashed, then "+v.cleanup, func(t *testing.T) {
 			node := nettest.NewNode(t, crashBin)
-			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}})
+			list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}, NetfilterBackend: v.backend})
+			cleanup := v.cleanup
 			for i, point := range core.DelCrashPoints() {
 				pod := crashPod(node, fmt.Sprintf("delcrash-%02d", i), t)
 				if err := node.Add(list, pod); err != nil {
@@ -60,6 +62,17 @@ func TestCrashSafety(t *testing.T) {
 			}
 		})
 	}
+}
+
+// crashVariants: each cleanup verb on each backend.
+func crashVariants() []struct{ backend, cleanup string } {
+	var out []struct{ backend, cleanup string }
+	for _, b := range backends {
+		for _, c := range []string{"DEL", "GC"} {
+			out = append(out, struct{ backend, cleanup string }{b, c})
+		}
+	}
+	return out
 }
 
 // crashPod is a pod that asks for everything ADD can create: addresses, veth, a host port,
