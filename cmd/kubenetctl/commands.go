@@ -16,6 +16,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/kubenet"
 	"github.com/kubenet-dev/kubenet/network/plugins"
@@ -178,6 +179,11 @@ func runReady(in *invocation) error {
 			return fmt.Errorf("network plugin %q is not ready: %w", pm.PluginName(), err)
 		}
 		fmt.Fprintf(in.stdout, "network plugin %q is ready\n", pm.PluginName())
+		if pm.PluginName() == kubenet.PluginName {
+			if rec, err := core.ReadNetfilterRecord(in.o.dataDir, in.o.network); err == nil && rec != nil {
+				fmt.Fprintf(in.stdout, "netfilter backend: %s\n", rec)
+			}
+		}
 		return nil
 	})
 }
