@@ -77,9 +77,9 @@ type report struct {
 	// reference's (the iptables pass, where the goal is to stay ahead).
 	aheadOnly bool
 	m         *measurements
-	opts options
-	env  []string // lines describing the machine and the run
-	ipam []string // BenchmarkAllocateRelease result lines
+	opts      options
+	env       []string // lines describing the machine and the run
+	ipam      []string // BenchmarkAllocateRelease result lines
 	// datapath holds the datapath workload's results, if it ran
 	datapath []datapathResult
 	began    time.Time
