@@ -20,9 +20,19 @@ build:
 deps:
 	@hack/ensure-deps.sh
 
+# The verb fuzzer's seed (TestVerbFuzz, test/cni): a new one per run, so CI keeps exploring, but
+# chosen here and printed before the tests start, so that every run's log says how to replay it,
+# also when the run is killed or times out (go test prints a passing package's output only with
+# -v). KUBENET_FUZZ_SEED=<n> make test replays one.
+ifndef KUBENET_FUZZ_SEED
+KUBENET_FUZZ_SEED := $(shell date +%s)
+endif
+KUBENET_FUZZ_STEPS ?= 120
+
 # Every test, unit and end-to-end. As root: the end-to-end tests make network namespaces.
 test: deps
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@echo "verb fuzzer: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) (replay: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) go test -count=1 -run '^TestVerbFuzz$$' -v ./test/cni/)"
+	KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # Tests that need no root (pure logic).
 unit:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -90,16 +91,33 @@ func (w *healWorld) startHealer(t testing.TB, period, minGap time.Duration) <-ch
 	return passes
 }
 
-// healed waits for the node to be as kubenet set it up: node-wide rules as planned and the map
-// elements as before.
-func (w *healWorld) healed(t testing.TB, elements []testkit.HostPortElement) error {
+// podElements are the running pods' elements a heal must put back: the hostPort map elements
+// (from the plugin's ownership index) and the bridge's isolation elements (from the attachment
+// records), as the nft tool shows them.
+type podElements struct {
+	hostPorts []testkit.HostPortElement
+	isolation []string // sorted
+}
+
+func (w *healWorld) elements(t testing.TB) podElements {
+	t.Helper()
+	return podElements{hostPorts: testkit.HostPortElements(t, w.node), isolation: testkit.SortedIsolationElements(t, w.node)}
+}
+
+// healed waits for the node to be as kubenet set it up: node-wide rules as planned and the
+// running pods' elements as before.
+func (w *healWorld) healed(t testing.TB, want podElements) error {
 	t.Helper()
 	return nettest.Eventually(10*time.Second, func() error {
 		if err := testkit.NodeRulesOK(t, w.node, w.cfg); err != nil {
 			return err
 		}
-		if got := testkit.HostPortElements(t, w.node); !slices.Equal(got, elements) {
-			return fmt.Errorf("map elements %v, want %v", got, elements)
+		got := w.elements(t)
+		if !slices.Equal(got.hostPorts, want.hostPorts) {
+			return fmt.Errorf("map elements %v, want %v", got.hostPorts, want.hostPorts)
+		}
+		if !slices.Equal(got.isolation, want.isolation) {
+			return fmt.Errorf("isolation elements %q, want %q", got.isolation, want.isolation)
 		}
 		return nil
 	})
@@ -145,9 +163,14 @@ func (w *healWorld) expectWorking(t *testing.T, when string) {
 func TestHealerRestoresFlushedRuleset(t *testing.T) {
 	w := newHealWorld(t, 0)
 	passes := w.startHealer(t, time.Hour, 50*time.Millisecond)
-	elements := testkit.HostPortElements(t, w.node)
-	if len(elements) != 4 {
-		t.Fatalf("map elements %v, want the holder's 4", elements)
+	elements := w.elements(t)
+	if len(elements.hostPorts) != 4 {
+		t.Fatalf("map elements %v, want the holder's 4", elements.hostPorts)
+	}
+	// Per pod: its port twice (pod-ports, anti-spoof-ports), its MAC, its link-local address and
+	// its two addresses.
+	if len(elements.isolation) != 12 {
+		t.Fatalf("isolation elements %q, want the holder's and the attacker's 6 each", elements.isolation)
 	}
 	w.expectWorking(t, "before the flush")
 
@@ -176,14 +199,16 @@ func TestHealerRestoresFlushedRuleset(t *testing.T) {
 	}
 }
 
-// TestHealerPeriodicPass: an element deleted behind kubenet's back (element events are not
-// watched: every pod's ADD and DEL makes them) and a sysctl turned off come back with the
-// periodic pass.
+// TestHealerPeriodicPass: elements deleted behind kubenet's back (element events are not
+// watched: every pod's ADD and DEL makes them), a hostPort one and an isolation one, and a sysctl
+// turned off come back with the periodic pass.
 func TestHealerPeriodicPass(t *testing.T) {
 	w := newHealWorld(t, 0)
-	elements := testkit.HostPortElements(t, w.node)
+	elements := w.elements(t)
 	passes := w.startHealer(t, 300*time.Millisecond, 50*time.Millisecond)
 	nettest.Run(t, w.node.NS, "nft", "delete", "element", "inet", testkit.HostPortTable, "hostports-ipv4", "{ tcp . 30280 }")
+	holderPort := testkit.KubenetNames(w.holder).HostVeth
+	nettest.Run(t, w.node.NS, "nft", "delete", "element", "bridge", testkit.HostPortTable, isolation.SetIPv4, fmt.Sprintf(`{ "%s" . %s }`, holderPort, w.holder.IP(nettest.PodCIDR4.Addr())))
 	nettest.WriteSysctl(t, w.node.NS, "net/ipv4/ip_forward", "0")
 	if err := w.healed(t, elements); err != nil {
 		t.Fatal(err)
@@ -218,9 +243,9 @@ func TestHealerPeriodicPass(t *testing.T) {
 func BenchmarkHealAfterFlush(b *testing.B) {
 	w := newHealWorld(b, 49)
 	passes := w.startHealer(b, time.Hour, 50*time.Millisecond)
-	elements := testkit.HostPortElements(b, w.node)
-	if len(elements) != 200 {
-		b.Fatalf("%d map elements, want 200", len(elements))
+	elements := w.elements(b)
+	if len(elements.hostPorts) != 200 {
+		b.Fatalf("%d map elements, want 200", len(elements.hostPorts))
 	}
 	var total time.Duration
 	b.ResetTimer()
@@ -242,7 +267,7 @@ func BenchmarkHealAfterFlush(b *testing.B) {
 				if p.err != nil {
 					b.Fatal(p.err)
 				}
-				if p.found != nil && p.restored == len(elements) {
+				if p.found != nil && p.restored == len(elements.hostPorts) {
 					end = time.Now()
 				}
 			case <-time.After(10 * time.Second):

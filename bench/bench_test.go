@@ -3,6 +3,7 @@ package bench
 import (
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -256,4 +257,40 @@ func fsType(path string) string {
 		return "overlayfs"
 	}
 	return fmt.Sprintf("fs 0x%x", st.Type)
+}
+
+func TestMedianCI(t *testing.T) {
+	seq := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(n - i) // unsorted on purpose
+		}
+		return xs
+	}
+	cases := []struct {
+		n        int
+		ok       bool
+		lo, hi   float64 // the order statistics, 1-based, of 1..n
+		coverage float64
+	}{
+		{n: 5, ok: false}, // P(all 5 on one side) = 1/16 > 5 %
+		{n: 6, ok: true, lo: 1, hi: 6, coverage: 1 - 2.0/64}, // x(1)..x(6)
+		{n: 16, ok: true, lo: 4, hi: 13, coverage: 1 - 2*697.0/65536},
+		{n: 20, ok: true, lo: 6, hi: 15, coverage: 1 - 2*21700.0/1048576},
+	}
+	for _, tc := range cases {
+		lo, hi, cov, ok := medianCI(seq(tc.n), 0.95)
+		if ok != tc.ok {
+			t.Fatalf("n=%d: ok %v, want %v", tc.n, ok, tc.ok)
+		}
+		if !ok {
+			continue
+		}
+		if lo != tc.lo || hi != tc.hi || math.Abs(cov-tc.coverage) > 1e-9 {
+			t.Errorf("n=%d: [%v, %v] coverage %.5f, want [%v, %v] coverage %.5f", tc.n, lo, hi, cov, tc.lo, tc.hi, tc.coverage)
+		}
+		if cov < 0.95 {
+			t.Errorf("n=%d: coverage %.4f below 95%%", tc.n, cov)
+		}
+	}
 }

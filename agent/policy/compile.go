@@ -131,10 +131,20 @@ func Compile(in Input) Result {
 			continue
 		}
 		for _, np := range in.Policies {
-			if np.Namespace != l.Namespace || !selects(&np.Spec.PodSelector, target.pod.Labels) {
+			if np.Namespace != l.Namespace {
+				continue
+			}
+			selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
+			if !selected {
 				continue
 			}
 			ingress, egress := policyTypes(np)
+			if !valid {
+				// Isolated in the policy's directions with nothing allowed by it.
+				pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
+				pp.Egress.Isolated = pp.Egress.Isolated || egress
+				continue
+			}
 			if ingress {
 				pp.Ingress.Isolated = true
 				for i := range np.Spec.Ingress {
@@ -166,12 +176,18 @@ func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress bool) {
 	return slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress), slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
 }
 
-// selects applies a label selector; one that does not parse selects nothing (the API server
-// validates selectors, so this is a corrupted object, and selecting nothing fails closed for
-// peers; for the policy's own podSelector it leaves the policy out).
-func selects(sel *metav1.LabelSelector, l map[string]string) bool {
+// policySelects applies a policy's own podSelector to a pod's labels. The API server validates
+// selectors, so one that does not parse is a corrupted object; leaving the policy out would fail
+// open (the pods it was written to isolate would not be), so it selects every pod of the
+// policy's namespace and reports valid false: the policy then isolates them in its directions and
+// allows nothing. (A peer's selector that does not parse selects no peer: that fails closed by
+// itself.)
+func policySelects(sel *metav1.LabelSelector, l map[string]string) (selected, valid bool) {
 	s, err := metav1.LabelSelectorAsSelector(sel)
-	return err == nil && s.Matches(labels.Set(l))
+	if err != nil {
+		return true, false
+	}
+	return s.Matches(labels.Set(l)), true
 }
 
 // rule expands one ingress (from) or egress (to) rule of a policy in namespace for the local pod

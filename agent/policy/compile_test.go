@@ -223,6 +223,19 @@ func TestCompile(t *testing.T) {
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: peerPods(networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{
 				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "bogus"}}}})}}})},
 			[4]string{"deny", "-", "-", "-"}},
+		{"invalid podSelector of the policy: every pod of its namespace isolated, nothing allowed by it", []*networkingv1.NetworkPolicy{
+			np("a", networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "bogus"}}},
+				PolicyTypes: both,
+				Ingress:     []networkingv1.NetworkPolicyIngressRule{{}},
+				Egress:      []networkingv1.NetworkPolicyEgressRule{{}}}),
+			// The valid policies of the namespace still allow what they allow.
+			np("a", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"), PolicyTypes: ingress,
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: peerPods(networkingv1.NetworkPolicyPeer{PodSelector: sel("app", "client")})}}}),
+		}, [4]string{"10.0.1.11, fd00::11", "deny", "deny", "deny"}},
+		{"invalid podSelector of an ingress-only policy leaves egress alone", []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "not a valid label value!"}}})},
+			[4]string{"deny", "-", "deny", "-"}},
 		{"invalid CIDR allows nothing", []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{
 			PodSelector: *sel("app", "server"), PolicyTypes: ingress,
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: peerPods(networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "nonsense"}})}}})},

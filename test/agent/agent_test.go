@@ -29,6 +29,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 const converge = 30 * time.Second
@@ -154,7 +155,8 @@ func TestAgentCluster(t *testing.T) {
 		}},
 		{"a flushed ruleset is restored by the agent", func(t *testing.T) {
 			// A firewall reload on node-1 runs `nft flush ruleset`: the agent's nftables watch
-			// puts kubenet's rules and the running pod's hostPort element back, without an ADD.
+			// puts kubenet's rules, the running pod's hostPort element and every running pod's
+			// isolation elements (from their attachment records) back, without an ADD.
 			list, err := libcni.ConfListFromFile(n1.confFile())
 			if err != nil {
 				t.Fatal(err)
@@ -177,12 +179,21 @@ func TestAgentCluster(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Every pod running on node-1 (this one at least: its port, twice, its MAC, its
+			// link-local address and its two addresses).
+			isolated := testkit.SortedIsolationElements(t, n1.cni)
+			if n := len(slices.DeleteFunc(slices.Clone(isolated), func(e string) bool { return !strings.HasSuffix(e, "[hostport-heal/eth0]") })); n != 6 {
+				t.Fatalf("isolation elements on node-1 before the flush: %q, want 6 of the pod", isolated)
+			}
 			nettest.Run(t, n1.ns, "nft", "flush", "ruleset")
 			flushed := time.Now()
 			err = nettest.Eventually(converge, func() error {
 				out, err := nettest.Output(n1.ns, "nft", "list", "chain", "inet", "kubenet-kubenet", "hostport-localnet")
 				if err != nil || strings.Count(out, " drop ") != 2 {
 					return fmt.Errorf("localnet guard not back: %v\n%s", err, out)
+				}
+				if got := testkit.SortedIsolationElements(t, n1.cni); !slices.Equal(got, isolated) {
+					return fmt.Errorf("isolation elements %q, want the running pods' %q", got, isolated)
 				}
 				return reachable()
 			})

@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -22,43 +24,73 @@ import (
 // anti-spoofing its MAC and addresses (the link-local one derived from the MAC).
 func wantIsolationElements(t *testing.T, p *nettest.Pod, antiSpoofing bool) []string {
 	t.Helper()
-	port, owner := testkit.KubenetNames(p).HostVeth, p.RT.ContainerID+"/"+p.RT.IfName
-	mac, err := net.ParseMAC(p.Result.Interfaces[2].Mac)
+	mac, err := sandboxMAC(p.Result)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return isolationWant(testkit.KubenetNames(p).HostVeth, p.RT.ContainerID+"/"+p.RT.IfName, mac, p.IPs(), antiSpoofing)
+}
+
+// isolationWant is what the isolation sets hold for one attachment, sorted: its bridge port, and
+// with anti-spoofing its MAC and addresses (the link-local one derived from the MAC), each
+// element with the attachment (owner) as its comment.
+func isolationWant(port, owner string, mac net.HardwareAddr, ips []netip.Addr, antiSpoofing bool) []string {
 	el := func(set, key string) string {
 		return testkit.IsolationElement{Set: set, Key: key, Comment: owner}.String()
 	}
 	want := []string{el(isolation.SetPodPorts, port)}
-	if !antiSpoofing {
-		return want
+	if antiSpoofing {
+		want = append(want, el(isolation.SetAntiSpoofPorts, port), el(isolation.SetMAC, port+" . "+mac.String()),
+			el(isolation.SetIPv6, port+" . "+testkit.LinkLocal(mac).String()))
+		for _, a := range ips {
+			want = append(want, el(map[bool]string{false: isolation.SetIPv4, true: isolation.SetIPv6}[a.Is6()], port+" . "+a.String()))
+		}
 	}
-	want = append(want, el(isolation.SetAntiSpoofPorts, port), el(isolation.SetMAC, port+" . "+mac.String()),
-		el(isolation.SetIPv6, port+" . "+testkit.LinkLocal(mac).String()))
-	for _, a := range p.IPs() {
-		want = append(want, el(map[bool]string{false: isolation.SetIPv4, true: isolation.SetIPv6}[a.Is6()], port+" . "+a.String()))
-	}
+	slices.Sort(want)
 	return want
 }
 
-// isolationElementsOf lists the elements whose comment names pod.
+// sandboxMAC is the MAC of the pod's interface (the one in a sandbox) in an ADD result.
+func sandboxMAC(res *current.Result) (net.HardwareAddr, error) {
+	for _, i := range res.Interfaces {
+		if i.Sandbox != "" {
+			return net.ParseMAC(i.Mac)
+		}
+	}
+	return nil, fmt.Errorf("no pod interface in the result %v", res.Interfaces)
+}
+
+// addResult reads the pod interface's MAC and the pod's addresses from what ADD printed.
+func addResult(stdout string) (net.HardwareAddr, []netip.Addr, error) {
+	var res current.Result
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		return nil, nil, fmt.Errorf("ADD result: %w: %s", err, stdout)
+	}
+	mac, err := sandboxMAC(&res)
+	return mac, (&nettest.Pod{Result: &res}).IPs(), err
+}
+
+// isolationElementsOf lists the elements whose comment names pod or whose key is its port.
 func isolationElementsOf(t *testing.T, node *nettest.Node, p *nettest.Pod) []string {
 	t.Helper()
+	return isolationOfPort(testkit.IsolationElements(t, node), testkit.KubenetNames(p).HostVeth, p.RT.ContainerID+"/"+p.RT.IfName)
+}
+
+// isolationOfPort picks, sorted, the elements of els keyed by port or naming owner.
+func isolationOfPort(els []testkit.IsolationElement, port, owner string) []string {
 	var out []string
-	for _, e := range testkit.IsolationElements(t, node) {
-		if e.Comment == p.RT.ContainerID+"/"+p.RT.IfName || strings.HasPrefix(e.Key, testkit.KubenetNames(p).HostVeth) {
+	for _, e := range els {
+		if e.Comment == owner || e.Key == port || strings.HasPrefix(e.Key, port+" ") {
 			out = append(out, e.String())
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
 func expectIsolationElements(t *testing.T, node *nettest.Node, p *nettest.Pod, antiSpoofing bool) {
 	t.Helper()
 	got, want := isolationElementsOf(t, node, p), wantIsolationElements(t, p, antiSpoofing)
-	slices.Sort(got)
-	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("isolation elements of %s:\n got %q\nwant %q", p.RT.ContainerID, got, want)
 	}

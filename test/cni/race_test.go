@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -109,6 +110,19 @@ func raceOutcome(t *testing.T, node *nettest.Node, pod *nettest.Pod, add nettest
 		"reservation":      false,
 		"hostPort file":    len(testkit.HostPortIndexFiles(t, node)) > 0,
 		"hostPort element": len(testkit.HostPortElements(t, node)) > 0,
+	}
+	// The pod's isolation elements are part of it: all of them when it is set up, none when not.
+	owner := att.ContainerID + "/" + att.IfName
+	elements := isolationOfPort(testkit.IsolationElements(t, node), names.HostVeth, owner)
+	pieces["an isolation element"] = len(elements) > 0
+	if add.ExitCode == 0 {
+		mac, ips, err := addResult(add.Stdout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pieces["every isolation element"] = slices.Equal(elements, isolationWant(names.HostVeth, owner, mac, ips, true))
+	} else {
+		pieces["every isolation element"] = false // which ones the pod would have, only ADD's result says
 	}
 	entries, _ := os.ReadDir(netDir)
 	for _, e := range entries {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,12 +20,12 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -33,7 +34,8 @@ import (
 // kills it with SIGKILL at crash points and at random moments, damages its state files, and
 // checks the node against a model after every step.
 //
-//	KUBENET_FUZZ_SEED=<n>   replay one sequence (the seed is printed at the start and on failure)
+//	KUBENET_FUZZ_SEED=<n>   replay one sequence (default: a new one per run; `make test` prints it
+//	                        before the tests start, the test logs it: on failure, or with -v)
 //	KUBENET_FUZZ_STEPS=<n>  steps per seed (default 120: about 30 s)
 //	KUBENET_FUZZ_SEEDS=<n>  seeds to run one after the other (default 1)
 //
@@ -106,6 +108,7 @@ type fuzzAtt struct {
 	state   attState
 	result  []byte // ADD's stdout (live only)
 	ips     []netip.Addr
+	mac     net.HardwareAddr // its pod interface's, from ADD's result; kept once it is gone
 	ports   []fuzzPort
 	damaged bool // its state files were corrupted: CHECK may fail, DEL must still succeed
 }
@@ -454,15 +457,7 @@ func (f *fuzzer) add(kill time.Duration, crashAt string) {
 	}
 	// (A crash point after a refusal, a port conflict say, is never reached.)
 	if run.ExitCode == 0 {
-		var res current.Result
-		if err := json.Unmarshal([]byte(run.Stdout), &res); err != nil {
-			f.failf("ADD %s result: %v: %s", a.id, err, run.Stdout)
-		}
-		a.state, a.result = attLive, []byte(run.Stdout)
-		for _, ip := range res.IPs {
-			addr, _ := netip.AddrFromSlice(ip.Address.IP)
-			a.ips = append(a.ips, addr.Unmap())
-		}
+		f.setLive(a, run.Stdout)
 		if certain, _ := f.portHolders(a, a.ports); certain {
 			f.failf("ADD %s got host ports %v that a live pod holds", a.id, a.ports)
 		}
@@ -847,15 +842,16 @@ func (f *fuzzer) addDelRace() {
 	if add.ExitCode != 0 {
 		f.failf("ADD of %s failed (%s) but its record exists", a.id, add.Stdout)
 	}
-	var res current.Result
-	if err := json.Unmarshal([]byte(add.Stdout), &res); err != nil {
-		f.failf("ADD %s result: %v", a.id, err)
+	f.setLive(a, add.Stdout)
+}
+
+// setLive records a's successful ADD from its result: addresses and the pod interface's MAC.
+func (f *fuzzer) setLive(a *fuzzAtt, stdout string) {
+	mac, ips, err := addResult(stdout)
+	if err != nil {
+		f.failf("ADD %s: %v", a.id, err)
 	}
-	a.state, a.result = attLive, []byte(add.Stdout)
-	for _, ip := range res.IPs {
-		addr, _ := netip.AddrFromSlice(ip.Address.IP)
-		a.ips = append(a.ips, addr.Unmap())
-	}
+	a.state, a.result, a.mac, a.ips = attLive, []byte(stdout), mac, ips
 }
 
 // runQuiet runs the plugin from a goroutine: no test failure from there, only the outcome.
@@ -897,6 +893,9 @@ func (f *fuzzer) drain() {
 	if els := testkit.HostPortElements(f.t, f.node); len(els) > 0 {
 		f.failf("after DEL of every attachment hostPort elements remain: %v", els)
 	}
+	if els := testkit.IsolationElements(f.t, f.node); len(els) > 0 {
+		f.failf("after DEL of every attachment isolation elements remain: %v", els)
+	}
 }
 
 // isJunk tells the files corrupt() planted (they belong to no attachment) from kubenet's state.
@@ -915,7 +914,8 @@ func (f *fuzzer) isJunk(rel string) bool {
 //   - every hostPort element belongs to an attachment that may exist and points at an address
 //     reserved by that attachment;
 //   - every pod interface that exists carries only addresses reserved by its attachment (an
-//     address whose old veth still exists must never be free).
+//     address whose old veth still exists must never be free);
+//   - the bridge's isolation elements are those of attachments that may exist (checkIsolation).
 func (f *fuzzer) checkInvariants() {
 	f.t.Helper()
 	if b, err := os.ReadFile(f.canary); err != nil || string(b) != "canary" {
@@ -986,6 +986,80 @@ func (f *fuzzer) checkInvariants() {
 			f.failf("hostPort element %s points at %s, reserved by %q, not by its owner", el, ip, owner)
 		}
 	}
+	f.checkIsolation(reserved)
+}
+
+// checkIsolation holds the elements of the bridge's isolation sets (pod-ports, anti-spoof-*) to
+// the model. An element is a permission to send from a port, a MAC and an address, so:
+//   - every element is keyed by the bridge port of an attachment that may exist: nothing keyed by
+//     the host veth of a gone attachment (DEL, GC, a failed ADD) remains, and with it nothing
+//     of its MAC or addresses;
+//   - its comment names that attachment;
+//   - it carries only that attachment's MAC, the link-local address derived from it, and
+//     addresses reserved for that attachment (unless its files were damaged);
+//   - no element carries the MAC of a gone attachment, under whatever port;
+//   - a live attachment whose files are intact has exactly its elements (anti-spoofing is on).
+func (f *fuzzer) checkIsolation(reserved map[netip.Addr]string) {
+	f.t.Helper()
+	els := testkit.IsolationElements(f.t, f.node)
+	byPort := map[string]*fuzzAtt{}
+	for _, a := range f.atts {
+		byPort[fuzzHostVeth(a)] = a
+	}
+	for _, el := range els {
+		port, rest, _ := strings.Cut(el.Key, " . ")
+		a := byPort[port]
+		switch {
+		case a == nil:
+			f.failf("isolation element %s is keyed by a port no attachment has", el)
+		case a.state == attGone:
+			f.failf("gone attachment %s still has isolation element %s", a.id, el)
+		case el.Comment != a.id+"/eth0":
+			f.failf("isolation element %s of attachment %s's port names another owner", el, a.id)
+		}
+		switch el.Set {
+		case isolation.SetMAC:
+			if a.mac != nil && rest != a.mac.String() {
+				f.failf("isolation element %s: attachment %s's MAC is %s", el, a.id, a.mac)
+			}
+		case isolation.SetIPv4, isolation.SetIPv6:
+			ip, err := netip.ParseAddr(rest)
+			switch {
+			case err != nil:
+				f.failf("isolation element %s: address %q: %v", el, rest, err)
+			case ip.IsLinkLocalUnicast():
+				if a.mac != nil && ip != testkit.LinkLocal(a.mac) {
+					f.failf("isolation element %s: attachment %s's link-local address is %s", el, a.id, testkit.LinkLocal(a.mac))
+				}
+			default:
+				if owner := reserved[ip]; owner != a.id+"\r\neth0" && !a.damaged {
+					f.failf("isolation element %s lets attachment %s send from %s, reserved by %q", el, a.id, ip, owner)
+				}
+			}
+		}
+	}
+	for _, id := range f.ids() {
+		a := f.atts[id]
+		switch {
+		case a.state == attGone && a.mac != nil:
+			for _, el := range els {
+				if el.Set == isolation.SetMAC && strings.HasSuffix(el.Key, " . "+a.mac.String()) {
+					f.failf("isolation element %s carries the MAC of gone attachment %s", el, a.id)
+				}
+			}
+		case a.state == attLive && !a.damaged:
+			port := fuzzHostVeth(a)
+			got, want := isolationOfPort(els, port, a.id+"/eth0"), isolationWant(port, a.id+"/eth0", a.mac, a.ips, true)
+			if !slices.Equal(got, want) {
+				f.failf("live attachment %s: isolation elements\n got %q\nwant %q", a.id, got, want)
+			}
+		}
+	}
+}
+
+// fuzzHostVeth is the bridge port of a model attachment.
+func fuzzHostVeth(a *fuzzAtt) string {
+	return core.NamesFor("kubenet", core.Attachment{ContainerID: a.id, IfName: "eth0"}).HostVeth
 }
 
 // poolTaken counts the names in the data dir that take one of the five IPv4 pod addresses.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -132,6 +133,18 @@ func IsolationElements(t testing.TB, node *nettest.Node) []IsolationElement {
 			out = append(out, e)
 		}
 	}
+	return out
+}
+
+// SortedIsolationElements is IsolationElements rendered and sorted, for comparing the sets'
+// contents before and after something (a flush, a heal).
+func SortedIsolationElements(t testing.TB, node *nettest.Node) []string {
+	t.Helper()
+	var out []string
+	for _, e := range IsolationElements(t, node) {
+		out = append(out, e.String())
+	}
+	slices.Sort(out)
 	return out
 }
 
