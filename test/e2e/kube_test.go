@@ -581,7 +581,7 @@ func checkResidue(t *testing.T, c *KubeCluster) {
 			}
 			return nil
 		})
-		Check(t, err, "%s: no residue of kubenet once every pod is gone (reservations, records, veths, ifbs, qdiscs, nftables elements, conntrack entries)", n.Name)
+		Check(t, err, "%s: no residue of kubenet once every pod is gone (reservations, records, veths, ifbs, qdiscs, elements of the hostPort, isolation and NetworkPolicy tables, conntrack entries)", n.Name)
 	}
 }
 
