@@ -84,9 +84,11 @@ func TestKubernetes(t *testing.T) {
 				t.Parallel()
 			}
 			cfg := KubeClusterConfig{Bins: bins, Repo: repo, Images: images, ProxyMode: mode, DualStack: *kubeDualStack, Nodes: 2}
-			if *kubeAgentArgs != "" {
-				cfg.AgentArgs = strings.Fields(*kubeAgentArgs)
+			if *kubeOwnChecks {
+				// The collector check's timing; the flags of -kube.agent-args come after, and win.
+				cfg.AgentArgs = kubeStaleArgs()
 			}
+			cfg.AgentArgs = append(cfg.AgentArgs, strings.Fields(*kubeAgentArgs)...)
 			runCluster(t, cfg, focus)
 		})
 	}
@@ -107,14 +109,18 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 	installed := time.Now()
 	c.InstallKubenet(t)
 	t.Logf("kubectl apply -f deploy/kubenet.yaml: agents rolled out and nodes Ready in %s", time.Since(installed).Round(time.Second))
+	var stale *staleCheck
 	if *kubeOwnChecks {
 		checkReadyAfterConflist(t, c)
+		// The leak's grace period passes while CoreDNS starts and the bandwidth is measured.
+		stale = startStaleCheck(t, c)
 	}
 	c.InstallCoreDNS(t)
 	t.Logf("cluster ready with CoreDNS %s after start", time.Since(start).Round(time.Second))
 
 	if *kubeOwnChecks {
 		t.Run("Bandwidth", func(t *testing.T) { checkBandwidth(t, c) })
+		t.Run("StaleAttachments", func(t *testing.T) { stale.finish(t) })
 	}
 	t.Run("Specs", func(t *testing.T) {
 		ctx := context.Background()
