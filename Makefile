@@ -130,7 +130,7 @@ bench-agent: deps
 #   E2E_PROCS        specs run at once, per cluster
 #   E2E_PARALLEL     false: one cluster after the other instead of all at once
 #   E2E_CHECKS       false: the specs only, without kubenet's own checks
-#   E2E_AGENT_ARGS   flags added to the agent in deploy/kubenet.yaml
+#   E2E_AGENT_ARGS   flags appended to the agent's in deploy/kubenet.yaml (they override its own)
 E2E_PROXY_MODES ?= iptables,nftables
 E2E_STACK ?= ipv4
 E2E_SPECS ?= network

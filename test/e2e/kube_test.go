@@ -34,7 +34,7 @@ var (
 	kubeFocus      = flag.String("kube.focus", "", "ginkgo focus regexp; overrides -kube.specs")
 	kubeProcs      = flag.Int("kube.procs", 4, "specs run at once")
 	kubeOwnChecks  = flag.Bool("kube.checks", true, "run kubenet's own checks (readiness, shaping, lifecycle, residue) besides the specs")
-	kubeAgentArgs  = flag.String("kube.agent-args", "", "flags added to the agent in deploy/kubenet.yaml, space-separated")
+	kubeAgentArgs  = flag.String("kube.agent-args", "", "flags appended to the agent's in deploy/kubenet.yaml (they override its own), space-separated")
 	kubeParallel   = flag.Bool("kube.parallel", true, "run the clusters of the kube-proxy modes at the same time")
 )
 
