@@ -478,6 +478,20 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 		return nil
 	})
 	Check(t, err, "every pod of the deployment ready; those on %s run containers started after its reboot: %v", node2.Name, restarted)
+	// Ready is not answering yet: the pods have no readiness probe, so netexec binds its port a
+	// moment after Ready (connection refused: the network delivered the SYN), and kube-proxy
+	// follows the Service's new endpoints within seconds. Every target answers first, as before
+	// the restarts, then none may fail.
+	answering := time.Now()
+	err = c.eventually(time.Minute, func(context.Context) error {
+		p := StartProber(targets(), time.Second)
+		waitProbes(p, 1)
+		if _, failed := p.Stop(); len(failed) > 0 {
+			return fmt.Errorf("%s", strings.Join(first(failed, 3), "; "))
+		}
+		return nil
+	})
+	Require(t, err, "every pod and the Service answer from both nodes %s after the pods were ready", time.Since(answering).Round(100*time.Millisecond))
 	prober := StartProber(targets(), 100*time.Millisecond)
 	waitProbes(prober, 10)
 	sent, failed := prober.Stop()
