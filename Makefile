@@ -122,7 +122,8 @@ bench-agent: deps
 # namespaces), kubenet installed with `kubectl apply -f deploy/kubenet.yaml`, the upstream
 # sig-network e2e specs run by ginkgo, and kubenet's own checks (readiness, shaping, restarts, a
 # reboot, residue). The first run builds Kubernetes from source into a cache outside the
-# checkout (hack/kubernetes/build.sh: about 20 minutes on 2 cores); later runs reuse it. As root.
+# checkout (hack/kubernetes/build.sh: about 10 minutes on 2 cores, more when they are busy;
+# docs/e2e.md); later runs reuse it. As root.
 #   E2E_PROXY_MODES  kube-proxy modes, one cluster each (iptables,nftables)
 #   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
 #   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, netpol, dual-stack)
