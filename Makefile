@@ -138,7 +138,8 @@ bench-agent: deps
 # namespaces), kubenet installed with `kubectl apply -f deploy/kubenet.yaml`, the upstream
 # sig-network e2e specs run by ginkgo, and kubenet's own checks (readiness, shaping, restarts, a
 # reboot, residue). The first run builds Kubernetes from source into a cache outside the
-# checkout (hack/kubernetes/build.sh: about 20 minutes on 2 cores); later runs reuse it. As root.
+# checkout (hack/kubernetes/build.sh: about 10 minutes on 2 cores, more when they are busy;
+# docs/e2e.md); later runs reuse it. As root.
 #   E2E_PROXY_MODES  kube-proxy modes, one cluster each (iptables,nftables)
 #   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
 #   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, netpol, dual-stack)
@@ -146,7 +147,7 @@ bench-agent: deps
 #   E2E_PROCS        specs run at once, per cluster
 #   E2E_PARALLEL     false: one cluster after the other instead of all at once
 #   E2E_CHECKS       false: the specs only, without kubenet's own checks
-#   E2E_AGENT_ARGS   flags added to the agent in deploy/kubenet.yaml
+#   E2E_AGENT_ARGS   flags appended to the agent's in deploy/kubenet.yaml (they override its own)
 E2E_PROXY_MODES ?= iptables,nftables
 E2E_STACK ?= ipv4
 E2E_SPECS ?= network

@@ -199,7 +199,7 @@ func TestCluster(t *testing.T) {
 			if err == nil && len(left) > 0 {
 				err = fmt.Errorf("left behind:\n  %s", strings.Join(left, "\n  "))
 			}
-			Check(t, err, "%s: zero residue (veths, ifbs, qdiscs, reservations, records, hostPort index and map elements, conntrack entries of pod addresses, libcni cache)", n.Name)
+			Check(t, err, "%s: zero residue (veths, ifbs, qdiscs, reservations, records, hostPort index, nftables elements of the hostPort, isolation and policy tables, conntrack entries of pod addresses, libcni cache)", n.Name)
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -36,8 +37,8 @@ type KubeClusterConfig struct {
 	DualStack bool
 	// Nodes is the number of worker nodes.
 	Nodes int
-	// AgentArgs are flags added to the agent's container in deploy/kubenet.yaml (a user's
-	// edit of the manifest, like the image and --cluster-cidr).
+	// AgentArgs are flags appended to the agent's in deploy/kubenet.yaml (a user's edit of the
+	// manifest, like the image and --cluster-cidr); they override the manifest's own.
 	AgentArgs []string
 
 	// Filled in by StartKubeCluster from DualStack.
@@ -325,8 +326,10 @@ func (c *KubeCluster) WaitNodesReady(timeout time.Duration) error {
 }
 
 // editManifest makes the edits docs/agent.md tells users to make to deploy/kubenet.yaml: the
-// image, --cluster-cidr, and extra agent flags added after it. Each edited line must occur
-// exactly once, so a changed manifest fails here instead of being installed unedited.
+// image, --cluster-cidr, and extra agent flags appended to the agent's args, after the
+// manifest's own (the agent's flag parsing takes the last value of a flag, so they override the
+// manifest's). Each edited line must occur exactly once, so a changed manifest fails here
+// instead of being installed unedited.
 func editManifest(manifest, image, clusterCIDR string, extraArgs []string) (string, error) {
 	imageLine := regexp.MustCompile(`(?m)^(\s*image: )\S+(.*)$`)
 	cidrLine := regexp.MustCompile(`(?m)^(\s*- --cluster-cidr=)\S+(.*)$`)
@@ -336,13 +339,32 @@ func editManifest(manifest, image, clusterCIDR string, extraArgs []string) (stri
 		}
 	}
 	manifest = imageLine.ReplaceAllString(manifest, "${1}"+image)
-	indent := cidrLine.FindStringSubmatch(manifest)[1]
-	indent = indent[:len(indent)-len("--cluster-cidr=")]
-	extra := ""
-	for _, a := range extraArgs {
-		extra += "\n" + indent + a
+	manifest = cidrLine.ReplaceAllString(manifest, "${1}"+clusterCIDR)
+	if len(extraArgs) == 0 {
+		return manifest, nil
 	}
-	return cidrLine.ReplaceAllString(manifest, "${1}"+clusterCIDR+extra), nil
+	// The args list: the --cluster-cidr item and the items and comments at its indentation after
+	// it; the extra flags go after its last item.
+	lines := strings.SplitAfter(manifest, "\n")
+	at := slices.IndexFunc(lines, func(l string) bool { return cidrLine.MatchString(strings.TrimSuffix(l, "\n")) })
+	indent := lines[at][:len(lines[at])-len(strings.TrimLeft(lines[at], " "))]
+	last := at
+	for i := at + 1; i < len(lines); i++ {
+		rest, ok := strings.CutPrefix(lines[i], indent)
+		if !ok || strings.HasPrefix(rest, " ") {
+			break
+		}
+		if strings.HasPrefix(rest, "- ") {
+			last = i
+		} else if !strings.HasPrefix(rest, "#") {
+			break
+		}
+	}
+	var extra []string
+	for _, a := range extraArgs {
+		extra = append(extra, indent+"- "+a+"\n")
+	}
+	return strings.Join(slices.Concat(lines[:last+1], extra, lines[last+1:]), ""), nil
 }
 
 //go:embed kube/coredns.yaml

@@ -79,7 +79,10 @@ func TestEditManifest(t *testing.T) {
 	}
 	for _, want := range []string{
 		"image: localhost/x:1\n",
-		"- --cluster-cidr=10.1.0.0/16,fd00::/56\n            - --a=1\n            - --b\n",
+		"- --cluster-cidr=10.1.0.0/16,fd00::/56\n",
+		// After the manifest's last flag, so that they override it (the agent takes a flag's last
+		// value): an E2E_AGENT_ARGS=--network-policy=false must turn enforcement off.
+		"            - --network-policy=true # NetworkPolicy enforcement (docs/networkpolicy.md)\n            - --a=1\n            - --b\n          env:\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("edited manifest lacks %q:\n%s", want, got)

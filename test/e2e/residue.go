@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -15,6 +19,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/netpol"
 )
 
 // NodeState says where a node keeps kubenet's state: its network namespace, the plugin's
@@ -29,10 +34,10 @@ type NodeState struct {
 // Residue lists every per-pod trace of the network left on the node, found with netlink and
 // the operator's tools rather than with the plugin's own code: links on a bridge, ifb devices,
 // tbf and ingress qdiscs, address reservations, attachment records, hostPort index entries,
-// hostPort map elements, and conntrack entries of pod addresses (in the pod CIDRs, not the
-// gateway). What stays by design once
-// the last pod is gone (the bridge, the node-wide nftables chains, the IPAM lock and
-// last-reserved files) is not residue. An empty list means the node is clean.
+// nftables elements (nftResidue) and conntrack entries of pod addresses (in the pod CIDRs, not
+// the gateway). What stays by design once the last pod is gone (the bridge, the node-wide
+// nftables chains and empty sets, the IPAM lock and last-reserved files) is not residue. An
+// empty list means the node is clean.
 func Residue(s NodeState) ([]string, error) {
 	var left []string
 	err := s.NS.Do(func(ns.NetNS) error {
@@ -89,15 +94,20 @@ func Residue(s NodeState) ([]string, error) {
 		})
 	}
 
-	table := nft.TableName(s.Network)
-	out, err := nettest.Output(s.NS, "nft", "list", "table", "inet", table)
-	if err != nil && !strings.Contains(out, "No such file") {
-		return nil, err
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "elements = ") {
-			left = append(left, fmt.Sprintf("nftables table inet %s: %s", table, strings.TrimSpace(line)))
+	for _, tb := range []struct{ family, name string }{
+		{"inet", nft.TableName(s.Network)},   // the hostPort maps
+		{"bridge", nft.TableName(s.Network)}, // the isolation sets, keyed by the pods' bridge ports
+		{"inet", netpol.TableName(s.Network)},
+	} {
+		dump, err := nftListTable(s.NS, tb.family, tb.name)
+		if err != nil {
+			return nil, err
 		}
+		found, err := nftResidue(dump)
+		if err != nil {
+			return nil, fmt.Errorf("nft -j list table %s %s: %w", tb.family, tb.name, err)
+		}
+		left = append(left, found...)
 	}
 
 	for _, family := range []string{"ipv4", "ipv6"} {
@@ -134,4 +144,77 @@ func mentionsAny(line string, prefixes []netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// nftListTable is `nft -j list table family name` in the node's namespace; nil when the table
+// does not exist.
+func nftListTable(n ns.NetNS, family, name string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	err := n.Do(func(ns.NetNS) error {
+		cmd := exec.Command("nft", "-j", "list", "table", family, name)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		return cmd.Run()
+	})
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && strings.Contains(stderr.String(), "No such file or directory") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nft -j list table %s %s: %w: %s", family, name, err, stderr.Bytes())
+	}
+	return stdout.Bytes(), nil
+}
+
+// nftResidue lists what a table of the network (as `nft -j list table` prints it; nil: no
+// table) holds of pods. Every set and map element of kubenet's tables belongs to a pod: the
+// hostPort maps' (keyed by host port, leading to a pod address), the isolation sets' (keyed by
+// a pod's bridge port) and, in the NetworkPolicy table, the pending sets' and the verdict maps'
+// (keyed by a pod address), and the groups' sets (a group, its chain and sets, exists only
+// while a pod on the node is isolated by that allow list). So once no pod is left on the node,
+// any element, and any policy chain but the fixed base chains, is residue. Rules and empty sets
+// stay by design.
+func nftResidue(dump []byte) ([]string, error) {
+	if dump == nil {
+		return nil, nil
+	}
+	type set struct {
+		Family string            `json:"family"`
+		Table  string            `json:"table"`
+		Name   string            `json:"name"`
+		Elem   []json.RawMessage `json:"elem"`
+	}
+	var d struct {
+		Nftables []struct {
+			Set   *set `json:"set"`
+			Map   *set `json:"map"`
+			Chain *struct {
+				Family string `json:"family"`
+				Table  string `json:"table"`
+				Name   string `json:"name"`
+			} `json:"chain"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(dump, &d); err != nil {
+		return nil, err
+	}
+	var left []string
+	for _, o := range d.Nftables {
+		for kind, s := range map[string]*set{"set": o.Set, "map": o.Map} {
+			if s == nil {
+				continue
+			}
+			for _, e := range s.Elem {
+				var b bytes.Buffer
+				if err := json.Compact(&b, e); err != nil {
+					return nil, err
+				}
+				left = append(left, fmt.Sprintf("nftables %s %s %s %s: element %s", s.Family, s.Table, kind, s.Name, b.String()))
+			}
+		}
+		if c := o.Chain; c != nil && strings.HasPrefix(c.Table, netpol.TableName("")) &&
+			c.Name != netpol.ChainForward && c.Name != netpol.ChainInput {
+			left = append(left, fmt.Sprintf("nftables %s %s: chain %s, a policy group no pod on the node is in", c.Family, c.Table, c.Name))
+		}
+	}
+	return left, nil
 }

@@ -171,7 +171,7 @@ func checkNoResidue(t *testing.T, w runtimeWorld, jail *Jail, netnsDirs ...strin
 	if err == nil && len(left) > 0 {
 		err = fmt.Errorf("left behind:\n  %s", strings.Join(left, "\n  "))
 	}
-	Check(t, err, "zero residue on the node: no veth on the bridge, ifb, tbf/ingress qdisc, reservation, record, hostPort index file or map element, or conntrack entry of a pod address")
+	Check(t, err, "zero residue on the node: no veth on the bridge, ifb, tbf/ingress qdisc, reservation, record, hostPort index file, nftables element (hostPort maps, isolation sets, policy table), or conntrack entry of a pod address")
 	for _, dir := range append([]string{"/var/lib/cni/results"}, netnsDirs...) {
 		out, err := jail.Output("find", dir, "-mindepth", "1")
 		if err == nil && strings.TrimSpace(out) != "" {
