@@ -148,6 +148,8 @@ bench-agent: deps
 #   E2E_PARALLEL     false: one cluster after the other instead of all at once
 #   E2E_CHECKS       false: the specs only, without kubenet's own checks
 #   E2E_AGENT_ARGS   flags appended to the agent's in deploy/kubenet.yaml (they override its own)
+#   E2E_NETFILTER    kubenet's netfilter backend: paired (iptables in the cluster whose kube-proxy
+#                    runs iptables, unless the specs need NetworkPolicy), nftables or iptables
 E2E_PROXY_MODES ?= iptables,nftables
 E2E_STACK ?= ipv4
 E2E_SPECS ?= network
@@ -156,6 +158,7 @@ E2E_PROCS ?= 4
 E2E_PARALLEL ?= true
 E2E_CHECKS ?= true
 E2E_AGENT_ARGS ?=
+E2E_NETFILTER ?= paired
 KUBE_DEPS := containerd:containerd ctr:containerd containerd-shim-runc-v2:containerd runc:runc \
   busybox-static dash:dash curl:curl wget:wget nc.openbsd:netcat-openbsd nsenter:util-linux unshare:util-linux
 .PHONY: e2e-kubernetes
@@ -167,4 +170,4 @@ e2e-kubernetes: deps
 	  -kube.bins="$$dir" -kube.proxy-modes='$(E2E_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
 	  -kube.specs='$(E2E_SPECS)' -kube.focus='$(E2E_FOCUS)' -kube.procs=$(E2E_PROCS) -kube.checks=$(E2E_CHECKS) \
 	  -kube.parallel=$(E2E_PARALLEL) \
-	  -kube.agent-args='$(E2E_AGENT_ARGS)' | grep -v -e '^=== '
+	  -kube.agent-args='$(E2E_AGENT_ARGS)' -kube.netfilter='$(E2E_NETFILTER)' | grep -v -e '^=== '

@@ -55,6 +55,7 @@ type ClusterNode struct {
 	Addr     map[bool]netip.Addr // the node's underlay address, keyed by "is IPv6"
 	PodCIDRs []netip.Prefix      // IPv4, IPv6
 	List     *libcni.NetworkConfigList
+	Backend  string // netfilterBackend
 }
 
 // Gateway is the node's bridge address in the pod CIDR of the family of like.
@@ -96,7 +97,14 @@ func NewCluster(t testing.TB, binDir string, n int) *Cluster {
 		u.Attach(t, node.NS, "eth0", netip.PrefixFrom(node.Addr[false], NodeNet4.Bits()), netip.PrefixFrom(node.Addr[true], NodeNet6.Bits()))
 		nettest.AddRoute(t, node.NS, netip.MustParsePrefix("0.0.0.0/0"), Router4)
 		nettest.AddRoute(t, node.NS, netip.MustParsePrefix("::/0"), Router6)
-		node.List = node.ConfList(t, nettest.NetConf{PodCIDRs: node.PodCIDRs, NonMasqueradeCIDRs: ClusterNonMasquerade})
+		// node1 (the host-port pod's) runs the iptables backend, the others nftables: the
+		// traffic matrix crosses both, and the residue audit reads both.
+		backend := "nftables"
+		if i == 1 {
+			backend = "iptables"
+		}
+		node.Backend = backend
+		node.List = node.ConfList(t, nettest.NetConf{PodCIDRs: node.PodCIDRs, NonMasqueradeCIDRs: ClusterNonMasquerade, NetfilterBackend: backend})
 		c.Nodes = append(c.Nodes, node)
 	}
 	// The route controller's job: every node routes every other node's pod CIDRs to it.

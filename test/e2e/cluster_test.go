@@ -56,8 +56,8 @@ func familyName(is6 bool) string {
 // node for residue.
 func TestCluster(t *testing.T) {
 	c := NewCluster(t, binDir, 3)
-	Check(t, nil, "3 nodes (netns) on an underlay bridge inside its own netns (MTU %d); node i has pod CIDRs 10.244.i.0/24 and fd00:10:244:i::/64 from cluster CIDRs %s and %s, and routes to the other nodes' pod CIDRs",
-		UnderlayMTU, ClusterCIDR4, ClusterCIDR6)
+	Check(t, nil, "3 nodes (netns) on an underlay bridge inside its own netns (MTU %d); node i has pod CIDRs 10.244.i.0/24 and fd00:10:244:i::/64 from cluster CIDRs %s and %s, and routes to the other nodes' pod CIDRs; netfilter backends %s, %s, %s",
+		UnderlayMTU, ClusterCIDR4, ClusterCIDR6, c.Nodes[0].Backend, c.Nodes[1].Backend, c.Nodes[2].Backend)
 
 	pods := []*clusterPod{{name: "a1", node: c.Nodes[0]}, {name: "a2", node: c.Nodes[0]}, {name: "b1", node: c.Nodes[1]}, {name: "c1", node: c.Nodes[2]}}
 	for _, p := range pods {
@@ -199,7 +199,7 @@ func TestCluster(t *testing.T) {
 			if err == nil && len(left) > 0 {
 				err = fmt.Errorf("left behind:\n  %s", strings.Join(left, "\n  "))
 			}
-			Check(t, err, "%s: zero residue (veths, ifbs, qdiscs, reservations, records, hostPort index, nftables elements of the hostPort, isolation and policy tables, conntrack entries of pod addresses, libcni cache)", n.Name)
+			Check(t, err, "%s: zero residue (veths, ifbs, qdiscs, reservations, records, hostPort index, nftables elements of the hostPort, isolation and policy tables, iptables/ebtables rules and chains of pods, conntrack entries of pod addresses, libcni cache)", n.Name)
 		}
 	})
 }

@@ -40,6 +40,9 @@ type KubeClusterConfig struct {
 	// AgentArgs are flags appended to the agent's in deploy/kubenet.yaml (a user's edit of the
 	// manifest, like the image and --cluster-cidr); they override the manifest's own.
 	AgentArgs []string
+	// Netfilter is kubenet's netfilterBackend on the nodes (the agent's --netfilter-backend):
+	// nftables or iptables.
+	Netfilter string
 
 	// Filled in by StartKubeCluster from DualStack.
 	ClusterCIDRs, ServiceCIDRs []netip.Prefix

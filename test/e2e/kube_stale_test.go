@@ -247,7 +247,7 @@ func (s *staleCheck) traces() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	marks := []string{s.att.ContainerID, `"` + names.HostVeth + `"`, fmt.Sprint(leakHostPort)}
+	marks := []string{s.att.ContainerID, `"` + names.HostVeth + `"`, fmt.Sprint(leakHostPort), "-i " + names.HostVeth + " "}
 	for _, a := range s.ips {
 		if !reservedByOthers[a] {
 			marks = append(marks, `"`+a.String()+`"`)
@@ -270,6 +270,17 @@ func (s *staleCheck) traces() ([]string, error) {
 			}
 		}
 	}
+	// The iptables backend's: its host port's DNAT rule (commented with its container) and its
+	// dispatch rule on the bridge (matching its veth).
+	rules, err := iptResidue(NodeState{NS: s.node.NS, Network: "kubenet"})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		if slices.ContainsFunc(marks, func(m string) bool { return strings.Contains(r, m) }) {
+			out = append(out, r)
+		}
+	}
 	return out, nil
 }
 
@@ -277,8 +288,12 @@ func (s *staleCheck) traces() ([]string, error) {
 // that their absence later means the collector removed them.
 func (s *staleCheck) complete(traces []string) error {
 	names := core.NamesFor("kubenet", s.att)
-	want := []string{"record ", "hostPort index ", "link " + names.HostVeth, "link " + names.IFB,
-		"nftables inet " + nft.TableName("kubenet"), "nftables bridge " + nft.TableName("kubenet"), "nftables inet " + netpol.TableName("kubenet")}
+	want := []string{"record ", "hostPort index ", "link " + names.HostVeth, "link " + names.IFB}
+	if s.c.cfg.Netfilter == "iptables" {
+		want = append(want, "iptables rule of chain KUBENET-HPDNAT-", "ebtables rule of chain KUBENET-PODS-")
+	} else {
+		want = append(want, "nftables inet "+nft.TableName("kubenet"), "nftables bridge "+nft.TableName("kubenet"), "nftables inet "+netpol.TableName("kubenet"))
+	}
 	for _, a := range s.ips {
 		want = append(want, "reservation "+a.String())
 	}

@@ -36,6 +36,7 @@ var (
 	kubeOwnChecks  = flag.Bool("kube.checks", true, "run kubenet's own checks (readiness, shaping, lifecycle, residue) besides the specs")
 	kubeAgentArgs  = flag.String("kube.agent-args", "", "flags appended to the agent's in deploy/kubenet.yaml (they override its own), space-separated")
 	kubeParallel   = flag.Bool("kube.parallel", true, "run the clusters of the kube-proxy modes at the same time")
+	kubeNetfilter  = flag.String("kube.netfilter", "paired", `kubenet's netfilter backend: "paired" (iptables in the cluster whose kube-proxy runs iptables, unless the specs need NetworkPolicy; nftables otherwise), "nftables" or "iptables"`)
 )
 
 // TestKubernetes runs kubenet in a real cluster (docs/e2e.md, "make e2e-kubernetes"): per
@@ -83,15 +84,33 @@ func TestKubernetes(t *testing.T) {
 			if *kubeParallel {
 				t.Parallel()
 			}
-			cfg := KubeClusterConfig{Bins: bins, Repo: repo, Images: images, ProxyMode: mode, DualStack: *kubeDualStack, Nodes: 2}
+			cfg := KubeClusterConfig{Bins: bins, Repo: repo, Images: images, ProxyMode: mode, DualStack: *kubeDualStack, Nodes: 2,
+				Netfilter: netfilterFor(mode, focus)}
 			if *kubeOwnChecks {
 				// The collector check's timing; the flags of -kube.agent-args come after, and win.
 				cfg.AgentArgs = kubeStaleArgs()
+			}
+			cfg.AgentArgs = append(cfg.AgentArgs, "--netfilter-backend="+cfg.Netfilter)
+			if cfg.Netfilter == "iptables" {
+				cfg.AgentArgs = append(cfg.AgentArgs, "--network-policy=false") // policies need nftables
 			}
 			cfg.AgentArgs = append(cfg.AgentArgs, strings.Fields(*kubeAgentArgs)...)
 			runCluster(t, cfg, focus)
 		})
 	}
+}
+
+// netfilterFor is kubenet's backend in the cluster of kube-proxy mode (-kube.netfilter).
+// Paired, an operator's iptables node runs both on iptables, except where the specs exercise
+// NetworkPolicy, which kubenet enforces with nftables only.
+func netfilterFor(mode, focus string) string {
+	if *kubeNetfilter != "paired" {
+		return *kubeNetfilter
+	}
+	if mode == "iptables" && !strings.Contains(focus, "Netpol") && !strings.Contains(focus, "NetworkPolicy") {
+		return "iptables"
+	}
+	return "nftables"
 }
 
 func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
@@ -101,7 +120,7 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 	if cfg.DualStack {
 		stack = "dual-stack"
 	}
-	t.Logf("cluster %s: %s, kube-proxy %s, %d nodes registered in %s", c.Name, stack, cfg.ProxyMode, len(c.Nodes), time.Since(start).Round(time.Second))
+	t.Logf("cluster %s: %s, kube-proxy %s, kubenet's netfilter backend %s, %d nodes registered in %s", c.Name, stack, cfg.ProxyMode, cfg.Netfilter, len(c.Nodes), time.Since(start).Round(time.Second))
 
 	err := c.eventually(2*time.Minute, c.NetworkNotReady)
 	Check(t, err, "before kubenet is installed every node is NotReady for want of a CNI configuration, and has no conflist")
@@ -129,7 +148,7 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 		if err != nil {
 			t.Fatalf("%v\nlast lines of %s:\n%s", err, log, nettest.Tail(log, 60))
 		}
-		t.Logf("upstream e2e specs, kube-proxy %s, %s: %s", cfg.ProxyMode, stack, res)
+		t.Logf("upstream e2e specs, kube-proxy %s, kubenet on %s, %s: %s", cfg.ProxyMode, cfg.Netfilter, stack, res)
 		for _, s := range res.PassedSpecs {
 			t.Logf("  passed: %s", s)
 		}

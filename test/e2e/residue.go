@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/netpol"
@@ -34,7 +35,8 @@ type NodeState struct {
 // Residue lists every per-pod trace of the network left on the node, found with netlink and
 // the operator's tools rather than with the plugin's own code: links on a bridge, ifb devices,
 // tbf and ingress qdiscs, address reservations, attachment records, hostPort index entries,
-// nftables elements (nftResidue) and conntrack entries of pod addresses (in the pod CIDRs, not
+// nftables elements (nftResidue), iptables and ebtables rules and chains of pods (iptResidue)
+// and conntrack entries of pod addresses (in the pod CIDRs, not
 // the gateway). What stays by design once the last pod is gone (the bridge, the node-wide
 // nftables chains and empty sets, the IPAM lock and last-reserved files) is not residue. An
 // empty list means the node is clean.
@@ -110,6 +112,12 @@ func Residue(s NodeState) ([]string, error) {
 		left = append(left, found...)
 	}
 
+	found, err := iptResidue(s)
+	if err != nil {
+		return nil, err
+	}
+	left = append(left, found...)
+
 	for _, family := range []string{"ipv4", "ipv6"} {
 		out, err := nettest.Output(s.NS, "conntrack", "-L", "-f", family)
 		if err != nil {
@@ -118,6 +126,37 @@ func Residue(s NodeState) ([]string, error) {
 		for _, line := range strings.Split(out, "\n") {
 			if mentionsAny(line, s.PodCIDRs) {
 				left = append(left, "conntrack entry "+strings.Join(strings.Fields(line), " "))
+			}
+		}
+	}
+	return left, nil
+}
+
+// iptResidue lists what the iptables backend's tables hold of pods, read with the -save tools:
+// a pod's host ports are rules in KUBENET-HPDNAT-<net> (and its hairpin rule in
+// KUBENET-HPHAIR-<net>), its isolation a dispatch rule in ebtables' KUBENET-PODS-<net> and a
+// chain KNP-<net>-*. Once no pod is left, any of them is residue; the fixed chains stay by design.
+// A node on the nftables backend has none of them.
+func iptResidue(s NodeState) ([]string, error) {
+	suffix := ipt.ChainSuffix(s.Network)
+	var left []string
+	for _, tool := range []struct {
+		fam  ipt.Family
+		save string
+	}{{ipt.IPv4, "iptables-save"}, {ipt.IPv6, "ip6tables-save"}, {ipt.Bridge, "ebtables-save"}} {
+		out, err := nettest.Output(s.NS, tool.save, "-t", "nat")
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", tool.save, err)
+		}
+		t := ipt.Parse(tool.fam, "nat", []byte(out))
+		for chain, rules := range t.Chains {
+			switch {
+			case chain == "KUBENET-HPDNAT-"+suffix || chain == "KUBENET-HPHAIR-"+suffix || chain == "KUBENET-PODS-"+suffix:
+				for _, r := range rules {
+					left = append(left, fmt.Sprintf("%s rule of chain %s: %s", tool.fam, chain, r))
+				}
+			case strings.HasPrefix(chain, "KNP-"+suffix+"-"):
+				left = append(left, fmt.Sprintf("%s chain %s of a pod", tool.fam, chain))
 			}
 		}
 	}
