@@ -94,9 +94,14 @@ func iptablesUsable(cfg *Config) error {
 	return nil
 }
 
-// choose decides the backend cfg asks for on this node. auto probes the kernel once per boot:
-// rec, the record of an earlier call, holds the answer.
+// choose decides the backend cfg asks for on this node. rec, the record of an earlier call,
+// answers when it was made for the same setting (for auto, in this boot: auto probes the kernel
+// once per boot); otherwise the configured backend's tools are checked, or auto probes.
 func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
+	boot := bootID()
+	if rec != nil && rec.Configured == cfg.Netfilter && (cfg.Netfilter != NetfilterAuto || rec.BootID == boot && boot != "") {
+		return *rec, nil
+	}
 	switch cfg.Netfilter {
 	case NetfilterNFTables:
 		return BackendChoice{Backend: NetfilterNFTables, Configured: cfg.Netfilter, Reason: "netfilterBackend is nftables"}, nil
@@ -105,10 +110,6 @@ func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 			return BackendChoice{}, configError("netfilterBackend", cfg.Netfilter, "the iptables tools cannot run: %v", err)
 		}
 		return BackendChoice{Backend: NetfilterIPTables, Configured: cfg.Netfilter, Reason: "netfilterBackend is iptables"}, nil
-	}
-	boot := bootID()
-	if rec != nil && rec.Configured == NetfilterAuto && rec.BootID == boot && boot != "" {
-		return *rec, nil
 	}
 	probe := nft.Probe()
 	if probe == nil {

@@ -58,19 +58,24 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err := preflight(cfg, true); err != nil {
 		return notAvailable("configuration: %s", errMsg(err))
 	}
-	rec, backend, err := inUseBackend(cfg, store.Dir())
+	rec, err := readChoice(store.Dir())
 	if err != nil {
 		return notAvailable("netfilter backend: %v", err)
 	}
-	cfg = cfg.withFilter(filterFor(backend, store))
-	if cfg.NetworkPolicy && backend == NetfilterIPTables {
-		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", describeChoice(rec, backend))
+	if cfg.NetworkPolicy && (cfg.Netfilter == NetfilterIPTables || rec != nil && rec.Backend == NetfilterIPTables) {
+		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", describeChoice(rec, NetfilterIPTables))
 	}
 	if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
 		// The bridge exists, so the network's node-wide rules were set up, and losing them
 		// (another tool ran `nft flush ruleset`) leaves the node open: without the localnet guard
 		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
-		// missing objects (an edited configuration) are left to the next ADD.
+		// missing objects (an edited configuration) are left to the next ADD. Only here is the
+		// backend that holds the rules needed (without a record, found in the kernel).
+		rec, backend, err := inUseBackend(cfg, store.Dir())
+		if err != nil {
+			return notAvailable("netfilter backend: %v", err)
+		}
+		cfg = cfg.withFilter(filterFor(backend, store))
 		if err := missingNodeRules(cfg, store.Dir()); err != nil {
 			return notAvailable("node-wide rules of network %q in %s are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, describeChoice(rec, backend), err)
 		}
