@@ -68,6 +68,10 @@ type Config struct {
 	BinDir   string // default DefaultBinDir
 	// BinSource is the kubenet binary to install into BinDir (the image's copy); "" skips it.
 	BinSource string
+	// ToolRoot is the node's root file system as mounted into the agent: the iptables backend
+	// runs the node's iptables, ip6tables and ebtables from it, chrooted (core.Config.ToolRoot).
+	// "" uses the tools on the agent's own PATH.
+	ToolRoot string
 	// ManageRoutes turns the route sync on; off where a cloud route table does the job.
 	ManageRoutes  bool
 	RouteProtocol int           // default routes.DefaultProtocol
@@ -454,6 +458,7 @@ func (a *Agent) syncConflist(self *corev1.Node, cl *claims) (bool, error) {
 		a.setReady(false, err.Error())
 		return false, err
 	}
+	network.ToolRoot = a.cfg.ToolRoot
 	path := filepath.Join(a.cfg.ConfDir, a.cfg.ConfFile)
 	changed, err := cnidir.WriteFile(path, data, 0o644)
 	if err != nil {

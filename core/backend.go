@@ -87,7 +87,7 @@ func iptablesUsable(cfg *Config) error {
 		fams = append(fams, ipt.Families(p.Addr().Is6())...)
 	}
 	for _, f := range fams {
-		if err := ipt.Available(f); err != nil {
+		if err := ipt.Available(f, cfg.ToolRoot); err != nil {
 			return err
 		}
 	}
@@ -150,7 +150,7 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 				return err
 			}
 			if inUse != want.Backend {
-				err := filterFor(inUse, store).removeAll(cfg.Network)
+				err := filterFor(cfg, inUse, store).removeAll(cfg.Network)
 				if err != nil && rec != nil {
 					return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
 				}
@@ -161,7 +161,7 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 			return nil, err
 		}
 	}
-	return cfg.withFilter(filterFor(want.Backend, store)), nil
+	return cfg.withFilter(filterFor(cfg, want.Backend, store)), nil
 }
 
 // inUseBackend is the backend that holds the network's rules now, for the verbs that work on
@@ -179,7 +179,7 @@ func inUseBackend(cfg *Config, networkDir string) (*BackendChoice, NetfilterBack
 	if nft.TableExists(nft.InetTable(cfg.Network)) {
 		return nil, NetfilterNFTables, nil
 	}
-	if masq.HasIPTablesChain(cfg.Network) {
+	if masq.HasIPTablesChain(&ipt.State{Root: cfg.ToolRoot}, cfg.Network) {
 		return nil, NetfilterIPTables, nil
 	}
 	if cfg.Netfilter == NetfilterIPTables {
@@ -194,7 +194,7 @@ func inUse(cfg *Config, store *ipam.Store) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return cfg.withFilter(filterFor(b, store)), nil
+	return cfg.withFilter(filterFor(cfg, b, store)), nil
 }
 
 // withFilter returns a copy of cfg whose verbs use nf. A copy, because the in-process plugin

@@ -105,6 +105,11 @@ type Config struct {
 	TakeOverNode bool
 	// fromIPRanges: the ranges came from the runtime's ipRanges, not from podCIDRs.
 	fromIPRanges bool
+	// ToolRoot is where the iptables backend finds iptables, ip6tables and ebtables: "" is the
+	// process's own PATH (the CNI binary runs on the node); kubenet-agent, in its container,
+	// sets the node's root file system, mounted into it, and runs the node's tools chrooted.
+	// Not a configuration key: it says where the caller runs.
+	ToolRoot string
 	// nf is the packet-filter backend a verb resolved for this copy (withFilter).
 	nf packetFilter
 }

@@ -50,9 +50,9 @@ type packetFilter interface {
 // filterFor returns the implementation of b for the network of store. Each call gets its own:
 // the iptables one reads each table once per operation, and writes node-wide rules under the
 // network's netfilter lock (nftables transactions need none: each replaces whole chains).
-func filterFor(b NetfilterBackend, store *ipam.Store) packetFilter {
+func filterFor(cfg *Config, b NetfilterBackend, store *ipam.Store) packetFilter {
 	if b == NetfilterIPTables {
-		return &iptablesFilter{st: &ipt.State{Serialize: func(f func() error) error {
+		return &iptablesFilter{st: &ipt.State{Root: cfg.ToolRoot, Serialize: func(f func() error) error {
 			unlock, err := store.LockNetfilter()
 			if err != nil {
 				return err
@@ -265,15 +265,15 @@ func flatten(err error) []error {
 // tools, one restore per table.
 func (f *iptablesFilter) removeAll(network string) error {
 	if f.st.Serialize == nil {
-		return removeIPTables(network)
+		return removeIPTables(f.st.Root, network)
 	}
-	return f.st.Serialize(func() error { return removeIPTables(network) })
+	return f.st.Serialize(func() error { return removeIPTables(f.st.Root, network) })
 }
 
 // removeIPTables is removeAll from reads taken now (under the netfilter lock).
-func removeIPTables(network string) error {
+func removeIPTables(root, network string) error {
 	ctx := context.Background()
-	st := &ipt.State{}
+	st := &ipt.State{Root: root}
 	type target struct {
 		fam   ipt.Family
 		table string
@@ -303,10 +303,7 @@ func removeIPTables(network string) error {
 			errs = append(errs, err)
 			continue
 		}
-		if lines := ipt.RemoveLines(t, names); len(lines) > 0 {
-			st.Forget(tg.fam, tg.table)
-			errs = append(errs, ipt.Restore(ctx, tg.fam, tg.table, lines))
-		}
+		errs = append(errs, st.Restore(ctx, tg.fam, tg.table, ipt.RemoveLines(t, names)))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("remove the iptables rules of network %q: %w", network, err)

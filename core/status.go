@@ -75,7 +75,7 @@ func Status(ctx context.Context, cfg *Config) error {
 		if err != nil {
 			return notAvailable("netfilter backend: %v", err)
 		}
-		cfg = cfg.withFilter(filterFor(backend, store))
+		cfg = cfg.withFilter(filterFor(cfg, backend, store))
 		if err := missingNodeRules(cfg, store.Dir()); err != nil {
 			return notAvailable("node-wide rules of network %q in %s are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, describeChoice(rec, backend), err)
 		}

@@ -53,8 +53,7 @@ func EnsureDedupEbtables(ctx context.Context, st *ipt.State, m Mode, d Dedup) er
 	if len(lines) == 0 {
 		return nil
 	}
-	st.Forget(ipt.Bridge, "filter")
-	if err := ipt.Restore(ctx, ipt.Bridge, "filter", lines); err != nil {
+	if err := st.Restore(ctx, ipt.Bridge, "filter", lines); err != nil {
 		return fmt.Errorf("remove dedup rules of bridge %q: %w", d.Bridge, err)
 	}
 	return nil

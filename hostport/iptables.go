@@ -179,8 +179,7 @@ func (b iptablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 				}
 			}
 			jumps, _ := ipt.SyncLines(t, nil, p.plan.Jumps)
-			b.st.Forget(p.f, p.table)
-			return ipt.Restore(ctx, p.f, p.table, slices.Concat(declare, lines, jumps))
+			return b.st.Restore(ctx, p.f, p.table, slices.Concat(declare, lines, jumps))
 		})
 		if err != nil {
 			return rep, false, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
@@ -327,8 +326,7 @@ func (b iptablesBackend) install(cfg Config, rs []Reservation) error {
 				lines = append(lines, "-A "+chainHPHAIR(cfg.Network)+" "+h)
 			}
 		}
-		b.st.Forget(f, "nat")
-		if err := ipt.Restore(ctx, f, "nat", lines); err != nil {
+		if err := b.st.Restore(ctx, f, "nat", lines); err != nil {
 			// An exec that failed may still have committed (killed after the commit): read back.
 			if ok, rerr := b.allPresent(cfg, part); rerr == nil && ok {
 				continue
@@ -433,8 +431,7 @@ func (b iptablesBackend) uninstallFamily(ctx context.Context, cfg Config, f ipt.
 			}
 		}
 	}
-	b.st.Forget(f, "nat")
-	return ipt.Restore(ctx, f, "nat", lines)
+	return b.st.Restore(ctx, f, "nat", lines)
 }
 
 // hairpinOf tells whether a hairpin rule is owner's.

@@ -141,7 +141,7 @@ func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Por
 				lines = append(lines, ipt.Declare(ipt.Bridge, ipt.Chain{Name: pods, Policy: "RETURN"}))
 			}
 			jumps, _ := ipt.SyncLines(t, nil, plan.Jumps)
-			return ipt.Restore(ctx, ipt.Bridge, ebtablesTable, append(lines, jumps...))
+			return st.Restore(ctx, ipt.Bridge, ebtablesTable, append(lines, jumps...))
 		})
 		if err != nil {
 			return rebuilt, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
@@ -178,8 +178,7 @@ func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Por
 	if len(lines) == 0 {
 		return rebuilt, nil
 	}
-	st.Forget(ipt.Bridge, ebtablesTable)
-	if err := ipt.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
+	if err := st.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
 		return rebuilt, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
 	}
 	return rebuilt, nil
@@ -231,8 +230,7 @@ func removePorts(ctx context.Context, st *ipt.State, t *ipt.Table, network strin
 	if len(lines) == 0 {
 		return nil
 	}
-	st.Forget(ipt.Bridge, ebtablesTable)
-	if err := ipt.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
+	if err := st.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
 		return fmt.Errorf("remove isolation rules of network %q: %w", network, err)
 	}
 	return nil
@@ -266,8 +264,7 @@ func GCEbtables(ctx context.Context, st *ipt.State, network string, keep func(po
 	}
 	if len(lines) > 0 {
 		slices.Sort(lines)
-		st.Forget(ipt.Bridge, ebtablesTable)
-		if err := ipt.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
+		if err := st.Restore(ctx, ipt.Bridge, ebtablesTable, lines); err != nil {
 			return stale, fmt.Errorf("remove isolation rules of network %q: %w", network, err)
 		}
 	}

@@ -84,14 +84,14 @@ func IPTablesChains(network string) map[string][]string {
 	return map[string][]string{"nat": {IPTablesChain(network)}}
 }
 
-// HasIPTablesChain tells whether the network's SNAT chain exists in iptables or ip6tables: the
-// network's rules are there. False when the tools cannot run.
-func HasIPTablesChain(network string) bool {
+// HasIPTablesChain tells whether the network's SNAT chain exists in iptables or ip6tables (the
+// tools of st's root): the network's rules are there. False when the tools cannot run.
+func HasIPTablesChain(st *ipt.State, network string) bool {
 	for _, f := range []ipt.Family{ipt.IPv4, ipt.IPv6} {
-		if ipt.Available(f) != nil {
+		if st.Available(f) != nil {
 			continue
 		}
-		if t, err := ipt.Save(context.Background(), f, "nat"); err == nil && t.Has(IPTablesChain(network)) {
+		if t, err := st.Table(context.Background(), f, "nat"); err == nil && t.Has(IPTablesChain(network)) {
 			return true
 		}
 	}

@@ -17,7 +17,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -78,9 +80,19 @@ func ChainSuffix(network string) string {
 	return hex.EncodeToString(sum[:4])
 }
 
-// Available tells whether the family's tool (and its save and restore tools) can be run. For
-// iptables and ip6tables go-iptables finds the command and asks its version.
-func Available(f Family) error {
+// Available tells whether the family's tool (and its save and restore tools) can be run, under
+// root (see run). On the node itself, go-iptables finds iptables and ip6tables and asks their
+// version; under another root the tools are looked for there and asked themselves.
+func Available(f Family, root string) error {
+	if root != "" && root != "/" {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			if _, err := toolPath(root, f.command()+suffix); err != nil {
+				return fmt.Errorf("%s: %w", f, err)
+			}
+		}
+		_, err := run(context.Background(), root, f, "", nil, "--version")
+		return err
+	}
 	if f != Bridge {
 		proto := iptables.ProtocolIPv4
 		if f == IPv6 {
@@ -117,15 +129,43 @@ func (t *Table) Has(chain string) bool {
 	return ok
 }
 
-// run execs the family's tool with suffix ("-save", "-restore") and stdin, bounded by Timeout.
-func run(ctx context.Context, f Family, suffix string, stdin []byte, args ...string) ([]byte, error) {
+// toolDirs are where a node's root file system keeps the tools.
+var toolDirs = [...]string{"/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/local/bin"}
+
+// toolPath finds tool under root ("" or "/": the process's own PATH) and returns its path as
+// seen inside root.
+func toolPath(root, tool string) (string, error) {
+	if root == "" || root == "/" {
+		return exec.LookPath(tool)
+	}
+	for _, dir := range toolDirs {
+		p := filepath.Join(dir, tool)
+		if st, err := os.Stat(filepath.Join(root, p)); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in %s under %s", tool, strings.Join(toolDirs[:], ", "), root)
+}
+
+// run execs the family's tool with suffix ("-save", "-restore", "") and stdin, bounded by
+// Timeout. With a root other than "/" the tool is the one of that file system, run chrooted into
+// it: kubenet-agent runs the node's own tools (and their legacy or nft mode) from its container.
+func run(ctx context.Context, root string, f Family, suffix string, stdin []byte, args ...string) ([]byte, error) {
+	path, err := toolPath(root, f.command()+suffix)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, f.command()+suffix, args...)
+	cmd := exec.CommandContext(ctx, path, args...)
 	// The tool dies with the plugin: a restore outliving a killed ADD could commit after the
 	// DEL that cleans up, and leave its rules behind. (A restore commits in one transaction, so
 	// one killed half-way writes nothing.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if root != "" && root != "/" {
+		cmd.Path, cmd.Dir = path, "/"
+		cmd.SysProcAttr.Chroot = root
+	}
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
@@ -141,9 +181,10 @@ func run(ctx context.Context, f Family, suffix string, stdin []byte, args ...str
 	return stdout.Bytes(), nil
 }
 
-// Save reads one table of f. A table nobody created yet reads as empty.
-func Save(ctx context.Context, f Family, table string) (*Table, error) {
-	out, err := run(ctx, f, "-save", nil, "-t", table)
+// Save reads one table of f with the tools under root. A table nobody created yet reads as
+// empty.
+func Save(ctx context.Context, root string, f Family, table string) (*Table, error) {
+	out, err := run(ctx, root, f, "-save", nil, "-t", table)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +224,7 @@ func Parse(f Family, table string, out []byte) *Table {
 // table of f in one transaction, leaving everything else as it is. A chain declared with ":"
 // is created, or emptied if it exists. iptables and ip6tables wait for the xtables lock of
 // legacy kernels' tables (-w).
-func Restore(ctx context.Context, f Family, table string, lines []string) error {
+func restore(ctx context.Context, root string, f Family, table string, lines []string) error {
 	if len(lines) == 0 {
 		return nil
 	}
@@ -198,7 +239,7 @@ func Restore(ctx context.Context, f Family, table string, lines []string) error 
 	if f != Bridge {
 		args = append(args, "-w", fmt.Sprint(int(Timeout.Seconds())))
 	}
-	_, err := run(ctx, f, "-restore", []byte(b.String()), args...)
+	_, err := run(ctx, root, f, "-restore", []byte(b.String()), args...)
 	return err
 }
 
@@ -365,23 +406,6 @@ func Declare(f Family, c Chain) string { return declare(f, c) }
 // insertFirst is the restore line that puts rule first in chain.
 func insertFirst(chain, rule string) string { return "-I " + chain + " 1 " + rule }
 
-// Sync makes the table hold chains and jumps as planned, reading it first (have, when the caller
-// read it already, else one -save) and writing at most one -restore. It returns the differences
-// it repaired; nil when the table was as planned.
-func Sync(ctx context.Context, f Family, table string, have *Table, chains []Chain, jumps []Jump) ([]*Difference, error) {
-	if have == nil {
-		var err error
-		if have, err = Save(ctx, f, table); err != nil {
-			return nil, err
-		}
-	}
-	lines, diffs := SyncLines(have, chains, jumps)
-	if err := Restore(ctx, f, table, lines); err != nil {
-		return diffs, err
-	}
-	return diffs, nil
-}
-
 // RemoveLines returns the restore lines that remove every jump to one of chains from the
 // table's other chains, then empty and delete chains (those the table has). Pure.
 func RemoveLines(t *Table, chains []string) []string {
@@ -431,6 +455,8 @@ func jumpTarget(rule string) string {
 // at once): a -save costs what the table holds, and ebtables' nat table holds a chain per pod,
 // so the verbs that must cost the same on a full node read the bridge's fixed chains by name.
 type State struct {
+	// Root is the file system whose tools are run, chrooted ("" or "/": the process's own).
+	Root string
 	// Serialize runs f while no other process writes node-wide rules of the network (chains
 	// every pod shares, and the jumps to them): restores that declare a shared chain empty it,
 	// and restores that insert a jump duplicate it, when they race. nil runs f as it is (one
@@ -483,7 +509,7 @@ func (s *State) once(k stateKey) *readOnce {
 // Table returns table of f, read once.
 func (s *State) Table(ctx context.Context, f Family, table string) (*Table, error) {
 	o := s.once(stateKey{f, table, ""})
-	o.once.Do(func() { o.t, o.err = Save(ctx, f, table) })
+	o.once.Do(func() { o.t, o.err = Save(ctx, s.Root, f, table) })
 	return o.t, o.err
 }
 
@@ -518,7 +544,7 @@ func (s *State) Chains(ctx context.Context, f Family, table string, names ...str
 	var wg sync.WaitGroup
 	for i, n := range names {
 		reads[i] = s.once(stateKey{f, table, n})
-		read := func() { reads[i].once.Do(func() { reads[i].t, reads[i].err = List(ctx, f, table, n) }) }
+		read := func() { reads[i].once.Do(func() { reads[i].t, reads[i].err = List(ctx, s.Root, f, table, n) }) }
 		if nsErr != nil {
 			read()
 			continue
@@ -544,6 +570,18 @@ func (s *State) Chains(ctx context.Context, f Family, table string, names ...str
 	return out, nil
 }
 
+// Restore applies lines to one table of f (see restore) and forgets what was read of it.
+func (s *State) Restore(ctx context.Context, f Family, table string, lines []string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	s.Forget(f, table)
+	return restore(ctx, s.Root, f, table, lines)
+}
+
+// Available tells whether the tools of f can run under the State's root.
+func (s *State) Available(f Family) error { return Available(f, s.Root) }
+
 // Forget drops what was read of table of f, whole or by chain.
 func (s *State) Forget(f Family, table string) {
 	s.mu.Lock()
@@ -558,18 +596,18 @@ func (s *State) Forget(f Family, table string) {
 // List reads one chain of table of f: ebtables -L, or iptables -S. A chain that does not exist
 // reads as a Table without it (the tools fail then; a failure of the tool itself is told apart
 // by running it once more on a built-in chain, which always exists).
-func List(ctx context.Context, f Family, table, chain string) (*Table, error) {
+func List(ctx context.Context, root string, f Family, table, chain string) (*Table, error) {
 	args := []string{"-t", table, "-S", chain}
 	if f == Bridge {
 		args = []string{"-t", table, "-L", chain}
 	} else {
 		args = append([]string{"-w", fmt.Sprint(int(Timeout.Seconds()))}, args...)
 	}
-	out, err := run(ctx, f, "", nil, args...)
+	out, err := run(ctx, root, f, "", nil, args...)
 	t := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
 	if err != nil {
 		builtin := map[string]string{"nat": "PREROUTING", "filter": "FORWARD", "mangle": "PREROUTING"}[table]
-		if _, berr := List(ctx, f, table, builtin); builtin == "" || builtin == chain || berr != nil {
+		if _, berr := List(ctx, root, f, table, builtin); builtin == "" || builtin == chain || berr != nil {
 			return nil, err
 		}
 		return t, nil // the tool works: the chain is missing
@@ -637,8 +675,7 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 		}
 		var lines []string
 		lines, diffs = SyncLines(t, p.Chains, p.Jumps)
-		st.Forget(f, table)
-		return Restore(ctx, f, table, lines)
+		return st.Restore(ctx, f, table, lines)
 	})
 	return diffs, err
 }
