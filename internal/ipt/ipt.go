@@ -606,8 +606,13 @@ func List(ctx context.Context, root string, f Family, table, chain string) (*Tab
 	out, err := run(ctx, root, f, "", nil, args...)
 	t := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
 	if err != nil {
+		// Listing a built-in chain, which always exists, tells a missing chain from a tool that
+		// fails: only a chain that is not the built-in one is listed so, once.
 		builtin := map[string]string{"nat": "PREROUTING", "filter": "FORWARD", "mangle": "PREROUTING"}[table]
-		if _, berr := List(ctx, root, f, table, builtin); builtin == "" || builtin == chain || berr != nil {
+		if builtin == "" || builtin == chain {
+			return nil, err
+		}
+		if _, berr := List(ctx, root, f, table, builtin); berr != nil {
 			return nil, err
 		}
 		return t, nil // the tool works: the chain is missing

@@ -2,6 +2,8 @@ package ipt
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -43,5 +45,28 @@ func TestToolRoot(t *testing.T) {
 	}
 	if _, err := toolPath(t.TempDir(), "iptables"); err == nil {
 		t.Error("a root without the tools found them")
+	}
+}
+
+// TestListWithBrokenTool: a tool that fails makes List fail, once: it never takes the failure
+// for a missing chain, and never recurses (a root whose tool fails on every call).
+func TestListWithBrokenTool(t *testing.T) {
+	root := t.TempDir()
+	for _, tool := range []string{"ebtables", "iptables"} {
+		p := filepath.Join(root, "usr/sbin", tool)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Not a program the kernel can run: every exec of it fails.
+		if err := os.WriteFile(p, []byte("not a program\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []Family{Bridge, IPv4} {
+		for _, chain := range []string{"PREROUTING", "KUBENET-X"} {
+			if tb, err := List(context.Background(), root, f, "nat", chain); err == nil {
+				t.Errorf("%s -L %s with a broken tool = %v, want an error", f, chain, tb)
+			}
+		}
 	}
 }
