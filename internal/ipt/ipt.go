@@ -140,7 +140,11 @@ func toolPath(root, tool string) (string, error) {
 	}
 	for _, dir := range toolDirs {
 		p := filepath.Join(dir, tool)
-		if st, err := os.Stat(filepath.Join(root, p)); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+		// Lstat: a node's tools are symbolic links with absolute targets (/usr/sbin/iptables ->
+		// /etc/alternatives/iptables), which mean the node's files only once the tool runs
+		// chrooted; followed from here they would name this process's files.
+		st, err := os.Lstat(filepath.Join(root, p))
+		if err == nil && (st.Mode()&os.ModeSymlink != 0 || st.Mode().IsRegular() && st.Mode()&0o111 != 0) {
 			return p, nil
 		}
 	}

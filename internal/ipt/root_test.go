@@ -70,3 +70,31 @@ func TestListWithBrokenTool(t *testing.T) {
 		}
 	}
 }
+
+// TestToolPathUnderRoot: a tool under a root is found by its entry, also when it is a symbolic
+// link whose absolute target exists only inside that root (the node's /usr/sbin/ebtables ->
+// /etc/alternatives/ebtables, seen from kubenet-agent's container, which has no /etc/alternatives).
+func TestToolPathUnderRoot(t *testing.T) {
+	root := t.TempDir()
+	target := "/kubenet-test-alternatives/xyz-tool" // no such file on this machine
+	for _, d := range []string{"usr/sbin", "kubenet-test-alternatives"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, target), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(root, "usr/sbin/xyz-tool")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/sbin/not-executable"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := toolPath(root, "xyz-tool"); err != nil || p != "/usr/sbin/xyz-tool" {
+		t.Errorf("toolPath = %q, %v; want /usr/sbin/xyz-tool", p, err)
+	}
+	if _, err := toolPath(root, "not-executable"); err == nil {
+		t.Error("a file that is not executable was taken for a tool")
+	}
+}
