@@ -329,7 +329,7 @@ func (s *staleCheck) finish(t *testing.T) {
 		}
 		return nil
 	})
-	Require(t, err, "the agent on %s collected the leaked attachment of sandbox %s: reservations %v, record, hostPort index entry, veth, ifb and every nftables element gone, by %s after its ADD",
+	Require(t, err, "the agent on %s collected the leaked attachment of sandbox %s: reservations %v, record, hostPort index entry, veth, ifb and its netfilter elements and rules gone, by %s after its ADD",
 		node.Name, short(s.att.ContainerID), s.ips, time.Since(s.written).Round(time.Second))
 
 	at, line, err := s.collectedLogLine()
