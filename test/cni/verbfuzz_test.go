@@ -541,7 +541,7 @@ func (f *fuzzer) addInvalid() {
 }
 
 // snapshot is a summary of everything kubenet may have created on the node: data dir files,
-// links and the nftables ruleset.
+// links and the rules of the node's netfilter backend.
 func (f *fuzzer) snapshot() string {
 	var links []string
 	nettest.Do(f.t, f.node.NS, func() error {
@@ -552,7 +552,7 @@ func (f *fuzzer) snapshot() string {
 		return err
 	})
 	slices.Sort(links)
-	ruleset, _ := nettest.Output(f.node.NS, "nft", "list", "ruleset")
+	ruleset := testkit.NetfilterRuleset(f.t, f.node)
 	return fmt.Sprintf("files %v links %v ruleset %d bytes %x", testkit.DataDirFiles(f.t, f.node), links, len(ruleset), ruleset)
 }
 
@@ -1002,6 +1002,7 @@ func (f *fuzzer) checkInvariants() {
 func (f *fuzzer) checkIsolation(reserved map[netip.Addr]string) {
 	f.t.Helper()
 	els := testkit.IsolationElements(f.t, f.node)
+	backend := testkit.NodeBackend(f.node)
 	byPort := map[string]*fuzzAtt{}
 	for _, a := range f.atts {
 		byPort[fuzzHostVeth(a)] = a
@@ -1014,7 +1015,7 @@ func (f *fuzzer) checkIsolation(reserved map[netip.Addr]string) {
 			f.failf("isolation element %s is keyed by a port no attachment has", el)
 		case a.state == attGone:
 			f.failf("gone attachment %s still has isolation element %s", a.id, el)
-		case el.Comment != a.id+"/eth0":
+		case mark(el) != testkit.IsolationMark(backend, port, a.id+"/eth0"):
 			f.failf("isolation element %s of attachment %s's port names another owner", el, a.id)
 		}
 		switch el.Set {
@@ -1049,12 +1050,18 @@ func (f *fuzzer) checkIsolation(reserved map[netip.Addr]string) {
 			}
 		case a.state == attLive && !a.damaged:
 			port := fuzzHostVeth(a)
-			got, want := isolationOfPort(els, port, a.id+"/eth0"), isolationWant(port, a.id+"/eth0", a.mac, a.ips, true)
+			owner := a.id + "/eth0"
+			got, want := isolationOfPort(els, port, owner), isolationWant(testkit.IsolationMark(backend, port, owner), port, a.mac, a.ips, true)
 			if !slices.Equal(got, want) {
 				f.failf("live attachment %s: isolation elements\n got %q\nwant %q", a.id, got, want)
 			}
 		}
 	}
+}
+
+// mark is what ties el to its attachment (testkit.IsolationMark): its comment or its chain.
+func mark(el testkit.IsolationElement) testkit.IsolationElement {
+	return testkit.IsolationElement{Comment: el.Comment, Chain: el.Chain}
 }
 
 // fuzzHostVeth is the bridge port of a model attachment.
