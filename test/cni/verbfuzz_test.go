@@ -984,8 +984,11 @@ func (f *fuzzer) checkInvariants() {
 				if strings.Contains(rel, a.id) {
 					f.failf("gone attachment %s still has file %s", a.id, rel)
 				}
+				// A damaged index file names nobody for sure: DEL removes it when the kernel's
+				// element or rule of its key names the attachment, and an ADD killed between the
+				// file and the rule leaves none; then GC removes it (drain checks that).
 				if strings.Contains(rel, hostport.IndexDirName) && !f.isJunk(rel) {
-					if b, _ := os.ReadFile(filepath.Join(f.node.DataDir(), rel)); bytes.Contains(b, []byte(`"`+a.id+`"`)) {
+					if b, _ := os.ReadFile(filepath.Join(f.node.DataDir(), rel)); bytes.Contains(b, []byte(`"`+a.id+`"`)) && !(a.damaged && !json.Valid(b)) {
 						f.failf("gone attachment %s still holds hostPort index file %s", a.id, rel)
 					}
 				}
