@@ -23,15 +23,16 @@ deps:
 # The verb fuzzer's seed (TestVerbFuzz, test/cni): a new one per run, so CI keeps exploring, but
 # chosen here and printed before the tests start, so that every run's log says how to replay it,
 # also when the run is killed or times out (go test prints a passing package's output only with
-# -v). KUBENET_FUZZ_SEED=<n> make test replays one.
+# -v). KUBENET_FUZZ_SEED=<n> make test replays one. The seed runs on both netfilter backends,
+# KUBENET_FUZZ_STEPS steps on each (KUBENET_FUZZ_BACKEND=nftables or iptables: one of them).
 ifndef KUBENET_FUZZ_SEED
 KUBENET_FUZZ_SEED := $(shell date +%s)
 endif
-KUBENET_FUZZ_STEPS ?= 120
+KUBENET_FUZZ_STEPS ?= 75
 
 # Every test, unit and end-to-end. As root: the end-to-end tests make network namespaces.
 test: deps
-	@echo "verb fuzzer: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) (replay: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) go test -count=1 -run '^TestVerbFuzz$$' -v ./test/cni/)"
+	@echo "verb fuzzer: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) on nftables and iptables (replay: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) [KUBENET_FUZZ_BACKEND=nftables|iptables] go test -count=1 -run '^TestVerbFuzz$$' -v ./test/cni/)"
 	KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # Tests that need no root (pure logic).

@@ -71,6 +71,10 @@ type Node struct {
 	Peer     ns.NetNS
 	Dir      string // dataDir, cache dir and conflists live below it
 	CNI      *libcni.CNIConfig
+	// NetfilterBackend is the netfilterBackend of the node's conflist ("": auto): ConfList sets
+	// it, a test that writes its configuration by hand sets it. Readers of the kernel's rules
+	// (test/testkit) go by it until kubenet has recorded the backend it chose.
+	NetfilterBackend string
 }
 
 // NewNode builds a node whose plugins are found in binDir.
@@ -144,6 +148,7 @@ func (n *Node) ConfList(t testing.TB, c NetConf) *libcni.NetworkConfigList {
 	if c.NetfilterBackend != "" {
 		plugin["netfilterBackend"] = c.NetfilterBackend
 	}
+	n.NetfilterBackend = c.NetfilterBackend
 	for k, v := range c.Extra {
 		plugin[k] = v
 	}

@@ -20,23 +20,25 @@ import (
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
-// wantIsolationElements is what the isolation sets must hold for pod: its port, and with
+// wantIsolationElements is what the isolation sets of node must hold for pod: its port, and with
 // anti-spoofing its MAC and addresses (the link-local one derived from the MAC).
-func wantIsolationElements(t *testing.T, p *nettest.Pod, antiSpoofing bool) []string {
+func wantIsolationElements(t *testing.T, node *nettest.Node, p *nettest.Pod, antiSpoofing bool) []string {
 	t.Helper()
 	mac, err := sandboxMAC(p.Result)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return isolationWant(testkit.KubenetNames(p).HostVeth, p.RT.ContainerID+"/"+p.RT.IfName, mac, p.IPs(), antiSpoofing)
+	port := testkit.KubenetNames(p).HostVeth
+	mark := testkit.IsolationMark(testkit.NodeBackend(node), port, p.RT.ContainerID+"/"+p.RT.IfName)
+	return isolationWant(mark, port, mac, p.IPs(), antiSpoofing)
 }
 
 // isolationWant is what the isolation sets hold for one attachment, sorted: its bridge port, and
 // with anti-spoofing its MAC and addresses (the link-local one derived from the MAC), each
-// element with the attachment (owner) as its comment.
-func isolationWant(port, owner string, mac net.HardwareAddr, ips []netip.Addr, antiSpoofing bool) []string {
+// element tied to the attachment by mark (testkit.IsolationMark: its comment or its chain).
+func isolationWant(mark testkit.IsolationElement, port string, mac net.HardwareAddr, ips []netip.Addr, antiSpoofing bool) []string {
 	el := func(set, key string) string {
-		return testkit.IsolationElement{Set: set, Key: key, Comment: owner}.String()
+		return testkit.IsolationElement{Set: set, Key: key, Comment: mark.Comment, Chain: mark.Chain}.String()
 	}
 	want := []string{el(isolation.SetPodPorts, port)}
 	if antiSpoofing {
@@ -90,7 +92,7 @@ func isolationOfPort(els []testkit.IsolationElement, port, owner string) []strin
 
 func expectIsolationElements(t *testing.T, node *nettest.Node, p *nettest.Pod, antiSpoofing bool) {
 	t.Helper()
-	got, want := isolationElementsOf(t, node, p), wantIsolationElements(t, p, antiSpoofing)
+	got, want := isolationElementsOf(t, node, p), wantIsolationElements(t, node, p, antiSpoofing)
 	if !slices.Equal(got, want) {
 		t.Errorf("isolation elements of %s:\n got %q\nwant %q", p.RT.ContainerID, got, want)
 	}

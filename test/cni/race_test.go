@@ -120,7 +120,7 @@ func raceOutcome(t *testing.T, node *nettest.Node, pod *nettest.Pod, add nettest
 		if err != nil {
 			t.Fatal(err)
 		}
-		pieces["every isolation element"] = slices.Equal(elements, isolationWant(names.HostVeth, owner, mac, ips, true))
+		pieces["every isolation element"] = slices.Equal(elements, isolationWant(testkit.IsolationMark(testkit.NodeBackend(node), names.HostVeth, owner), names.HostVeth, mac, ips, true))
 	} else {
 		pieces["every isolation element"] = false // which ones the pod would have, only ADD's result says
 	}

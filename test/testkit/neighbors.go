@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/isolation"
 )
@@ -102,16 +103,34 @@ func FDBPorts(t testing.TB, n ns.NetNS, mac net.HardwareAddr) []string {
 	return out
 }
 
-// IsolationElement is one element of the bridge table's isolation sets, as the nft tool shows it.
-type IsolationElement struct{ Set, Key, Comment string }
+// IsolationElement is one permission of the bridge's isolation: an element of one of its sets,
+// as the nft tool shows it (Set, Key "port[ . value]", Comment the owner), or on the iptables
+// backend what the ebtables rules permit, in the same terms, with the pod chain it was read from
+// (Chain; ebtables rules have no comment, so Comment is empty). IsolationMark says which of
+// Comment and Chain ties an element to its attachment.
+type IsolationElement struct{ Set, Key, Comment, Chain string }
 
-func (e IsolationElement) String() string { return fmt.Sprintf("%s: %s [%s]", e.Set, e.Key, e.Comment) }
+func (e IsolationElement) String() string {
+	if e.Chain != "" {
+		return fmt.Sprintf("%s: %s [chain %s]", e.Set, e.Key, e.Chain)
+	}
+	return fmt.Sprintf("%s: %s [%s]", e.Set, e.Key, e.Comment)
+}
 
-// IsolationElements lists the elements of the isolation sets of the tests' network with the nft
-// tool (not with the code under test). Missing sets are empty.
+// IsolationElements lists the isolation of the tests' network that the node's backend holds (see
+// NodeBackend): the elements of the isolation sets with the nft tool, or the equivalent of the
+// ebtables pod chains with ebtables-save (not with the code under test). Missing sets and chains
+// are empty.
 func IsolationElements(t testing.TB, node *nettest.Node) []IsolationElement {
 	t.Helper()
 	var out []IsolationElement
+	b := NodeBackend(node)
+	if reads(b, core.NetfilterIPTables) {
+		out = ebtablesIsolation(t, node)
+	}
+	if !reads(b, core.NetfilterNFTables) {
+		return out
+	}
 	for _, set := range []string{isolation.SetPodPorts, isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
 		for _, raw := range NFTElements(t, node, "bridge", "set", set) {
 			var el struct {

@@ -257,7 +257,10 @@ func SortedAddrs(as []netip.Addr) []netip.Addr {
 // HostPortTable is the nftables table of the tests' network ("kubenet").
 const HostPortTable = "kubenet-kubenet"
 
-// HostPortElement is one element of the network's hostPort maps, as the nft tool shows it.
+// HostPortElement is one element of the network's hostPort maps, as the nft tool shows it: the
+// map that holds it, its key ("[address . ]protocol . port"), its value ("pod address . port")
+// and its comment (the owner, "containerID/ifname"). On the iptables backend each DNAT rule reads
+// as the element the nftables backend would hold for it.
 type HostPortElement struct {
 	Map, Key, Value, Comment string
 }
@@ -266,11 +269,19 @@ func (e HostPortElement) String() string {
 	return fmt.Sprintf("%s: %s : %s [%s]", e.Map, e.Key, e.Value, e.Comment)
 }
 
-// HostPortElements lists the elements of the four hostPort maps with the nft tool (not with the code
-// under test). Missing maps are empty.
+// HostPortElements lists the host ports the node's backend holds (see NodeBackend): the elements
+// of the four hostPort maps with the nft tool, or the DNAT rules with iptables-save and
+// ip6tables-save (not with the code under test). Missing maps and chains are empty.
 func HostPortElements(t testing.TB, node *nettest.Node) []HostPortElement {
 	t.Helper()
 	var out []HostPortElement
+	b := NodeBackend(node)
+	if reads(b, core.NetfilterIPTables) {
+		out = iptablesHostPorts(t, node)
+	}
+	if !reads(b, core.NetfilterNFTables) {
+		return out
+	}
 	for _, m := range []string{hostport.MapIPv4, hostport.MapIPv4Addr, hostport.MapIPv6, hostport.MapIPv6Addr} {
 		for _, raw := range NFTElements(t, node, "inet", "map", m) {
 			var el [2]json.RawMessage
