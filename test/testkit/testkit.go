@@ -397,9 +397,15 @@ func AssertNoHostPortResidue(t testing.TB, node *nettest.Node, podIPs []netip.Ad
 	if flows := HostPortConntrack(t, node, true, ports...); len(flows) > 0 {
 		t.Errorf("leak: conntrack entries of the host ports remain:\n%s", strings.Join(flows, "\n"))
 	}
-	ruleset := nettest.Run(t, node.NS, "nft", "list", "ruleset")
+	ruleset := NetfilterRuleset(t, node)
 	for _, ip := range podIPs {
-		if strings.Contains(ruleset, ip.String()+" ") {
+		// "10.244.1.2 " in nft's listing; "10.244.1.2:80", "[fd00::2]:80" and "10.244.1.2/32"
+		// in iptables'.
+		named := []string{ip.String() + " ", ip.String() + "/", "[" + ip.String() + "]"}
+		if ip.Is4() {
+			named = append(named, ip.String()+":")
+		}
+		if slices.ContainsFunc(named, func(n string) bool { return strings.Contains(ruleset, n) }) {
 			t.Errorf("leak: the ruleset still names pod address %s:\n%s", ip, ruleset)
 		}
 	}
