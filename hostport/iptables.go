@@ -136,7 +136,17 @@ func (b iptablesBackend) checkNode(cfg Config) error {
 func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, error) {
 	var out []error
 	for _, p := range IPTablesPlan(cfg) {
-		t, err := b.st.Table(context.Background(), p.f, p.table)
+		var t *ipt.Table
+		var err error
+		if b.st.ByName {
+			// The fixed chains and the chains their jumps hang from; the entry chains are not
+			// read (they hold every pod's rules): the fixed chains jump to them, and iptables
+			// keeps no jump to a chain that does not exist.
+			t, err = b.st.Chains(context.Background(), p.f, p.table, p.plan.Names()...)
+			p.entries = nil
+		} else {
+			t, err = b.st.Table(context.Background(), p.f, p.table)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
 		}

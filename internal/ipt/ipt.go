@@ -461,6 +461,10 @@ func jumpTarget(rule string) string {
 type State struct {
 	// Root is the file system whose tools are run, chrooted ("" or "/": the process's own).
 	Root string
+	// ByName reads iptables and ip6tables chains by name too, as ebtables' always are: one
+	// listing per chain instead of one -save per table. STATUS sets it: a table's -save costs what
+	// it holds (every pod's host-port rules, kube-proxy's), a chain's listing only that chain.
+	ByName bool
 	// Serialize runs f while no other process writes node-wide rules of the network (chains
 	// every pod shares, and the jumps to them): restores that declare a shared chain empty it,
 	// and restores that insert a jump duplicate it, when they race. nil runs f as it is (one
@@ -693,9 +697,14 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 // by name (the bridge's tables hold a chain per pod); for iptables and ip6tables the whole table,
 // whose one -save costs less than a listing per chain.
 func (p Plan) read(ctx context.Context, st *State, f Family, table string) (*Table, error) {
-	if f != Bridge {
+	if f != Bridge && !st.ByName {
 		return st.Table(ctx, f, table)
 	}
+	return st.Chains(ctx, f, table, p.Names()...)
+}
+
+// Names are the chains the plan is compared in: its own and the chains its jumps hang from.
+func (p Plan) Names() []string {
 	var names []string
 	for _, c := range p.Chains {
 		names = append(names, c.Name)
@@ -705,7 +714,7 @@ func (p Plan) read(ctx context.Context, st *State, f Family, table string) (*Tab
 			names = append(names, j.From)
 		}
 	}
-	return st.Chains(ctx, f, table, names...)
+	return names
 }
 
 // Missing returns the differences of diffs that are missing objects.
