@@ -207,12 +207,13 @@ func (f *iptablesFilter) checkNode(cfg *Config) error {
 	)
 }
 
-// missingNode lists the fixed chains by name (the chains of pods are never read, so STATUS costs
+// missingNode lists kubenet's fixed chains by name and looks for missing or emptied ones
+// (ipt.State.Sentinels: what a reload leaves; the chains of pods are never read, so STATUS costs
 // the same on a full node), and ebtables' dedup chain in promiscuous-bridge mode. As with
 // nftables, the isolation chains do not count.
 func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed bool) error {
 	ctx := context.Background()
-	f.st.ByName = true
+	f.st.Sentinels = true
 	var out []error
 	missing := func(err error) error {
 		var d *ipt.Difference

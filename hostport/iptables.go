@@ -138,12 +138,16 @@ func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, err
 	for _, p := range IPTablesPlan(cfg) {
 		var t *ipt.Table
 		var err error
-		if b.st.ByName {
-			// The fixed chains and the chains their jumps hang from; the entry chains are not
-			// read (they hold every pod's rules): the fixed chains jump to them, and iptables
-			// keeps no jump to a chain that does not exist.
-			t, err = b.st.Chains(context.Background(), p.f, p.table, p.plan.Names()...)
-			p.entries = nil
+		if b.st.Sentinels {
+			// Only the fixed chains (ipt.State.Sentinels); the entry chains hold every pod's
+			// rules and are not read: the fixed chains jump to them, and iptables keeps no jump
+			// to a chain that does not exist.
+			var own []string
+			for _, c := range p.plan.Chains {
+				own = append(own, c.Name)
+			}
+			t, err = b.st.Chains(context.Background(), p.f, p.table, own...)
+			p.entries, p.plan.Jumps = nil, nil
 		} else {
 			t, err = b.st.Table(context.Background(), p.f, p.table)
 		}

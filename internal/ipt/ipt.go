@@ -461,10 +461,12 @@ func jumpTarget(rule string) string {
 type State struct {
 	// Root is the file system whose tools are run, chrooted ("" or "/": the process's own).
 	Root string
-	// ByName reads iptables and ip6tables chains by name too, as ebtables' always are: one
-	// listing per chain instead of one -save per table. STATUS sets it: a table's -save costs what
-	// it holds (every pod's host-port rules, kube-proxy's), a chain's listing only that chain.
-	ByName bool
+	// Sentinels makes plans read and compare only their own chains, by name (one listing each),
+	// not the built-in chains their jumps hang from: what STATUS needs to tell a node whose rules
+	// are gone (a reload takes kubenet's chains), at a cost that does not grow with the node (a
+	// table's -save costs what it holds: every pod's host-port rules, kube-proxy's). A jump
+	// deleted alone is a difference, which CHECK reports and ADD and the agent repair.
+	Sentinels bool
 	// Serialize runs f while no other process writes node-wide rules of the network (chains
 	// every pod shares, and the jumps to them): restores that declare a shared chain empty it,
 	// and restores that insert a jump duplicate it, when they race. nil runs f as it is (one
@@ -663,8 +665,12 @@ func (p Plan) Check(ctx context.Context, st *State, f Family, table string) erro
 	if err != nil {
 		return err
 	}
+	jumps := p.Jumps
+	if st.Sentinels {
+		jumps = nil
+	}
 	var errs []error
-	for _, d := range Compare(t, p.Chains, p.Jumps) {
+	for _, d := range Compare(t, p.Chains, jumps) {
 		errs = append(errs, d)
 	}
 	return errors.Join(errs...)
@@ -697,7 +703,14 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 // by name (the bridge's tables hold a chain per pod); for iptables and ip6tables the whole table,
 // whose one -save costs less than a listing per chain.
 func (p Plan) read(ctx context.Context, st *State, f Family, table string) (*Table, error) {
-	if f != Bridge && !st.ByName {
+	switch {
+	case st.Sentinels:
+		var own []string
+		for _, c := range p.Chains {
+			own = append(own, c.Name)
+		}
+		return st.Chains(ctx, f, table, own...)
+	case f != Bridge:
 		return st.Table(ctx, f, table)
 	}
 	return st.Chains(ctx, f, table, p.Names()...)
