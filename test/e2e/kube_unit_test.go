@@ -82,11 +82,14 @@ func TestEditManifest(t *testing.T) {
 		"- --cluster-cidr=10.1.0.0/16,fd00::/56\n",
 		// After the manifest's last flag, so that they override it (the agent takes a flag's last
 		// value): an E2E_AGENT_ARGS=--network-policy=false must turn enforcement off.
-		"            - --network-policy=true # NetworkPolicy enforcement (docs/networkpolicy.md)\n            - --a=1\n            - --b\n          env:\n",
+		"            - --a=1\n            - --b\n          env:\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("edited manifest lacks %q:\n%s", want, got)
 		}
+	}
+	if policy, extra := strings.Index(got, "- --network-policy=true"), strings.Index(got, "- --a=1"); policy < 0 || extra < policy {
+		t.Errorf("the extra args do not follow --network-policy=true (at %d, extra at %d):\n%s", policy, extra, got)
 	}
 	if strings.Contains(got, "kubenet-agent:dev") || strings.Contains(got, "10.244.0.0/16") {
 		t.Errorf("the original image or CIDR is still there:\n%s", got)
