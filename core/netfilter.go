@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/google/nftables"
 
@@ -214,33 +215,44 @@ func (f *iptablesFilter) checkNode(cfg *Config) error {
 func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed bool) error {
 	ctx := context.Background()
 	f.st.Sentinels = true
-	var out []error
-	missing := func(err error) error {
+	// The mechanisms' listings run at once: STATUS then waits for the slowest, not for the sum
+	// (each is a process that reads a table the size of the node).
+	var (
+		mu      sync.Mutex
+		out     []error
+		readErr []error
+	)
+	missing := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
 		var d *ipt.Difference
 		for _, e := range flatten(err) {
-			if !errors.As(e, &d) {
-				return e // a failed read: STATUS cannot vouch for the rules
-			}
-			if d.Missing {
+			switch {
+			case !errors.As(e, &d):
+				// A failed read, told with the mechanism's context: STATUS cannot vouch for
+				// the rules.
+				readErr = append(readErr, err)
+				return
+			case d.Missing:
 				out = append(out, d)
 			}
 		}
-		return nil
 	}
-	if err := missing(masq.CheckIPTables(ctx, f.st, masqConfig(cfg))); err != nil {
-		return err
-	}
+	checks := []func(){func() { missing(masq.CheckIPTables(ctx, f.st, masqConfig(cfg))) }}
 	if hostPortsUsed {
-		m, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), nil)
-		if err != nil {
-			return err
-		}
-		out = append(out, m...)
+		checks = append(checks, func() {
+			m, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), nil)
+			missing(errors.Join(append(m, err)...))
+		})
 	}
 	if cfg.Hairpin == hairpin.PromiscuousBridge {
-		if err := missing(hairpin.CheckDedupEbtables(ctx, f.st, cfg.Hairpin, dedupFor(cfg))); err != nil {
-			return err
-		}
+		checks = append(checks, func() { missing(hairpin.CheckDedupEbtables(ctx, f.st, cfg.Hairpin, dedupFor(cfg))) })
+	}
+	if err := ipt.InCallerNS(checks...); err != nil {
+		return err
+	}
+	if len(readErr) > 0 {
+		return readErr[0]
 	}
 	return errors.Join(out...)
 }

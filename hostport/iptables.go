@@ -134,11 +134,16 @@ func (b iptablesBackend) checkNode(cfg Config) error {
 }
 
 func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, error) {
-	var out []error
-	for _, p := range IPTablesPlan(cfg) {
-		var t *ipt.Table
-		var err error
-		if b.st.Sentinels {
+	plans := IPTablesPlan(cfg)
+	tables := make([]*ipt.Table, len(plans))
+	errs := make([]error, len(plans))
+	read := make([]func(), len(plans))
+	for i, p := range plans {
+		read[i] = func() {
+			if !b.st.Sentinels {
+				tables[i], errs[i] = b.st.Table(context.Background(), p.f, p.table)
+				return
+			}
 			// Only the fixed chains (ipt.State.Sentinels); the entry chains hold every pod's
 			// rules and are not read: the fixed chains jump to them, and iptables keeps no jump
 			// to a chain that does not exist.
@@ -146,15 +151,22 @@ func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, err
 			for _, c := range p.plan.Chains {
 				own = append(own, c.Name)
 			}
-			t, err = b.st.Chains(context.Background(), p.f, p.table, own...)
+			tables[i], errs[i] = b.st.Chains(context.Background(), p.f, p.table, own...)
+		}
+	}
+	// The tables are read at once (STATUS waits for the slowest read, not for the sum).
+	if err := ipt.InCallerNS(read...); err != nil {
+		return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
+	}
+	var out []error
+	for i, p := range plans {
+		if errs[i] != nil {
+			return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, errs[i])
+		}
+		if b.st.Sentinels {
 			p.entries, p.plan.Jumps = nil, nil
-		} else {
-			t, err = b.st.Table(context.Background(), p.f, p.table)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
-		}
-		for _, d := range p.compare(t) {
+		for _, d := range p.compare(tables[i]) {
 			if d.Missing {
 				out = append(out, d)
 			}

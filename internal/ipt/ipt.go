@@ -543,31 +543,16 @@ func (s *State) Chains(ctx context.Context, f Family, table string, names ...str
 		return out, nil
 	}
 	reads := make([]*readOnce, len(names))
-	// The listings run at once, each on a goroutine that enters the caller's network namespace
-	// first: a new goroutine runs on any thread, and an exec forks from its thread, so without
-	// that a listing would read the namespace the process started in, not the node's (the
-	// in-process plugin and tests call from a thread moved into the node).
-	here, nsErr := ns.GetCurrentNS()
-	if nsErr == nil {
-		defer here.Close()
-	}
-	var wg sync.WaitGroup
+	list := make([]func(), len(names))
 	for i, n := range names {
 		reads[i] = s.once(stateKey{f, table, n})
-		read := func() { reads[i].once.Do(func() { reads[i].t, reads[i].err = List(ctx, s.Root, f, table, n) }) }
-		if nsErr != nil {
-			read()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := here.Do(func(ns.NetNS) error { read(); return nil }); err != nil {
-				reads[i].once.Do(func() { reads[i].err = err }) // never entered: nothing read
-			}
-		}()
+		list[i] = func() { reads[i].once.Do(func() { reads[i].t, reads[i].err = List(ctx, s.Root, f, table, n) }) }
 	}
-	wg.Wait()
+	if err := InCallerNS(list...); err != nil {
+		for _, r := range reads {
+			r.once.Do(func() { r.err = err }) // never entered: nothing read
+		}
+	}
 	out := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
 	for i, n := range names {
 		if reads[i].err != nil {
@@ -578,6 +563,34 @@ func (s *State) Chains(ctx context.Context, f Family, table string, names ...str
 		}
 	}
 	return out, nil
+}
+
+// InCallerNS runs every f at once, each on a goroutine that enters the caller's network
+// namespace first, and returns when all have: a new goroutine runs on any thread, and an exec
+// forks from its thread, so without that a tool would read the namespace the process started in,
+// not the node's (the in-process plugin and tests call from a thread moved into the node). When
+// the caller's namespace cannot be told, they run one after another on the caller's thread; the
+// error is that of entering a namespace (the fs that could not enter have not run).
+func InCallerNS(fs ...func()) error {
+	here, err := ns.GetCurrentNS()
+	if err != nil {
+		for _, f := range fs {
+			f()
+		}
+		return nil
+	}
+	defer here.Close()
+	var wg sync.WaitGroup
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = here.Do(func(ns.NetNS) error { f(); return nil })
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Restore applies lines to one table of f (see restore) and forgets what was read of it.

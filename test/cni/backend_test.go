@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
@@ -340,5 +341,46 @@ func TestBackendChoice(t *testing.T) {
 				t.Errorf("the refused ADD left iptables rules:\n%s", out)
 			}
 		})
+	}
+}
+
+// TestStatusSeesEachFixedChainEmptied: on the iptables backend STATUS lists kubenet's fixed
+// chains by name, several at once; each one emptied alone (what a partial reload or a hand-run
+// -F leaves) must make it answer 50 naming that chain, and the next ADD must put it back.
+func TestStatusSeesEachFixedChainEmptied(t *testing.T) {
+	node, _, _ := hpNode(t)
+	list := node.ConfList(t, nettest.NetConf{
+		PodCIDRs:           testkit.DualStack(),
+		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
+		HairpinMode:        "promiscuous-bridge", // the ebtables dedup chain is fixed too
+		NetfilterBackend:   "iptables",
+	})
+	srv := node.NewPod(t, "st-srv")
+	srv.RT.CapabilityArgs = hpArgs(true, hpMapping{30290, 8080, "tcp", ""})
+	node.MustAdd(t, list, srv)
+	nat := hostport.IPTablesChains("kubenet")["nat"]
+	cases := []struct{ tool, table, chain string }{
+		{"iptables", "nat", masq.IPTablesChain("kubenet")},
+		{"ip6tables", "nat", masq.IPTablesChain("kubenet")},
+		{"iptables", "nat", nat[0]}, // the host-port entry (jump to the pods' mappings)
+		{"ip6tables", "nat", nat[0]},
+		{"iptables", "nat", nat[2]}, // the host-port SNAT
+		{"ip6tables", "nat", nat[2]},
+		{"iptables", "mangle", hostport.IPTablesChains("kubenet")["mangle"][0]}, // the localnet guard
+		{"ebtables", "filter", hairpin.EbtablesDedupChain("kubenet")},
+	}
+	if code, msg := testkit.StatusCode(t, node, list); code != 0 {
+		t.Fatalf("STATUS before = %d %s", code, msg)
+	}
+	for i, c := range cases {
+		nettest.Run(t, node.NS, c.tool, "-t", c.table, "-F", c.chain)
+		code, msg := testkit.StatusCode(t, node, list)
+		if code != core.ErrPluginNotAvailable || !strings.Contains(msg, c.chain) {
+			t.Errorf("STATUS with %s -t %s %s emptied = %d %q, want 50 naming the chain", c.tool, c.table, c.chain, code, msg)
+		}
+		node.MustAdd(t, list, node.NewPod(t, fmt.Sprintf("st-next-%d", i)))
+		if code, msg := testkit.StatusCode(t, node, list); code != 0 {
+			t.Errorf("STATUS after %s was emptied and the next ADD = %d %s", c.chain, code, msg)
+		}
 	}
 }
