@@ -90,11 +90,17 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
+	// The node-wide settings are claimed first: a caller they do not belong to is refused before
+	// anything node-wide changes, a switch of netfilter backend included.
+	settingsChanged, err := claimNodeSettings(cfg, store)
+	if err != nil {
+		return nil, err
+	}
 	if cfg, err = prepareBackend(cfg, store); err != nil {
 		return nil, err
 	}
 
-	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir())}
+	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir()), settingsChanged: settingsChanged}
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -253,14 +259,9 @@ func prefixAddrs(ps []netip.Prefix) []netip.Addr {
 	return out
 }
 
-// ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge, once
-// the node-wide settings are the caller's to apply (claimNode).
+// ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge. The
+// node-wide settings were claimed before (claimNodeSettings), so they are the caller's to apply.
 func (a *addition) ensureBridge(*undoStack) error {
-	changed, err := claimNodeSettings(a.cfg, a.store)
-	if err != nil {
-		return err
-	}
-	a.settingsChanged = a.settingsChanged || changed
 	a.mtu = a.cfg.MTU
 	if a.mtu == 0 {
 		a.mtu = bridge.DetectMTU(a.cfg.Bridge)

@@ -60,6 +60,11 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 		return rep, err
 	}
 	defer store.Close()
+	// Claimed first, so that a caller the node's settings do not belong to changes nothing
+	// (a switch of netfilter backend included).
+	if _, err := claimNodeSettings(cfg, store); err != nil {
+		return rep, err
+	}
 	if cfg, err = prepareBackend(cfg, store); err != nil {
 		return rep, err
 	}

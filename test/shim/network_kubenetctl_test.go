@@ -203,6 +203,30 @@ func TestKubenetctlOnConflistNode(t *testing.T) {
 	if testkit.LinkExists(t, pod, "eth0") {
 		t.Error("the refused setup left an interface in the pod")
 	}
+	// A refused caller that also names another netfilter backend must be refused before the
+	// node's rules move: nothing in iptables, the nftables rules and the backend record as they were.
+	record := func() string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(node.DataDir(), "kubenet", core.NetfilterFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before := record()
+	if r := ctl("--netfilter-backend", "iptables", "setup", "default", "web", "--netns", pod.Path()); r.code != 1 || !strings.Contains(r.stderr, "netfilterBackend") {
+		t.Errorf("setup on another backend: exit %d, stderr %q; want exit 1 naming netfilterBackend", r.code, r.stderr)
+	}
+	if after := record(); after != before {
+		t.Errorf("the refused setup rewrote the backend record: %s, was %s", after, before)
+	}
+	if saved := nettest.Run(t, node.NS, "iptables-save"); strings.Contains(saved, "KUBENET-") {
+		t.Errorf("the refused setup wrote iptables rules:\n%s", saved)
+	}
+	testkit.CheckMasqRules(t, node.NS, dual)
+	if err := node.Check(list, cniPod); err != nil {
+		t.Errorf("the conflist's pod fails CHECK after the refused setup on another backend: %v", err)
+	}
 	if r := ctl("ready"); r.code != 1 || !strings.Contains(r.stderr, "belong to the CNI configuration") {
 		t.Errorf("ready with differing settings: exit %d, %q", r.code, r.stderr)
 	}
