@@ -99,7 +99,7 @@ func iptablesUsable(cfg *Config) error {
 // once per boot); otherwise the configured backend's tools are checked, or auto probes.
 func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 	boot := bootID()
-	if rec != nil && rec.Configured == cfg.Netfilter && (cfg.Netfilter != NetfilterAuto || rec.BootID == boot && boot != "") {
+	if recordAnswers(cfg, rec, boot) {
 		return *rec, nil
 	}
 	switch cfg.Netfilter {
@@ -121,6 +121,24 @@ func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 	}
 	return BackendChoice{Backend: NetfilterIPTables, Configured: NetfilterAuto, BootID: boot,
 		Reason: "auto: nftables cannot serve: " + probe.Error()}, nil
+}
+
+// recordAnswers tells whether rec was made for cfg's setting and still holds: for auto, in
+// this boot.
+func recordAnswers(cfg *Config, rec *BackendChoice, boot string) bool {
+	return rec != nil && rec.Configured == cfg.Netfilter && (cfg.Netfilter != NetfilterAuto || rec.BootID == boot && boot != "")
+}
+
+// plannedBackend is the backend the next ADD would choose for cfg (choose), as far as it is
+// known without probing the kernel: known is false for auto without a record of this boot.
+func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known bool) {
+	switch {
+	case recordAnswers(cfg, rec, bootID()):
+		return rec.Backend, true
+	case cfg.Netfilter == NetfilterAuto:
+		return "", false
+	}
+	return cfg.Netfilter, true
 }
 
 // prepareBackend is what ADD and the node's setup (EnsureNode, HealNode) do first: choose cfg's
@@ -173,19 +191,24 @@ func inUseBackend(cfg *Config, networkDir string) (*BackendChoice, NetfilterBack
 	if err != nil {
 		return nil, "", err
 	}
+	return rec, backendOf(cfg, rec), nil
+}
+
+// backendOf is inUseBackend for the record rec, read already.
+func backendOf(cfg *Config, rec *BackendChoice) NetfilterBackend {
 	if rec != nil {
-		return rec, rec.Backend, nil
+		return rec.Backend
 	}
 	if nft.TableExists(nft.InetTable(cfg.Network)) {
-		return nil, NetfilterNFTables, nil
+		return NetfilterNFTables
 	}
 	if masq.HasIPTablesChain(&ipt.State{Root: cfg.ToolRoot}, cfg.Network) {
-		return nil, NetfilterIPTables, nil
+		return NetfilterIPTables
 	}
 	if cfg.Netfilter == NetfilterIPTables {
-		return nil, NetfilterIPTables, nil
+		return NetfilterIPTables
 	}
-	return nil, NetfilterNFTables, nil
+	return NetfilterNFTables
 }
 
 // inUse returns cfg with the backend that holds the network's rules now.

@@ -62,8 +62,10 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return notAvailable("netfilter backend: %v", err)
 	}
-	if cfg.NetworkPolicy && (cfg.Netfilter == NetfilterIPTables || rec != nil && rec.Backend == NetfilterIPTables) {
-		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", describeChoice(rec, NetfilterIPTables))
+	// As ADD refuses it (prepareBackend): by the backend the next ADD chooses, not the one
+	// recorded, which that ADD may switch away from.
+	if planned, known := plannedBackend(cfg, rec); cfg.NetworkPolicy && known && planned != NetfilterNFTables {
+		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", planned)
 	}
 	if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
 		// The bridge exists, so the network's node-wide rules were set up, and losing them
@@ -71,10 +73,7 @@ func Status(ctx context.Context, cfg *Config) error {
 		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
 		// missing objects (an edited configuration) are left to the next ADD. Only here is the
 		// backend that holds the rules needed (without a record, found in the kernel).
-		rec, backend, err := inUseBackend(cfg, store.Dir())
-		if err != nil {
-			return notAvailable("netfilter backend: %v", err)
-		}
+		backend := backendOf(cfg, rec)
 		cfg = cfg.withFilter(filterFor(cfg, backend, store))
 		if err := missingNodeRules(cfg, store.Dir()); err != nil {
 			return notAvailable("node-wide rules of network %q in %s are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, describeChoice(rec, backend), err)
@@ -86,6 +85,8 @@ func Status(ctx context.Context, cfg *Config) error {
 	switch {
 	case cfg.Netfilter == NetfilterNFTables && nftErr != nil:
 		return notAvailable("netfilterBackend nftables: nftables unusable: %v", nftErr)
+	case cfg.NetworkPolicy && nftErr != nil:
+		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and nftables is unusable: %v", nftErr)
 	case cfg.Netfilter == NetfilterIPTables:
 		if err := iptablesUsable(cfg); err != nil {
 			return notAvailable("netfilterBackend iptables: %v", err)

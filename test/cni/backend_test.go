@@ -342,6 +342,23 @@ func TestBackendChoice(t *testing.T) {
 			}
 		})
 	}
+
+	// A node on iptables whose configuration moves to nftables with NetworkPolicy: the next ADD
+	// switches and succeeds, so STATUS must answer ready (the record still names iptables until
+	// then; a NotReady node would never get that ADD).
+	t.Run("NetworkPolicy on a node moving to nftables", func(t *testing.T) {
+		moving := nettest.NewNode(t, binDir)
+		ipt := moving.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+		moving.MustAdd(t, ipt, moving.NewPod(t, "choice-ipt"))
+		withPolicy := moving.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables", Extra: map[string]any{"networkPolicy": true}})
+		if code, msg := testkit.StatusCode(t, moving, withPolicy); code != 0 {
+			t.Errorf("STATUS before the switching ADD = %d %q, want ready", code, msg)
+		}
+		moving.MustAdd(t, withPolicy, moving.NewPod(t, "choice-nft"))
+		if code, msg := testkit.StatusCode(t, moving, withPolicy); code != 0 {
+			t.Errorf("STATUS after the switching ADD = %d %q, want ready", code, msg)
+		}
+	})
 }
 
 // TestStatusSeesEachFixedChainEmptied: on the iptables backend STATUS lists kubenet's fixed
