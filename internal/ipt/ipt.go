@@ -527,11 +527,11 @@ func (s *State) Table(ctx context.Context, f Family, table string) (*Table, erro
 // listed once; when the whole table was read already, from that.
 func (s *State) Chains(ctx context.Context, f Family, table string, names ...string) (*Table, error) {
 	s.mu.Lock()
-	whole, ok := s.tables[stateKey{f, table, ""}]
+	_, ok := s.tables[stateKey{f, table, ""}]
 	s.mu.Unlock()
 	if ok {
 		t, err := s.Table(ctx, f, table)
-		if err != nil || whole == nil {
+		if err != nil {
 			return t, err
 		}
 		out := &Table{Family: f, Name: table, Chains: map[string][]string{}, Policies: map[string]string{}}
@@ -674,7 +674,7 @@ type Plan struct {
 // Check reports how the table (read through st) differs from the plan, every difference
 // joined, or nil.
 func (p Plan) Check(ctx context.Context, st *State, f Family, table string) error {
-	t, err := p.read(ctx, st, f, table)
+	t, err := p.read(ctx, st, f, table, st.Sentinels)
 	if err != nil {
 		return err
 	}
@@ -690,9 +690,11 @@ func (p Plan) Check(ctx context.Context, st *State, f Family, table string) erro
 }
 
 // Ensure makes the table hold the plan, reading it through st and writing one restore only when
-// it differs; it returns what differed (nil: nothing was written).
+// it differs; it returns what differed (nil: nothing was written). It always reads what the
+// jumps hang from, also through a State for STATUS (Sentinels): a read without them would take
+// every jump for missing and insert it again.
 func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]*Difference, error) {
-	t, err := p.read(ctx, st, f, table)
+	t, err := p.read(ctx, st, f, table, false)
 	if err != nil {
 		return nil, err
 	}
@@ -701,7 +703,7 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 	}
 	var diffs []*Difference
 	err = st.Exclusively(f, table, func() error {
-		t, err := p.read(ctx, st, f, table)
+		t, err := p.read(ctx, st, f, table, false)
 		if err != nil {
 			return err
 		}
@@ -712,12 +714,13 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 	return diffs, err
 }
 
-// read reads what the plan compares: for ebtables its chains and the chains its jumps hang from,
-// by name (the bridge's tables hold a chain per pod); for iptables and ip6tables the whole table,
-// whose one -save costs less than a listing per chain.
-func (p Plan) read(ctx context.Context, st *State, f Family, table string) (*Table, error) {
+// read reads what the plan compares: with sentinels only its own chains, by name; else for
+// ebtables its chains and the chains its jumps hang from, by name (the bridge's tables hold a
+// chain per pod), and for iptables and ip6tables the whole table, whose one -save costs less
+// than a listing per chain.
+func (p Plan) read(ctx context.Context, st *State, f Family, table string, sentinels bool) (*Table, error) {
 	switch {
-	case st.Sentinels:
+	case sentinels:
 		var own []string
 		for _, c := range p.Chains {
 			own = append(own, c.Name)

@@ -98,3 +98,28 @@ func TestToolPathUnderRoot(t *testing.T) {
 		t.Error("a file that is not executable was taken for a tool")
 	}
 }
+
+// TestSentinelsCheckOnly: a State for STATUS (Sentinels) makes Check read only the plan's own
+// chains, but Ensure through it still sees the jumps: run twice, it leaves one jump per hook.
+func TestSentinelsCheckOnly(t *testing.T) {
+	n := nettest.NewNS(t)
+	plan := Plan{
+		Chains: []Chain{{Name: "KN-SENT", Rules: []string{"-j RETURN"}}},
+		Jumps:  []Jump{{From: "POSTROUTING", Rule: "-j KN-SENT"}},
+	}
+	ctx := context.Background()
+	nettest.Do(t, n, func() error {
+		for i := range 2 {
+			if _, err := plan.Ensure(ctx, &State{Sentinels: true}, IPv4, "nat"); err != nil {
+				return err
+			}
+			if err := plan.Check(ctx, &State{}, IPv4, "nat"); err != nil {
+				t.Errorf("after Ensure %d through a Sentinels State, Check = %v", i+1, err)
+			}
+		}
+		return nil
+	})
+	if out := nettest.Run(t, n, "iptables-save", "-t", "nat"); strings.Count(out, "-A POSTROUTING -j KN-SENT") != 1 {
+		t.Errorf("want one jump:\n%s", out)
+	}
+}
