@@ -98,8 +98,7 @@ func iptablesUsable(cfg *Config) error {
 // answers when it was made for the same setting (for auto, in this boot: auto probes the kernel
 // once per boot); otherwise the configured backend's tools are checked, or auto probes.
 func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
-	boot := bootID()
-	if recordAnswers(cfg, rec, boot) {
+	if recordAnswers(cfg, rec) {
 		return *rec, nil
 	}
 	switch cfg.Netfilter {
@@ -111,6 +110,7 @@ func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 		}
 		return BackendChoice{Backend: NetfilterIPTables, Configured: cfg.Netfilter, Reason: "netfilterBackend is iptables"}, nil
 	}
+	boot := bootID()
 	probe := nft.Probe()
 	if probe == nil {
 		return BackendChoice{Backend: NetfilterNFTables, Configured: NetfilterAuto, BootID: boot,
@@ -124,16 +124,23 @@ func choose(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 }
 
 // recordAnswers tells whether rec was made for cfg's setting and still holds: for auto, in
-// this boot.
-func recordAnswers(cfg *Config, rec *BackendChoice, boot string) bool {
-	return rec != nil && rec.Configured == cfg.Netfilter && (cfg.Netfilter != NetfilterAuto || rec.BootID == boot && boot != "")
+// this boot (the boot is read only then).
+func recordAnswers(cfg *Config, rec *BackendChoice) bool {
+	if rec == nil || rec.Configured != cfg.Netfilter {
+		return false
+	}
+	if cfg.Netfilter != NetfilterAuto {
+		return true
+	}
+	boot := bootID()
+	return rec.BootID == boot && boot != ""
 }
 
 // plannedBackend is the backend the next ADD would choose for cfg (choose), as far as it is
 // known without probing the kernel: known is false for auto without a record of this boot.
 func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known bool) {
 	switch {
-	case recordAnswers(cfg, rec, bootID()):
+	case recordAnswers(cfg, rec):
 		return rec.Backend, true
 	case cfg.Netfilter == NetfilterAuto:
 		return "", false
