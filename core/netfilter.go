@@ -143,14 +143,12 @@ func (nftablesFilter) removeAll(network string) error {
 	tables := []*nftables.Table{nft.InetTable(network), nft.BridgeTable(network), {Name: netpol.TableName(network), Family: nftables.TableFamilyINet}}
 	var existing []*nftables.Table
 	for _, t := range tables {
-		have, err := c.ListTablesOfFamily(t.Family)
+		ok, err := nft.TableExistsWith(c, t)
 		if err != nil {
 			return fmt.Errorf("nftables tables: %w", err)
 		}
-		for _, h := range have {
-			if h.Name == t.Name {
-				existing = append(existing, t)
-			}
+		if ok {
+			existing = append(existing, t)
 		}
 	}
 	if len(existing) == 0 {

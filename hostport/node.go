@@ -131,7 +131,7 @@ func missingMaps(c *nftables.Conn, cfg Config) ([]string, error) {
 	sets, err := c.GetSets(table)
 	if err != nil {
 		// google/nftables loses the errno of this dump; a missing table is the usual cause.
-		if exists, lerr := tableExists(c, table); lerr != nil || exists {
+		if exists, lerr := nft.TableExistsWith(c, table); lerr != nil || exists {
 			return nil, fmt.Errorf("hostport maps of network %q: %w", cfg.Network, err)
 		}
 		sets = nil
@@ -156,14 +156,6 @@ func missingMaps(c *nftables.Conn, cfg Config) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-func tableExists(c *nftables.Conn, table *nftables.Table) (bool, error) {
-	tables, err := c.ListTablesOfFamily(table.Family)
-	if err != nil {
-		return false, err
-	}
-	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == table.Name }), nil
 }
 
 // Repair says what EnsureNode changed.

@@ -194,7 +194,7 @@ func readState(c *nftables.Conn, t *nftables.Table) (state, error) {
 	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
 		st.maps[m] = map[netip.Addr]string{}
 	}
-	if ok, err := tableExists(c, t); err != nil || !ok {
+	if ok, err := nft.TableExistsWith(c, t); err != nil || !ok {
 		return st, err
 	}
 	chains, err := c.ListChainsOfTableFamily(t.Family)
@@ -247,16 +247,6 @@ func readState(c *nftables.Conn, t *nftables.Table) (state, error) {
 		}
 	}
 	return st, nil
-}
-
-// tableExists tells whether t exists (the library does not let a missing table's error be told
-// from others on every call, so the callers ask first).
-func tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
-	tables, err := c.ListTablesOfFamily(t.Family)
-	if err != nil {
-		return false, fmt.Errorf("list tables: %w", err)
-	}
-	return slices.ContainsFunc(tables, func(x *nftables.Table) bool { return x.Name == t.Name }), nil
 }
 
 // verdictChain decodes the chain a jump verdict of a map element names (the element's data as
@@ -390,7 +380,7 @@ func Forget(network string, addrs []netip.Addr) error {
 		return fmt.Errorf("policy rules: netlink: %w", err)
 	}
 	t := Table(network)
-	if ok, err := tableExists(c, t); err != nil || !ok {
+	if ok, err := nft.TableExistsWith(c, t); err != nil || !ok {
 		return err
 	}
 	doomed := map[netip.Addr]bool{}
@@ -434,7 +424,7 @@ func PendingOwners(network string) (map[netip.Addr]string, error) {
 		return nil, fmt.Errorf("policy rules: netlink: %w", err)
 	}
 	out := map[netip.Addr]string{}
-	if ok, err := tableExists(c, Table(network)); err != nil || !ok {
+	if ok, err := nft.TableExistsWith(c, Table(network)); err != nil || !ok {
 		return out, err
 	}
 	for _, s := range fixedSets(Table(network)) {
@@ -466,7 +456,7 @@ func Dispatch(network string) (map[string]map[netip.Addr]string, error) {
 	}
 	t := Table(network)
 	out := map[string]map[netip.Addr]string{}
-	if ok, err := tableExists(c, t); err != nil || !ok {
+	if ok, err := nft.TableExistsWith(c, t); err != nil || !ok {
 		return out, err
 	}
 	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
@@ -490,7 +480,7 @@ func Remove(network string) error {
 	if err != nil {
 		return fmt.Errorf("policy rules: netlink: %w", err)
 	}
-	if ok, err := tableExists(c, Table(network)); err != nil || !ok {
+	if ok, err := nft.TableExistsWith(c, Table(network)); err != nil || !ok {
 		return err
 	}
 	c.DelTable(Table(network))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -191,14 +192,16 @@ func TableExists(table *nftables.Table) bool {
 	if err != nil {
 		return false
 	}
+	ok, err := TableExistsWith(c, table)
+	return err == nil && ok
+}
+
+// TableExistsWith tells whether the kernel holds table, asking through c (one list of the
+// family's tables: the library does not let a missing table's error be told from others).
+func TableExistsWith(c *nftables.Conn, table *nftables.Table) (bool, error) {
 	tables, err := c.ListTablesOfFamily(table.Family)
 	if err != nil {
-		return false
+		return false, fmt.Errorf("list tables: %w", err)
 	}
-	for _, t := range tables {
-		if t.Name == table.Name {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == table.Name }), nil
 }
