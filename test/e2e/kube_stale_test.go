@@ -87,14 +87,7 @@ func startStaleCheck(t *testing.T, c *KubeCluster) *staleCheck {
 		}
 	}
 	// Running is not listening yet: netexec binds its port a moment after it starts.
-	err := c.eventually(time.Minute, func(context.Context) error {
-		p := StartProber(targets, time.Second)
-		waitProbes(p, 1)
-		if _, failed := p.Stop(); len(failed) > 0 {
-			return fmt.Errorf("%s", strings.Join(first(failed, 3), "; "))
-		}
-		return nil
-	})
+	err := c.untilAnswering(func() []ProbeTarget { return targets })
 	Require(t, err, "pod %s on %s answers from both nodes at %v", s.survivor.Name, node.Name, s.survivor.Status.PodIPs)
 	s.prober = StartProber(targets, 250*time.Millisecond)
 	s.stop = sync.OnceValues(s.prober.Stop)

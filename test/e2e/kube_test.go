@@ -402,14 +402,7 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 	noLeaks("the rollout")
 	// kube-proxy programs the Service up to a second after the rollout: every target answers
 	// before anything is restarted.
-	err = c.eventually(time.Minute, func(context.Context) error {
-		p := StartProber(targets(), time.Second)
-		waitProbes(p, 1)
-		if _, failed := p.Stop(); len(failed) > 0 {
-			return fmt.Errorf("%s", strings.Join(first(failed, 3), "; "))
-		}
-		return nil
-	})
+	err = c.untilAnswering(targets)
 	Require(t, err, "every pod and the Service answer from both nodes before the restarts")
 
 	node1 := c.Nodes[0]
@@ -502,14 +495,7 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 	// follows the Service's new endpoints within seconds. Every target answers first, as before
 	// the restarts, then none may fail.
 	answering := time.Now()
-	err = c.eventually(time.Minute, func(context.Context) error {
-		p := StartProber(targets(), time.Second)
-		waitProbes(p, 1)
-		if _, failed := p.Stop(); len(failed) > 0 {
-			return fmt.Errorf("%s", strings.Join(first(failed, 3), "; "))
-		}
-		return nil
-	})
+	err = c.untilAnswering(targets)
 	Require(t, err, "every pod and the Service answer from both nodes %s after the pods were ready", time.Since(answering).Round(100*time.Millisecond))
 	prober := StartProber(targets(), 100*time.Millisecond)
 	waitProbes(prober, 10)
@@ -550,6 +536,20 @@ func checkLifecycle(t *testing.T, c *KubeCluster) {
 	})
 	Check(t, err, "after the reboot of %s no reservation of a pod that died with it survives (before: %v)", node2.Name, before)
 	noLeaks("the reboot of " + node2.Name)
+}
+
+// untilAnswering waits, up to a minute, until one request to every target (targets is asked
+// anew on every try) succeeds: a pod that is Running or Ready may not listen yet, and kube-proxy
+// follows a Service's new endpoints within seconds.
+func (c *KubeCluster) untilAnswering(targets func() []ProbeTarget) error {
+	return c.eventually(time.Minute, func(context.Context) error {
+		p := StartProber(targets(), time.Second)
+		waitProbes(p, 1)
+		if _, failed := p.Stop(); len(failed) > 0 {
+			return fmt.Errorf("%s", strings.Join(first(failed, 3), "; "))
+		}
+		return nil
+	})
 }
 
 // waitProbes lets the prober send n more requests to every target (each waits its interval).
