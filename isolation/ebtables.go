@@ -285,7 +285,7 @@ func inputPort(rule string) string {
 
 // CheckNodeEbtables reports how the network's fixed ebtables objects differ from the plan.
 func CheckNodeEbtables(ctx context.Context, st *ipt.State, cfg Config) error {
-	t, err := fixedChains(ctx, st, cfg.Network, false)
+	t, err := fixedChains(ctx, st, cfg.Network)
 	if err != nil {
 		return err
 	}
@@ -325,12 +325,9 @@ func CheckEbtables(ctx context.Context, st *ipt.State, cfg Config, p Port) error
 // beyond, it reads the whole table once (the node's healing puts back every pod's chain).
 const portsByName = 2
 
-// fixedChains reads the network's fixed chains and the chain they hang from: by name (a read
-// that costs the same on a full node), or with the whole table when whole is set.
-func fixedChains(ctx context.Context, st *ipt.State, network string, whole bool) (*ipt.Table, error) {
-	if whole {
-		return st.Table(ctx, ipt.Bridge, ebtablesTable)
-	}
+// fixedChains reads the network's fixed chains and the chain they hang from, by name (a read
+// that costs the same on a full node).
+func fixedChains(ctx context.Context, st *ipt.State, network string) (*ipt.Table, error) {
 	return st.Chains(ctx, ipt.Bridge, ebtablesTable, "PREROUTING", ebtablesGuard(network), ebtablesPods(network))
 }
 

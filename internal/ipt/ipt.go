@@ -167,7 +167,7 @@ func run(ctx context.Context, root string, f Family, suffix string, stdin []byte
 	// one killed half-way writes nothing.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if root != "" && root != "/" {
-		cmd.Path, cmd.Dir = path, "/"
+		cmd.Dir = "/"
 		cmd.SysProcAttr.Chroot = root
 	}
 	if stdin != nil {
