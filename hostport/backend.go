@@ -68,7 +68,7 @@ func (b nftablesBackend) install(cfg Config, rs []Reservation) error {
 	}
 	err = b.flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
 	if errors.Is(err, errOutcomeUnknown) {
-		if ok, rerr := allPresent(cfg.Network, rs); rerr == nil && ok {
+		if ok, rerr := allPresent(b, cfg, rs); rerr == nil && ok {
 			return nil
 		}
 	}
@@ -124,4 +124,24 @@ func (nftablesBackend) list(cfg Config, keys []Key) ([]Reservation, error) {
 		}
 	}
 	return listElements(c, cfg.Network, maps...)
+}
+
+// allPresent tells whether the kernel holds exactly rs (key, destination and owner), reading
+// through b only where rs's keys live: how an install whose answer was lost finds out whether
+// its transaction committed.
+func allPresent(b Backend, cfg Config, rs []Reservation) (bool, error) {
+	keys := make([]Key, len(rs))
+	for i, r := range rs {
+		keys[i] = r.Key
+	}
+	kernel, err := b.list(cfg, keys)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range rs {
+		if !slices.Contains(kernel, r) {
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -196,24 +196,6 @@ func (b nftablesBackend) deleteKeys(network string, rs []Reservation) (int, erro
 	return len(found), err
 }
 
-// allPresent tells whether the kernel holds exactly rs (key, destination and owner).
-func allPresent(network string, rs []Reservation) (bool, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return false, fmt.Errorf("hostport rules: netlink: %w", err)
-	}
-	found, err := present(c, network, rs)
-	if err != nil {
-		return false, err
-	}
-	for _, r := range rs {
-		if !slices.Contains(found, r) {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
 // addMap queues the map name (created if missing, as nftables adds do) on c.
 func addMap(c *nftables.Conn, table *nftables.Table, name string) (*nftables.Set, error) {
 	s := mapSet(table, name)

@@ -354,7 +354,7 @@ func (b iptablesBackend) install(cfg Config, rs []Reservation) error {
 		}
 		if err := b.st.Restore(ctx, f, "nat", lines); err != nil {
 			// An exec that failed may still have committed (killed after the commit): read back.
-			if ok, rerr := b.allPresent(cfg, part); rerr == nil && ok {
+			if ok, rerr := allPresent(b, cfg, part); rerr == nil && ok {
 				continue
 			}
 			return fmt.Errorf("hostport rules for network %q: %w", cfg.Network, err)
@@ -373,27 +373,6 @@ func hairpins(rs []Reservation) []string {
 		if h := hairpinRule(r.PodIP, r.Owner); !slices.Contains(out, h) {
 			out = append(out, h)
 		}
-	}
-	return out
-}
-
-func (b iptablesBackend) allPresent(cfg Config, rs []Reservation) (bool, error) {
-	kernel, err := b.list(cfg, KeysOf(entriesOf(rs)))
-	if err != nil {
-		return false, err
-	}
-	for _, r := range rs {
-		if !slices.Contains(kernel, r) {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-func entriesOf(rs []Reservation) []Entry {
-	out := make([]Entry, len(rs))
-	for i, r := range rs {
-		out[i] = r.Entry
 	}
 	return out
 }
