@@ -63,7 +63,7 @@ func (w iptWorld) add(t testing.TB, o Owner, es ...Entry) {
 // nothing, and a fixed rule changed in place is found and rewritten.
 func TestIPTablesNodeReadsBack(t *testing.T) {
 	for _, cidrs := range [][]netip.Prefix{{cidr4}, {cidr6}, {cidr4, cidr6}} {
-		t.Run(strings.Trim(strings.Join(strings.Fields(strings.Trim(fmtPrefixes(cidrs), "[]")), ","), ","), func(t *testing.T) {
+		t.Run(fmtPrefixes(cidrs), func(t *testing.T) {
 			w := newIPTWorld(t, cidrs...)
 			var rep Repair
 			w.do(t, func() (err error) { rep, err = EnsureNode(w.cfg(), false); return err })
@@ -95,12 +95,13 @@ func TestIPTablesNodeReadsBack(t *testing.T) {
 	}
 }
 
+// fmtPrefixes names a subtest by its pod CIDRs, comma-separated.
 func fmtPrefixes(ps []netip.Prefix) string {
 	var s []string
 	for _, p := range ps {
 		s = append(s, p.String())
 	}
-	return strings.Join(s, " ")
+	return strings.Join(s, ",")
 }
 
 // TestIPTablesAddCheckRemove: entries of both families (any address and a hostIP) become one
@@ -155,11 +156,7 @@ func TestIPTablesGC(t *testing.T) {
 		_, err := GC(w.cfg(), func(o Owner) bool { return o == ownerA })
 		return err
 	})
-	var left []string
-	for _, r := range w.entries(t) {
-		left = append(left, r.Entry.String()+" "+r.Owner.String())
-	}
-	slices.Sort(left)
+	left := sortedReservations(w.entries(t))
 	want := []string{a.String() + " aaa/eth0", entry("tcp", 82, any4, netip.MustParseAddr("10.244.1.8"), 82).String() + " /"}
 	if !slices.Equal(left, want) {
 		t.Errorf("after GC: %q, want %q", left, want)

@@ -161,11 +161,7 @@ func TestGC(t *testing.T) {
 	if !slices.Equal(removedOwners, []string{"bbb/eth0", "ccc/eth0"}) {
 		t.Errorf("GC removed %v, want B's and C's", removed)
 	}
-	var left []string
-	for _, r := range w.kernelElements(t) {
-		left = append(left, r.Entry.String()+" "+r.Owner.String())
-	}
-	slices.Sort(left)
+	left := sortedReservations(w.kernelElements(t))
 	want := []string{a.String() + " aaa/eth0", entry("tcp", 82, any4, netip.MustParseAddr("10.244.1.8"), 82).String() + " /"}
 	if !slices.Equal(left, want) {
 		t.Errorf("kernel after GC: %q, want %q", left, want)

@@ -13,7 +13,8 @@ import (
 // faults is a commit for nftablesBackend that loses the kernel's answer (ENOBUFS, as an
 // overflowing netlink socket does) according to plan: for the n-th transaction (from 0),
 // "committed" sends it and then reports the loss, "lost" reports the loss without sending it,
-// "refused" reports another error without sending it; transactions beyond the plan are sent.
+// "refused" reports another error without sending it, "committed-refused" sends it and then
+// reports another error; transactions beyond the plan are sent.
 type faults struct {
 	plan []string
 	n    int
@@ -34,6 +35,11 @@ func (f *faults) commit(c *nftables.Conn) error {
 	case "lost":
 		return fmt.Errorf("netlink receive: %w", syscall.ENOBUFS)
 	case "refused":
+		return fmt.Errorf("netlink: %w", syscall.EPERM)
+	case "committed-refused":
+		if err := c.Flush(); err != nil {
+			return err
+		}
 		return fmt.Errorf("netlink: %w", syscall.EPERM)
 	}
 	return c.Flush()
@@ -67,16 +73,7 @@ func TestOutcomeUnknown(t *testing.T) {
 			w.do(t, func() error { _, err := EnsureNode(w.cfg, false); return err })
 			f := &faults{plan: tc.add}
 			faulty := w.cfg
-			faulty.Backend = nftablesBackend{commit: func(c *nftables.Conn) error {
-				if f.n < len(f.plan) && f.plan[f.n] == "committed-refused" {
-					f.n++
-					if err := c.Flush(); err != nil {
-						return err
-					}
-					return fmt.Errorf("netlink: %w", syscall.EPERM)
-				}
-				return f.commit(c)
-			}}
+			faulty.Backend = nftablesBackend{commit: f.commit}
 			var addErr error
 			w.do(t, func() error { addErr = Add(faulty, ownerA, es); return nil })
 			var leftover *LeftoverError
