@@ -15,12 +15,9 @@ import (
 // EbtablesDedupChain is the network's dedup chain in ebtables' filter table.
 func EbtablesDedupChain(network string) string { return "KUBENET-DEDUP-" + ipt.ChainSuffix(network) }
 
-// PlanDedupEbtables returns the dedup chain and its jump from OUTPUT for d; in modes other than
-// promiscuous-bridge the plan is empty. Pure.
-func PlanDedupEbtables(m Mode, d Dedup) ipt.Plan {
-	if m != PromiscuousBridge {
-		return ipt.Plan{}
-	}
+// PlanDedupEbtables returns the dedup chain and its jump from OUTPUT for d, as promiscuous-bridge
+// mode needs them (the other modes have none). Pure.
+func PlanDedupEbtables(d Dedup) ipt.Plan {
 	chain := ipt.Chain{Name: EbtablesDedupChain(d.Network), Policy: "RETURN"}
 	mac := strings.ToLower(d.BridgeMAC.String())
 	for i, cidr := range d.PodCIDRs {
@@ -40,7 +37,7 @@ func PlanDedupEbtables(m Mode, d Dedup) ipt.Plan {
 // every other mode, reading ebtables' filter table through st and writing only what differs.
 func EnsureDedupEbtables(ctx context.Context, st *ipt.State, m Mode, d Dedup) error {
 	if m == PromiscuousBridge {
-		if _, err := PlanDedupEbtables(m, d).Ensure(ctx, st, ipt.Bridge, "filter"); err != nil {
+		if _, err := PlanDedupEbtables(d).Ensure(ctx, st, ipt.Bridge, "filter"); err != nil {
 			return fmt.Errorf("dedup rules for bridge %q: %w", d.Bridge, err)
 		}
 		return nil
@@ -63,7 +60,7 @@ func EnsureDedupEbtables(ctx context.Context, st *ipt.State, m Mode, d Dedup) er
 // promiscuous-bridge mode, absent otherwise.
 func CheckDedupEbtables(ctx context.Context, st *ipt.State, m Mode, d Dedup) error {
 	if m == PromiscuousBridge {
-		if err := PlanDedupEbtables(m, d).Check(ctx, st, ipt.Bridge, "filter"); err != nil {
+		if err := PlanDedupEbtables(d).Check(ctx, st, ipt.Bridge, "filter"); err != nil {
 			return fmt.Errorf("dedup rules of bridge %q in hairpin mode %s: %w", d.Bridge, m, err)
 		}
 		return nil

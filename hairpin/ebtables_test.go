@@ -25,7 +25,7 @@ func TestDedupEbtablesReadsBack(t *testing.T) {
 	ctx := context.Background()
 	nettest.Do(t, node, func() error { return EnsureDedupEbtables(ctx, &ipt.State{}, PromiscuousBridge, d) })
 	nettest.Do(t, node, func() error {
-		if diffs, err := PlanDedupEbtables(PromiscuousBridge, d).Ensure(ctx, &ipt.State{}, ipt.Bridge, "filter"); err != nil || len(diffs) > 0 {
+		if diffs, err := PlanDedupEbtables(d).Ensure(ctx, &ipt.State{}, ipt.Bridge, "filter"); err != nil || len(diffs) > 0 {
 			t.Errorf("a second Ensure found %v (%v):\n%s", diffs, err, nettest.Run(t, node, "ebtables-save"))
 		}
 		return CheckDedupEbtables(ctx, &ipt.State{}, PromiscuousBridge, d)

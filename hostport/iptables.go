@@ -61,11 +61,11 @@ type iptPlan struct {
 	entries []string
 }
 
-// IPTablesPlan returns the fixed chains and jumps of cfg's families. Pure.
-func IPTablesPlan(cfg Config) []iptPlan {
+// iptablesPlan returns the fixed chains and jumps of cfg's families. Pure.
+func iptablesPlan(cfg Config) []iptPlan {
 	var out []iptPlan
 	for _, is6 := range cfg.families() {
-		f := familyOf(is6)
+		f := ipt.FamilyOf(is6)
 		n := cfg.Network
 		hp := ipt.Chain{Name: chainHP(n)}
 		if is6 {
@@ -100,13 +100,6 @@ func IPTablesPlan(cfg Config) []iptPlan {
 	return out
 }
 
-func familyOf(is6 bool) ipt.Family {
-	if is6 {
-		return ipt.IPv6
-	}
-	return ipt.IPv4
-}
-
 // compare returns the differences of one plan in t: the fixed chains and jumps, and the entry
 // chains, which must exist.
 func (p iptPlan) compare(t *ipt.Table) []*ipt.Difference {
@@ -121,7 +114,7 @@ func (p iptPlan) compare(t *ipt.Table) []*ipt.Difference {
 
 func (b iptablesBackend) checkNode(cfg Config) error {
 	var errs []error
-	for _, p := range IPTablesPlan(cfg) {
+	for _, p := range iptablesPlan(cfg) {
 		t, err := b.st.Table(context.Background(), p.f, p.table)
 		if err != nil {
 			return fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
@@ -134,7 +127,7 @@ func (b iptablesBackend) checkNode(cfg Config) error {
 }
 
 func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, error) {
-	plans := IPTablesPlan(cfg)
+	plans := iptablesPlan(cfg)
 	tables := make([]*ipt.Table, len(plans))
 	errs := make([]error, len(plans))
 	read := make([]func(), len(plans))
@@ -179,7 +172,7 @@ func (b iptablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 	var rep Repair
 	missing := false
 	ctx := context.Background()
-	for _, p := range IPTablesPlan(cfg) {
+	for _, p := range iptablesPlan(cfg) {
 		t, err := b.st.Table(ctx, p.f, p.table)
 		if err != nil {
 			return rep, false, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
@@ -241,8 +234,7 @@ func parseOwnerComment(s string) (Owner, bool) {
 		}
 		ifName = string(b)
 	}
-	o := Owner{ContainerID: id, IfName: ifName}
-	return o, o.Valid() == nil
+	return parseOwner(id + "/" + ifName)
 }
 
 // dnatRule is the rule of an entry in the DNAT chain.
@@ -309,7 +301,7 @@ func (b iptablesBackend) read(ctx context.Context, f ipt.Family) (*ipt.Table, er
 }
 
 func (iptablesBackend) home(cfg Config, k Key) string {
-	return fmt.Sprintf("no rule in %s chain %s of network %q", familyOf(k.Is6()), chainHPDNAT(cfg.Network), cfg.Network)
+	return fmt.Sprintf("no rule in %s chain %s of network %q", ipt.FamilyOf(k.Is6()), chainHPDNAT(cfg.Network), cfg.Network)
 }
 
 func (b iptablesBackend) list(cfg Config, keys []Key) ([]Reservation, error) {
@@ -318,7 +310,7 @@ func (b iptablesBackend) list(cfg Config, keys []Key) ([]Reservation, error) {
 		if keys != nil && !slices.ContainsFunc(keys, func(k Key) bool { return k.Is6() == is6 }) {
 			continue
 		}
-		t, err := b.read(context.Background(), familyOf(is6))
+		t, err := b.read(context.Background(), ipt.FamilyOf(is6))
 		if err != nil {
 			return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
 		}
@@ -338,7 +330,7 @@ func (b iptablesBackend) install(cfg Config, rs []Reservation) error {
 		if len(part) == 0 {
 			continue
 		}
-		f := familyOf(is6)
+		f := ipt.FamilyOf(is6)
 		var lines []string
 		for _, r := range part {
 			lines = append(lines, "-A "+chainHPDNAT(cfg.Network)+" "+dnatRule(r))
@@ -390,7 +382,7 @@ func (b iptablesBackend) uninstall(cfg Config, rs []Reservation) error {
 		}
 		var err error
 		for try := 0; try < 2; try++ {
-			if err = b.uninstallFamily(ctx, cfg, familyOf(is6), part); err == nil {
+			if err = b.uninstallFamily(ctx, cfg, ipt.FamilyOf(is6), part); err == nil {
 				break
 			}
 		}

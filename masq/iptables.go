@@ -3,7 +3,6 @@ package masq
 import (
 	"context"
 	"fmt"
-	"net/netip"
 
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 )
@@ -21,7 +20,7 @@ func PlanIPTables(cfg Config) map[ipt.Family]ipt.Plan {
 	out := map[ipt.Family]ipt.Plan{}
 	chain := IPTablesChain(cfg.Network)
 	for _, pod := range cfg.PodCIDRs {
-		f := familyOf(pod.Addr())
+		f := ipt.FamilyOf(pod.Addr().Is6())
 		p := out[f]
 		src := "-s " + pod.String()
 		rule := func(more, comment, target string) string {
@@ -51,13 +50,6 @@ func PlanIPTables(cfg Config) map[ipt.Family]ipt.Plan {
 	return out
 }
 
-func familyOf(a netip.Addr) ipt.Family {
-	if a.Is6() {
-		return ipt.IPv6
-	}
-	return ipt.IPv4
-}
-
 // EnsureIPTables makes the nat tables hold PlanIPTables(cfg), reading each family's table from
 // st and writing only when it differs.
 func EnsureIPTables(ctx context.Context, st *ipt.State, cfg Config) error {
@@ -79,7 +71,8 @@ func CheckIPTables(ctx context.Context, st *ipt.State, cfg Config) error {
 	return nil
 }
 
-// IPTablesChains names the chains RemoveIPTables removes, per table.
+// IPTablesChains names the network's chains of this package, per table: what removing the
+// iptables backend from the node removes.
 func IPTablesChains(network string) map[string][]string {
 	return map[string][]string{"nat": {IPTablesChain(network)}}
 }

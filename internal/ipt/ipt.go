@@ -39,15 +39,19 @@ const (
 	Bridge
 )
 
+// FamilyOf is the rule set of one address family (true: IPv6).
+func FamilyOf(is6 bool) Family {
+	if is6 {
+		return IPv6
+	}
+	return IPv4
+}
+
 // Families returns the IP families of the given address families (true: IPv6), deduplicated.
 func Families(is6 ...bool) []Family {
 	var out []Family
 	for _, v6 := range is6 {
-		f := IPv4
-		if v6 {
-			f = IPv6
-		}
-		if !slices.Contains(out, f) {
+		if f := FamilyOf(v6); !slices.Contains(out, f) {
 			out = append(out, f)
 		}
 	}
