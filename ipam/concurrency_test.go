@@ -168,3 +168,50 @@ func TestChildAllocator(t *testing.T) {
 		fmt.Printf("ALLOCATED %s\n", a)
 	}
 }
+
+// TestNetfilterLockAmongGoroutines: two goroutines of one Store take the netfilter lock one after
+// the other, and while the second holds it no other Store (another process) gets it. The OFD lock
+// alone lets the second in at once when it asks while the first holds it, and the first one's
+// release then frees it for everyone; many rounds make the second ask in time in some of them.
+func TestNetfilterLockAmongGoroutines(t *testing.T) {
+	dir := t.TempDir()
+	one, err := Open(dir, "net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	other, err := Open(dir, "net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for round := range 2000 {
+		unlockA, err := one.LockNetfilter()
+		if err != nil {
+			t.Fatal(err)
+		}
+		asking, held := make(chan struct{}), make(chan func() error)
+		go func() {
+			close(asking)
+			unlockB, err := one.LockNetfilter()
+			if err != nil {
+				t.Error(err)
+			}
+			held <- unlockB
+		}()
+		<-asking
+		if err := unlockA(); err != nil {
+			t.Fatal(err)
+		}
+		unlockB := <-held
+		if unlockC, ok, err := other.lockByte(netfilterByte, "netfilter", false); err != nil || ok {
+			if ok {
+				_ = unlockC()
+			}
+			t.Fatalf("round %d: another Store took the netfilter lock while a goroutine of the first held it (ok %v, err %v)", round, ok, err)
+		}
+		if err := unlockB(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

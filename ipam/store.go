@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"os"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -17,6 +18,10 @@ type Store struct {
 	dir  string
 	root *safedir.Dir // the network's directory; nothing below it is reached through a symlink
 	lock *os.File
+	// netfilter serializes LockNetfilter among this Store's goroutines: the OFD lock belongs to
+	// the open file description, so a second goroutine would get it at once, and the first one's
+	// release would free it while the second still works under it.
+	netfilter sync.Mutex
 }
 
 // Open creates the network's directory if needed and opens its lock file. Every Open has its own
@@ -129,9 +134,20 @@ func (s *Store) TryLockAttachment(id, ifname string) (unlock func() error, ok bo
 // processes. It is an OFD lock on byte 2^62 of the lock file, above every attachment's byte,
 // independent of Lock and of the attachment locks, so it may be taken while holding either.
 func (s *Store) LockNetfilter() (func() error, error) {
-	unlock, _, err := s.lockByte(1<<62, "netfilter", true)
-	return unlock, err
+	s.netfilter.Lock()
+	unlock, _, err := s.lockByte(netfilterByte, "netfilter", true)
+	if err != nil {
+		s.netfilter.Unlock()
+		return nil, err
+	}
+	return func() error {
+		defer s.netfilter.Unlock()
+		return unlock()
+	}, nil
 }
+
+// netfilterByte is the byte of the lock file that LockNetfilter locks.
+const netfilterByte = 1 << 62
 
 func (s *Store) lockAttachment(id, ifname string, wait bool) (func() error, bool, error) {
 	h := fnv.New64a()
