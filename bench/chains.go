@@ -232,8 +232,9 @@ func (n benchNode) snapshot() (snapshot, error) {
 	if err != nil {
 		return s, fmt.Errorf("list links: %w", err)
 	}
-	// Stateless: iptables-nft rules carry counters, which traffic changes.
-	if s.ruleset, err = nettest.Output(n.NS, "nft", "-s", "list", "ruleset"); err != nil {
+	// Stateless: iptables-nft rules carry counters, which traffic changes, and elements their
+	// expiry. Settled: the last DEL's ended elements leave the listing at the kernel's next tick.
+	if s.ruleset, err = nettest.SettledRuleset(n.NS, "-s"); err != nil {
 		return s, err
 	}
 	err = filepath.WalkDir(n.DataDir(), func(path string, d os.DirEntry, err error) error {

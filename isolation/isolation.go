@@ -68,6 +68,12 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 // and adding an existing element is a no-op. Many ports (a node re-installing every pod's
 // elements) go in several transactions of portsPerBatch, after the first.
 //
+// The sets are made with the timeout flag where the kernel can end an element by expiry
+// (nft.ProbeElementExpiry, run only when a set is made), and their elements added with timeout
+// nft.Forever, so that Remove ends them without a deletion. Sets made without the flag (by an
+// earlier kubenet, or on a kernel that cannot) keep it: their elements are added without a
+// timeout and deleted by Remove, as before.
+//
 // rebuilt says that the chains were missing altogether (a new node, or another tool flushed the
 // ruleset or deleted the table): the sets went with them, so the elements of every running pod but ports are gone,
 // and the caller puts them back (Ensure again with all of them).
@@ -83,36 +89,71 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	// missing because the configuration just turned anti-spoofing on are no rebuild: pods
 	// attached while it was off keep only their pod-ports elements, as documented.)
 	rebuilt = len(have[ChainGuard]) == 0
-	byName := map[string]*nftables.Set{}
-	for _, s := range sets(table) {
-		byName[s.Name] = s
+	// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
+	// set-up node sends its elements and nothing else, as to sets with the timeout flag (the
+	// kernel refuses the timeouts of sets without it, and then they go again without).
+	defs := sets(table, true)
+	var rewrite *chainWrite
+	if found != nil {
+		rewrite = &chainWrite{plan: plan, have: have}
+		if defs, rewrite.mistyped, err = setsToWrite(table); err != nil {
+			return rebuilt, err
+		}
 	}
-	for i, batch := range batches(ports, portsPerBatch) {
-		c, err := nftables.New()
+	for _, batch := range batches(ports, portsPerBatch) {
+		err := addElements(cfg, table, defs, batch, rewrite)
+		if rewrite == nil && nft.IsInvalid(err) {
+			defs = sets(table, false)
+			err = addElements(cfg, table, defs, batch, nil)
+		}
 		if err != nil {
-			return rebuilt, fmt.Errorf("isolation rules: netlink: %w", err)
+			return rebuilt, err
 		}
-		// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
-		// set-up node sends its elements and nothing else.
-		if i == 0 && found != nil {
-			mistyped := mistypedSets(c, table)
-			c.AddTable(table)
-			if err := writeChains(c, table, plan, have, mistyped); err != nil {
-				return rebuilt, err
-			}
-		}
-		// One message per set: the kernel acknowledges every message, and hundreds of
-		// acknowledgements overflow the socket's receive buffer (ENOBUFS) after the commit.
-		for name, els := range elementsOf(batch, cfg.AntiSpoofing) {
-			if err := c.SetAddElements(byName[name], els); err != nil {
-				return rebuilt, fmt.Errorf("isolation elements of set %s: %w", name, err)
-			}
-		}
-		if err := c.Flush(); err != nil {
-			return rebuilt, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
-		}
+		rewrite = nil // done with the first transaction
 	}
 	return rebuilt, nil
+}
+
+// chainWrite is what a rewrite of the chains needs (writeChains).
+type chainWrite struct {
+	plan     []Chain
+	have     map[string][]*nftables.Rule
+	mistyped []string
+}
+
+// addElements adds the elements of ports to the sets defs in one transaction, which with a
+// rewrite also makes the chains and sets as planned.
+func addElements(cfg Config, table *nftables.Table, defs []*nftables.Set, ports []Port, rewrite *chainWrite) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("isolation rules: netlink: %w", err)
+	}
+	if rewrite != nil {
+		c.AddTable(table)
+		if err := writeChains(c, table, rewrite, defs); err != nil {
+			return err
+		}
+	}
+	byName := setsByName(defs)
+	// One message per set: the kernel acknowledges every message, and hundreds of
+	// acknowledgements overflow the socket's receive buffer (ENOBUFS) after the commit.
+	for name, els := range elementsOf(ports, cfg.AntiSpoofing) {
+		if err := c.SetAddElements(byName[name], els); err != nil {
+			return fmt.Errorf("isolation elements of set %s: %w", name, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	return nil
+}
+
+func setsByName(defs []*nftables.Set) map[string]*nftables.Set {
+	out := map[string]*nftables.Set{}
+	for _, s := range defs {
+		out[s.Name] = s
+	}
+	return out
 }
 
 // elementsOf gathers the elements of ports by set name.
@@ -141,13 +182,15 @@ func batches[T any](xs []T, n int) [][]T {
 	return out
 }
 
-// writeChains queues on c what makes the table's chains and sets of this package exactly plan:
-// every planned chain is created if missing and refilled (each after the chains it goes to),
-// chains the plan no longer has (anti-spoofing turned off) are emptied and deleted, and the sets
-// are created, the mistyped ones (somebody else's set under one of our names) deleted first.
-func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map[string][]*nftables.Rule, mistyped []string) error {
+// writeChains queues on c what makes the table's chains and sets of this package exactly as
+// planned: every planned chain is created if missing and refilled (each after the chains it goes
+// to), chains the plan no longer has (anti-spoofing turned off) are emptied and deleted, and the
+// sets setDefs are created, the mistyped ones (somebody else's set under one of our names)
+// deleted first.
+func writeChains(c *nftables.Conn, table *nftables.Table, w *chainWrite, setDefs []*nftables.Set) error {
+	plan := w.plan
 	var obsolete []*nftables.Chain
-	for _, name := range obsoleteChains(have, plan) {
+	for _, name := range obsoleteChains(w.have, plan) {
 		obsolete = append(obsolete, &nftables.Chain{Name: name, Table: table})
 	}
 	// Empty everything first, so that no rule still goes to a chain that is refilled or deleted,
@@ -163,10 +206,10 @@ func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map
 	for _, o := range obsolete {
 		c.DelChain(o)
 	}
-	for _, name := range mistyped {
+	for _, name := range w.mistyped {
 		c.DelSet(&nftables.Set{Table: table, Name: name})
 	}
-	for _, s := range sets(table) {
+	for _, s := range setDefs {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("isolation set %s: %w", s.Name, err)
 		}
@@ -179,26 +222,40 @@ func writeChains(c *nftables.Conn, table *nftables.Table, plan []Chain, have map
 	return nil
 }
 
-// mistypedSets names the sets of the table that carry one of this package's names with another
-// key type: adding the planned set over one fails, so it is replaced. Read only when the chains
-// are rewritten anyway (a kubenet set cannot change type while a rule refers to it).
-func mistypedSets(c *nftables.Conn, table *nftables.Table) []string {
-	have, err := c.GetSets(table)
+// setsToWrite returns the definitions of the sets for a rewrite of the chains, and names the
+// sets of the table that carry one of this package's names with another key type (somebody
+// else's set): adding the planned set over one fails, so it is replaced. A set of ours keeps its
+// flags (the kernel refuses to add a set over one with other flags); a set to be made gets the
+// timeout flag where the kernel can end elements by expiry. Read only when the chains are
+// rewritten anyway (a kubenet set cannot change while a rule refers to it).
+func setsToWrite(table *nftables.Table) (defs []*nftables.Set, mistyped []string, err error) {
+	c, err := nftables.New()
 	if err != nil {
-		// google/nftables loses the errno of this dump; a missing table (or one a concurrent
-		// first ADD is creating) is the usual cause, and then nothing can be mistyped. Should
-		// the read have failed otherwise, the transaction that follows fails and says why.
-		return nil
+		return nil, nil, fmt.Errorf("isolation sets: netlink: %w", err)
 	}
-	var out []string
-	for _, want := range sets(table) {
-		for _, s := range have {
-			if s.Name == want.Name && (s.IsMap || s.KeyType.GetNFTMagic() != want.KeyType.GetNFTMagic()) {
-				out = append(out, s.Name)
+	// google/nftables loses the errno of this dump; a missing table (or one a concurrent first
+	// ADD is creating) is the usual cause, and then every set is to be made. Should the read
+	// have failed otherwise, the transaction that follows fails and says why.
+	have, _ := c.GetSets(table)
+	var probed *bool
+	for _, want := range sets(table, false) {
+		i := slices.IndexFunc(have, func(s *nftables.Set) bool { return s.Name == want.Name })
+		switch {
+		case i >= 0 && !have[i].IsMap && have[i].KeyType.GetNFTMagic() == want.KeyType.GetNFTMagic():
+			want.HasTimeout = have[i].HasTimeout
+		default:
+			if i >= 0 {
+				mistyped = append(mistyped, want.Name)
 			}
+			if probed == nil {
+				ok := nft.ProbeElementExpiry() == nil
+				probed = &ok
+			}
+			want.HasTimeout = *probed
 		}
+		defs = append(defs, want)
 	}
-	return out
+	return defs, mistyped, nil
 }
 
 // obsoleteChains names the chains of this package that have rules but no place in plan.
@@ -252,12 +309,14 @@ func MissingNode(cfg Config, counts map[string]int) []*nft.Difference {
 	return out
 }
 
-// Remove deletes the elements of ports, whatever the configuration says now (anti-spoofing may
-// have been on when they were added). Each element is added and then deleted in the same
-// transaction: adding an existing element is a no-op, so the transaction succeeds whether or not
-// the element is still there (a repeated DEL, an ADD that crashed before adding it), where a
-// bare delete would fail as a whole. Missing sets mean there is nothing to remove. It needs
-// neither the pod's netns nor anything read back from the pod.
+// Remove ends the elements of ports, whatever the configuration says now (anti-spoofing may
+// have been on when they were added). In sets with the timeout flag it gives them timeout
+// nft.EndTimeout (no deletion, so no grace period for this or any other process: see there); in sets
+// without it (the kernel refuses the timeouts), it adds and then deletes each element in the
+// same transaction. Either way the transaction succeeds whether or not the element is still
+// there (a repeated DEL, an ADD that crashed before adding it): adding an existing element is a
+// no-op or an update, where a bare delete would fail as a whole. Missing sets mean there is
+// nothing to remove. It needs neither the pod's netns nor anything read back from the pod.
 func Remove(network string, ports ...Port) error {
 	var errs []error
 	for _, batch := range batches(ports, portsPerBatch) {
@@ -272,38 +331,53 @@ func removeBatch(network string, els map[string][]nftables.SetElement) error {
 	if len(els) == 0 {
 		return nil
 	}
-	byName := map[string]*nftables.Set{}
-	for _, s := range sets(nft.BridgeTable(network)) {
-		byName[s.Name] = s
-	}
-	err := removeElements(byName, els)
+	table := nft.BridgeTable(network)
+	err := removeElements(table, els)
 	if !nft.IsNotExist(err) {
 		return err
 	}
 	var errs []error
 	for name, e := range els {
-		if err := removeElements(byName, map[string][]nftables.SetElement{name: e}); err != nil && !nft.IsNotExist(err) {
+		if err := removeElements(table, map[string][]nftables.SetElement{name: e}); err != nil && !nft.IsNotExist(err) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func removeElements(sets map[string]*nftables.Set, els map[string][]nftables.SetElement) error {
+// removeElements ends els by expiry, or where the sets have no timeout flag deletes them.
+func removeElements(table *nftables.Table, els map[string][]nftables.SetElement) error {
+	err := endElements(setsByName(sets(table, true)), els, false)
+	if nft.IsInvalid(err) {
+		err = endElements(setsByName(sets(table, false)), els, true)
+	}
+	return err
+}
+
+// endElements sends one transaction that gives els timeout nft.EndTimeout, or with deleting adds and
+// deletes them.
+func endElements(sets map[string]*nftables.Set, els map[string][]nftables.SetElement, deleting bool) error {
 	c, err := nftables.New()
 	if err != nil {
-		return fmt.Errorf("anti-spoofing elements: netlink: %w", err)
+		return fmt.Errorf("isolation elements: netlink: %w", err)
 	}
 	for name, e := range els {
-		if err := c.SetAddElements(sets[name], e); err != nil {
-			return fmt.Errorf("anti-spoofing set %s: %w", name, err)
+		ended := make([]nftables.SetElement, len(e))
+		for i, el := range e {
+			ended[i] = nftables.SetElement{Key: el.Key, Comment: el.Comment, Timeout: nft.EndTimeout}
 		}
-		if err := c.SetDeleteElements(sets[name], e); err != nil {
-			return fmt.Errorf("anti-spoofing set %s: %w", name, err)
+		if err := c.SetAddElements(sets[name], ended); err != nil {
+			return fmt.Errorf("isolation set %s: %w", name, err)
+		}
+		if !deleting {
+			continue
+		}
+		if err := c.SetDeleteElements(sets[name], ended); err != nil {
+			return fmt.Errorf("isolation set %s: %w", name, err)
 		}
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("remove anti-spoofing elements: %w", err)
+		return fmt.Errorf("remove isolation elements: %w", err)
 	}
 	return nil
 }
@@ -319,7 +393,7 @@ func GC(network string, keep func(port, owner string) bool) ([]string, error) {
 	table := nft.BridgeTable(network)
 	stale := map[string][]nftables.SetElement{}
 	var ports []string
-	for _, s := range sets(table) {
+	for _, s := range sets(table, false) {
 		els, err := listElements(c, s)
 		if err != nil {
 			return nil, err
@@ -346,7 +420,8 @@ func GC(network string, keep func(port, owner string) bool) ([]string, error) {
 	return ports, errors.Join(errs...)
 }
 
-// listElements returns the elements of s; a missing table or set holds none.
+// listElements returns the elements of s but those ended (Remove) that the kernel still lists
+// until its next tick; a missing table or set holds none.
 func listElements(c *nftables.Conn, s *nftables.Set) ([]nftables.SetElement, error) {
 	if ok, err := setExists(s); err != nil || !ok {
 		return nil, err
@@ -355,7 +430,7 @@ func listElements(c *nftables.Conn, s *nftables.Set) ([]nftables.SetElement, err
 	if err != nil {
 		return nil, fmt.Errorf("anti-spoofing set %s of table %s: %w", s.Name, s.Table.Name, err)
 	}
-	return els, nil
+	return slices.DeleteFunc(els, nft.IsEnded), nil
 }
 
 // Check verifies that the chains are as planned and, with anti-spoofing on, that every element
@@ -371,7 +446,7 @@ func Check(cfg Config, p Port) error {
 		return fmt.Errorf("isolation elements: netlink: %w", err)
 	}
 	want := p.elements(cfg.AntiSpoofing)
-	for _, s := range sets(table) {
+	for _, s := range sets(table, false) {
 		els, err := listElements(c, s)
 		if err != nil {
 			return err

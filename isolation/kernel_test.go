@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
@@ -47,6 +48,24 @@ func ruleHandles(t *testing.T, n ns.NetNS, network string) map[string][]uint64 {
 		return nil
 	})
 	return out
+}
+
+// listedNoMore polls until `nft list table` of the bridge table no longer shows any of words
+// (port names, owners), and says what it still shows after a second: an element Remove or GC
+// ended stays listed until the kernel's next tick.
+func listedNoMore(n ns.NetNS, table string, words ...string) error {
+	return nettest.Eventually(time.Second, func() error {
+		out, err := nettest.Output(n, "nft", "list", "table", "bridge", table)
+		if err != nil {
+			return err
+		}
+		for _, w := range words {
+			if strings.Contains(out, w) {
+				return fmt.Errorf("%q still listed:\n%s", w, out)
+			}
+		}
+		return nil
+	})
 }
 
 func in(t *testing.T, n ns.NetNS, f func() error) error {
@@ -131,8 +150,8 @@ func TestEnsureCheckRemoveGC(t *testing.T) {
 		if err := in(t, n, func() error { return Check(on, p2) }); err != nil {
 			t.Errorf("the other port: %v", err)
 		}
-		if out := nettest.Run(t, n, "nft", "list", "table", "bridge", "kubenet-t"); strings.Contains(out, p1.Owner) || strings.Contains(out, p1.Name) {
-			t.Errorf("elements of %s remain:\n%s", p1.Name, out)
+		if err := listedNoMore(n, "kubenet-t", p1.Owner, p1.Name); err != nil {
+			t.Errorf("elements of %s: %v", p1.Name, err)
 		}
 	})
 
@@ -148,9 +167,8 @@ func TestEnsureCheckRemoveGC(t *testing.T) {
 		if !slices.Equal(removed, []string{stray.Name}) {
 			t.Errorf("GC removed %v, want [%s]", removed, stray.Name)
 		}
-		out := nettest.Run(t, n, "nft", "list", "table", "bridge", "kubenet-t")
-		if strings.Contains(out, stray.Name) {
-			t.Errorf("GC left elements of %s:\n%s", stray.Name, out)
+		if err := listedNoMore(n, "kubenet-t", stray.Name); err != nil {
+			t.Errorf("GC left elements of %s: %v", stray.Name, err)
 		}
 		if err := in(t, n, func() error { return Check(on, p2) }); err != nil {
 			t.Errorf("GC touched a kept port: %v", err)
@@ -296,8 +314,8 @@ func TestManyPorts(t *testing.T) {
 	if len(removed) != len(ports)-len(ports)/2 {
 		t.Errorf("GC removed %d ports, want the %d Remove left", len(removed), len(ports)-len(ports)/2)
 	}
-	if out := nettest.Run(t, n, "nft", "list", "table", "bridge", "kubenet-m"); strings.Contains(out, "vethtest") {
-		t.Errorf("elements remain:\n%s", out)
+	if err := listedNoMore(n, "kubenet-m", "vethtest"); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -279,15 +279,16 @@ func antiSpoofND() []nft.Rule {
 	}
 }
 
-// sets returns the definitions of the port sets; table is the network's bridge table.
-func sets(table *nftables.Table) []*nftables.Set {
+// sets returns the definitions of the port sets; table is the network's bridge table. expiring
+// gives them the timeout flag, whose elements are ended by expiry (Remove).
+func sets(table *nftables.Table, expiring bool) []*nftables.Set {
 	concat := func(name string, t nftables.SetDatatype) *nftables.Set {
-		return &nftables.Set{Table: table, Name: name, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, t)}
+		return &nftables.Set{Table: table, Name: name, Concatenation: true, HasTimeout: expiring, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, t)}
 	}
 	// An interface name is a string, which nft shows only from a set marked host byte order.
 	return []*nftables.Set{
-		{Table: table, Name: SetPodPorts, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
-		{Table: table, Name: SetAntiSpoofPorts, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: table, Name: SetPodPorts, HasTimeout: expiring, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: table, Name: SetAntiSpoofPorts, HasTimeout: expiring, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
 		concat(SetMAC, nftables.TypeEtherAddr),
 		concat(SetIPv4, nftables.TypeIPAddr),
 		concat(SetIPv6, nftables.TypeIP6Addr),
@@ -318,14 +319,16 @@ func pad4(b []byte) []byte {
 // of anti-spoofing.
 func (p Port) elements(antiSpoofing bool) map[string][]nftables.SetElement {
 	port := nft.IfName(p.Name)
+	// The timeout goes only to sets with the timeout flag (google/nftables leaves it out for the
+	// others).
 	el := func(value []byte) nftables.SetElement {
-		return nftables.SetElement{Key: append(append([]byte{}, port...), pad4(value)...), Comment: p.Owner}
+		return nftables.SetElement{Key: append(append([]byte{}, port...), pad4(value)...), Comment: p.Owner, Timeout: nft.Forever}
 	}
-	out := map[string][]nftables.SetElement{SetPodPorts: {{Key: port, Comment: p.Owner}}}
+	out := map[string][]nftables.SetElement{SetPodPorts: {{Key: port, Comment: p.Owner, Timeout: nft.Forever}}}
 	if !antiSpoofing {
 		return out
 	}
-	out[SetAntiSpoofPorts] = []nftables.SetElement{{Key: port, Comment: p.Owner}}
+	out[SetAntiSpoofPorts] = []nftables.SetElement{{Key: port, Comment: p.Owner, Timeout: nft.Forever}}
 	out[SetMAC] = []nftables.SetElement{el(p.MAC)}
 	out[SetIPv6] = []nftables.SetElement{el(LinkLocal(p.MAC).AsSlice())}
 	for _, a := range p.Addrs {

@@ -378,8 +378,9 @@ func TestHostPortUDPPodReplaced(t *testing.T) {
 	}
 }
 
-// hpSnapshot is the node state a refused ADD must leave unchanged: the ruleset (without
-// handles), the data dir's reservations, records and index, and the node's links.
+// hpSnapshot is the node state a refused ADD must leave unchanged: the ruleset (without handles
+// and without state: counters, elements' expiry countdowns), the data dir's reservations,
+// records and index, and the node's links.
 func hpSnapshot(t testing.TB, node *nettest.Node) string {
 	t.Helper()
 	var links []string
@@ -391,7 +392,11 @@ func hpSnapshot(t testing.TB, node *nettest.Node) string {
 		return err
 	})
 	slices.Sort(links)
-	return fmt.Sprintf("links %v\nfiles %v\n%s", links, stateFiles(t, node), nettest.Run(t, node.NS, "nft", "list", "ruleset"))
+	ruleset, err := nettest.SettledRuleset(node.NS, "-s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("links %v\nfiles %v\n%s", links, stateFiles(t, node), ruleset)
 }
 
 // TestHostPortConflict: a mapping that overlaps one another attachment holds is refused with

@@ -185,9 +185,12 @@ func mentionsAny(line string, prefixes []netip.Prefix) bool {
 	return false
 }
 
-// nftListTable is `nft -j list table family name` in the node's namespace; nil when the table
-// does not exist.
+// nftListTable is `nft -j list table family name` in the node's namespace once no ended element
+// is listed (nettest.SettledRuleset); nil when the table does not exist.
 func nftListTable(n ns.NetNS, family, name string) ([]byte, error) {
+	if _, err := nettest.SettledRuleset(n); err != nil {
+		return nil, err
+	}
 	var stdout, stderr bytes.Buffer
 	err := n.Do(func(ns.NetNS) error {
 		cmd := exec.Command("nft", "-j", "list", "table", family, name)

@@ -255,7 +255,7 @@ func attachmentGone(t *testing.T, w runtimeWorld, id string, rec *core.Record) e
 			left = append(left, "reservation "+p.Addr().String())
 		}
 	}
-	ruleset, err := nettest.Output(w.node.NS, "nft", "list", "ruleset")
+	ruleset, err := nettest.SettledRuleset(w.node.NS)
 	if err != nil {
 		return err
 	}

@@ -131,6 +131,9 @@ func IsolationElements(t testing.TB, node *nettest.Node) []IsolationElement {
 	if !reads(b, core.NetfilterNFTables) {
 		return out
 	}
+	if _, err := nettest.SettledRuleset(node.NS); err != nil {
+		t.Fatal(err)
+	}
 	for _, set := range []string{isolation.SetPodPorts, isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
 		for _, raw := range NFTElements(t, node, "bridge", "set", set) {
 			var el struct {

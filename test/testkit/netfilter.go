@@ -228,15 +228,19 @@ func EbtablesPodChain(port string) string {
 var counters = regexp.MustCompile(`\[[0-9]+:[0-9]+\]`)
 
 // NetfilterRuleset is everything the node's backend holds, as its tools print it: nft list
-// ruleset, or every table of iptables-save, ip6tables-save and ebtables-save without their
-// comment lines (timestamps) and counters. For comparing the node before and after something.
-// A tool that fails adds its error text.
+// ruleset without state (counters, elements' expiry countdowns) once no ended element is listed
+// (nettest.SettledRuleset), or every table of iptables-save, ip6tables-save and ebtables-save
+// without their comment lines (timestamps) and counters. For comparing the node before and after
+// something. A tool that fails adds its error text.
 func NetfilterRuleset(t testing.TB, node *nettest.Node) string {
 	t.Helper()
 	b := NodeBackend(node)
 	var out strings.Builder
 	if reads(b, core.NetfilterNFTables) {
-		text, _ := nettest.Output(node.NS, "nft", "list", "ruleset")
+		text, err := nettest.SettledRuleset(node.NS, "-s")
+		if err != nil {
+			text += err.Error()
+		}
 		out.WriteString(text)
 	}
 	if reads(b, core.NetfilterIPTables) {

@@ -151,7 +151,9 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 		t.Errorf("leak: attachment record %s remains", record)
 	}
 	owner := att.ContainerID + "/" + att.IfName
-	if ruleset, err := nettest.Output(node.NS, "nft", "list", "ruleset"); err == nil && strings.Contains(ruleset, `"`+owner+`"`) {
+	if ruleset, err := nettest.SettledRuleset(node.NS); err != nil {
+		t.Error(err)
+	} else if strings.Contains(ruleset, `"`+owner+`"`) {
 		t.Errorf("leak: nftables still holds elements of %s:\n%s", owner, ruleset)
 	}
 	// Whichever backend ran: iptables rules name their owner in a comment, ebtables rules the
