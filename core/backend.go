@@ -235,6 +235,14 @@ func (c *Config) withFilter(nf packetFilter) *Config {
 	return &out
 }
 
+// withKnown returns a copy of c whose nftables checks recognise the node-wide chains from the
+// pairs remembered in the network's directory (VerifiedRulesFile).
+func (c *Config) withKnown(networkDir string) *Config {
+	out := *c
+	out.known = newVerifiedRules(networkDir)
+	return &out
+}
+
 // filter is the backend the verb resolved; a Config no verb resolved (built by hand) uses
 // nftables, the only backend of kubenets before the key existed.
 func (c *Config) filter() packetFilter {
@@ -268,9 +276,11 @@ func NetfilterStatus(cfg *Config) (BackendChoice, error) {
 }
 
 // IsNodeFile tells whether name, in a network's directory of the data dir, is one of the files
-// that belong to the node rather than to an attachment: the node-wide settings and the backend
-// record. Audits of what a pod left behind skip them.
-func IsNodeFile(name string) bool { return name == NodeSettingsFile || name == NetfilterFile }
+// that belong to the node rather than to an attachment: the node-wide settings, the backend
+// record and the verified rules. Audits of what a pod left behind skip them.
+func IsNodeFile(name string) bool {
+	return name == NodeSettingsFile || name == NetfilterFile || name == VerifiedRulesFile
+}
 
 // ReadNetfilterRecord returns the backend record of the network in dataDir: which backend holds
 // its rules on this node and why; nil before any ADD recorded one.

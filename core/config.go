@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -112,6 +113,9 @@ type Config struct {
 	ToolRoot string
 	// nf is the packet-filter backend a verb resolved for this copy (withFilter).
 	nf packetFilter
+	// known remembers the node-wide chains' dumps found as planned (withKnown; nil: every
+	// check decodes and compares in full).
+	known nft.Verified
 }
 
 // rangesKey is the configuration key the pod CIDRs came from, for messages.

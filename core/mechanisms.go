@@ -35,11 +35,11 @@ func hostportConfig(cfg *Config, networkDir string) hostport.Config {
 }
 
 func hostportConfigWith(cfg *Config, b hostport.Backend, networkDir string) hostport.Config {
-	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs(), Backend: b}
+	return hostport.Config{Network: cfg.Network, Dir: networkDir, Bridge: cfg.Bridge, PodCIDRs: cfg.PodCIDRs(), Backend: b, Known: cfg.known}
 }
 
 func isolationConfig(cfg *Config) isolation.Config {
-	return isolation.Config{Network: cfg.Network, AntiSpoofing: cfg.AntiSpoofing}
+	return isolation.Config{Network: cfg.Network, AntiSpoofing: cfg.AntiSpoofing, Known: cfg.known}
 }
 
 // podMAC is the MAC of the attachment's pod interface: bridge gives it to the pod end of the

@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/internal/sysctl"
 )
 
@@ -48,6 +49,9 @@ type Config struct {
 	PodCIDRs []netip.Prefix // the node's pod CIDRs: their sources get SNAT on hostPorts
 	// Backend is where the mappings and the fixed rules live: nil is nftables.
 	Backend Backend
+	// Known remembers the nftables chains' dumps found as planned (nil: compare every dump in
+	// full).
+	Known nft.Verified
 }
 
 func (c Config) hasIPv4() bool {

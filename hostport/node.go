@@ -92,19 +92,53 @@ func (nftablesBackend) missingNode(cfg Config, counts map[string]int) ([]error, 
 // checkChains reads the network's table and returns the difference of every chain that is not
 // as planned.
 func checkChains(cfg Config) ([]*nft.Difference, error) {
-	have, err := nft.TableRules(nft.InetTable(cfg.Network))
+	dump, err := nft.DumpRules(nft.InetTable(cfg.Network))
 	if err != nil {
 		return nil, fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
 	}
-	return compareChains(cfg, have), nil
+	v, recognized, err := nft.Recognize(cfg.Known, dump, chainNames(), cfg.planInputs(), func() map[string][]nft.Rule { return plannedChains(cfg) })
+	if err != nil || recognized {
+		return nil, err
+	}
+	have, err := dump.Rules()
+	if err != nil {
+		return nil, fmt.Errorf("hostport chains of network %q: %w", cfg.Network, err)
+	}
+	diffs := compareChains(cfg, have)
+	if len(diffs) == 0 {
+		v.Confirmed()
+	}
+	return diffs, nil
 }
 
-// compareChains returns the difference of every chain that is not as planned in have.
-func compareChains(cfg Config, have map[string][]*nftables.Rule) []*nft.Difference {
+// planInputs is what the chains' plan depends on (the pod CIDRs; the rest of cfg does no harm):
+// cfg without Known.
+func (cfg Config) planInputs() Config {
+	cfg.Known = nil
+	return cfg
+}
+
+// plannedChains is the plan (Rules) by chain name.
+func plannedChains(cfg Config) map[string][]nft.Rule {
 	want := map[string][]nft.Rule{}
 	for _, r := range Rules(cfg.PodCIDRs) {
 		want[r.Chain] = append(want[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
+	return want
+}
+
+// chainNames names the chains of the package, in order.
+func chainNames() []string {
+	var out []string
+	for _, ch := range chains(nil) {
+		out = append(out, ch.Name)
+	}
+	return out
+}
+
+// compareChains returns the difference of every chain that is not as planned in have.
+func compareChains(cfg Config, have map[string][]*nftables.Rule) []*nft.Difference {
+	want := plannedChains(cfg)
 	var out []*nft.Difference
 	for _, ch := range chains(nft.InetTable(cfg.Network)) {
 		if d := nft.Compare(ch, have[ch.Name], want[ch.Name]); d != nil {
@@ -201,22 +235,28 @@ func (b nftablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 		return rep, false, fmt.Errorf("hostport rules: netlink: %w", err)
 	}
 	diffs, err := checkChains(cfg)
-	if err != nil {
+	if err != nil || len(diffs) == 0 {
+		// The planned rules look every map up by name, and the kernel keeps a map that a rule
+		// refers to: rules as planned mean the maps are there.
 		return rep, false, err
 	}
 	missing, err := missingMaps(c, cfg)
 	if err != nil {
 		return rep, false, err
 	}
-	if len(diffs) > 0 || len(missing) > 0 {
-		if err := b.writeNode(c, cfg, diffs, missing); err != nil {
-			return rep, false, err
-		}
-		for _, d := range diffs {
-			rep.Chains = append(rep.Chains, d.Object)
-		}
-		rep.Maps = missing
+	if err := b.writeNode(c, cfg, diffs, missing); err != nil {
+		return rep, false, err
 	}
+	for _, d := range diffs {
+		rep.Chains = append(rep.Chains, d.Object)
+	}
+	rep.Maps = missing
+	nft.LearnWritten(cfg.Known, nft.InetTable(cfg.Network), chainNames(), cfg.planInputs(), func() map[string][]nft.Rule { return plannedChains(cfg) }, func(have map[string][]*nftables.Rule) error {
+		if diffs := compareChains(cfg, have); len(diffs) > 0 {
+			return diffs[0]
+		}
+		return nil
+	})
 	return rep, len(missing) > 0 || slices.ContainsFunc(diffs, func(d *nft.Difference) bool { return d.Missing }), nil
 }
 

@@ -9,16 +9,17 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 // BenchmarkEnsureRemove measures what one pod's ADD (Ensure with its port, chains already in
 // place) and DEL (Remove) cost in the kernel, dual-stack with anti-spoofing, on a node whose sets
-// already hold 1 or 500 other pods. The cost should not depend on the number of pods (reported,
-// not asserted):
+// already hold 1 or 500 other pods, with and without Config.Known (as ADD has it: the chains
+// recognised from a digest of their dump instead of decoded). The cost should not depend on the
+// number of pods (reported, not asserted):
 //
 //	go test ./isolation -run '^$' -bench EnsureRemove -benchtime 200x
 func BenchmarkEnsureRemove(b *testing.B) {
-	cfg := Config{Network: "bench", AntiSpoofing: true}
 	port := func(i int) Port {
 		return Port{
 			Name:  fmt.Sprintf("vethbench%06d", i),
@@ -28,8 +29,16 @@ func BenchmarkEnsureRemove(b *testing.B) {
 				netip.AddrFrom16([16]byte{0xfd, 0, 14: byte(i >> 8), 15: byte(i)})},
 		}
 	}
-	for _, existing := range []int{1, 500} {
-		b.Run(fmt.Sprintf("existing=%d", existing), func(b *testing.B) {
+	for _, c := range []struct {
+		existing int
+		known    bool
+	}{{1, false}, {500, false}, {1, true}, {500, true}} {
+		existing := c.existing
+		b.Run(fmt.Sprintf("existing=%d/known=%v", existing, c.known), func(b *testing.B) {
+			cfg := Config{Network: "bench", AntiSpoofing: true}
+			if c.known {
+				cfg.Known = &nft.Remembered{BinaryID: nft.BuildID()}
+			}
 			n := nettest.NewNS(b)
 			measured := port(existing + 1)
 			err := n.Do(func(ns.NetNS) error {

@@ -198,3 +198,49 @@ func TestProbeElementExpiry(t *testing.T) {
 		t.Logf("this kernel keeps element timeouts (%v): DEL deletes isolation elements", probe)
 	}
 }
+
+// TestEnsureRecognizesOnlyWhatItVerified: with Known, the chains Ensure writes are remembered
+// as verified, a healthy table is recognised without adding anything to remember, a rule
+// changed in place is still found and rewritten, and a new configuration is a new plan; known
+// by the binary or, without one, by digesting the plan.
+func TestEnsureRecognizesOnlyWhatItVerified(t *testing.T) {
+	for name, binary := range map[string]string{"build ID": nft.BuildID(), "no build ID": ""} {
+		t.Run(name, func(t *testing.T) {
+			n := nettest.NewNS(t)
+			known := &nft.Remembered{BinaryID: binary}
+			on := Config{Network: "v", AntiSpoofing: true, Known: known}
+			off := Config{Network: "v", Known: known}
+			nettest.Do(t, n, func() error { return ensured(on, testPort(1)) })
+			if known.Len() != 1 {
+				t.Fatalf("after the chains were written %d pairs are remembered, want 1", known.Len())
+			}
+			nettest.Do(t, n, func() error { return ensured(on, testPort(2)) })
+			if known.Len() != 1 {
+				t.Errorf("a healthy table added a pair: %d", known.Len())
+			}
+			listing := nettest.Run(t, n, "nft", "-a", "list", "chain", "bridge", "kubenet-v", ChainGuardIPv6)
+			var handle string
+			for _, line := range strings.Split(listing, "\n") {
+				if strings.Contains(line, "nd-router-advert drop") {
+					handle = line[strings.LastIndex(line, " ")+1:]
+				}
+			}
+			nettest.Run(t, n, "nft", "replace", "rule", "bridge", "kubenet-v", ChainGuardIPv6, "handle", handle,
+				`icmpv6 type nd-router-advert accept comment "router advertisement from a pod dropped"`)
+			if err := in(t, n, func() error { return CheckNode(on) }); err == nil {
+				t.Fatal("the rule changed in place is not found by CheckNode")
+			}
+			nettest.Do(t, n, func() error { return ensured(on, testPort(3)) })
+			if err := in(t, n, func() error { return CheckNode(on) }); err != nil {
+				t.Errorf("Ensure with Known left the rule changed in place: %v", err)
+			}
+			nettest.Do(t, n, func() error { return ensured(off) })
+			if err := in(t, n, func() error { return CheckNode(off) }); err != nil {
+				t.Errorf("Ensure with Known did not apply the new configuration: %v", err)
+			}
+			if known.Len() != 2 {
+				t.Errorf("after a second configuration %d pairs are remembered, want 2", known.Len())
+			}
+		})
+	}
+}

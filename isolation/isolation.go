@@ -34,10 +34,12 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// Config is what the chains of one network depend on.
+// Config is what the chains of one network depend on, and Known, which remembers the chains'
+// dumps found as planned (nil: compare every dump in full).
 type Config struct {
 	Network      string // CNI network name: selects the bridge table
 	AntiSpoofing bool
+	Known        nft.Verified
 }
 
 // Port is one pod's bridge port and what the pod may send through it.
@@ -79,16 +81,15 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 // and the caller puts them back (Ensure again with all of them).
 func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	table := nft.BridgeTable(cfg.Network)
-	have, err := nft.TableRules(table)
-	if err != nil {
-		return false, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
-	}
 	plan := Plan(cfg)
-	found := compare(table, have, plan)
+	have, found, err := readChains(cfg, table, plan)
+	if err != nil {
+		return false, err
+	}
 	// The guard chain is in every plan: without it the table was flushed or never made. (Chains
 	// missing because the configuration just turned anti-spoofing on are no rebuild: pods
 	// attached while it was off keep only their pod-ports elements, as documented.)
-	rebuilt = len(have[ChainGuard]) == 0
+	rebuilt = found != nil && len(have[ChainGuard]) == 0
 	// The rules refer to the sets, so rules as planned mean the sets exist: a pod's ADD on a
 	// set-up node sends its elements and nothing else, as to sets with the timeout flag (the
 	// kernel refuses the timeouts of sets without it, and then they go again without).
@@ -100,7 +101,7 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 			return rebuilt, err
 		}
 	}
-	for _, batch := range batches(ports, portsPerBatch) {
+	for i, batch := range batches(ports, portsPerBatch) {
 		err := addElements(cfg, table, defs, batch, rewrite)
 		if rewrite == nil && nft.IsInvalid(err) {
 			defs = sets(table, false)
@@ -109,9 +110,50 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 		if err != nil {
 			return rebuilt, err
 		}
+		if i == 0 && rewrite != nil {
+			nft.LearnWritten(cfg.Known, table, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan) }, func(have map[string][]*nftables.Rule) error {
+				return compare(table, have, plan)
+			})
+		}
 		rewrite = nil // done with the first transaction
 	}
 	return rebuilt, nil
+}
+
+// readChains reads the table's rules (one dump) and tells how the chains differ from plan
+// (compare; nil: as planned). A dump that cfg.Known recognises is as planned without decoding
+// it, and then have is nil; a dump found as planned in full is remembered.
+func readChains(cfg Config, table *nftables.Table, plan []Chain) (have map[string][]*nftables.Rule, found error, err error) {
+	dump, err := nft.DumpRules(table)
+	if err != nil {
+		return nil, nil, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	v, recognized, err := nft.Recognize(cfg.Known, dump, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan) })
+	if err != nil || recognized {
+		return nil, nil, err
+	}
+	if have, err = dump.Rules(); err != nil {
+		return nil, nil, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
+	}
+	if found = compare(table, have, plan); found == nil {
+		v.Confirmed()
+	}
+	return have, found, nil
+}
+
+// planInputs is what Plan depends on: cfg without Known.
+func (cfg Config) planInputs() Config {
+	cfg.Known = nil
+	return cfg
+}
+
+// chainsByName is plan by chain name, as nft.Recognize takes it (chainNames names every chain).
+func chainsByName(plan []Chain) map[string][]nft.Rule {
+	out := make(map[string][]nft.Rule, len(plan))
+	for _, c := range plan {
+		out[c.Name] = c.Rules
+	}
+	return out
 }
 
 // chainWrite is what a rewrite of the chains needs (writeChains).

@@ -11,15 +11,40 @@ import (
 )
 
 // TableRules reads the rules of every chain of table in one netlink dump and returns them by
-// chain name; a missing table reads as no rules. google/nftables asks the kernel for one chain
-// per request, and ADD and STATUS read all of a network's chains: one round trip instead of one
-// per chain is most of what that read costs. The kernel's messages are parsed by google/nftables
-// itself, handed to it through the in-memory netlink connection of its WithTestDial option, so
-// the rules come back exactly as GetRules would return them.
+// chain name; a missing table reads as no rules (DumpRules, then RuleDump.Rules).
 func TableRules(table *nftables.Table) (map[string][]*nftables.Rule, error) {
-	msgs, err := dumpTableRules(table)
-	if err != nil || len(msgs) == 0 {
+	d, err := DumpRules(table)
+	if err != nil {
 		return map[string][]*nftables.Rule{}, err
+	}
+	return d.Rules()
+}
+
+// RuleDump is one dump of the rules of a table, kept as the kernel sent it: counting, digesting
+// and decoding the rules are separate steps, so that a caller that recognises them (Verified)
+// never pays for decoding.
+type RuleDump struct {
+	table *nftables.Table
+	msgs  []netlink.Message
+}
+
+// DumpRules reads the rules of every chain of table in one netlink dump; a missing table holds
+// no rules. google/nftables asks the kernel for one chain per request, and ADD reads all of a
+// network's chains: one round trip instead of one per chain.
+func DumpRules(table *nftables.Table) (*RuleDump, error) {
+	msgs, err := dumpTableRules(table)
+	if err != nil {
+		return nil, err
+	}
+	return &RuleDump{table: table, msgs: msgs}, nil
+}
+
+// Rules decodes the dump and returns the rules by chain name. The kernel's messages are parsed
+// by google/nftables itself, handed to it through the in-memory netlink connection of its
+// WithTestDial option, so the rules come back exactly as GetRules would return them.
+func (d *RuleDump) Rules() (map[string][]*nftables.Rule, error) {
+	if len(d.msgs) == 0 {
+		return map[string][]*nftables.Rule{}, nil
 	}
 	// Replies as google/nftables expects them from its own request: one batch, no multi-part
 	// framing, its connection's port id and sequence number.
@@ -27,8 +52,8 @@ func TableRules(table *nftables.Table) (map[string][]*nftables.Rule, error) {
 		if len(req) == 0 {
 			return nil, io.EOF // a second receive: nothing more
 		}
-		out := make([]netlink.Message, len(msgs))
-		for i, m := range msgs {
+		out := make([]netlink.Message, len(d.msgs))
+		for i, m := range d.msgs {
 			m.Header.Flags &^= netlink.Multi
 			m.Header.PID, m.Header.Sequence = req[0].Header.PID, req[0].Header.Sequence
 			out[i] = m
@@ -39,15 +64,65 @@ func TableRules(table *nftables.Table) (map[string][]*nftables.Rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := c.GetRules(table, &nftables.Chain{Name: "", Table: table})
+	rules, err := c.GetRules(d.table, &nftables.Chain{Name: "", Table: d.table})
 	if err != nil {
-		return nil, fmt.Errorf("parse the rules of table %s: %w", table.Name, err)
+		return nil, fmt.Errorf("parse the rules of table %s: %w", d.table.Name, err)
 	}
 	out := map[string][]*nftables.Rule{}
 	for _, r := range rules {
 		if r.Chain != nil {
 			out[r.Chain.Name] = append(out[r.Chain.Name], r)
 		}
+	}
+	return out, nil
+}
+
+// rawRule is what a dumped rule is made of, undecoded: its chain, its expressions and its user
+// data (the comment), as the kernel encodes them.
+type rawRule struct {
+	chain           string
+	exprs, userdata []byte
+}
+
+// raw splits the dump into its rules, in the kernel's order (chain by chain, each in order).
+func (d *RuleDump) raw() ([]rawRule, error) {
+	out := make([]rawRule, 0, len(d.msgs))
+	for _, m := range d.msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, fmt.Errorf("read the rules of table %s: %w", d.table.Name, err)
+		}
+		var r rawRule
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_RULE_CHAIN:
+				r.chain = ad.String()
+			case unix.NFTA_RULE_EXPRESSIONS:
+				r.exprs = ad.Bytes()
+			case unix.NFTA_RULE_USERDATA:
+				r.userdata = ad.Bytes()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("read the rules of table %s: %w", d.table.Name, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Counts returns the number of rules of every chain, without decoding them.
+func (d *RuleDump) Counts() (map[string]int, error) {
+	rules, err := d.raw()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, r := range rules {
+		out[r.chain]++
 	}
 	return out, nil
 }
@@ -85,27 +160,9 @@ func dumpTableRules(table *nftables.Table) ([]netlink.Message, error) {
 // them: what STATUS needs to tell missing rules (a flushed ruleset) from present ones, at the
 // cost of the dump alone.
 func TableRuleCounts(table *nftables.Table) (map[string]int, error) {
-	msgs, err := dumpTableRules(table)
+	d, err := DumpRules(table)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]int{}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return nil, fmt.Errorf("read the rules of table %s: %w", table.Name, err)
-		}
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_RULE_CHAIN {
-				out[ad.String()]++
-			}
-		}
-		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("read the rules of table %s: %w", table.Name, err)
-		}
-	}
-	return out, nil
+	return d.Counts()
 }
