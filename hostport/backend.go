@@ -58,7 +58,7 @@ type nftablesBackend struct {
 // kernel's answer is lost, the maps are read back: the transaction is atomic, so either every
 // element is there (success) or none of this transaction's is.
 func (b nftablesBackend) install(cfg Config, rs []Reservation) error {
-	c, err := nftables.New()
+	c, err := nft.NewConn()
 	if err != nil {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
 	}
@@ -83,7 +83,7 @@ func (b nftablesBackend) install(cfg Config, rs []Reservation) error {
 // a transaction fails anyway (its answer was lost, or somebody changed an element's value so that
 // the add clashes), the maps are read back and whatever holds rs's keys is deleted by key.
 func (b nftablesBackend) uninstall(cfg Config, rs []Reservation) error {
-	c, err := nftables.New()
+	c, err := nft.NewConn()
 	if err != nil {
 		return fmt.Errorf("hostport rules: netlink: %w", err)
 	}

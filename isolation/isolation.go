@@ -166,7 +166,7 @@ type chainWrite struct {
 // addElements adds the elements of ports to the sets defs in one transaction, which with a
 // rewrite also makes the chains and sets as planned.
 func addElements(cfg Config, table *nftables.Table, defs []*nftables.Set, ports []Port, rewrite *chainWrite) error {
-	c, err := nftables.New()
+	c, err := nft.NewConn()
 	if err != nil {
 		return fmt.Errorf("isolation rules: netlink: %w", err)
 	}
@@ -399,7 +399,7 @@ func removeElements(table *nftables.Table, els map[string][]nftables.SetElement)
 // endElements sends one transaction that gives els timeout nft.EndTimeout, or with deleting adds and
 // deletes them.
 func endElements(sets map[string]*nftables.Set, els map[string][]nftables.SetElement, deleting bool) error {
-	c, err := nftables.New()
+	c, err := nft.NewConn()
 	if err != nil {
 		return fmt.Errorf("isolation elements: netlink: %w", err)
 	}

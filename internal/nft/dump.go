@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -32,11 +33,20 @@ type RuleDump struct {
 // no rules. google/nftables asks the kernel for one chain per request, and ADD reads all of a
 // network's chains: one round trip instead of one per chain.
 func DumpRules(table *nftables.Table) (*RuleDump, error) {
-	msgs, err := dumpTableRules(table)
+	msgs, err := dumpRules(table, "")
 	if err != nil {
 		return nil, err
 	}
 	return &RuleDump{table: table, msgs: msgs}, nil
+}
+
+// DumpChain reads the rules of one chain; a missing table or chain holds none.
+func DumpChain(chain *nftables.Chain) (*RuleDump, error) {
+	msgs, err := dumpRules(chain.Table, chain.Name)
+	if err != nil {
+		return nil, err
+	}
+	return &RuleDump{table: chain.Table, msgs: msgs}, nil
 }
 
 // Rules decodes the dump and returns the rules by chain name. The kernel's messages are parsed
@@ -127,33 +137,40 @@ func (d *RuleDump) Counts() (map[string]int, error) {
 	return out, nil
 }
 
-// dumpTableRules asks the kernel for every rule of table (NFT_MSG_GETRULE with the table and no
-// chain).
-func dumpTableRules(table *nftables.Table) ([]netlink.Message, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return nil, fmt.Errorf("netlink: %w", err)
+// dumpRules asks the kernel for every rule of table (NFT_MSG_GETRULE with the table), or of its
+// chain chain when that is not "", over Exchange's blocking socket. A dump that a concurrent
+// change interrupted is read again.
+func dumpRules(table *nftables.Table, chain string) ([]netlink.Message, error) {
+	ask := []netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: []byte(table.Name + "\x00")}}
+	if chain != "" {
+		ask = append(ask, netlink.Attribute{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")})
 	}
-	defer conn.Close()
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: []byte(table.Name + "\x00")}})
+	attrs, err := netlink.MarshalAttributes(ask)
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := conn.Execute(netlink.Message{
+	req := netlink.Message{
 		Header: netlink.Header{
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE),
 			Flags: netlink.Request | netlink.Dump,
 		},
 		// nfgenmsg: family, version, resource id
 		Data: append([]byte{byte(table.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	if errors.Is(err, unix.ENOENT) {
-		return nil, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read the rules of table %s: %w", table.Name, err)
+	for attempt := 0; ; attempt++ {
+		replies, err := Exchange([]netlink.Message{req})
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the rules of table %s: %w", table.Name, err)
+		}
+		interrupted := slices.ContainsFunc(replies, func(m netlink.Message) bool { return m.Header.Flags&netlink.DumpInterrupted != 0 })
+		if interrupted && attempt < 3 {
+			continue
+		}
+		return slices.DeleteFunc(replies, func(m netlink.Message) bool { return m.Header.Type == netlink.Done }), nil
 	}
-	return msgs, nil
 }
 
 // TableRuleCounts counts the rules of every chain of table, from one dump, without decoding

@@ -48,11 +48,22 @@ func BuildID() string {
 		return ""
 	}
 	defer f.Close()
-	head := make([]byte, 32<<10)
+	// The note follows the ELF and program headers, in the first 4 KiB of every binary seen;
+	// the rest of the 32 KiB is read only when it is not there.
+	head := make([]byte, 4<<10)
 	n, _ := io.ReadFull(f, head)
-	head = head[:n]
-	// An ELF note: namesz, descsz and type (4 bytes each, little-endian here), the name padded
-	// to 4 bytes, the description. Go's: name "Go", type 4, the build ID as description.
+	if id := goNote(head[:n]); id != "" || n < len(head) {
+		return id
+	}
+	head = append(head, make([]byte, 28<<10)...)
+	m, _ := io.ReadFull(f, head[n:])
+	return goNote(head[:n+m])
+}
+
+// goNote finds the Go build ID note in head: namesz, descsz and type (4 bytes each,
+// little-endian here), the name padded to 4 bytes, the description; Go's has name "Go", type 4
+// and the build ID as description.
+func goNote(head []byte) string {
 	i := bytes.Index(head, []byte("\x04\x00\x00\x00Go\x00\x00"))
 	if i < 8 || binary.LittleEndian.Uint32(head[i-8:]) != 4 {
 		return ""

@@ -1,0 +1,121 @@
+package nft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// NewConn returns a google/nftables connection whose every operation is one exchange over a
+// blocking netlink socket of its own (Exchange): mdlayher/netlink, which google/nftables dials
+// otherwise, parks the goroutine in Go's network poller for every read and seeds a random number
+// generator for every socket, which is most of what a small transaction costs a short-lived
+// process. For small requests: a transaction of one pod's elements, a dump of a few objects.
+func NewConn() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithTestDial(Exchange))
+}
+
+// exchangeTimeout bounds the wait for each reply of an Exchange.
+const exchangeTimeout = 10 * time.Second
+
+// Exchange sends msgs (a request, or a batch of them) to the kernel's nfnetlink over a new
+// blocking socket and returns every reply up to the last one due: the end of a dump, or an
+// acknowledgement for each message that asked for one. An error reply ends the exchange with its
+// errno, whichever message it answers. Called with no messages (google/nftables reading on after
+// the replies), it returns none.
+func Exchange(msgs []netlink.Message) ([]netlink.Message, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, os.NewSyscallError("bind", err)
+	}
+	// The kernel answers at once; the bound only keeps a verb from hanging should a reply due
+	// never come.
+	timeout := unix.NsecToTimeval(exchangeTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &timeout); err != nil {
+		return nil, os.NewSyscallError("setsockopt", err)
+	}
+	var out []byte
+	acks, dump := 0, false
+	for _, m := range msgs {
+		if m.Header.Length == 0 { // a request of this package's, not one google/nftables framed
+			m.Header.Length = uint32(unix.NLMSG_HDRLEN + len(m.Data))
+		}
+		b, err := m.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+		if m.Header.Flags&netlink.Dump == netlink.Dump {
+			dump = true
+		} else if m.Header.Flags&netlink.Acknowledge != 0 {
+			acks++
+		}
+	}
+	if err := unix.Sendto(fd, out, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, os.NewSyscallError("sendto", err)
+	}
+	var replies []netlink.Message
+	buf := make([]byte, 64<<10)
+	for acks > 0 || dump {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return replies, os.NewSyscallError("recvfrom", err)
+		}
+		// Copied: a message's data aliases the bytes it was parsed from, and buf is read again.
+		got, err := parseMessages(slices.Clone(buf[:n]))
+		if err != nil {
+			return replies, err
+		}
+		for _, r := range got {
+			// As if the replies came from the connection google/nftables dialled, whose
+			// requests carry its port id (mdlayher/netlink checks it on a dump's replies).
+			r.Header.PID = msgs[0].Header.PID
+			switch r.Header.Type {
+			case netlink.Error:
+				if len(r.Data) < 4 {
+					return replies, errors.New("netlink: short error message")
+				}
+				if errno := -int32(binary.NativeEndian.Uint32(r.Data[:4])); errno != 0 {
+					return replies, unix.Errno(errno)
+				}
+				acks--
+			case netlink.Done:
+				dump = false
+			}
+			replies = append(replies, r)
+		}
+	}
+	return replies, nil
+}
+
+// parseMessages splits a datagram into its netlink messages.
+func parseMessages(b []byte) ([]netlink.Message, error) {
+	var out []netlink.Message
+	for len(b) >= unix.NLMSG_HDRLEN {
+		var m netlink.Message
+		l := int(binary.NativeEndian.Uint32(b[:4]))
+		if l < unix.NLMSG_HDRLEN || l > len(b) {
+			return out, fmt.Errorf("netlink: message of length %d in %d bytes", l, len(b))
+		}
+		if err := m.UnmarshalBinary(b[:l]); err != nil {
+			return out, err
+		}
+		out = append(out, m)
+		b = b[min(len(b), (l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1)):]
+	}
+	return out, nil
+}
