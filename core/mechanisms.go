@@ -18,7 +18,7 @@ import (
 
 func dedupFor(cfg *Config) hairpin.Dedup {
 	gws := cfg.Gateways()
-	return hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: bridge.MAC(gws), PodCIDRs: cfg.PodCIDRs(), Gateways: prefixAddrs(gws)}
+	return hairpin.Dedup{Network: cfg.Network, Bridge: cfg.Bridge, BridgeMAC: bridge.MAC(gws), PodCIDRs: cfg.PodCIDRs(), Gateways: prefixAddrs(gws), Known: cfg.known}
 }
 
 // bridgeConfig is the bridge cfg asks for with MTU mtu (CHECK passes cfg.MTU: 0 accepts any).
@@ -27,7 +27,7 @@ func bridgeConfig(cfg *Config, mtu int) bridge.Config {
 }
 
 func masqConfig(cfg *Config) masq.Config {
-	return masq.Config{Network: cfg.Network, PodCIDRs: cfg.PodCIDRs(), NonMasqueradeCIDRs: cfg.NonMasqueradeCIDRs}
+	return masq.Config{Network: cfg.Network, PodCIDRs: cfg.PodCIDRs(), NonMasqueradeCIDRs: cfg.NonMasqueradeCIDRs, Known: cfg.known}
 }
 
 func hostportConfig(cfg *Config, networkDir string) hostport.Config {

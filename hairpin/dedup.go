@@ -21,6 +21,14 @@ type Dedup struct {
 	BridgeMAC net.HardwareAddr
 	PodCIDRs  []netip.Prefix
 	Gateways  []netip.Addr // one per pod CIDR, same order
+	// Known remembers the chain's dumps found as planned (nil: compare every dump in full).
+	Known nft.Verified
+}
+
+// planInputs is what PlanDedup depends on: d without Known.
+func (d Dedup) planInputs() Dedup {
+	d.Known = nil
+	return d
 }
 
 // PlanDedup returns the rules for d. A frame that the bridge device itself sends to one of its
@@ -76,21 +84,25 @@ func dedupChain(t *nftables.Table) *nftables.Chain {
 func EnsureDedup(m Mode, d Dedup) error {
 	chain := dedupChain(nft.BridgeTable(d.Network))
 	if m == PromiscuousBridge {
-		if err := nft.SyncChain(chain, PlanDedup(d)); err != nil {
+		if err := nft.SyncChain(d.Known, chain, PlanDedup(d), d.planInputs()); err != nil {
 			return fmt.Errorf("dedup rules for bridge %q: %w", d.Bridge, err)
 		}
 		return nil
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("dedup rules: netlink: %w", err)
-	}
-	have, err := nft.ReadChain(c, chain)
+	dump, err := nft.DumpChain(chain)
 	if err != nil {
 		return fmt.Errorf("dedup rules: %w", err)
 	}
-	if len(have) == 0 {
+	counts, err := dump.Counts()
+	if err != nil {
+		return fmt.Errorf("dedup rules: %w", err)
+	}
+	if counts[chain.Name] == 0 {
 		return nil // no chain, or an empty one, which drops nothing
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("dedup rules: netlink: %w", err)
 	}
 	// Adding the table and chain before deleting keeps the batch valid if a concurrent process
 	// removed the chain in between.

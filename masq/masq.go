@@ -18,11 +18,19 @@ import (
 // ChainName is the nat/postrouting chain this package owns in the network's inet table.
 const ChainName = "pod-masquerade"
 
-// Config is what the SNAT rules depend on.
+// Config is what the SNAT rules depend on, and Known, which remembers the chain's dumps found
+// as planned (nil: compare every dump in full).
 type Config struct {
 	Network            string
 	PodCIDRs           []netip.Prefix
 	NonMasqueradeCIDRs []netip.Prefix
+	Known              nft.Verified
+}
+
+// planInputs is what Plan depends on: cfg without Known.
+func (cfg Config) planInputs() Config {
+	cfg.Known = nil
+	return cfg
 }
 
 // Plan returns the rules for cfg in evaluation order. It is pure so the plan can be tested
@@ -74,7 +82,7 @@ func chain(table *nftables.Table) *nftables.Chain {
 // Ensure makes the network's SNAT chain hold exactly Plan(cfg). It is idempotent, safe to run
 // from many plugin processes at once, and on a configured node it only reads.
 func Ensure(cfg Config) error {
-	if err := nft.SyncChain(chain(nft.InetTable(cfg.Network)), Plan(cfg)); err != nil {
+	if err := nft.SyncChain(cfg.Known, chain(nft.InetTable(cfg.Network)), Plan(cfg), cfg.planInputs()); err != nil {
 		return fmt.Errorf("masquerade rules for network %q: %w", cfg.Network, err)
 	}
 	return nil

@@ -144,26 +144,47 @@ func CheckChainWith(c *nftables.Conn, chain *nftables.Chain, rules []Rule) error
 	return nil
 }
 
-// SyncChain makes chain hold exactly rules. It reads the chain first (a dump, cheap) and writes
+// SyncChain makes chain hold exactly rules. It reads the chain first (one dump, cheap) and writes
 // only when it differs, because every write that removes rules waits for an RCU grace period
 // (about 10 ms): a node's rules only change when its configuration does (or someone else
-// changed them), not per pod. The write replaces the chain's content in one transaction, so
-// concurrent callers never leave duplicates.
-func SyncChain(chain *nftables.Chain, rules []Rule) error {
+// changed them), not per pod. A dump known recognises for planOf (see Recognize) is not decoded.
+// The write replaces the chain's content in one transaction, so concurrent callers never leave
+// duplicates.
+func SyncChain(known Verified, chain *nftables.Chain, rules []Rule, planOf any) error {
+	names := []string{chain.Name}
+	plan := func() map[string][]Rule { return map[string][]Rule{chain.Name: rules} }
+	compare := func(have map[string][]*nftables.Rule) error {
+		if d := Compare(chain, have[chain.Name], rules); d != nil {
+			return d
+		}
+		return nil
+	}
+	dump, err := DumpChain(chain)
+	if err != nil {
+		return err
+	}
+	v, recognized, err := Recognize(known, dump, names, planOf, plan)
+	if err != nil || recognized {
+		return err
+	}
+	have, err := dump.Rules()
+	if err != nil {
+		return err
+	}
+	if compare(have) == nil {
+		v.Confirmed()
+		return nil
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
-	}
-	err = CheckChainWith(c, chain, rules)
-	var d *Difference
-	if !errors.As(err, &d) {
-		return err // nil: up to date
 	}
 	c.AddTable(chain.Table)
 	ReplaceChain(c, chain, rules)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write chain %s: %w", chain.Name, err)
 	}
+	LearnWritten(known, chain.Table, names, planOf, plan, compare)
 	return nil
 }
 
