@@ -99,7 +99,7 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 	if cfg, err = prepareBackend(cfg, store); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withKnown(store.Dir())
+	cfg = cfg.withKnown(store)
 
 	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir()), settingsChanged: settingsChanged}
 	var undo undoStack

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/masq"
 )
@@ -58,17 +59,17 @@ func (c BackendChoice) String() string { return fmt.Sprintf("%s (%s)", c.Backend
 
 // readChoice reads the network's backend record; nil when there is none (or it is unreadable as
 // such: the next ADD writes it anew).
-func readChoice(networkDir string) (*BackendChoice, error) {
+func readChoice(root *safedir.Dir) (*BackendChoice, error) {
 	var c BackendChoice
-	found, err := readNodeFile(networkDir, NetfilterFile, &c)
+	found, err := readNodeFile(root, NetfilterFile, &c)
 	if err != nil || !found || (c.Backend != NetfilterNFTables && c.Backend != NetfilterIPTables) {
 		return nil, err
 	}
 	return &c, nil
 }
 
-func writeChoice(networkDir string, c BackendChoice) error {
-	return writeNodeFile(networkDir, NetfilterFile, c)
+func writeChoice(root *safedir.Dir, c BackendChoice) error {
+	return writeNodeFile(root, NetfilterFile, c)
 }
 
 // bootID identifies the running kernel's boot.
@@ -155,7 +156,7 @@ func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known 
 // running pod's host ports and isolation from the index and the records, as after a flushed
 // ruleset. It returns cfg with the chosen backend.
 func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
-	rec, err := readChoice(store.Dir())
+	rec, err := readChoice(store.Root())
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +171,7 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 		err := withNetworkLock(store, func() error {
 			// Without a record (nothing set up yet, a kubenet from before there were backends,
 			// a damaged record) the rules are found where they are.
-			rec, inUse, err := inUseBackend(cfg, store.Dir())
+			rec, inUse, err := inUseBackend(cfg, store)
 			if err != nil {
 				return err
 			}
@@ -180,7 +181,7 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 					return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
 				}
 			}
-			return writeChoice(store.Dir(), want)
+			return writeChoice(store.Root(), want)
 		})
 		if err != nil {
 			return nil, err
@@ -193,8 +194,8 @@ func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
 // what is there (DEL, CHECK, GC, STATUS): the recorded one. Without a record (none yet, or a
 // damaged one) it is found in the kernel: nftables when the network's nftables table exists,
 // iptables when its SNAT chain does; else the configured one (nftables for auto).
-func inUseBackend(cfg *Config, networkDir string) (*BackendChoice, NetfilterBackend, error) {
-	rec, err := readChoice(networkDir)
+func inUseBackend(cfg *Config, store *ipam.Store) (*BackendChoice, NetfilterBackend, error) {
+	rec, err := readChoice(store.Root())
 	if err != nil {
 		return nil, "", err
 	}
@@ -220,7 +221,7 @@ func backendOf(cfg *Config, rec *BackendChoice) NetfilterBackend {
 
 // inUse returns cfg with the backend that holds the network's rules now.
 func inUse(cfg *Config, store *ipam.Store) (*Config, error) {
-	_, b, err := inUseBackend(cfg, store.Dir())
+	_, b, err := inUseBackend(cfg, store)
 	if err != nil {
 		return nil, err
 	}
@@ -237,9 +238,9 @@ func (c *Config) withFilter(nf packetFilter) *Config {
 
 // withKnown returns a copy of c whose nftables checks recognise the node-wide chains from the
 // pairs remembered in the network's directory (VerifiedRulesFile).
-func (c *Config) withKnown(networkDir string) *Config {
+func (c *Config) withKnown(store *ipam.Store) *Config {
 	out := *c
-	out.known = newVerifiedRules(networkDir)
+	out.known = newVerifiedRules(store.Root())
 	return &out
 }
 
@@ -261,7 +262,7 @@ func NetfilterStatus(cfg *Config) (BackendChoice, error) {
 		return BackendChoice{}, err
 	}
 	defer store.Close()
-	rec, b, err := inUseBackend(cfg, store.Dir())
+	rec, b, err := inUseBackend(cfg, store)
 	if err != nil || rec != nil {
 		if rec == nil {
 			return BackendChoice{}, err
@@ -290,5 +291,5 @@ func ReadNetfilterRecord(dataDir, network string) (*BackendChoice, error) {
 		return nil, err
 	}
 	defer store.Close()
-	return readChoice(store.Dir())
+	return readChoice(store.Root())
 }

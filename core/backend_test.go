@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 func TestParseNetfilterBackend(t *testing.T) {
@@ -52,7 +54,12 @@ func TestBackendRecordIsHostile(t *testing.T) {
 			if err := c.plant(filepath.Join(dir, NetfilterFile)); err != nil {
 				t.Fatal(err)
 			}
-			rec, err := readChoice(dir)
+			root, err := safedir.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			rec, err := readChoice(root)
 			if err != nil {
 				t.Fatalf("readChoice: %v", err)
 			}

@@ -95,12 +95,12 @@ func ReadNodeSettings(dataDir, network string) (*NodeSettings, error) {
 		return nil, err
 	}
 	defer store.Close()
-	return readNodeSettings(store.Dir())
+	return readNodeSettings(store.Root())
 }
 
-func readNodeSettings(networkDir string) (*NodeSettings, error) {
+func readNodeSettings(root *safedir.Dir) (*NodeSettings, error) {
 	var s NodeSettings
-	found, err := readNodeFile(networkDir, NodeSettingsFile, &s)
+	found, err := readNodeFile(root, NodeSettingsFile, &s)
 	if err != nil || !found || s.Owner == "" {
 		return nil, err
 	}
@@ -124,7 +124,7 @@ func claimNode(cfg *Config, store *ipam.Store) error {
 // rules of a hairpin mode left) is worth looking for.
 func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error) {
 	want := cfg.nodeSettings()
-	have, err := readNodeSettings(store.Dir())
+	have, err := readNodeSettings(store.Root())
 	if err != nil {
 		return false, err
 	}
@@ -133,7 +133,7 @@ func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error)
 	}
 	var refusal *types.Error // returned as it is, so that the binary reports its code
 	err = withNetworkLock(store, func() error {
-		have, err := readNodeSettings(store.Dir())
+		have, err := readNodeSettings(store.Root())
 		if err != nil {
 			return err
 		}
@@ -150,7 +150,7 @@ func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error)
 			}
 		}
 		changed = true
-		return writeNodeFile(store.Dir(), NodeSettingsFile, want)
+		return writeNodeFile(store.Root(), NodeSettingsFile, want)
 	})
 	if err != nil {
 		return false, fmt.Errorf("node settings: %w", err)
@@ -162,16 +162,11 @@ func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error)
 }
 
 // readNodeFile reads the JSON file name (one of the node's files of a network: NodeSettingsFile,
-// NetfilterFile) from networkDir into v. It never follows a symlink, and anything but a small
-// regular file that decodes is not found (safedir.MaxFileSize bounds what is read): the next
-// writer replaces it.
-func readNodeFile(networkDir, name string, v any) (bool, error) {
-	d, err := safedir.Open(networkDir)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", name, err)
-	}
-	defer d.Close()
-	data, err := d.ReadFile(name)
+// NetfilterFile, VerifiedRulesFile) from the network's directory root into v. It never follows a
+// symlink, and anything but a small regular file that decodes is not found (safedir.MaxFileSize
+// bounds what is read): the next writer replaces it.
+func readNodeFile(root *safedir.Dir, name string, v any) (bool, error) {
+	data, err := root.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, safedir.ErrNotRegular) {
 		return false, nil
 	}
@@ -181,18 +176,14 @@ func readNodeFile(networkDir, name string, v any) (bool, error) {
 	return json.Unmarshal(data, v) == nil, nil
 }
 
-// writeNodeFile writes v as the JSON file name in networkDir, whole or not at all.
-func writeNodeFile(networkDir, name string, v any) error {
+// writeNodeFile writes v as the JSON file name in the network's directory root, whole or not at
+// all.
+func writeNodeFile(root *safedir.Dir, name string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	d, err := safedir.Open(networkDir)
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	defer d.Close()
-	return d.WriteFile(name, data, 0o644, false)
+	return root.WriteFile(name, data, 0o644, false)
 }
 
 func describeOwner(owner string) string {

@@ -58,7 +58,7 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err := preflight(cfg, true); err != nil {
 		return notAvailable("configuration: %s", errMsg(err))
 	}
-	rec, err := readChoice(store.Dir())
+	rec, err := readChoice(store.Root())
 	if err != nil {
 		return notAvailable("netfilter backend: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // VerifiedRulesFile, in the network's directory of the data dir, remembers which dumps of the
@@ -26,15 +27,15 @@ type verifiedPair struct {
 // process learning at the same time may lose its pair: it is compared in full again and learned
 // once more, nothing worse. A file that cannot be read or decoded remembers nothing.
 type verifiedRules struct {
-	dir    string
-	binary string // nft.BuildID
+	root   *safedir.Dir // the network's directory
+	binary string       // nft.BuildID
 	mu     sync.Mutex
 	loaded bool
 	pairs  []verifiedPair
 }
 
-func newVerifiedRules(networkDir string) *verifiedRules {
-	return &verifiedRules{dir: networkDir, binary: nft.BuildID()}
+func newVerifiedRules(root *safedir.Dir) *verifiedRules {
+	return &verifiedRules{root: root, binary: nft.BuildID()}
 }
 
 func (v *verifiedRules) Binary() string { return v.binary }
@@ -43,7 +44,7 @@ func (v *verifiedRules) read() []verifiedPair {
 	var f struct {
 		Pairs []verifiedPair `json:"pairs"`
 	}
-	if found, err := readNodeFile(v.dir, VerifiedRulesFile, &f); err != nil || !found {
+	if found, err := readNodeFile(v.root, VerifiedRulesFile, &f); err != nil || !found {
 		return nil
 	}
 	return f.Pairs
@@ -65,7 +66,7 @@ func (v *verifiedRules) Learn(plan, kernel nft.Digest) {
 	pairs := slices.DeleteFunc(v.read(), func(q verifiedPair) bool { return q == p })
 	pairs = append(pairs, p)
 	pairs = pairs[max(0, len(pairs)-maxVerifiedPairs):]
-	if writeNodeFile(v.dir, VerifiedRulesFile, struct {
+	if writeNodeFile(v.root, VerifiedRulesFile, struct {
 		Pairs []verifiedPair `json:"pairs"`
 	}{pairs}) == nil {
 		v.pairs, v.loaded = pairs, true

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
 // TestVerifiedRules: a learned pair is known to the next verb (a new reader of the file), only
@@ -16,8 +17,13 @@ import (
 func TestVerifiedRules(t *testing.T) {
 	digest := func(s string) nft.Digest { return nft.Digest(sha256.Sum256([]byte(s))) }
 	dir := t.TempDir()
-	newVerifiedRules(dir).Learn(digest("plan"), digest("kernel"))
-	v := newVerifiedRules(dir)
+	root, err := safedir.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	newVerifiedRules(root).Learn(digest("plan"), digest("kernel"))
+	v := newVerifiedRules(root)
 	if !v.Known(digest("plan"), digest("kernel")) {
 		t.Error("a learned pair is not known to the next reader")
 	}
@@ -30,7 +36,7 @@ func TestVerifiedRules(t *testing.T) {
 	for i := range maxVerifiedPairs + 4 {
 		v.Learn(digest(fmt.Sprint("plan", i)), digest("kernel"))
 	}
-	v = newVerifiedRules(dir)
+	v = newVerifiedRules(root)
 	for i := range maxVerifiedPairs + 4 {
 		if known, want := v.Known(digest(fmt.Sprint("plan", i)), digest("kernel")), i >= 4; known != want {
 			t.Errorf("pair %d of %d known: %v, want %v (the newest %d stay)", i, maxVerifiedPairs+4, known, want, maxVerifiedPairs)
@@ -54,12 +60,12 @@ func TestVerifiedRules(t *testing.T) {
 		if err := plant(); err != nil {
 			t.Fatal(err)
 		}
-		v := newVerifiedRules(dir)
+		v := newVerifiedRules(root)
 		if v.Known(digest("plan19"), digest("kernel")) {
 			t.Errorf("%s: a pair is known", name)
 		}
 		v.Learn(digest("new"), digest("kernel"))
-		if !newVerifiedRules(dir).Known(digest("new"), digest("kernel")) {
+		if !newVerifiedRules(root).Known(digest("new"), digest("kernel")) {
 			t.Errorf("%s: the pair learned after it is not known", name)
 		}
 		if st, err := os.Lstat(path); err != nil || !st.Mode().IsRegular() {

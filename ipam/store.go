@@ -80,6 +80,10 @@ func openLock(root *safedir.Dir) (*os.File, error) {
 // Dir is the network's directory.
 func (s *Store) Dir() string { return s.dir }
 
+// Root is the network's directory, open and checked once for the Store's life: files read and
+// written through it need no new walk of its ancestors.
+func (s *Store) Root() *safedir.Dir { return s.root }
+
 // Lock takes the exclusive flock(2) on <dir>/lock, waiting for other holders.
 func (s *Store) Lock() error {
 	if err := flock(int(s.lock.Fd()), unix.LOCK_EX); err != nil {
