@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
@@ -162,9 +163,12 @@ func expectPortHeld(t *testing.T, n ns.NetNS, proto, addr string) {
 	}
 }
 
+// expectPortFree wants a host process to be able to bind proto addr in n. It polls for a
+// second: a socket closed while a concurrent fork (any exec of the test process)
+// has not yet reached its exec stays open in the child until then.
 func expectPortFree(t *testing.T, n ns.NetNS, proto, addr string) {
 	t.Helper()
-	if err := listenIn(t, n, proto, addr); err != nil {
+	if err := nettest.Eventually(time.Second, func() error { return listenIn(t, n, proto, addr) }); err != nil {
 		t.Errorf("host process binding %s %s: %v, want the port free", proto, addr, err)
 	}
 }
