@@ -19,6 +19,7 @@ import (
 type Sink struct {
 	Addr     netip.AddrPort // the address the sink listens on
 	received atomic.Int64
+	open     atomic.Int64 // connections accepted and not yet ended
 }
 
 // StartSink listens on addr (port 0 picks one) inside n until the test ends.
@@ -33,6 +34,7 @@ func StartSink(t testing.TB, n ns.NetNS, addr netip.AddrPort) *Sink {
 			if err != nil {
 				return
 			}
+			s.open.Add(1)
 			go s.drain(c)
 		}
 	}()
@@ -40,6 +42,7 @@ func StartSink(t testing.TB, n ns.NetNS, addr netip.AddrPort) *Sink {
 }
 
 func (s *Sink) drain(c net.Conn) {
+	defer s.open.Add(-1)
 	defer c.Close()
 	buf := make([]byte, 256<<10)
 	for {
@@ -62,7 +65,10 @@ type Stream struct {
 
 // Measure sends as fast as TCP allows from inside n to sink and returns the rate (bit/s) at which
 // the sink received data during the window that follows the warmup. Run one stream per sink at a
-// time: the sink counts every connection. The sending is bounded by Warmup+Window.
+// time: the sink counts every connection. The sending is bounded by Warmup+Window. The stream is
+// over when Measure returns: the sender resets it and Measure waits until the sink has seen that,
+// so neither end sends any more (a graceful close would keep draining the send buffer through a
+// shaper for seconds, and the sink's acknowledgements would outlive a DEL of the sender).
 func (st Stream) Measure(n ns.NetNS, sink *Sink) (float64, error) {
 	var conn net.Conn
 	err := n.Do(func(ns.NetNS) error {
@@ -97,18 +103,34 @@ func (st Stream) Measure(n ns.NetNS, sink *Sink) (float64, error) {
 		}
 	}
 	if err := wait(st.Warmup); err != nil {
-		conn.Close()
+		abort(conn)
 		return 0, err
 	}
 	start, startBytes := time.Now(), sink.Received()
 	werr := wait(st.Window)
 	end, endBytes := time.Now(), sink.Received()
-	conn.Close()
+	abort(conn)
 	if werr != nil {
 		return 0, werr
+	}
+	if err := Eventually(5*time.Second, func() error {
+		if open := sink.open.Load(); open > 0 {
+			return fmt.Errorf("sink %s still has %d connection(s) open after the sender reset its stream", sink.Addr, open)
+		}
+		return nil
+	}); err != nil {
+		return 0, err
 	}
 	if err := <-sent; err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.ErrClosedPipe) {
 		return 0, fmt.Errorf("stream to %s: %w", sink.Addr, err)
 	}
 	return float64(endBytes-startBytes) * 8 / end.Sub(start).Seconds(), nil
+}
+
+// abort closes conn with a reset instead of a FIN, dropping whatever it has not sent yet.
+func abort(conn net.Conn) {
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		_ = tcp.SetLinger(0)
+	}
+	_ = conn.Close()
 }
