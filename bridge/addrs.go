@@ -10,46 +10,76 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// linkAddrs returns the addresses of the link with index ifindex. netlink.AddrList asks the
-// kernel for every address of the namespace and keeps the link's in user space, so its cost
-// grows with the pods on the node (each host veth carries an IPv6 link-local address): about
-// 1 ms per ADD with 500 pods. This dump is filtered by the kernel instead
-// (NETLINK_GET_STRICT_CHK, Linux 4.20 for IPv4 and 5.0 for IPv6). Older kernels ignore the
-// filter and send everything, so the index is checked here as well.
-func linkAddrs(ifindex int) ([]netip.Prefix, error) {
+// rtnl is one route-netlink socket for the dumps of one call, with the kernel's strict checking
+// of dump requests on (NETLINK_GET_STRICT_CHK, Linux 4.20 for IPv4 and 5.0 for IPv6), so the
+// kernel filters what it can. Older kernels ignore the filter and send everything, so every
+// dump also checks in user space what it asked the kernel to filter. Messages are decoded here,
+// only as far as the checks need: netlink.AddrList and RouteList decode every attribute of every
+// entry, and a node with 500 pods has over 1000 addresses and IPv6 routes (each host veth has a
+// link-local address and its fe80::/64 route).
+type rtnl struct {
+	sockets map[int]*nl.SocketHandle
+}
+
+func openRtnl() (*rtnl, error) {
 	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
-	defer s.Close()
 	// An old kernel without the option still answers, unfiltered.
 	_ = unix.SetsockoptInt(s.GetFd(), unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
-	sockets := map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}
-	var msgs [][]byte
-	// A dump that an address change interrupts is repeated, like netlinksafe does.
+	return &rtnl{sockets: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}}, nil
+}
+
+func (r *rtnl) Close() { r.sockets[unix.NETLINK_ROUTE].Socket.Close() }
+
+// dump sends the dump request msgType with header and passes each answer of type resType to
+// each, which must start over when reset is called: a dump that a change interrupts is repeated
+// (like netlinksafe does), and what the interrupted one delivered is dropped.
+func (r *rtnl) dump(msgType int, header nl.NetlinkRequestData, resType uint16, reset func(), each func(msg []byte) error) error {
+	var err error
 	for attempt := 0; ; attempt++ {
-		req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
-		req.Sockets = sockets
-		msg := nl.NewIfAddrmsg(unix.AF_UNSPEC)
-		msg.Index = uint32(ifindex)
-		req.AddData(msg)
-		msgs, err = req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWADDR)
+		reset()
+		req := nl.NewNetlinkRequest(msgType, unix.NLM_F_DUMP)
+		req.Sockets = r.sockets
+		req.AddData(header)
+		var parseErr error
+		err = req.ExecuteIter(unix.NETLINK_ROUTE, resType, func(msg []byte) bool {
+			parseErr = each(msg)
+			return parseErr == nil
+		})
+		if err == nil {
+			err = parseErr
+		}
 		if !errors.Is(err, nl.ErrDumpInterrupted) || attempt == 4 {
-			break
+			return err
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("list addresses: %w", err)
-	}
-	var out []netip.Prefix
-	for _, m := range msgs {
+}
+
+// linkPrefix is an address or a route's destination on the link with index Index.
+type linkPrefix struct {
+	Index  int
+	Prefix netip.Prefix
+}
+
+// addrs returns the addresses of the link with index ifindex, or of every link for 0, both
+// families.
+func (r *rtnl) addrs(ifindex int) ([]linkPrefix, error) {
+	var out []linkPrefix
+	header := nl.NewIfAddrmsg(unix.AF_UNSPEC)
+	header.Index = uint32(ifindex)
+	err := r.dump(unix.RTM_GETADDR, header, unix.RTM_NEWADDR, func() { out = out[:0] }, func(m []byte) error {
+		if len(m) < unix.SizeofIfAddrmsg {
+			return fmt.Errorf("short address message (%d bytes)", len(m))
+		}
 		ifa := nl.DeserializeIfAddrmsg(m)
-		if int(ifa.Index) != ifindex {
-			continue
+		if ifindex != 0 && int(ifa.Index) != ifindex {
+			return nil
 		}
 		attrs, err := nl.ParseRouteAttr(m[ifa.Len():])
 		if err != nil {
-			return nil, fmt.Errorf("list addresses: %w", err)
+			return err
 		}
 		var ip []byte
 		for _, a := range attrs {
@@ -63,8 +93,82 @@ func linkAddrs(ifindex int) ([]netip.Prefix, error) {
 			}
 		}
 		if addr, ok := netip.AddrFromSlice(ip); ok {
-			out = append(out, netip.PrefixFrom(addr.Unmap(), int(ifa.Prefixlen)))
+			out = append(out, linkPrefix{int(ifa.Index), netip.PrefixFrom(addr.Unmap(), int(ifa.Prefixlen))})
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	return out, nil
+}
+
+// connectedRoutes returns the main table's connected routes, both families: unicast routes with
+// a destination other than the default, no gateway and a single path, the networks a link of the
+// node reaches directly. Their scope does not matter: IPv6 reports every route as universe, and an
+// IPv4 route added with a device alone is on-link whatever scope it was given.
+func (r *rtnl) connectedRoutes() ([]linkPrefix, error) {
+	var out []linkPrefix
+	header := &nl.RtMsg{RtMsg: unix.RtMsg{Family: unix.AF_UNSPEC, Table: unix.RT_TABLE_MAIN}}
+	err := r.dump(unix.RTM_GETROUTE, header, unix.RTM_NEWROUTE, func() { out = out[:0] }, func(m []byte) error {
+		if len(m) < unix.SizeofRtMsg {
+			return fmt.Errorf("short route message (%d bytes)", len(m))
+		}
+		rtm := nl.DeserializeRtMsg(m)
+		if rtm.Type != unix.RTN_UNICAST || rtm.Dst_len == 0 {
+			return nil
+		}
+		attrs, err := nl.ParseRouteAttr(m[rtm.Len():])
+		if err != nil {
+			return err
+		}
+		table, index := uint32(rtm.Table), 0
+		var dst []byte
+		for _, a := range attrs {
+			switch a.Attr.Type {
+			case unix.RTA_TABLE:
+				if len(a.Value) == 4 {
+					table = nl.NativeEndian().Uint32(a.Value)
+				}
+			case unix.RTA_DST:
+				dst = a.Value
+			case unix.RTA_OIF:
+				if len(a.Value) == 4 {
+					index = int(nl.NativeEndian().Uint32(a.Value))
+				}
+			case unix.RTA_GATEWAY, unix.RTA_VIA, unix.RTA_MULTIPATH:
+				return nil
+			}
+		}
+		addr, ok := netip.AddrFromSlice(dst)
+		if table != unix.RT_TABLE_MAIN || !ok {
+			return nil
+		}
+		out = append(out, linkPrefix{index, netip.PrefixFrom(addr.Unmap(), int(rtm.Dst_len))})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	return out, nil
+}
+
+// linkAddrs returns the addresses of the link with index ifindex, with a dump the kernel filters
+// (see rtnl): netlink.AddrList asks for every address of the namespace and keeps the link's in
+// user space, so its cost grows with the pods on the node (about 1 ms per ADD with 500 pods).
+func linkAddrs(ifindex int) ([]netip.Prefix, error) {
+	r, err := openRtnl()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	addrs, err := r.addrs(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Prefix, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.Prefix
 	}
 	return out, nil
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/links"
 )
@@ -36,37 +35,38 @@ func (e *PreflightError) Error() string {
 // gateway's subnet overlaps an address or a connected route of another link of the node (which
 // would take that link's neighbours, or the node's own gateway, away from it). With full unset the
 // overlap check is skipped when the bridge already carries every gateway: it was made when they
-// were added, and a steady ADD should not dump the node's addresses.
-func Preflight(cfg Config, full bool) error {
+// were added, and a steady ADD should not dump the node's addresses. exists tells whether the
+// bridge exists (so STATUS need not look it up again).
+func Preflight(cfg Config, full bool) (exists bool, err error) {
 	l, err := netlinksafe.LinkByName(cfg.Name)
 	if err != nil && !links.IsNotFound(err) {
-		return fmt.Errorf("bridge %q: %w", cfg.Name, err)
+		return false, fmt.Errorf("bridge %q: %w", cfg.Name, err)
 	}
 	brIndex := 0
 	if err == nil {
 		br, ok := l.(*netlink.Bridge)
 		if !ok {
-			return &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", l.Type())}
+			return false, &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", l.Type())}
 		}
 		brIndex = br.Index
 		if err := checkOwner(br, cfg.Owner); err != nil {
-			return err
+			return true, err
 		}
 		if !full {
 			have, err := linkAddrs(br.Index)
 			if err != nil {
-				return err
+				return true, err
 			}
 			missing := false
 			for _, g := range cfg.Gateways {
 				missing = missing || !containsPrefix(have, g)
 			}
 			if !missing {
-				return nil
+				return true, nil
 			}
 		}
 	}
-	return checkOverlaps(cfg, brIndex)
+	return brIndex != 0, checkOverlaps(cfg, brIndex)
 }
 
 func containsPrefix(ps []netip.Prefix, p netip.Prefix) bool {
@@ -101,54 +101,40 @@ func checkOwner(br *netlink.Bridge, owner string) error {
 	return &PreflightError{"bridge", br.Name, fmt.Sprintf("is used by kubenet network %q (%d pods on it); two networks on one bridge remove each other's gateways: give each network its own bridge", claimed, ports)}
 }
 
-// checkOverlaps compares each gateway's subnet with the addresses and the connected routes (no
-// gateway, scope link, not a default route) of every link but the bridge (index brIndex, 0 when
-// it does not exist yet).
+// checkOverlaps compares each gateway's subnet with the addresses and the connected routes (see
+// rtnl.connectedRoutes) of every link but the bridge (index brIndex, 0 when it does not exist
+// yet). One dump of each answers for every gateway, both families.
 func checkOverlaps(cfg Config, brIndex int) error {
+	r, err := openRtnl()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	addrs, err := r.addrs(0)
+	if err != nil {
+		return fmt.Errorf("the node's addresses: %w", err)
+	}
+	routes, err := r.connectedRoutes()
+	if err != nil {
+		return fmt.Errorf("the node's routes: %w", err)
+	}
 	for _, g := range cfg.Gateways {
 		subnet := g.Masked()
-		family := netlink.FAMILY_V4
-		if subnet.Addr().Is6() {
-			family = netlink.FAMILY_V6
-		}
-		addrs, err := netlinksafe.AddrList(nil, family)
-		if err != nil {
-			return fmt.Errorf("list the node's addresses: %w", err)
-		}
 		for _, a := range addrs {
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok || a.LinkIndex == brIndex {
-				continue
-			}
-			ones, _ := a.Mask.Size()
-			p := netip.PrefixFrom(ip.Unmap(), ones)
-			if !subnet.Overlaps(p.Masked()) {
+			if a.Index == brIndex || !subnet.Overlaps(a.Prefix.Masked()) {
 				continue
 			}
 			// The bridge may have appeared since it was looked up (a parallel first ADD).
-			if name := linkName(a.LinkIndex); name != cfg.Name {
-				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the address %s of the node's link %s", subnet, p, name)}
+			if name := linkName(a.Index); name != cfg.Name {
+				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the address %s of the node's link %s", subnet, a.Prefix, name)}
 			}
 		}
-		routes, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-		if err != nil {
-			return fmt.Errorf("list the node's routes: %w", err)
-		}
-		for _, r := range routes {
-			if r.LinkIndex == brIndex || r.Dst == nil || r.Gw != nil || len(r.MultiPath) > 0 || r.Scope != netlink.SCOPE_LINK || r.Type != unix.RTN_UNICAST {
+		for _, rt := range routes {
+			if rt.Index == brIndex || !subnet.Overlaps(rt.Prefix) {
 				continue
 			}
-			dst, ok := netip.AddrFromSlice(r.Dst.IP)
-			ones, _ := r.Dst.Mask.Size()
-			if !ok || ones == 0 {
-				continue
-			}
-			p := netip.PrefixFrom(dst.Unmap(), ones)
-			if !subnet.Overlaps(p) {
-				continue
-			}
-			if name := linkName(r.LinkIndex); name != cfg.Name {
-				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the node's connected route %s on %s", subnet, p, name)}
+			if name := linkName(rt.Index); name != cfg.Name {
+				return &PreflightError{"gateway", g.String(), fmt.Sprintf("its subnet %s overlaps the node's connected route %s on %s", subnet, rt.Prefix, name)}
 			}
 		}
 	}

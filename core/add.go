@@ -77,7 +77,7 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 	}
 	defer podNS.Close()
 	// Before anything changes: a configuration that would break the node is refused.
-	if err := preflight(cfg, false); err != nil {
+	if _, err := preflight(cfg, false); err != nil {
 		return nil, err
 	}
 	store, err := openStore(cfg)

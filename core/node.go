@@ -52,7 +52,7 @@ type NodeRepair struct {
 // that when some node-wide chain or map was missing).
 func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, error) {
 	var rep NodeRepair
-	if err := preflight(cfg, false); err != nil {
+	if _, err := preflight(cfg, false); err != nil {
 		return rep, err
 	}
 	store, err := openStore(cfg)
@@ -194,15 +194,16 @@ func missingNodeRules(cfg *Config, networkDir string) error {
 // preflight refuses, before anything changes, a configuration that would break the node (see
 // bridge.Preflight): code 7 naming the bridge or the pod CIDR at fault. full also compares the
 // pod CIDRs with the node's addresses and routes when the bridge already carries the gateways.
-func preflight(cfg *Config, full bool) error {
-	err := bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
+// bridgeExists tells whether the bridge exists.
+func preflight(cfg *Config, full bool) (bridgeExists bool, err error) {
+	bridgeExists, err = bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
 	pe, ok := bridge.IsPreflight(err)
 	if !ok {
-		return err
+		return bridgeExists, err
 	}
 	if pe.Key == "bridge" {
-		return configError("bridge", pe.Value, "%s", pe.Reason)
+		return bridgeExists, configError("bridge", pe.Value, "%s", pe.Reason)
 	}
 	gw, _ := netip.ParsePrefix(pe.Value)
-	return configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
+	return bridgeExists, configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
 }

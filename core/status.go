@@ -7,7 +7,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/ipam"
@@ -34,9 +33,9 @@ func StatusConfigError(err error) error {
 // a free address, and, once the bridge exists, none of the network's node-wide rules is missing
 // in the backend that holds them (NetfilterStatus names it, and every answer of 50 does too).
 // containerd and CRI-O poll it every few seconds, so it only reads: one directory listing and one
-// small file per network, one sysctl, the bridge, one address and one route dump per family, one
-// dump of each of the network's nftables tables (their rules counted, not decoded) or one -save
-// per iptables table; no other file contents, and never a probe of the kernel.
+// small file per network, one sysctl, the bridge, one address and one route dump (both families),
+// one dump of each of the network's nftables tables (their rules counted, not decoded) or one
+// -save per iptables table; no other file contents, and never a probe of the kernel.
 func Status(ctx context.Context, cfg *Config) error {
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
@@ -55,7 +54,8 @@ func Status(ctx context.Context, cfg *Config) error {
 			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
 		}
 	}
-	if err := preflight(cfg, true); err != nil {
+	bridgeExists, err := preflight(cfg, true)
+	if err != nil {
 		return notAvailable("configuration: %s", errMsg(err))
 	}
 	rec, err := readChoice(store.Root())
@@ -67,7 +67,7 @@ func Status(ctx context.Context, cfg *Config) error {
 	if planned, known := plannedBackend(cfg, rec); cfg.NetworkPolicy && known && planned != NetfilterNFTables {
 		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", planned)
 	}
-	if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
+	if bridgeExists {
 		// The bridge exists, so the network's node-wide rules were set up, and losing them
 		// (another tool ran `nft flush ruleset`) leaves the node open: without the localnet guard
 		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
