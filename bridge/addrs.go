@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -63,11 +64,11 @@ type linkPrefix struct {
 	Prefix netip.Prefix
 }
 
-// addrs returns the addresses of the link with index ifindex, or of every link for 0, both
-// families.
-func (r *rtnl) addrs(ifindex int) ([]linkPrefix, error) {
+// addrs returns the addresses of the link with index ifindex, or of every link for 0, of family
+// (unix.AF_INET, AF_INET6, or AF_UNSPEC for both).
+func (r *rtnl) addrs(ifindex, family int) ([]linkPrefix, error) {
 	var out []linkPrefix
-	header := nl.NewIfAddrmsg(unix.AF_UNSPEC)
+	header := nl.NewIfAddrmsg(family)
 	header.Index = uint32(ifindex)
 	err := r.dump(unix.RTM_GETADDR, header, unix.RTM_NEWADDR, func() { out = out[:0] }, func(m []byte) error {
 		if len(m) < unix.SizeofIfAddrmsg {
@@ -103,13 +104,13 @@ func (r *rtnl) addrs(ifindex int) ([]linkPrefix, error) {
 	return out, nil
 }
 
-// connectedRoutes returns the main table's connected routes, both families: unicast routes with
-// a destination other than the default, no gateway and a single path, the networks a link of the
-// node reaches directly. Their scope does not matter: IPv6 reports every route as universe, and an
-// IPv4 route added with a device alone is on-link whatever scope it was given.
-func (r *rtnl) connectedRoutes() ([]linkPrefix, error) {
+// connectedRoutes returns the main table's connected routes of family (as for addrs): unicast
+// routes with a destination other than the default, no gateway and a single path, the networks a
+// link of the node reaches directly. Their scope does not matter: IPv6 reports every route as
+// universe, and an IPv4 route added with a device alone is on-link whatever scope it was given.
+func (r *rtnl) connectedRoutes(family int) ([]linkPrefix, error) {
 	var out []linkPrefix
-	header := &nl.RtMsg{RtMsg: unix.RtMsg{Family: unix.AF_UNSPEC, Table: unix.RT_TABLE_MAIN}}
+	header := &nl.RtMsg{RtMsg: unix.RtMsg{Family: uint8(family), Table: unix.RT_TABLE_MAIN}}
 	err := r.dump(unix.RTM_GETROUTE, header, unix.RTM_NEWROUTE, func() { out = out[:0] }, func(m []byte) error {
 		if len(m) < unix.SizeofRtMsg {
 			return fmt.Errorf("short route message (%d bytes)", len(m))
@@ -162,7 +163,7 @@ func linkAddrs(ifindex int) ([]netip.Prefix, error) {
 		return nil, err
 	}
 	defer r.Close()
-	addrs, err := r.addrs(ifindex)
+	addrs, err := r.addrs(ifindex, unix.AF_UNSPEC)
 	if err != nil {
 		return nil, err
 	}
@@ -171,4 +172,18 @@ func linkAddrs(ifindex int) ([]netip.Prefix, error) {
 		out[i] = a.Prefix
 	}
 	return out, nil
+}
+
+// familyOf is the address family of prefixes for a dump: AF_INET or AF_INET6 when they are all
+// of one, else AF_UNSPEC (both).
+func familyOf(prefixes []netip.Prefix) int {
+	has4 := slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Addr().Is4() })
+	has6 := slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Addr().Is6() })
+	switch {
+	case has4 && !has6:
+		return unix.AF_INET
+	case has6 && !has4:
+		return unix.AF_INET6
+	}
+	return unix.AF_UNSPEC
 }

@@ -103,18 +103,22 @@ func checkOwner(br *netlink.Bridge, owner string) error {
 
 // checkOverlaps compares each gateway's subnet with the addresses and the connected routes (see
 // rtnl.connectedRoutes) of every link but the bridge (index brIndex, 0 when it does not exist
-// yet). One dump of each answers for every gateway, both families.
+// yet). One dump of each answers for every gateway: of the gateways' family, or of both.
 func checkOverlaps(cfg Config, brIndex int) error {
+	if len(cfg.Gateways) == 0 {
+		return nil
+	}
+	family := familyOf(cfg.Gateways) // on a single-stack node the other family cannot overlap
 	r, err := openRtnl()
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	addrs, err := r.addrs(0)
+	addrs, err := r.addrs(0, family)
 	if err != nil {
 		return fmt.Errorf("the node's addresses: %w", err)
 	}
-	routes, err := r.connectedRoutes()
+	routes, err := r.connectedRoutes(family)
 	if err != nil {
 		return fmt.Errorf("the node's routes: %w", err)
 	}

@@ -61,26 +61,34 @@ func TestPreflightOverlaps(t *testing.T) {
 		bridge  string
 		gateway string
 		refused []string // what the refusal names; nil: accepted
+		other   string   // a gateway of the other family that overlaps nothing, checked too
 	}{
-		{"the uplink's IPv4 subnet", "cbrnew", "198.18.0.1/25", []string{"198.18.0.0/25", "address 198.18.0.1/24", "up0"}},
-		{"around the uplink's IPv4 subnet", "cbrnew", "198.16.0.1/14", []string{"address 198.18.0.1/24"}},
-		{"the uplink's IPv6 subnet", "cbrnew", "2001:db8:e::1/64", []string{"address 2001:db8:e::1/64", "up0"}},
-		{"inside a connected route without an address", "cbrnew", "10.99.0.129/25", []string{"connected route 10.99.0.0/24", "up0"}},
-		{"inside a device route of scope global", "cbrnew", "10.95.0.1/26", []string{"connected route 10.95.0.0/24", "up0"}},
-		{"an IPv6 connected route without an address", "cbrnew", "2001:db8:99::1/64", []string{"connected route 2001:db8:99::/64", "up0"}},
-		{"a network reached through a gateway", "cbrnew", "10.98.1.1/24", nil},
-		{"an IPv6 network reached through a gateway", "cbrnew", "2001:db8:77:1::1/64", nil},
-		{"an unreachable route", "cbrnew", "10.97.0.1/24", nil},
-		{"a connected route of another table", "cbrnew", "10.96.0.1/24", nil},
-		{"the existing bridge's own gateways", "cbrpf", "10.244.1.1/24", nil},
-		{"the existing bridge's gateway on a new bridge", "cbrnew", "10.244.1.1/24", []string{"address 10.244.1.1/24", "cbrpf"}},
+		{"the uplink's IPv4 subnet", "cbrnew", "198.18.0.1/25", []string{"198.18.0.0/25", "address 198.18.0.1/24", "up0"}, ""},
+		{"around the uplink's IPv4 subnet", "cbrnew", "198.16.0.1/14", []string{"address 198.18.0.1/24"}, ""},
+		{"the uplink's IPv6 subnet", "cbrnew", "2001:db8:e::1/64", []string{"address 2001:db8:e::1/64", "up0"}, ""},
+		{"inside a connected route without an address", "cbrnew", "10.99.0.129/25", []string{"connected route 10.99.0.0/24", "up0"}, ""},
+		{"inside a device route of scope global", "cbrnew", "10.95.0.1/26", []string{"connected route 10.95.0.0/24", "up0"}, ""},
+		{"an IPv6 connected route without an address", "cbrnew", "2001:db8:99::1/64", []string{"connected route 2001:db8:99::/64", "up0"}, ""},
+		{"a network reached through a gateway", "cbrnew", "10.98.1.1/24", nil, ""},
+		{"an IPv6 network reached through a gateway", "cbrnew", "2001:db8:77:1::1/64", nil, ""},
+		{"an unreachable route", "cbrnew", "10.97.0.1/24", nil, ""},
+		{"a connected route of another table", "cbrnew", "10.96.0.1/24", nil, ""},
+		{"the existing bridge's own gateways", "cbrpf", "10.244.1.1/24", nil, ""},
+		{"the existing bridge's gateway on a new bridge", "cbrnew", "10.244.1.1/24", []string{"address 10.244.1.1/24", "cbrpf"}, ""},
+		{"dual-stack, the IPv6 one overlaps", "cbrnew", "2001:db8:99::1/64", []string{"connected route 2001:db8:99::/64"}, "10.243.0.1/24"},
+		{"dual-stack, the IPv4 one overlaps", "cbrnew", "10.99.0.1/24", []string{"connected route 10.99.0.0/24"}, "fd00:10:243::1/64"},
+		{"dual-stack, nothing overlaps", "cbrnew", "10.243.0.1/24", nil, "fd00:10:243::1/64"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var exists bool
 			var err error
 			nettest.Do(t, node, func() error {
-				exists, err = Preflight(Config{Name: tc.bridge, Gateways: []netip.Prefix{netip.MustParsePrefix(tc.gateway)}}, true)
+				gateways := []netip.Prefix{netip.MustParsePrefix(tc.gateway)}
+				if tc.other != "" {
+					gateways = append(gateways, netip.MustParsePrefix(tc.other))
+				}
+				exists, err = Preflight(Config{Name: tc.bridge, Gateways: gateways}, true)
 				return nil
 			})
 			if want := tc.bridge == "cbrpf"; exists != want {
