@@ -12,10 +12,12 @@ TEST_TIMEOUT ?= 20m
 
 all: build
 
-# The three binaries: the CNI plugin, the kubelet-flag CLI and the node agent, into bin/.
+# The three binaries: the CNI plugin, the kubelet-flag CLI and the node agent, into bin/. Static
+# (no cgo), like the agent image's: bin/kubenet goes to nodes whose C library may be older than
+# this machine's.
 BINARIES := kubenet kubenetctl kubenet-agent
 build:
-	@for b in $(BINARIES); do $(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/$$b ./cmd/$$b || exit 1; done
+	@for b in $(BINARIES); do CGO_ENABLED=0 $(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/$$b ./cmd/$$b || exit 1; done
 
 deps:
 	@hack/ensure-deps.sh
