@@ -142,7 +142,9 @@ func (r *rtnl) connectedRoutes(family int) ([]linkPrefix, error) {
 			}
 		}
 		addr, ok := netip.AddrFromSlice(dst)
-		if table != unix.RT_TABLE_MAIN || !ok {
+		// Without an output link (a nexthop object, with the kernel's compat mode off) it is no
+		// link's network, as kubenet-agent also judges.
+		if table != unix.RT_TABLE_MAIN || index == 0 || !ok {
 			return nil
 		}
 		out = append(out, linkPrefix{index, netip.PrefixFrom(addr.Unmap(), int(rtm.Dst_len))})

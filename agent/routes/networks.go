@@ -37,9 +37,10 @@ func (t Table) Read(exclude string) (Snapshot, error) {
 }
 
 // nodeNetworks returns the node's own networks: the network of every address, and every
-// directly connected route of the main table (a unicast route out of a link with no gateway:
-// scope link in IPv4, any scope in IPv6), on every link but the one named exclude (the kubenet
-// bridge, whose networks are the pod CIDR itself).
+// directly connected route of the main table (a unicast route out of a link with no gateway,
+// whatever its scope: IPv6 reports every route as universe), on every link but the one named
+// exclude (the kubenet bridge, whose networks are the pod CIDR itself). The CNI plugin's
+// bridge.Preflight applies the same rule.
 func nodeNetworks(mainRoutes []netlink.Route, exclude string) ([]Network, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
