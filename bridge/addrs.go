@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"syscall"
 
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -34,26 +35,16 @@ func openRtnl() (*rtnl, error) {
 
 func (r *rtnl) Close() { r.sockets[unix.NETLINK_ROUTE].Socket.Close() }
 
-// dump sends the dump request msgType with header and passes each answer of type resType to
-// each, which must start over when reset is called: a dump that a change interrupts is repeated
-// (like netlinksafe does), and what the interrupted one delivered is dropped.
-func (r *rtnl) dump(msgType int, header nl.NetlinkRequestData, resType uint16, reset func(), each func(msg []byte) error) error {
-	var err error
+// dump sends the dump request msgType with header and returns the answers of type resType. A
+// dump that a change interrupts is repeated, like netlinksafe does.
+func (r *rtnl) dump(msgType int, header nl.NetlinkRequestData, resType uint16) ([][]byte, error) {
 	for attempt := 0; ; attempt++ {
-		reset()
 		req := nl.NewNetlinkRequest(msgType, unix.NLM_F_DUMP)
 		req.Sockets = r.sockets
 		req.AddData(header)
-		var parseErr error
-		err = req.ExecuteIter(unix.NETLINK_ROUTE, resType, func(msg []byte) bool {
-			parseErr = each(msg)
-			return parseErr == nil
-		})
-		if err == nil {
-			err = parseErr
-		}
+		msgs, err := req.Execute(unix.NETLINK_ROUTE, resType)
 		if !errors.Is(err, nl.ErrDumpInterrupted) || attempt == 4 {
-			return err
+			return msgs, err
 		}
 	}
 }
@@ -67,20 +58,24 @@ type linkPrefix struct {
 // addrs returns the addresses of the link with index ifindex, or of every link for 0, of family
 // (unix.AF_INET, AF_INET6, or AF_UNSPEC for both).
 func (r *rtnl) addrs(ifindex, family int) ([]linkPrefix, error) {
-	var out []linkPrefix
 	header := nl.NewIfAddrmsg(family)
 	header.Index = uint32(ifindex)
-	err := r.dump(unix.RTM_GETADDR, header, unix.RTM_NEWADDR, func() { out = out[:0] }, func(m []byte) error {
+	msgs, err := r.dump(unix.RTM_GETADDR, header, unix.RTM_NEWADDR)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	var out []linkPrefix
+	for _, m := range msgs {
 		if len(m) < unix.SizeofIfAddrmsg {
-			return fmt.Errorf("short address message (%d bytes)", len(m))
+			return nil, fmt.Errorf("list addresses: short message (%d bytes)", len(m))
 		}
 		ifa := nl.DeserializeIfAddrmsg(m)
 		if ifindex != 0 && int(ifa.Index) != ifindex {
-			return nil
+			continue
 		}
 		attrs, err := nl.ParseRouteAttr(m[ifa.Len():])
 		if err != nil {
-			return err
+			return nil, fmt.Errorf("list addresses: %w", err)
 		}
 		var ip []byte
 		for _, a := range attrs {
@@ -96,10 +91,6 @@ func (r *rtnl) addrs(ifindex, family int) ([]linkPrefix, error) {
 		if addr, ok := netip.AddrFromSlice(ip); ok {
 			out = append(out, linkPrefix{int(ifa.Index), netip.PrefixFrom(addr.Unmap(), int(ifa.Prefixlen))})
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list addresses: %w", err)
 	}
 	return out, nil
 }
@@ -109,51 +100,58 @@ func (r *rtnl) addrs(ifindex, family int) ([]linkPrefix, error) {
 // link of the node reaches directly. Their scope does not matter: IPv6 reports every route as
 // universe, and an IPv4 route added with a device alone is on-link whatever scope it was given.
 func (r *rtnl) connectedRoutes(family int) ([]linkPrefix, error) {
-	var out []linkPrefix
 	header := &nl.RtMsg{RtMsg: unix.RtMsg{Family: uint8(family), Table: unix.RT_TABLE_MAIN}}
-	err := r.dump(unix.RTM_GETROUTE, header, unix.RTM_NEWROUTE, func() { out = out[:0] }, func(m []byte) error {
-		if len(m) < unix.SizeofRtMsg {
-			return fmt.Errorf("short route message (%d bytes)", len(m))
-		}
-		rtm := nl.DeserializeRtMsg(m)
-		if rtm.Type != unix.RTN_UNICAST || rtm.Dst_len == 0 {
-			return nil
-		}
-		attrs, err := nl.ParseRouteAttr(m[rtm.Len():])
-		if err != nil {
-			return err
-		}
-		table, index := uint32(rtm.Table), 0
-		var dst []byte
-		for _, a := range attrs {
-			switch a.Attr.Type {
-			case unix.RTA_TABLE:
-				if len(a.Value) == 4 {
-					table = nl.NativeEndian().Uint32(a.Value)
-				}
-			case unix.RTA_DST:
-				dst = a.Value
-			case unix.RTA_OIF:
-				if len(a.Value) == 4 {
-					index = int(nl.NativeEndian().Uint32(a.Value))
-				}
-			case unix.RTA_GATEWAY, unix.RTA_VIA, unix.RTA_MULTIPATH:
-				return nil
-			}
-		}
-		addr, ok := netip.AddrFromSlice(dst)
-		// Without an output link (a nexthop object, with the kernel's compat mode off) it is no
-		// link's network, as kubenet-agent also judges.
-		if table != unix.RT_TABLE_MAIN || index == 0 || !ok {
-			return nil
-		}
-		out = append(out, linkPrefix{index, netip.PrefixFrom(addr.Unmap(), int(rtm.Dst_len))})
-		return nil
-	})
+	msgs, err := r.dump(unix.RTM_GETROUTE, header, unix.RTM_NEWROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
+	var out []linkPrefix
+	for _, m := range msgs {
+		if len(m) < unix.SizeofRtMsg {
+			return nil, fmt.Errorf("list routes: short message (%d bytes)", len(m))
+		}
+		rtm := nl.DeserializeRtMsg(m)
+		if rtm.Type != unix.RTN_UNICAST || rtm.Dst_len == 0 {
+			continue
+		}
+		attrs, err := nl.ParseRouteAttr(m[rtm.Len():])
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		if p, ok := connectedRoute(rtm, attrs); ok {
+			out = append(out, p)
+		}
+	}
 	return out, nil
+}
+
+// connectedRoute is the destination and output link of a unicast route of the main table with a
+// destination, or false when the route has a gateway, several paths or no output link (a nexthop
+// object, with the kernel's compat mode off: no link's network, as kubenet-agent also judges).
+func connectedRoute(rtm *nl.RtMsg, attrs []syscall.NetlinkRouteAttr) (linkPrefix, bool) {
+	table, index := uint32(rtm.Table), 0
+	var dst []byte
+	for _, a := range attrs {
+		switch a.Attr.Type {
+		case unix.RTA_TABLE:
+			if len(a.Value) == 4 {
+				table = nl.NativeEndian().Uint32(a.Value)
+			}
+		case unix.RTA_DST:
+			dst = a.Value
+		case unix.RTA_OIF:
+			if len(a.Value) == 4 {
+				index = int(nl.NativeEndian().Uint32(a.Value))
+			}
+		case unix.RTA_GATEWAY, unix.RTA_VIA, unix.RTA_MULTIPATH:
+			return linkPrefix{}, false
+		}
+	}
+	addr, ok := netip.AddrFromSlice(dst)
+	if table != unix.RT_TABLE_MAIN || index == 0 || !ok {
+		return linkPrefix{}, false
+	}
+	return linkPrefix{index, netip.PrefixFrom(addr.Unmap(), int(rtm.Dst_len))}, true
 }
 
 // linkAddrs returns the addresses of the link with index ifindex, with a dump the kernel filters

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/links"
 )
@@ -52,30 +54,29 @@ func Preflight(cfg Config, full bool) (exists bool, err error) {
 		if err := checkOwner(br, cfg.Owner); err != nil {
 			return true, err
 		}
-		if !full {
-			have, err := linkAddrs(br.Index)
-			if err != nil {
-				return true, err
-			}
-			missing := false
-			for _, g := range cfg.Gateways {
-				missing = missing || !containsPrefix(have, g)
-			}
-			if !missing {
-				return true, nil
-			}
+	}
+	if len(cfg.Gateways) == 0 {
+		return brIndex != 0, nil
+	}
+	r, err := openRtnl()
+	if err != nil {
+		return brIndex != 0, err
+	}
+	defer r.Close()
+	if brIndex != 0 && !full {
+		have, err := r.addrs(brIndex, unix.AF_UNSPEC)
+		if err != nil {
+			return true, err
+		}
+		if !slices.ContainsFunc(cfg.Gateways, func(g netip.Prefix) bool { return !containsAddr(have, g) }) {
+			return true, nil
 		}
 	}
-	return brIndex != 0, checkOverlaps(cfg, brIndex)
+	return brIndex != 0, checkOverlaps(r, cfg, brIndex)
 }
 
-func containsPrefix(ps []netip.Prefix, p netip.Prefix) bool {
-	for _, q := range ps {
-		if q == p {
-			return true
-		}
-	}
-	return false
+func containsAddr(addrs []linkPrefix, p netip.Prefix) bool {
+	return slices.ContainsFunc(addrs, func(a linkPrefix) bool { return a.Prefix == p })
 }
 
 // checkOwner refuses a bridge that another kubenet network claims while pods are on it. A bridge
@@ -104,16 +105,8 @@ func checkOwner(br *netlink.Bridge, owner string) error {
 // checkOverlaps compares each gateway's subnet with the addresses and the connected routes (see
 // rtnl.connectedRoutes) of every link but the bridge (index brIndex, 0 when it does not exist
 // yet). One dump of each answers for every gateway: of the gateways' family, or of both.
-func checkOverlaps(cfg Config, brIndex int) error {
-	if len(cfg.Gateways) == 0 {
-		return nil
-	}
+func checkOverlaps(r *rtnl, cfg Config, brIndex int) error {
 	family := familyOf(cfg.Gateways) // on a single-stack node the other family cannot overlap
-	r, err := openRtnl()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
 	addrs, err := r.addrs(0, family)
 	if err != nil {
 		return fmt.Errorf("the node's addresses: %w", err)

@@ -33,9 +33,10 @@ func StatusConfigError(err error) error {
 // a free address, and, once the bridge exists, none of the network's node-wide rules is missing
 // in the backend that holds them (NetfilterStatus names it, and every answer of 50 does too).
 // containerd and CRI-O poll it every few seconds, so it only reads: one directory listing and one
-// small file per network, one sysctl, the bridge, one address and one route dump (both families),
-// one dump of each of the network's nftables tables (their rules counted, not decoded) or one
-// -save per iptables table; no other file contents, and never a probe of the kernel.
+// small file per network, one sysctl, the bridge, one address and one route dump (of the pod
+// CIDRs' families), one dump of each of the network's nftables tables (their rules counted, not
+// decoded) or one -save per iptables table; no other file contents, and never a probe of the
+// kernel.
 func Status(ctx context.Context, cfg *Config) error {
 	store, err := ipam.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
