@@ -37,6 +37,7 @@ func TestParseConfigRanges(t *testing.T) {
 		{"dual stack keeps IPv4 first", `"podCIDRs":["fd00:1::/64","10.1.0.0/16"]`, []string{"10.1.0.0/16", "fd00:1::/64"}, []string{"10.1.0.1", "fd00:1::1"}},
 		{"IPv6 only", `"podCIDRs":["fd00:1::/64"]`, []string{"fd00:1::/64"}, []string{"fd00:1::1"}},
 		{"ipRanges capability wins over podCIDRs", `"podCIDRs":["10.1.0.0/16"],"runtimeConfig":{"ipRanges":[[{"subnet":"10.9.0.0/24","gateway":"10.9.0.254"}]]}`, []string{"10.9.0.0/24"}, []string{"10.9.0.254"}},
+		{"null capability arguments and prevResult", `"podCIDRs":["10.1.0.0/16"],"runtimeConfig":null,"prevResult":null`, []string{"10.1.0.0/16"}, []string{"10.1.0.1"}},
 		{"ipRanges in containerd's casing", `"runtimeConfig":{"IPRanges":[[{"Subnet":"10.9.0.0/24"}]]}`, []string{"10.9.0.0/24"}, []string{"10.9.0.1"}},
 	}
 	for _, tc := range cases {
@@ -90,6 +91,11 @@ func TestParseConfigRejects(t *testing.T) {
 		{"logFile relative", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logFile":"kubenet.log"}`, types.ErrInvalidNetworkConfig, []string{"logFile", "kubenet.log"}},
 		{"logFile not clean", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logFile":"/var/log/../kubenet.log"}`, types.ErrInvalidNetworkConfig, []string{"logFile"}},
 		{"logMaxBytes too small", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logFile":"/var/log/kubenet.log","logMaxBytes":100}`, types.ErrInvalidNetworkConfig, []string{"logMaxBytes", "100"}},
+		{"runtimeConfig not an object", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":"ports"}`, types.ErrInvalidNetworkConfig, []string{"runtimeConfig", "string"}},
+		{"hostPort wrong type", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":{"portMappings":[{"hostPort":"80","containerPort":80}]}}`, types.ErrInvalidNetworkConfig, []string{"runtimeConfig.portMappings.hostPort", "string"}},
+		{"bandwidth wrong type", `{"name":"n","podCIDRs":["10.0.0.0/24"],"runtimeConfig":{"bandwidth":{"ingressRate":true}}}`, types.ErrInvalidNetworkConfig, []string{"runtimeConfig.bandwidth.ingressRate", "bool"}},
+		{"prevResult not an object", `{"name":"n","podCIDRs":["10.0.0.0/24"],"prevResult":[1]}`, types.ErrInvalidNetworkConfig, []string{"prevResult", "array"}},
+		{"prevResult malformed", `{"cniVersion":"1.0.0","name":"n","podCIDRs":["10.0.0.0/24"],"prevResult":{"cniVersion":"1.0.0","ips":"x"}}`, types.ErrDecodingFailure, []string{"prevResult"}},
 		{"logMaxBytes negative", `{"name":"n","podCIDRs":["10.0.0.0/24"],"logMaxBytes":-1}`, types.ErrInvalidNetworkConfig, []string{"logMaxBytes", "-1"}},
 	}
 	for _, tc := range cases {

@@ -44,5 +44,5 @@ func ParseLogSettings(stdin []byte) (LogSettings, error) {
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		return LogSettings{}, err
 	}
-	return (&NetConf{LogFile: nc.LogFile, LogMaxBytes: nc.LogMaxBytes}).logSettings()
+	return (&NetConf{Keys: Keys{LogFile: nc.LogFile, LogMaxBytes: nc.LogMaxBytes}}).logSettings()
 }

@@ -13,23 +13,17 @@ import (
 // dropped, whatever they hold. The runtime's ipRanges (the node's pod CIDR) are the network's
 // configuration and are checked.
 func ParseCheckConfig(stdin []byte) (*Config, error) {
-	var conf struct {
-		NetConf
-		RuntimeConfig json.RawMessage `json:"runtimeConfig"` // shadows NetConf's
-	}
-	if err := decode(stdin, &conf); err != nil {
+	nc, err := decodeNetConf(stdin, func(raw []byte) (RuntimeConfig, error) {
+		var rc struct {
+			IPRanges [][]IPRange `json:"ipRanges"`
+		}
+		err := decodeKey("runtimeConfig", raw, &rc)
+		return RuntimeConfig{IPRanges: rc.IPRanges}, err
+	})
+	if err != nil {
 		return nil, err
 	}
-	var rc struct {
-		IPRanges [][]IPRange `json:"ipRanges"`
-	}
-	if len(conf.RuntimeConfig) > 0 {
-		if err := decode(conf.RuntimeConfig, &rc); err != nil {
-			return nil, err
-		}
-	}
-	conf.NetConf.RuntimeConfig = RuntimeConfig{IPRanges: rc.IPRanges}
-	return conf.NetConf.Validate()
+	return nc.Validate()
 }
 
 // ParseTeardownConfig decodes stdin for DEL and GC, which must always be able to finish: DEL

@@ -136,14 +136,14 @@ func (p *Plugin) Init(host network.Host, hairpinMode network.HairpinMode, nonMas
 	if strings.TrimSpace(nonMasqueradeCIDR) == "" {
 		nonMasqueradeCIDR = DefaultNonMasqueradeCIDR
 	}
-	base := &core.NetConf{
+	base := &core.NetConf{Keys: core.Keys{
 		Bridge:             p.opts.Bridge,
 		NonMasqueradeCIDRs: network.SplitList(nonMasqueradeCIDR),
 		MTU:                mtu,
 		HairpinMode:        string(hairpinMode),
 		DataDir:            p.opts.DataDir,
 		NetfilterBackend:   p.opts.NetfilterBackend,
-	}
+	}}
 	base.Name = p.opts.Network
 	versions := core.SupportedVersions()
 	base.CNIVersion = versions[len(versions)-1]
