@@ -49,6 +49,69 @@ func (r *rtnl) dump(msgType int, header nl.NetlinkRequestData, resType uint16) (
 	}
 }
 
+// linkInfo is what Preflight needs of a link: its index, its kind (IFLA_INFO_KIND; "" for a
+// link without one, such as a physical device) and its alias.
+type linkInfo struct {
+	Index       int
+	Kind, Alias string
+}
+
+// rtextFilterSkipStats asks the kernel to leave a link's IPv6 statistics out of its answer
+// (RTEXT_FILTER_SKIP_STATS of linux/rtnetlink.h, which x/sys/unix lacks); kernels that do not
+// know the flag ignore it.
+const rtextFilterSkipStats = 1 << 3
+
+// link looks up the link called name; found is false when there is none. Only the attributes
+// above are decoded: netlink.LinkByName, on a socket of its own, decodes all of them, which cost
+// a STATUS more than the node's address and route dumps together.
+func (r *rtnl) link(name string) (info linkInfo, found bool, err error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
+	req.Sockets = r.sockets
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(rtextFilterSkipStats)))
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	switch {
+	case errors.Is(err, unix.ENODEV):
+		return linkInfo{}, false, nil
+	case err != nil:
+		return linkInfo{}, false, fmt.Errorf("look up link %q: %w", name, err)
+	case len(msgs) != 1 || len(msgs[0]) < unix.SizeofIfInfomsg:
+		return linkInfo{}, false, fmt.Errorf("look up link %q: %d answers", name, len(msgs))
+	}
+	m := msgs[0]
+	info.Index = int(nl.DeserializeIfInfomsg(m).Index)
+	attrs, err := nl.ParseRouteAttr(m[unix.SizeofIfInfomsg:])
+	if err != nil {
+		return linkInfo{}, false, fmt.Errorf("look up link %q: %w", name, err)
+	}
+	for _, a := range attrs {
+		switch a.Attr.Type {
+		case unix.IFLA_IFALIAS:
+			info.Alias = cString(a.Value)
+		case unix.IFLA_LINKINFO:
+			nested, err := nl.ParseRouteAttr(a.Value)
+			if err != nil {
+				return linkInfo{}, false, fmt.Errorf("look up link %q: link info: %w", name, err)
+			}
+			for _, n := range nested {
+				if n.Attr.Type == unix.IFLA_INFO_KIND {
+					info.Kind = cString(n.Value)
+				}
+			}
+		}
+	}
+	return info, true, nil
+}
+
+// cString is a string attribute without its terminating NUL.
+func cString(b []byte) string {
+	if i := slices.Index(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
 // linkPrefix is an address or a route's destination on the link with index Index.
 type linkPrefix struct {
 	Index  int

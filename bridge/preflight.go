@@ -10,8 +10,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/kubenet-dev/kubenet/internal/links"
 )
 
 // aliasPrefix starts the alias (IFLA_IFALIAS, what `ip link` shows as "alias") by which a bridge
@@ -40,31 +38,28 @@ func (e *PreflightError) Error() string {
 // were added, and a steady ADD should not dump the node's addresses. exists tells whether the
 // bridge exists (so STATUS need not look it up again).
 func Preflight(cfg Config, full bool) (exists bool, err error) {
-	l, err := netlinksafe.LinkByName(cfg.Name)
-	if err != nil && !links.IsNotFound(err) {
+	r, err := openRtnl()
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	br, exists, err := r.link(cfg.Name)
+	if err != nil {
 		return false, fmt.Errorf("bridge %q: %w", cfg.Name, err)
 	}
-	brIndex := 0
-	if err == nil {
-		br, ok := l.(*netlink.Bridge)
-		if !ok {
-			return false, &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", l.Type())}
+	if exists {
+		if br.Kind != "bridge" {
+			return false, &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", kindName(br.Kind))}
 		}
-		brIndex = br.Index
-		if err := checkOwner(br, cfg.Owner); err != nil {
+		if err := checkOwner(cfg.Name, br, cfg.Owner); err != nil {
 			return true, err
 		}
 	}
 	if len(cfg.Gateways) == 0 {
-		return brIndex != 0, nil
+		return exists, nil
 	}
-	r, err := openRtnl()
-	if err != nil {
-		return brIndex != 0, err
-	}
-	defer r.Close()
-	if brIndex != 0 && !full {
-		have, err := r.addrs(brIndex, unix.AF_UNSPEC)
+	if exists && !full {
+		have, err := r.addrs(br.Index, unix.AF_UNSPEC)
 		if err != nil {
 			return true, err
 		}
@@ -72,7 +67,19 @@ func Preflight(cfg Config, full bool) (exists bool, err error) {
 			return true, nil
 		}
 	}
-	return brIndex != 0, checkOverlaps(r, cfg, brIndex)
+	brIndex := 0 // no link has index 0
+	if exists {
+		brIndex = br.Index
+	}
+	return exists, checkOverlaps(r, cfg, brIndex)
+}
+
+// kindName names a link's kind as `ip -d link` does, "device" for a link without one.
+func kindName(kind string) string {
+	if kind == "" {
+		return "device"
+	}
+	return kind
 }
 
 func containsAddr(addrs []linkPrefix, p netip.Prefix) bool {
@@ -81,14 +88,14 @@ func containsAddr(addrs []linkPrefix, p netip.Prefix) bool {
 
 // checkOwner refuses a bridge that another kubenet network claims while pods are on it. A bridge
 // without ports serves nobody: it may change hands (a network renamed after its node drained).
-func checkOwner(br *netlink.Bridge, owner string) error {
+func checkOwner(name string, br linkInfo, owner string) error {
 	claimed, ok := strings.CutPrefix(br.Alias, aliasPrefix)
 	if !ok || owner == "" || claimed == owner {
 		return nil
 	}
 	all, err := netlinksafe.LinkList()
 	if err != nil {
-		return fmt.Errorf("bridge %q: list links: %w", br.Name, err)
+		return fmt.Errorf("bridge %q: list links: %w", name, err)
 	}
 	ports := 0
 	for _, l := range all {
@@ -99,7 +106,7 @@ func checkOwner(br *netlink.Bridge, owner string) error {
 	if ports == 0 {
 		return nil
 	}
-	return &PreflightError{"bridge", br.Name, fmt.Sprintf("is used by kubenet network %q (%d pods on it); two networks on one bridge remove each other's gateways: give each network its own bridge", claimed, ports)}
+	return &PreflightError{"bridge", name, fmt.Sprintf("is used by kubenet network %q (%d pods on it); two networks on one bridge remove each other's gateways: give each network its own bridge", claimed, ports)}
 }
 
 // checkOverlaps compares each gateway's subnet with the addresses and the connected routes (see

@@ -116,4 +116,64 @@ func TestPreflightOverlaps(t *testing.T) {
 	}
 }
 
+// TestPreflightBridgeName: Preflight's lookup of the bridge by name tells whether it exists,
+// refuses a link of the name that is not a bridge (naming its kind) and a bridge that another
+// network claims while a pod is on it, and lets a claimed bridge without ports change hands.
+func TestPreflightBridgeName(t *testing.T) {
+	node := nettest.NewNS(t)
+	owned := netip.MustParsePrefix("10.244.2.1/24")
+	free := netip.MustParsePrefix("10.244.3.1/24")
+	nettest.Do(t, node, func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0"}, PeerName: "veth0peer"}); err != nil {
+			return err
+		}
+		for _, cfg := range []Config{{Name: "cbrowned", Owner: "neta", Gateways: []netip.Prefix{owned}}, {Name: "cbrfree", Owner: "neta", Gateways: []netip.Prefix{free}}} {
+			if _, err := Ensure(cfg); err != nil {
+				return err
+			}
+		}
+		br, err := netlink.LinkByName("cbrowned")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "port0", MasterIndex: br.Attrs().Index}, PeerName: "port0peer"})
+	})
+	cases := []struct {
+		name, bridge, owner string
+		gateway             netip.Prefix
+		exists              bool
+		refused             string // what the refusal says; "": accepted
+	}{
+		{"no link of the name", "cbrnone", "netb", netip.MustParsePrefix("10.244.9.1/24"), false, ""},
+		{"a veth of the name", "veth0", "netb", netip.MustParsePrefix("10.244.9.1/24"), false, "is an existing veth link of the node, not a bridge"},
+		{"a link without a kind", "lo", "netb", netip.MustParsePrefix("10.244.9.1/24"), false, "is an existing device link of the node, not a bridge"},
+		{"the network's own bridge", "cbrowned", "neta", owned, true, ""},
+		{"another network's bridge with a pod on it", "cbrowned", "netb", owned, true, `is used by kubenet network "neta" (1 pods on it)`},
+		{"another network's bridge without ports", "cbrfree", "netb", free, true, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var exists bool
+			var err error
+			nettest.Do(t, node, func() error {
+				exists, err = Preflight(Config{Name: tc.bridge, Owner: tc.owner, Gateways: []netip.Prefix{tc.gateway}}, true)
+				return nil
+			})
+			if exists != tc.exists {
+				t.Errorf("exists = %v, want %v", exists, tc.exists)
+			}
+			if tc.refused == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			pe, ok := IsPreflight(err)
+			if !ok || pe.Key != "bridge" || pe.Value != tc.bridge || !strings.Contains(pe.Reason, tc.refused) {
+				t.Errorf("err = %v, want a refusal of bridge %q that says %q", err, tc.bridge, tc.refused)
+			}
+		})
+	}
+}
+
 func mustNet(s string) *net.IPNet { return ipnet.FromPrefix(netip.MustParsePrefix(s)) }
