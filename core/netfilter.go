@@ -41,8 +41,9 @@ type packetFilter interface {
 	// checkNode reports how every node-wide rule differs from the plan (CHECK, the agent).
 	checkNode(cfg *Config) error
 	// missingNode reports node-wide rules that are missing altogether (STATUS), reading as
-	// little as it can: hostPortsUsed says whether the host-port chains count.
-	missingNode(cfg *Config, hostPortsUsed bool) error
+	// little as it can: hostPortsUsed says whether the host-port chains count, asked only when
+	// the answer matters.
+	missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error
 	// removeAll removes everything of the network from this backend: the node switches to the
 	// other one.
 	removeAll(network string) error
@@ -102,7 +103,7 @@ func (nftablesFilter) checkNode(cfg *Config) error {
 // NotReady, and kubelet would start no pod whose ADD could set them up. A flushed ruleset is
 // told by the SNAT chain (and, once used, the host-port chains); ADD and the agent put the
 // isolation chains and elements back.
-func (f nftablesFilter) missingNode(cfg *Config, hostPortsUsed bool) error {
+func (f nftablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error {
 	table := nft.InetTable(cfg.Network)
 	counts, err := nft.TableRuleCounts(table)
 	if err != nil {
@@ -112,12 +113,20 @@ func (f nftablesFilter) missingNode(cfg *Config, hostPortsUsed bool) error {
 	if n := len(masq.Plan(masqConfig(cfg))); n > 0 && counts[masq.ChainName] == 0 {
 		out = append(out, &nft.Difference{Table: table, Object: "chain " + masq.ChainName, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", n)})
 	}
-	if hostPortsUsed {
-		missing, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), counts)
+	// The host-port chains are told from the same counts; whether host ports were used is
+	// asked only when one is missing (a node without them is the exception).
+	missing, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), counts)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		used, err := hostPortsUsed()
 		if err != nil {
 			return err
 		}
-		out = append(out, missing...)
+		if used {
+			out = append(out, missing...)
+		}
 	}
 	if cfg.Hairpin == hairpin.PromiscuousBridge {
 		// In the other modes the dedup rules are absent by plan: nothing of theirs can be missing.
@@ -210,7 +219,12 @@ func (f *iptablesFilter) checkNode(cfg *Config) error {
 // (ipt.State.Sentinels: what a reload leaves; the chains of pods are never read, so STATUS costs
 // the same on a full node), and ebtables' dedup chain in promiscuous-bridge mode. As with
 // nftables, the isolation chains do not count.
-func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed bool) error {
+func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error {
+	// Asked first here: the host-port check is a process of its own.
+	used, err := hostPortsUsed()
+	if err != nil {
+		return err
+	}
 	ctx := context.Background()
 	f.st.Sentinels = true
 	// The mechanisms' listings run at once: STATUS then waits for the slowest, not for the sum
@@ -237,7 +251,7 @@ func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed bool) error {
 		}
 	}
 	checks := []func(){func() { missing(masq.CheckIPTables(ctx, f.st, masqConfig(cfg))) }}
-	if hostPortsUsed {
+	if used {
 		checks = append(checks, func() {
 			m, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), nil)
 			missing(errors.Join(append(m, err)...))

@@ -184,11 +184,7 @@ func CheckNode(cfg *Config) error {
 // up by an older kubenet that never had a hostPort pod does not have them, and has nothing for
 // them to guard.
 func missingNodeRules(cfg *Config, networkDir string) error {
-	used, err := hostport.InUse(hostportConfig(cfg, networkDir))
-	if err != nil {
-		return err
-	}
-	return cfg.filter().missingNode(cfg, used)
+	return cfg.filter().missingNode(cfg, func() (bool, error) { return hostport.InUse(hostportConfig(cfg, networkDir)) })
 }
 
 // preflight refuses, before anything changes, a configuration that would break the node (see
