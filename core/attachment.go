@@ -65,7 +65,25 @@ type Names struct {
 func NamesFor(network string, a Attachment) Names {
 	sum := sha256.Sum256([]byte(network + "\x00" + a.ContainerID + "\x00" + a.IfName))
 	h := hex.EncodeToString(sum[:])
-	return Names{HostVeth: "veth" + h[:11], IFB: "kifb" + h[:11]}
+	return Names{HostVeth: hostVethPrefix + h[:nameHashLen], IFB: ifbPrefix + h[:nameHashLen]}
+}
+
+// The names NamesFor gives: a prefix and nameHashLen hex digits of the hash, 15 bytes, the
+// kernel's longest interface name.
+const (
+	hostVethPrefix = "veth"
+	ifbPrefix      = "kifb"
+	nameHashLen    = 11
+)
+
+// isAttachmentLinkName tells whether name has the form of the names NamesFor gives.
+func isAttachmentLinkName(name string) bool {
+	for _, prefix := range []string{hostVethPrefix, ifbPrefix} {
+		if h, ok := strings.CutPrefix(name, prefix); ok && len(h) == nameHashLen && strings.Trim(h, "0123456789abcdef") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // Record is what kubenet remembers of an attachment on disk. It is written before anything is

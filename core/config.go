@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -449,9 +448,6 @@ func validNetworkName(name string) error {
 	return nil
 }
 
-// kubenetLinkName matches the names kubenet gives host veths and ifbs (NamesFor).
-var kubenetLinkName = regexp.MustCompile(`^(veth|kifb)[0-9a-f]{11}$`)
-
 // validBridgeName applies the kernel's rules for interface names and refuses the names the
 // kernel treats specially: "lo"; "all" and "default", which are the sysctl directories for every
 // interface (kubenet writes sysctls under the bridge's name: route_localnet on "all" would open
@@ -476,7 +472,7 @@ func validBridgeName(name string) error {
 		return errors.New("is a reserved name in /sys/class/net")
 	case strings.Contains(name, "%"):
 		return errors.New("is a name template the kernel would number")
-	case kubenetLinkName.MatchString(name):
+	case isAttachmentLinkName(name):
 		return errors.New("has the form of kubenet's own host veth and ifb names")
 	}
 	return nil

@@ -141,9 +141,12 @@ func TestNamesFor(t *testing.T) {
 	if again := NamesFor("kubenet", Attachment{ContainerID: "abc", IfName: "eth0", NetNS: "/x"}); again != a {
 		t.Errorf("names depend on the netns: %v vs %v", again, a)
 	}
-	for _, n := range []string{a.HostVeth, a.IFB} {
+	for _, n := range []string{a.HostVeth, a.IFB, b.HostVeth, b.IFB, c.HostVeth, c.IFB} {
 		if len(n) > 15 {
 			t.Errorf("%q is longer than an interface name may be", n)
+		}
+		if !isAttachmentLinkName(n) {
+			t.Errorf("%q is not recognised as a name NamesFor gives", n)
 		}
 	}
 }

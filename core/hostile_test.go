@@ -73,6 +73,9 @@ func TestConfigThatBreaksTheNode(t *testing.T) {
 		{"bridge with a colon", `"bridge":"br:0"`, true, []string{"bridge"}},
 		{"bridge too long", `"bridge":"bridge0123456789"`, true, []string{"bridge"}},
 		{"bridge veth-like but short", `"bridge":"veth0"`, false, nil},
+		{"bridge veth-like with a letter beyond hex", `"bridge":"veth0123456789g"`, false, nil},
+		{"bridge veth-like in upper case", `"bridge":"veth0123456789A"`, false, nil},
+		{"bridge ifb-like but short", `"bridge":"kifb0123456789"`, false, nil},
 		{"bridge cni0", `"bridge":"cni0"`, false, nil},
 
 		{"network with a slash", `"name":"a/b"`, true, []string{"name", "a/b"}},
