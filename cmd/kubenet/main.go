@@ -17,6 +17,9 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubenet-dev/kubenet/core"
+	// Sets the runtime's processors for the verb; it depends on nothing but the runtime and
+	// syscall, so it initializes before the packages that could start threads.
+	_ "github.com/kubenet-dev/kubenet/internal/procs"
 	"github.com/kubenet-dev/kubenet/internal/verblog"
 )
 
