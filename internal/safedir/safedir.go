@@ -59,7 +59,12 @@ func Open(path string) (*Dir, error) {
 }
 
 // MkdirAll creates path and its missing parents with perm (like os.MkdirAll), then opens it.
+// A path that exists is opened without a look first: every verb opens the data dir.
 func MkdirAll(path string, perm os.FileMode) (*Dir, error) {
+	d, err := Open(path)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return d, err
+	}
 	if err := os.MkdirAll(path, perm); err != nil {
 		return nil, err
 	}
@@ -120,23 +125,16 @@ func (d *Dir) openat2(name string, flags uint64, mode uint64) (int, error) {
 // never removes a directory, so a directory another process made in the meantime stays. Without
 // create it is an error.
 func (d *Dir) Sub(name string, create bool, perm os.FileMode) (*Dir, error) {
-	if create {
-		if err := checkName(name); err != nil {
-			return nil, d.pathErr("mkdir", name, err)
-		}
-		if err := unix.Mkdirat(d.Fd(), name, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, d.pathErr("mkdir", name, err)
-		}
-	}
+	// Opened first: the directory exists on every call but a network's first.
 	fd, err := d.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if create && errors.Is(err, fs.ErrNotExist) {
+		fd, err = d.mkdirOpen(name, perm)
+	}
 	if create && IsNotDir(err) {
 		if rerr := d.Remove(name); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			return nil, err
 		}
-		if err := unix.Mkdirat(d.Fd(), name, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, d.pathErr("mkdir", name, err)
-		}
-		fd, err = d.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+		fd, err = d.mkdirOpen(name, perm)
 	}
 	if err != nil {
 		return nil, err
@@ -147,6 +145,15 @@ func (d *Dir) Sub(name string, create bool, perm os.FileMode) (*Dir, error) {
 		return nil, err
 	}
 	return sub, nil
+}
+
+// mkdirOpen makes the directory name (one that another process made meanwhile will do) and
+// opens it.
+func (d *Dir) mkdirOpen(name string, perm os.FileMode) (int, error) {
+	if err := unix.Mkdirat(d.Fd(), name, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, d.pathErr("mkdir", name, err)
+	}
+	return d.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
 }
 
 // OpenIn opens the directory name inside the directory at path (see Open for path). Missing, it

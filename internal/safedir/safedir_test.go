@@ -195,3 +195,61 @@ func TestWriteFileIsAtomicAndExact(t *testing.T) {
 		t.Fatalf("directory holds %v %v, want only f (no temporary file left)", entries, err)
 	}
 }
+
+// TestMkdirAllAndSubCreate: missing directories are made (with their parents, and with the
+// mode asked), existing ones opened as they are, and a file in the way is an error for MkdirAll.
+func TestMkdirAllAndSubCreate(t *testing.T) {
+	root := t.TempDir()
+	nested := filepath.Join(root, "a", "b")
+	cases := []struct {
+		name    string
+		do      func() (*Dir, error)
+		path    string
+		wantErr bool
+	}{
+		{"MkdirAll of a missing path", func() (*Dir, error) { return MkdirAll(nested, 0o750) }, nested, false},
+		{"MkdirAll of an existing path", func() (*Dir, error) { return MkdirAll(nested, 0o700) }, nested, false},
+		{"MkdirAll through a file", func() (*Dir, error) {
+			if err := os.WriteFile(filepath.Join(root, "file"), nil, 0o600); err != nil {
+				return nil, err
+			}
+			return MkdirAll(filepath.Join(root, "file", "c"), 0o755)
+		}, "", true},
+		{"Sub creates a missing directory", func() (*Dir, error) {
+			d, err := Open(nested)
+			if err != nil {
+				return nil, err
+			}
+			defer d.Close()
+			return d.Sub("new", true, 0o750)
+		}, filepath.Join(nested, "new"), false},
+		{"Sub without create of a missing directory", func() (*Dir, error) {
+			d, err := Open(nested)
+			if err != nil {
+				return nil, err
+			}
+			defer d.Close()
+			return d.Sub("missing", false, 0o755)
+		}, "", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := tc.do()
+			if tc.wantErr {
+				if err == nil {
+					d.Close()
+					t.Fatal("no error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			st, err := os.Stat(tc.path)
+			if err != nil || !st.IsDir() || st.Mode().Perm() != 0o750 || d.Path() != tc.path {
+				t.Errorf("%s: %v %v, path %q; want a directory of mode 0750 at %s", tc.name, st, err, d.Path(), tc.path)
+			}
+		})
+	}
+}
