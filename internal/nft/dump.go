@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -95,29 +97,29 @@ type rawRule struct {
 }
 
 // raw splits the dump into its rules, in the kernel's order (chain by chain, each in order).
+// The attributes are sliced out of the messages, not copied: netlink.AttributeDecoder copies
+// every attribute, the expressions too, which made this split cost ADD more than the digest
+// it feeds.
 func (d *RuleDump) raw() ([]rawRule, error) {
 	out := make([]rawRule, 0, len(d.msgs))
 	for _, m := range d.msgs {
 		if len(m.Data) < 4 {
 			continue
 		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		attrs, err := nl.ParseRouteAttr(m.Data[4:])
 		if err != nil {
 			return nil, fmt.Errorf("read the rules of table %s: %w", d.table.Name, err)
 		}
 		var r rawRule
-		for ad.Next() {
-			switch ad.Type() {
+		for _, a := range attrs {
+			switch a.Attr.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER) {
 			case unix.NFTA_RULE_CHAIN:
-				r.chain = ad.String()
+				r.chain = string(bytes.TrimRight(a.Value, "\x00"))
 			case unix.NFTA_RULE_EXPRESSIONS:
-				r.exprs = ad.Bytes()
+				r.exprs = a.Value
 			case unix.NFTA_RULE_USERDATA:
-				r.userdata = ad.Bytes()
+				r.userdata = a.Value
 			}
-		}
-		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("read the rules of table %s: %w", d.table.Name, err)
 		}
 		out = append(out, r)
 	}
