@@ -1,6 +1,10 @@
 package procs
 
-import "testing"
+import (
+	"os"
+	"runtime"
+	"testing"
+)
 
 func TestFor(t *testing.T) {
 	cases := []struct {
@@ -20,5 +24,21 @@ func TestFor(t *testing.T) {
 		if got := For(tc.command); got != tc.want {
 			t.Errorf("For(%q) = %d, want %d", tc.command, got, tc.want)
 		}
+	}
+}
+
+// TestAll: after one processor, All gives back what the process had by default (with
+// GOMAXPROCS in the environment, which the runtime's default ignores: more than one, on a
+// machine with more than one CPU).
+func TestAll(t *testing.T) {
+	def := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(def)
+	All()
+	got := runtime.GOMAXPROCS(0)
+	switch {
+	case os.Getenv("GOMAXPROCS") == "" && got != def:
+		t.Errorf("GOMAXPROCS after All = %d, want the default %d", got, def)
+	case runtime.NumCPU() > 1 && got == 1:
+		t.Errorf("GOMAXPROCS after All = 1 on %d CPUs", runtime.NumCPU())
 	}
 }
