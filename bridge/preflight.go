@@ -67,11 +67,7 @@ func Preflight(cfg Config, full bool) (exists bool, err error) {
 			return true, nil
 		}
 	}
-	brIndex := 0 // no link has index 0
-	if exists {
-		brIndex = br.Index
-	}
-	return exists, checkOverlaps(r, cfg, brIndex)
+	return exists, checkOverlaps(r, cfg, br.Index) // index 0, no link's, when there is no bridge
 }
 
 // kindName names a link's kind as `ip -d link` does, "device" for a link without one.

@@ -12,7 +12,6 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
-	"github.com/kubenet-dev/kubenet/internal/procs"
 	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
@@ -221,8 +220,6 @@ func (f *iptablesFilter) checkNode(cfg *Config) error {
 // the same on a full node), and ebtables' dedup chain in promiscuous-bridge mode. As with
 // nftables, the isolation chains do not count.
 func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error {
-	// The checks below run processes side by side and parse what they print.
-	procs.All()
 	// Asked first here: the host-port check is a process of its own.
 	used, err := hostPortsUsed()
 	if err != nil {

@@ -28,6 +28,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/kubenet-dev/kubenet/internal/procs"
 )
 
 // Family is one of the three rule sets: IPv4 (iptables), IPv6 (ip6tables), bridge (ebtables).
@@ -584,6 +586,9 @@ func InCallerNS(fs ...func()) error {
 		return nil
 	}
 	defer here.Close()
+	// Side by side, each parsing what its process prints: on the one processor STATUS starts
+	// with they would take turns.
+	procs.All()
 	var wg sync.WaitGroup
 	errs := make([]error, len(fs))
 	for i, f := range fs {
