@@ -195,7 +195,7 @@ func environment(dataDir string, o options) []string {
 		fmt.Sprintf("%d CPUs (%s)", runtime.NumCPU(), cpuModel()),
 		runtime.Version(),
 		"kubenet " + gitDescribe(),
-		"kubenet with the " + *kubenetBackend + " backend; reference plugins " + nettest.RefPluginsVersion + " with the " + *refBackend + " backend",
+		"kubenet with the " + *kubenetBackend + " backend; reference plugins " + nettest.RefPluginsVersion + " with the " + *refBackend + " backend; both built without cgo, as released",
 		"IPv4 pod CIDR " + podCIDR.String(),
 		"data dirs on " + fsType(dataDir),
 		"conntrack buckets " + readTrim("/proc/sys/net/netfilter/nf_conntrack_buckets"),

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // Environment of rssshim (see bench/rssshim).
@@ -17,15 +19,10 @@ const (
 	shimLogEnv    = "KUBENET_BENCH_RSS_LOG"
 )
 
-// buildShim compiles bench/rssshim into dir and returns the binary's path.
+// buildShim compiles bench/rssshim into dir (static, like the plugins it runs) and returns the
+// binary's path.
 func buildShim(dir string) (string, error) {
-	out := filepath.Join(dir, "rssshim")
-	cmd := exec.Command("go", "build", "-o", out, "./bench/rssshim")
-	cmd.Dir = ".."
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build rssshim: %v\n%s", err, b)
-	}
-	return out, nil
+	return nettest.BuildPackage(dir, "./bench/rssshim", "rssshim")
 }
 
 // shimBinDir makes dir a CNI bin dir in which every plugin of binDir is the shim under the

@@ -32,8 +32,11 @@ const RefPluginsDirEnv = "KUBENET_REFPLUGINS_DIR"
 // InstallRefPlugins makes sure the reference plugins bridge, host-local, portmap, bandwidth and
 // loopback of RefPluginsVersion are installed (`go install`) in a cache directory outside the
 // checkout, and returns that directory. The directory is $KUBENET_REFPLUGINS_DIR, else
-// kubenet-refplugins/<version> next to the Go build cache, so repeated runs only stat the
+// kubenet-refplugins/<version>-static next to the Go build cache, so repeated runs only stat the
 // binaries. Concurrent callers (parallel test binaries) take turns on a lock file.
+//
+// They are built without cgo, as the project's releases are (static binaries): kubenet is built
+// the same way (BuildPackage), so a comparison times both chains as nodes run them.
 func InstallRefPlugins() (string, error) {
 	dir := os.Getenv(RefPluginsDirEnv)
 	if dir == "" {
@@ -41,7 +44,7 @@ func InstallRefPlugins() (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("go env GOCACHE: %w", err)
 		}
-		dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "kubenet-refplugins", RefPluginsVersion)
+		dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "kubenet-refplugins", RefPluginsVersion+"-static")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("reference plugins dir: %w", err)
@@ -66,7 +69,7 @@ func InstallRefPlugins() (string, error) {
 	cmd := exec.Command("go", append([]string{"install"}, missing...)...)
 	// Outside any module, so the checkout's go.mod plays no part and GOBIN decides the target.
 	cmd.Dir = os.TempDir()
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-buildvcs=false", "GOWORK=off")
+	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-buildvcs=false", "GOWORK=off", "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go install reference CNI plugins: %w\n%s", err, out)
 	}
