@@ -67,7 +67,7 @@ demo: deps build
 # containernetworking/plugins, go-installed into a temporary dir), both through libcni in one
 # node netns, plus ipam's BenchmarkAllocateRelease; writes the table into docs/bench.md; then the
 # same workloads (without datapath and IPAM) with kubenet's and the reference's iptables backends
-# into docs/bench.md's "(iptables)" block. As root, about 10 minutes on 2 cores; not part of
+# into docs/bench.md's "(iptables)" block. As root, about 20 minutes on 2 cores; not part of
 # `make test`. BENCH_ARGS=-bench.quick tries it in a minute and a half.
 BENCH_ARGS ?=
 bench: deps
