@@ -29,6 +29,7 @@ var (
 	withIPAM       = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
 	only           = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale, datapath); empty: all")
 	chainsFlag     = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
+	kubenetBin     = flag.String("bench.kubenet-bin", "", "a kubenet binary to run instead of building this tree's (to compare commits in one harness; build it with CGO_ENABLED=0)")
 )
 
 // selected reports whether the item named w is in the comma-separated list (empty: everything).
@@ -58,7 +59,7 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	// Other work on the machine shows in every number; the report says how busy it was.
 	loadStart := loadAverage()
 	opts := sizes()
-	binDir, err := nettest.BuildPlugin(b.TempDir())
+	binDir, err := pluginDir(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -186,6 +187,27 @@ func ipamBenchmark() ([]string, error) {
 	return lines, nil
 }
 
+// pluginDir returns a directory holding the kubenet binary the run times: built from this tree,
+// or -bench.kubenet-bin copied in.
+func pluginDir(dir string) (string, error) {
+	if *kubenetBin == "" {
+		return nettest.BuildPlugin(dir)
+	}
+	data, err := os.ReadFile(*kubenetBin)
+	if err != nil {
+		return "", fmt.Errorf("-bench.kubenet-bin: %w", err)
+	}
+	return dir, os.WriteFile(filepath.Join(dir, "kubenet"), data, 0o755)
+}
+
+// kubenetVersion names the kubenet the run times.
+func kubenetVersion() string {
+	if *kubenetBin != "" {
+		return "kubenet binary " + *kubenetBin
+	}
+	return "kubenet " + gitDescribe()
+}
+
 // environment describes the machine and the run for the report.
 func environment(dataDir string, o options) []string {
 	var uts unix.Utsname
@@ -194,7 +216,7 @@ func environment(dataDir string, o options) []string {
 		fmt.Sprintf("kernel %s", unix.ByteSliceToString(uts.Release[:])),
 		fmt.Sprintf("%d CPUs (%s)", runtime.NumCPU(), cpuModel()),
 		runtime.Version(),
-		"kubenet " + gitDescribe(),
+		kubenetVersion(),
 		"kubenet with the " + *kubenetBackend + " backend; reference plugins " + nettest.RefPluginsVersion + " with the " + *refBackend + " backend; both built without cgo, as released",
 		"IPv4 pod CIDR " + podCIDR.String(),
 		"data dirs on " + fsType(dataDir),
@@ -292,5 +314,34 @@ func TestMedianCI(t *testing.T) {
 		if cov < 0.95 {
 			t.Errorf("n=%d: coverage %.4f below 95%%", tc.n, cov)
 		}
+	}
+}
+
+// TestCPUTable: CPU per operation is the sum over a chain's plugins of their mean CPU per
+// process, operations the most processes of one plugin; workloads and commands without
+// processes are left out, a chain without any is a dash.
+func TestCPUTable(t *testing.T) {
+	ms := time.Millisecond
+	m := newMeasurements()
+	file := func(workload, chain, plugin, command string, cpus ...time.Duration) {
+		var runs []procRun
+		for _, c := range cpus {
+			runs = append(runs, procRun{Plugin: plugin, Command: command, CPU: c})
+		}
+		m.keepCPU(workload, chain, runs)
+	}
+	file(rowParallelAdd, kubenetChain, "kubenet", "ADD", 9*ms, 11*ms)
+	file(rowParallelAdd, referenceChain, "bridge", "ADD", 30*ms, 34*ms)
+	file(rowParallelAdd, referenceChain, "portmap", "ADD", 4*ms, 4*ms)
+	file(rowParallelAdd, referenceChain, "bandwidth", "ADD", 2*ms, 6*ms)
+	file(rowParallelAdd, kubenetChain, "kubenet", "DEL", 20*ms)
+	file("", kubenetChain, "kubenet", "STATUS", 3*ms, 5*ms, 4*ms)
+	want := []string{
+		"| parallel ADDs and DELs | ADD | 2 / 2 | 10.0 ms | 40.0 ms | 0.25 |",
+		"| parallel ADDs and DELs | DEL | 1 / 0 | 20.0 ms | – | – |",
+		"| STATUS, node without pods | STATUS | 3 / 0 | 4.00 ms | – | – |",
+	}
+	if got := m.cpuTable(); !slices.Equal(got, want) {
+		t.Errorf("cpuTable() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

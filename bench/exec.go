@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -21,6 +22,10 @@ type procRun struct {
 	Plugin  string        // binary name: kubenet, bridge, portmap, ...
 	Command string        // CNI_COMMAND
 	Wall    time.Duration // fork to reap
+	// CPU is the user and system time the kernel accounted to the process and to the processes
+	// it waited for (host-local under bridge, nft and the iptables tools): exact in sum, as the
+	// kernel splits the scheduler's runtime between the two by its tick samples.
+	CPU time.Duration
 }
 
 // recordingExec is libcni's plugin executor with accounting: it runs each plugin like
@@ -47,6 +52,11 @@ func (e *recordingExec) ExecPlugin(ctx context.Context, pluginPath string, stdin
 	start := time.Now()
 	err := c.Run()
 	run := procRun{Plugin: filepath.Base(pluginPath), Command: envValue(environ, "CNI_COMMAND"), Wall: time.Since(start)}
+	if ps := c.ProcessState; ps != nil { // nil: the process never started
+		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+			run.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
+	}
 	e.mu.Lock()
 	e.runs = append(e.runs, run)
 	e.mu.Unlock()

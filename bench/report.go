@@ -135,6 +135,13 @@ func (r report) markdown() string {
 	for _, line := range r.m.processTable() {
 		b.WriteString(line + "\n")
 	}
+	if lines := r.m.cpuTable(); len(lines) > 0 {
+		b.WriteString("\nCPU per operation (user + system time of every plugin process of the chain, which includes the processes a plugin waits for: host-local under bridge, nft and the iptables tools; mean over the operations of each workload's measured part). With more operations than cores, as in the parallel workloads, wall time follows it.\n\n")
+		b.WriteString("| workload | command | operations (kubenet / reference) | kubenet | reference | ratio |\n|---|---|--:|--:|--:|--:|\n")
+		for _, line := range lines {
+			b.WriteString(line + "\n")
+		}
+	}
 	if len(r.ipam) > 0 {
 		b.WriteString("\nIPAM allocator, in-process (`BenchmarkAllocateRelease`: one Allocate + hinted Release in a /16 holding n reservations; mean of 100 iterations, fsync included):\n\n```\n")
 		for _, l := range r.ipam {
@@ -175,6 +182,51 @@ func (m *measurements) processTable() []string {
 			continue
 		}
 		out = append(out, fmt.Sprintf("| %s | %s | %s | %d | %s | %s | %s |", k.chain, k.plugin, k.command, len(s), ms(s.p50()), ms(s.p99()), mib(m.pluginRSS[k])))
+	}
+	return out
+}
+
+// cpuWorkloads are the workloads whose CPU the report shows, by the row their sessions file
+// under, with their names there.
+var cpuWorkloads = []struct{ row, name string }{
+	{rowAddPlain, "sequential, no hostPort"},
+	{rowAddPorts, "sequential, 1 hostPort + bandwidth"},
+	{rowParallelAdd, "parallel ADDs and DELs"},
+	{rowScaleAddLow, "scale (pods with 2 hostPorts each)"},
+	{"", "STATUS, node without pods"},
+}
+
+// cpuTable gives each workload's CPU per operation and chain: the sum over the chain's plugins
+// of their mean CPU per process (each runs once per operation), operations being the most
+// processes of one plugin.
+func (m *measurements) cpuTable() []string {
+	type opKey struct{ workload, chain, command string }
+	perOp := map[opKey]time.Duration{}
+	ops := map[opKey]int{}
+	for k, c := range m.cpu {
+		o := opKey{k.workload, k.chain, k.command}
+		perOp[o] += c.total / time.Duration(c.n)
+		ops[o] = max(ops[o], c.n)
+	}
+	var out []string
+	for _, w := range cpuWorkloads {
+		for _, command := range []string{"ADD", "DEL", "STATUS"} {
+			k, r := opKey{w.row, kubenetChain, command}, opKey{w.row, referenceChain, command}
+			if ops[k] == 0 && ops[r] == 0 {
+				continue
+			}
+			cell := func(o opKey) string {
+				if ops[o] == 0 {
+					return "–"
+				}
+				return ms(perOp[o])
+			}
+			kr := "–"
+			if ops[k] > 0 {
+				kr = ratio(perOp[k], perOp[r])
+			}
+			out = append(out, fmt.Sprintf("| %s | %s | %d / %d | %s | %s | %s |", w.name, command, ops[k], ops[r], cell(k), cell(r), kr))
+		}
 	}
 	return out
 }

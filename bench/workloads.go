@@ -42,6 +42,20 @@ type measurements struct {
 	addRSS    map[string]map[string]int64   // row of an ADD workload -> chain name -> peak RSS of one ADD process
 	pluginRSS map[procKey]int64             // peak RSS per chain, plugin and command
 	shimFloor int64                         // the least RSS the probe can report
+	cpu       map[cpuKey]*cpuSum            // CPU of the plugin processes of each session's body
+}
+
+// cpuKey names the plugin processes of one kind in the sessions of one workload (the session's
+// row; "" for STATUS on the empty node).
+type cpuKey struct {
+	workload string
+	procKey
+}
+
+// cpuSum is the CPU time of n processes.
+type cpuSum struct {
+	n     int
+	total time.Duration
 }
 
 // procKey names a kind of plugin process.
@@ -49,7 +63,19 @@ type procKey struct{ chain, plugin, command string }
 
 func newMeasurements() *measurements {
 	return &measurements{rows: map[string]map[string]samples{}, procs: map[string][]procRun{},
-		addRSS: map[string]map[string]int64{}, pluginRSS: map[procKey]int64{}}
+		addRSS: map[string]map[string]int64{}, pluginRSS: map[procKey]int64{}, cpu: map[cpuKey]*cpuSum{}}
+}
+
+// keepCPU files the CPU time of the processes of one session of workload.
+func (m *measurements) keepCPU(workload, chain string, runs []procRun) {
+	for _, p := range runs {
+		k := cpuKey{workload, procKey{chain, p.Plugin, p.Command}}
+		if m.cpu[k] == nil {
+			m.cpu[k] = &cpuSum{}
+		}
+		m.cpu[k].n++
+		m.cpu[k].total += p.CPU
+	}
 }
 
 func (m *measurements) record(row, chain string, d time.Duration) {
@@ -157,7 +183,9 @@ func (r *runner) session(c *chain, row string, warm podSpec, body func() error) 
 	if err := body(); err != nil {
 		r.t.Fatal(err)
 	}
-	if procs := c.exec.take(); keepProcs(row) {
+	procs := c.exec.take()
+	r.m.keepCPU(row, c.name, procs)
+	if keepProcs(row) {
 		r.m.procs[c.name] = append(r.m.procs[c.name], procs...)
 	}
 	if err := r.probe(c, row, warm); err != nil {
