@@ -573,6 +573,11 @@ func (h *hostileNode) honestTrafficWorks(t *testing.T) {
 			t.Errorf("honest to the victim's host port %s: %+v, %v", netip.AddrPortFrom(gw, hostileHostPort), r, err)
 		}
 	}
+	// Link-local traffic needs both ends past duplicate address detection (on an IPv4-only
+	// network the pods keep DAD on, and their interfaces came up about a second ago).
+	for _, p := range []*nettest.Pod{h.honest, h.evil, h.victim} {
+		testkit.WaitAddrUsable(t, p.NS, "eth0", h.ll(p), testkit.TrafficTimeout)
+	}
 	for _, p := range []*nettest.Pod{h.evil, h.victim} {
 		if _, err := nettest.UDPRequest(p.NS, netip.AddrPortFrom(onLink(t, p, h.ll(h.honest)), hostileUDPPort), "ll", testkit.TrafficTimeout); err != nil {
 			t.Errorf("%s to the honest pod's link-local address: %v", p.RT.ContainerID, err)

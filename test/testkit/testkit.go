@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -56,6 +57,43 @@ func Link(t testing.TB, n ns.NetNS, name string) netlink.Link {
 		return err
 	})
 	return l
+}
+
+// WaitAddrUsable waits until a is an address of the interface ifname inside n that has passed
+// duplicate address detection: a tentative IPv6 address neither receives nor can be a source, so
+// traffic from or to an interface's link-local address in its first second fails (connect:
+// cannot assign requested address) where the interface keeps DAD on (a pod of an IPv4-only
+// network).
+func WaitAddrUsable(t testing.TB, n ns.NetNS, ifname string, a netip.Addr, timeout time.Duration) {
+	t.Helper()
+	err := nettest.Eventually(timeout, func() error {
+		var state error
+		nettest.Do(t, n, func() error {
+			l, err := netlink.LinkByName(ifname)
+			if err != nil {
+				return err
+			}
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+			if err != nil {
+				return err
+			}
+			state = fmt.Errorf("%s is not an address of %s", a, ifname)
+			for _, have := range addrs {
+				if ip, ok := netip.AddrFromSlice(have.IP); ok && ip.Unmap() == a.WithZone("") {
+					if have.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 {
+						state = fmt.Errorf("%s on %s has flags %#x (tentative or DAD failed)", a, ifname, have.Flags)
+					} else {
+						state = nil
+					}
+				}
+			}
+			return nil
+		})
+		return state
+	})
+	if err != nil {
+		t.Fatalf("address %s on %s not usable within %v: %v", a, ifname, timeout, err)
+	}
 }
 
 // LinkExists tells whether name exists inside n.
