@@ -105,9 +105,15 @@ func newHostileNode(t *testing.T, mode, backend string, cidrs []netip.Prefix, ex
 		h.expectTCP(t, "victim to honest", h.victim, netip.AddrPortFrom(h.honest.IP(gw), hostileTCPPort), h.victim.IP(gw))
 		h.expectTCP(t, "node to honest", nil, netip.AddrPortFrom(h.honest.IP(gw), hostileTCPPort), gw)
 	}
+	// Link-local traffic needs both ends past duplicate address detection: on an IPv4-only
+	// network the pods keep DAD on, and their interfaces have just come up. Every pod's address
+	// is waited for here, the evil pod's too, which sends to the honest pod's at the end.
+	for _, p := range []*nettest.Pod{h.honest, h.evil, h.victim} {
+		testkit.WaitAddrUsable(t, p.NS, "eth0", h.ll(p), testkit.TrafficTimeout)
+	}
 	for _, dst := range []netip.Addr{h.bridgeLL, h.ll(h.honest)} {
 		to := netip.AddrPortFrom(onLink(t, h.victim, dst), pick[uint16](dst == h.bridgeLL, nodeUDPPort, hostileUDPPort))
-		// Polled: a link-local address may still be in duplicate address detection.
+		// Polled: the bridge's link-local address may still be in duplicate address detection.
 		err := nettest.Eventually(testkit.TrafficTimeout, func() error {
 			_, err := nettest.UDPRequest(h.victim.NS, to, "ll", time.Second)
 			return err
@@ -572,11 +578,6 @@ func (h *hostileNode) honestTrafficWorks(t *testing.T) {
 		if r, err := nettest.UDPRequest(h.honest.NS, netip.AddrPortFrom(gw, hostileHostPort), "via host port", testkit.TrafficTimeout); err != nil || r.Payload != "via host port" {
 			t.Errorf("honest to the victim's host port %s: %+v, %v", netip.AddrPortFrom(gw, hostileHostPort), r, err)
 		}
-	}
-	// Link-local traffic needs both ends past duplicate address detection (on an IPv4-only
-	// network the pods keep DAD on, and their interfaces came up about a second ago).
-	for _, p := range []*nettest.Pod{h.honest, h.evil, h.victim} {
-		testkit.WaitAddrUsable(t, p.NS, "eth0", h.ll(p), testkit.TrafficTimeout)
 	}
 	for _, p := range []*nettest.Pod{h.evil, h.victim} {
 		if _, err := nettest.UDPRequest(p.NS, netip.AddrPortFrom(onLink(t, p, h.ll(h.honest)), hostileUDPPort), "ll", testkit.TrafficTimeout); err != nil {

@@ -67,29 +67,16 @@ func Link(t testing.TB, n ns.NetNS, name string) netlink.Link {
 func WaitAddrUsable(t testing.TB, n ns.NetNS, ifname string, a netip.Addr, timeout time.Duration) {
 	t.Helper()
 	err := nettest.Eventually(timeout, func() error {
-		var state error
-		nettest.Do(t, n, func() error {
-			l, err := netlink.LinkByName(ifname)
-			if err != nil {
-				return err
+		for _, have := range linkAddrs(t, n, ifname) {
+			if ip, ok := netip.AddrFromSlice(have.IP); !ok || ip.Unmap() != a.WithZone("") {
+				continue
 			}
-			addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
-			if err != nil {
-				return err
-			}
-			state = fmt.Errorf("%s is not an address of %s", a, ifname)
-			for _, have := range addrs {
-				if ip, ok := netip.AddrFromSlice(have.IP); ok && ip.Unmap() == a.WithZone("") {
-					if have.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 {
-						state = fmt.Errorf("%s on %s has flags %#x (tentative or DAD failed)", a, ifname, have.Flags)
-					} else {
-						state = nil
-					}
-				}
+			if have.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 {
+				return fmt.Errorf("%s on %s has flags %#x (tentative or DAD failed)", a, ifname, have.Flags)
 			}
 			return nil
-		})
-		return state
+		}
+		return fmt.Errorf("%s is not an address of %s", a, ifname)
 	})
 	if err != nil {
 		t.Fatalf("address %s on %s not usable within %v: %v", a, ifname, timeout, err)
@@ -122,21 +109,25 @@ func Addrs(t testing.TB, n ns.NetNS, name string) []netip.Prefix {
 func AllAddrs(t testing.TB, n ns.NetNS, name string) []netip.Prefix {
 	t.Helper()
 	var out []netip.Prefix
+	for _, a := range linkAddrs(t, n, name) {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		ones, _ := a.Mask.Size()
+		out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
+	}
+	return out
+}
+
+// linkAddrs returns every address of name inside n as netlink reports it, flags included.
+func linkAddrs(t testing.TB, n ns.NetNS, name string) []netlink.Addr {
+	t.Helper()
+	var out []netlink.Addr
 	nettest.Do(t, n, func() error {
 		l, err := netlink.LinkByName(name)
 		if err != nil {
 			return err
 		}
-		as, err := netlink.AddrList(l, netlink.FAMILY_ALL)
-		if err != nil {
-			return err
-		}
-		for _, a := range as {
-			ip, _ := netip.AddrFromSlice(a.IP)
-			ones, _ := a.Mask.Size()
-			out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
-		}
-		return nil
+		out, err = netlink.AddrList(l, netlink.FAMILY_ALL)
+		return err
 	})
 	return out
 }
