@@ -28,6 +28,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/google/nftables"
 
@@ -81,7 +82,8 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 // and the caller puts them back (Ensure again with all of them).
 func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	table := nft.BridgeTable(cfg.Network)
-	plan := Plan(cfg)
+	// The plan is made only when the dump is not recognised: on a set-up node it is not needed.
+	plan := sync.OnceValue(func() []Chain { return Plan(cfg) })
 	have, found, err := readChains(cfg, table, plan)
 	if err != nil {
 		return false, err
@@ -96,7 +98,7 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	defs := sets(table, true)
 	var rewrite *chainWrite
 	if found != nil {
-		rewrite = &chainWrite{plan: plan, have: have}
+		rewrite = &chainWrite{plan: plan(), have: have}
 		if defs, rewrite.mistyped, err = setsToWrite(table); err != nil {
 			return rebuilt, err
 		}
@@ -111,8 +113,8 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 			return rebuilt, err
 		}
 		if i == 0 && rewrite != nil {
-			nft.LearnWritten(cfg.Known, table, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan) }, func(have map[string][]*nftables.Rule) error {
-				return compare(table, have, plan)
+			nft.LearnWritten(cfg.Known, table, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan()) }, func(have map[string][]*nftables.Rule) error {
+				return compare(table, have, plan())
 			})
 		}
 		rewrite = nil // done with the first transaction
@@ -120,22 +122,22 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	return rebuilt, nil
 }
 
-// readChains reads the table's rules (one dump) and tells how the chains differ from plan
-// (compare; nil: as planned). A dump that cfg.Known recognises is as planned without decoding
+// readChains reads the table's rules (one dump) and tells how the chains differ from the plan
+// (compare; nil: as planned), which it makes only when it needs it. A dump that cfg.Known recognises is as planned without decoding
 // it, and then have is nil; a dump found as planned in full is remembered.
-func readChains(cfg Config, table *nftables.Table, plan []Chain) (have map[string][]*nftables.Rule, found error, err error) {
+func readChains(cfg Config, table *nftables.Table, plan func() []Chain) (have map[string][]*nftables.Rule, found error, err error) {
 	dump, err := nft.DumpRules(table)
 	if err != nil {
 		return nil, nil, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
 	}
-	v, recognized, err := nft.Recognize(cfg.Known, dump, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan) })
+	v, recognized, err := nft.Recognize(cfg.Known, dump, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan()) })
 	if err != nil || recognized {
 		return nil, nil, err
 	}
 	if have, err = dump.Rules(); err != nil {
 		return nil, nil, fmt.Errorf("isolation rules of network %q: %w", cfg.Network, err)
 	}
-	if found = compare(table, have, plan); found == nil {
+	if found = compare(table, have, plan()); found == nil {
 		v.Confirmed()
 	}
 	return have, found, nil

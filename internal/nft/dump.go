@@ -2,6 +2,7 @@ package nft
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,40 +90,64 @@ func (d *RuleDump) Rules() (map[string][]*nftables.Rule, error) {
 }
 
 // rawRule is what a dumped rule is made of, undecoded: its chain, its expressions and its user
-// data (the comment), as the kernel encodes them.
+// data (the comment), as the kernel encodes them, sliced out of the dump's messages.
 type rawRule struct {
-	chain           string
-	exprs, userdata []byte
+	chain, exprs, userdata []byte
 }
 
 // raw splits the dump into its rules, in the kernel's order (chain by chain, each in order).
-// The attributes are sliced out of the messages, not copied: netlink.AttributeDecoder copies
-// every attribute, the expressions too, which made this split cost ADD more than the digest
-// it feeds.
+// The attributes are sliced out of the messages, not copied or collected: netlink's attribute
+// decoders copy every attribute or gather them in a slice per message, which made this split
+// cost ADD more than the digest it feeds.
 func (d *RuleDump) raw() ([]rawRule, error) {
 	out := make([]rawRule, 0, len(d.msgs))
 	for _, m := range d.msgs {
 		if len(m.Data) < 4 {
 			continue
 		}
-		attrs, err := nl.ParseRouteAttr(m.Data[4:])
-		if err != nil {
-			return nil, fmt.Errorf("read the rules of table %s: %w", d.table.Name, err)
-		}
 		var r rawRule
-		for _, a := range attrs {
-			switch a.Attr.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER) {
+		attrs := attrWalk{rest: m.Data[4:]} // after the nfgenmsg
+		for attrs.next() {
+			switch attrs.kind {
 			case unix.NFTA_RULE_CHAIN:
-				r.chain = string(bytes.TrimRight(a.Value, "\x00"))
+				r.chain = bytes.TrimRight(attrs.value, "\x00")
 			case unix.NFTA_RULE_EXPRESSIONS:
-				r.exprs = a.Value
+				r.exprs = attrs.value
 			case unix.NFTA_RULE_USERDATA:
-				r.userdata = a.Value
+				r.userdata = attrs.value
 			}
+		}
+		if attrs.err != nil {
+			return nil, fmt.Errorf("read the rules of table %s: %w", d.table.Name, attrs.err)
 		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// attrWalk steps through the netlink attributes of a message, each one's kind (its type without
+// the nested and byte-order flags) and value a slice of the message. A length that leaves the
+// message ends the walk with err.
+type attrWalk struct {
+	rest  []byte
+	kind  uint16
+	value []byte
+	err   error
+}
+
+func (w *attrWalk) next() bool {
+	if len(w.rest) < unix.NLA_HDRLEN {
+		return false
+	}
+	l := int(binary.NativeEndian.Uint16(w.rest))
+	if l < unix.NLA_HDRLEN || l > len(w.rest) {
+		w.err = fmt.Errorf("netlink attribute of length %d in %d bytes", l, len(w.rest))
+		return false
+	}
+	w.kind = binary.NativeEndian.Uint16(w.rest[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+	w.value = w.rest[unix.NLA_HDRLEN:l]
+	w.rest = w.rest[min(len(w.rest), (l+unix.NLA_ALIGNTO-1)&^(unix.NLA_ALIGNTO-1)):]
+	return true
 }
 
 // Counts returns the number of rules of every chain, without decoding them.
@@ -134,7 +158,7 @@ func (d *RuleDump) Counts() (map[string]int, error) {
 	}
 	out := map[string]int{}
 	for _, r := range rules {
-		out[r.chain]++
+		out[string(r.chain)]++
 	}
 	return out, nil
 }

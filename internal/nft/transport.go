@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -69,14 +68,12 @@ func Exchange(msgs []netlink.Message) ([]netlink.Message, error) {
 		return nil, os.NewSyscallError("sendto", err)
 	}
 	var replies []netlink.Message
-	buf := make([]byte, 64<<10)
 	for acks > 0 || dump {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
+		datagram, err := receive(fd)
 		if err != nil {
-			return replies, os.NewSyscallError("recvfrom", err)
+			return replies, err
 		}
-		// Copied: a message's data aliases the bytes it was parsed from, and buf is read again.
-		got, err := parseMessages(slices.Clone(buf[:n]))
+		got, err := parseMessages(datagram)
 		if err != nil {
 			return replies, err
 		}
@@ -100,6 +97,32 @@ func Exchange(msgs []netlink.Message) ([]netlink.Message, error) {
 		}
 	}
 	return replies, nil
+}
+
+// receive reads the next datagram into a buffer of its exact size, which the messages parsed from
+// it may keep: the kernel first tells the size without consuming it (MSG_PEEK with MSG_TRUNC). A
+// buffer of the largest size instead (64 KiB) is zeroed on every call and, not escaping, grows the
+// stack of every goroutine that calls Exchange to 128 KiB: in a short-lived plugin process that
+// was some twenty page faults per dump.
+func receive(fd int) ([]byte, error) {
+	for {
+		n, _, err := unix.Recvfrom(fd, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, os.NewSyscallError("recvfrom", err)
+		}
+		buf := make([]byte, max(n, unix.NLMSG_HDRLEN))
+		m, _, err := unix.Recvfrom(fd, buf, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, os.NewSyscallError("recvfrom", err)
+		}
+		return buf[:m], nil
+	}
 }
 
 // parseMessages splits a datagram into its netlink messages.

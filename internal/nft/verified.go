@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"sync"
@@ -79,23 +78,23 @@ func goNote(head []byte) string {
 // PlanDigest digests the planned rules of the chains names (in that order) of a table of family:
 // each rule's comment and expressions, encoded as google/nftables sends them to the kernel.
 func PlanDigest(family nftables.TableFamily, names []string, plan map[string][]Rule) (Digest, error) {
-	h := sha256.New()
+	var b []byte
 	for _, name := range names {
-		writeField(h, []byte(name))
-		writeCount(h, len(plan[name]))
+		b = appendField(b, []byte(name))
+		b = appendCount(b, len(plan[name]))
 		for _, r := range plan[name] {
-			writeField(h, []byte(r.Comment))
-			writeCount(h, len(r.Exprs))
+			b = appendField(b, []byte(r.Comment))
+			b = appendCount(b, len(r.Exprs))
 			for _, e := range r.Exprs {
-				b, err := expr.Marshal(byte(family), e)
+				m, err := expr.Marshal(byte(family), e)
 				if err != nil {
 					return Digest{}, fmt.Errorf("encode a rule of chain %s: %w", name, err)
 				}
-				writeField(h, b)
+				b = appendField(b, m)
 			}
 		}
 	}
-	return Digest(h.Sum(nil)), nil
+	return sha256.Sum256(b), nil
 }
 
 // Digest digests what the dump holds in the chains names (in that order; a chain without rules
@@ -105,30 +104,37 @@ func (d *RuleDump) Digest(names []string) (Digest, error) {
 	if err != nil {
 		return Digest{}, err
 	}
-	byChain := map[string][]rawRule{}
+	size := 0
 	for _, r := range rules {
-		byChain[r.chain] = append(byChain[r.chain], r)
+		size += len(r.exprs) + len(r.userdata) + 16
 	}
-	h := sha256.New()
+	b := make([]byte, 0, size+len(names)*32)
 	for _, name := range names {
-		writeField(h, []byte(name))
-		writeCount(h, len(byChain[name]))
-		for _, r := range byChain[name] {
-			writeField(h, r.exprs)
-			writeField(h, r.userdata)
+		b = appendField(b, []byte(name))
+		n := 0
+		for _, r := range rules {
+			if string(r.chain) == name {
+				n++
+			}
+		}
+		b = appendCount(b, n)
+		for _, r := range rules {
+			if string(r.chain) == name {
+				b = appendField(b, r.exprs)
+				b = appendField(b, r.userdata)
+			}
 		}
 	}
-	return Digest(h.Sum(nil)), nil
+	return sha256.Sum256(b), nil
 }
 
-// writeField writes b with its length, so that no two sequences of fields digest alike.
-func writeField(h hash.Hash, b []byte) {
-	writeCount(h, len(b))
-	h.Write(b)
+// appendField appends f with its length, so that no two sequences of fields digest alike.
+func appendField(b, f []byte) []byte {
+	return append(appendCount(b, len(f)), f...)
 }
 
-func writeCount(h hash.Hash, n int) {
-	h.Write(binary.BigEndian.AppendUint64(nil, uint64(n)))
+func appendCount(b []byte, n int) []byte {
+	return binary.BigEndian.AppendUint64(b, uint64(n))
 }
 
 // Verification is what Recognize found of one plan in one dump, for learning it once the caller
@@ -171,10 +177,9 @@ func planKey(binary string, family nftables.TableFamily, names []string, planOf 
 	if binary == "" {
 		return PlanDigest(family, names, plan())
 	}
-	h := sha256.New()
-	writeField(h, []byte(binary))
-	writeField(h, []byte(fmt.Sprintf("%d %q %+v", family, names, planOf)))
-	return Digest(h.Sum(nil)), nil
+	b := appendField(nil, []byte(binary))
+	b = appendField(b, []byte(fmt.Sprintf("%d %q %+v", family, names, planOf)))
+	return sha256.Sum256(b), nil
 }
 
 // LearnWritten reads back the chains names of table after the caller wrote them, and remembers
