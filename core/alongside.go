@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 )
 
 // alongside runs f on another goroutine, in the network namespace of the calling thread (the
@@ -19,10 +20,30 @@ func alongside(f func() error) <-chan error {
 	}
 	go func() {
 		defer here.Close()
+		// A goroutine that no one locked runs on a thread of the process's own namespace:
+		// threads that enter another (a pod's) stay locked to their goroutine until they are
+		// back. When the caller's thread is there too, as in the CNI binary, f runs as it is;
+		// moving a thread into the namespace it is in cost every ADD a goroutine, a thread lock,
+		// two setns calls and a /proc lookup.
+		if sameNS(here) {
+			done <- f()
+			return
+		}
 		// Do locks the goroutine to a thread and moves that into here for f.
 		done <- here.Do(func(ns.NetNS) error { return f() })
 	}()
 	return done
+}
+
+// sameNS tells whether the thread the caller runs on is in the namespace n. Only an unlocked
+// goroutine may rely on the answer after it: it may move to another thread, but all of those
+// are in the same namespace.
+func sameNS(n ns.NetNS) bool {
+	var want, have unix.Stat_t
+	if unix.Fstat(int(n.Fd()), &want) != nil || unix.Stat("/proc/thread-self/ns/net", &have) != nil {
+		return false
+	}
+	return want.Dev == have.Dev && want.Ino == have.Ino
 }
 
 // pending is the outcome of work running alongside, collected once however often it is asked.
