@@ -3,6 +3,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"syscall"
@@ -50,10 +51,15 @@ func (r *rtnl) dump(msgType int, header nl.NetlinkRequestData, resType uint16) (
 }
 
 // linkInfo is what Preflight needs of a link: its index, its kind (IFLA_INFO_KIND; "" for a
-// link without one, such as a physical device) and its alias.
+// link without one, such as a physical device) and its alias; and what Ensure looks at of a
+// bridge: MTU, MAC, promiscuity and whether it is up.
 type linkInfo struct {
 	Index       int
 	Kind, Alias string
+	MTU         int
+	MAC         net.HardwareAddr
+	Promisc     int
+	Up          bool
 }
 
 // rtextFilterSkipStats asks the kernel to leave a link's IPv6 statistics out of its answer
@@ -80,13 +86,25 @@ func (r *rtnl) link(name string) (info linkInfo, found bool, err error) {
 		return linkInfo{}, false, fmt.Errorf("look up link %q: %d answers", name, len(msgs))
 	}
 	m := msgs[0]
-	info.Index = int(nl.DeserializeIfInfomsg(m).Index)
+	ifi := nl.DeserializeIfInfomsg(m)
+	info.Index, info.Up = int(ifi.Index), ifi.Flags&unix.IFF_UP != 0
 	attrs, err := nl.ParseRouteAttr(m[unix.SizeofIfInfomsg:])
 	if err != nil {
 		return linkInfo{}, false, fmt.Errorf("look up link %q: %w", name, err)
 	}
 	for _, a := range attrs {
 		switch a.Attr.Type {
+		case unix.IFLA_MTU, unix.IFLA_PROMISCUITY:
+			if len(a.Value) == 4 {
+				v := int(nl.NativeEndian().Uint32(a.Value))
+				if a.Attr.Type == unix.IFLA_MTU {
+					info.MTU = v
+				} else {
+					info.Promisc = v
+				}
+			}
+		case unix.IFLA_ADDRESS:
+			info.MAC = net.HardwareAddr(a.Value)
 		case unix.IFLA_IFALIAS:
 			info.Alias = cString(a.Value)
 		case unix.IFLA_LINKINFO:
@@ -230,11 +248,15 @@ func linkAddrs(ifindex int) ([]netip.Prefix, error) {
 	if err != nil {
 		return nil, err
 	}
+	return prefixesOf(addrs), nil
+}
+
+func prefixesOf(addrs []linkPrefix) []netip.Prefix {
 	out := make([]netip.Prefix, len(addrs))
 	for i, a := range addrs {
 		out[i] = a.Prefix
 	}
-	return out, nil
+	return out
 }
 
 // familyOf is the address family of prefixes for a dump: AF_INET or AF_INET6 when they are all

@@ -47,16 +47,31 @@ func MAC(gateways []netip.Prefix) net.HardwareAddr {
 // Ensure creates the bridge or brings an existing one to cfg: MTU, MAC, promiscuous mode,
 // accept_ra=0, exactly the configured gateway addresses, and up. An existing bridge is adjusted in
 // place (its ifindex and ports stay). It only writes what differs, so on a configured node it costs
-// a few reads.
-func Ensure(cfg Config) (*netlink.Bridge, error) {
-	br, err := getOrCreate(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
+// a few reads, fewer when seen (Preflight's, or the zero Seen) already holds them.
+func Ensure(cfg Config, seen Seen) (*netlink.Bridge, error) {
+	br := seen.bridge(cfg.Name)
+	if br == nil {
+		var err error
+		if br, err = getOrCreate(cfg); err != nil {
+			return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
+		}
 	}
-	if err := adjust(br, cfg); err != nil {
+	if err := adjust(br, cfg, seen.addrs); err != nil {
 		return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
 	}
 	return br, nil
+}
+
+// bridge is the seen bridge called name with the attributes adjust looks at, nil when not seen.
+func (s Seen) bridge(name string) *netlink.Bridge {
+	if s.link == nil {
+		return nil
+	}
+	attrs := netlink.LinkAttrs{Index: s.link.Index, Name: name, MTU: s.link.MTU, HardwareAddr: s.link.MAC, Alias: s.link.Alias, Promisc: s.link.Promisc}
+	if s.link.Up {
+		attrs.Flags = net.FlagUp
+	}
+	return &netlink.Bridge{LinkAttrs: attrs}
 }
 
 func getOrCreate(cfg Config) (*netlink.Bridge, error) {
@@ -90,7 +105,8 @@ func lookup(name string) (*netlink.Bridge, error) {
 	return br, nil
 }
 
-func adjust(br *netlink.Bridge, cfg Config) error {
+// adjust writes what of br differs from cfg; addrs are br's addresses when known (nil: read them).
+func adjust(br *netlink.Bridge, cfg Config, addrs []netip.Prefix) error {
 	if cfg.MTU > 0 && br.MTU != cfg.MTU {
 		if err := netlink.LinkSetMTU(br, cfg.MTU); err != nil {
 			return fmt.Errorf("set MTU %d: %w", cfg.MTU, err)
@@ -120,7 +136,7 @@ func adjust(br *netlink.Bridge, cfg Config) error {
 	if err := sysctl.Ensure(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", br.Name), "0"); err != nil && !sysctl.IsAbsent(err) {
 		return err
 	}
-	if err := reconcileAddrs(br, cfg.Gateways); err != nil {
+	if err := reconcileAddrs(br, cfg.Gateways, addrs); err != nil {
 		return err
 	}
 	if br.Flags&net.FlagUp == 0 {
@@ -131,13 +147,16 @@ func adjust(br *netlink.Bridge, cfg Config) error {
 	return nil
 }
 
-// reconcileAddrs leaves exactly the gateway addresses (plus IPv6 link-local ones) on the bridge.
-// A global address from an earlier pod CIDR would otherwise stay behind after the node's CIDR
-// changed and make every later ADD fail or route wrongly (old kubenet's stale cbr0 address bug).
-func reconcileAddrs(br *netlink.Bridge, gateways []netip.Prefix) error {
-	have, err := linkAddrs(br.Index)
-	if err != nil {
-		return err
+// reconcileAddrs leaves exactly the gateway addresses (plus IPv6 link-local ones) on the bridge,
+// which has have (nil: read them). A global address from an earlier pod CIDR would otherwise stay
+// behind after the node's CIDR changed and make every later ADD fail or route wrongly (old
+// kubenet's stale cbr0 address bug).
+func reconcileAddrs(br *netlink.Bridge, gateways, have []netip.Prefix) error {
+	if have == nil {
+		var err error
+		if have, err = linkAddrs(br.Index); err != nil {
+			return err
+		}
 	}
 	want := map[netip.Prefix]bool{}
 	for _, g := range gateways {

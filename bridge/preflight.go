@@ -35,40 +35,58 @@ func (e *PreflightError) Error() string {
 // gateway's subnet overlaps an address or a connected route of another link of the node (which
 // would take that link's neighbours, or the node's own gateway, away from it). With full unset the
 // overlap check is skipped when the bridge already carries every gateway: it was made when they
-// were added, and a steady ADD should not dump the node's addresses. exists tells whether the
-// bridge exists (so STATUS need not look it up again).
-func Preflight(cfg Config, full bool) (exists bool, err error) {
+// were added, and a steady ADD should not dump the node's addresses. What it read of the bridge
+// comes back (so STATUS need not look it up again, and ADD's Ensure need not read it again).
+func Preflight(cfg Config, full bool) (Seen, error) {
 	r, err := openRtnl()
 	if err != nil {
-		return false, err
+		return Seen{}, err
 	}
 	defer r.Close()
 	br, exists, err := r.link(cfg.Name)
 	if err != nil {
-		return false, fmt.Errorf("bridge %q: %w", cfg.Name, err)
+		return Seen{}, fmt.Errorf("bridge %q: %w", cfg.Name, err)
 	}
-	if exists {
-		if br.Kind != "bridge" {
-			return false, &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", kindName(br.Kind))}
+	if !exists {
+		if len(cfg.Gateways) == 0 {
+			return Seen{}, nil
 		}
-		if err := checkOwner(cfg.Name, br, cfg.Owner); err != nil {
-			return true, err
-		}
+		return Seen{}, checkOverlaps(r, cfg, 0) // no link's addresses are the bridge's
+	}
+	if br.Kind != "bridge" {
+		return Seen{}, &PreflightError{"bridge", cfg.Name, fmt.Sprintf("is an existing %s link of the node, not a bridge", kindName(br.Kind))}
+	}
+	seen := Seen{link: &br}
+	if err := checkOwner(cfg.Name, br, cfg.Owner); err != nil {
+		return seen, err
 	}
 	if len(cfg.Gateways) == 0 {
-		return exists, nil
+		return seen, nil
 	}
-	if exists && !full {
+	if !full {
 		have, err := r.addrs(br.Index, unix.AF_UNSPEC)
 		if err != nil {
-			return true, err
+			return seen, err
 		}
+		seen.addrs = prefixesOf(have)
 		if !slices.ContainsFunc(cfg.Gateways, func(g netip.Prefix) bool { return !containsAddr(have, g) }) {
-			return true, nil
+			return seen, nil
 		}
 	}
-	return exists, checkOverlaps(r, cfg, br.Index) // index 0, no link's, when there is no bridge
+	return seen, checkOverlaps(r, cfg, br.Index)
 }
+
+// Seen is what Preflight read of the bridge: whether it exists, its attributes and, on a steady
+// ADD, its addresses. Ensure starts from it instead of reading them again; should the bridge
+// change in between, Ensure's writes are the same idempotent ones, and a bridge deleted in
+// between fails the veth's attachment. The zero Seen knows nothing, as for a missing bridge.
+type Seen struct {
+	link  *linkInfo
+	addrs []netip.Prefix // nil: not read
+}
+
+// Exists tells whether the bridge existed.
+func (s Seen) Exists() bool { return s.link != nil }
 
 // kindName names a link's kind as `ip -d link` does, "device" for a link without one.
 func kindName(kind string) string {

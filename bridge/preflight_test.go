@@ -53,7 +53,7 @@ func TestPreflightOverlaps(t *testing.T) {
 				return err
 			}
 		}
-		_, err := Ensure(Config{Name: "cbrpf", Gateways: []netip.Prefix{netip.MustParsePrefix("10.244.1.1/24"), netip.MustParsePrefix("fd00:10:244:1::1/64")}})
+		_, err := Ensure(Config{Name: "cbrpf", Gateways: []netip.Prefix{netip.MustParsePrefix("10.244.1.1/24"), netip.MustParsePrefix("fd00:10:244:1::1/64")}}, Seen{})
 		return err
 	})
 	cases := []struct {
@@ -88,7 +88,9 @@ func TestPreflightOverlaps(t *testing.T) {
 				if tc.other != "" {
 					gateways = append(gateways, netip.MustParsePrefix(tc.other))
 				}
-				exists, err = Preflight(Config{Name: tc.bridge, Gateways: gateways}, true)
+				var seen Seen
+				seen, err = Preflight(Config{Name: tc.bridge, Gateways: gateways}, true)
+				exists = seen.Exists()
 				return nil
 			})
 			if want := tc.bridge == "cbrpf"; exists != want {
@@ -128,7 +130,7 @@ func TestPreflightBridgeName(t *testing.T) {
 			return err
 		}
 		for _, cfg := range []Config{{Name: "cbrowned", Owner: "neta", Gateways: []netip.Prefix{owned}}, {Name: "cbrfree", Owner: "neta", Gateways: []netip.Prefix{free}}} {
-			if _, err := Ensure(cfg); err != nil {
+			if _, err := Ensure(cfg, Seen{}); err != nil {
 				return err
 			}
 		}
@@ -156,7 +158,9 @@ func TestPreflightBridgeName(t *testing.T) {
 			var exists bool
 			var err error
 			nettest.Do(t, node, func() error {
-				exists, err = Preflight(Config{Name: tc.bridge, Owner: tc.owner, Gateways: []netip.Prefix{tc.gateway}}, true)
+				var seen Seen
+				seen, err = Preflight(Config{Name: tc.bridge, Owner: tc.owner, Gateways: []netip.Prefix{tc.gateway}}, true)
+				exists = seen.Exists()
 				return nil
 			})
 			if exists != tc.exists {

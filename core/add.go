@@ -44,6 +44,7 @@ type addition struct {
 	ips     []netip.Prefix // pod addresses, one per family, with the pod CIDR's prefix length
 	mtu     int
 	bridge  *netlink.Bridge
+	seen    bridge.Seen // what preflight read of the bridge
 	host    netlink.Link
 	podMAC  net.HardwareAddr
 	// keepReservation is set by a step that failed in a way that may leave kernel state
@@ -77,7 +78,8 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 	}
 	defer podNS.Close()
 	// Before anything changes: a configuration that would break the node is refused.
-	if _, err := preflight(cfg, false); err != nil {
+	seen, err := preflight(cfg, false)
+	if err != nil {
 		return nil, err
 	}
 	store, err := openStore(cfg)
@@ -101,7 +103,7 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 	}
 	cfg = cfg.withKnown(store)
 
-	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir()), settingsChanged: settingsChanged}
+	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir()), settingsChanged: settingsChanged, seen: seen}
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -274,7 +276,7 @@ func (a *addition) ensureBridge(*undoStack) error {
 	if err := bridge.EnsureNodeSysctls(v4, v6); err != nil {
 		return err
 	}
-	br, err := bridge.Ensure(bridgeConfig(a.cfg, a.mtu))
+	br, err := bridge.Ensure(bridgeConfig(a.cfg, a.mtu), a.seen)
 	a.bridge = br
 	return err
 }

@@ -190,16 +190,16 @@ func missingNodeRules(cfg *Config, networkDir string) error {
 // preflight refuses, before anything changes, a configuration that would break the node (see
 // bridge.Preflight): code 7 naming the bridge or the pod CIDR at fault. full also compares the
 // pod CIDRs with the node's addresses and routes when the bridge already carries the gateways.
-// bridgeExists tells whether the bridge exists.
-func preflight(cfg *Config, full bool) (bridgeExists bool, err error) {
-	bridgeExists, err = bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
+// What it read of the bridge comes back (bridge.Seen), for bridge.Ensure and STATUS.
+func preflight(cfg *Config, full bool) (bridge.Seen, error) {
+	seen, err := bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
 	pe, ok := bridge.IsPreflight(err)
 	if !ok {
-		return bridgeExists, err
+		return seen, err
 	}
 	if pe.Key == "bridge" {
-		return bridgeExists, configError("bridge", pe.Value, "%s", pe.Reason)
+		return seen, configError("bridge", pe.Value, "%s", pe.Reason)
 	}
 	gw, _ := netip.ParsePrefix(pe.Value)
-	return bridgeExists, configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
+	return seen, configError(cfg.rangesKey(), gw.Masked().String(), "%s", pe.Reason)
 }

@@ -55,7 +55,7 @@ func Status(ctx context.Context, cfg *Config) error {
 			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
 		}
 	}
-	bridgeExists, err := preflight(cfg, true)
+	seen, err := preflight(cfg, true)
 	if err != nil {
 		return notAvailable("configuration: %s", errMsg(err))
 	}
@@ -68,7 +68,7 @@ func Status(ctx context.Context, cfg *Config) error {
 	if planned, known := plannedBackend(cfg, rec); cfg.NetworkPolicy && known && planned != NetfilterNFTables {
 		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", planned)
 	}
-	if bridgeExists {
+	if seen.Exists() {
 		// The bridge exists, so the network's node-wide rules were set up, and losing them
 		// (another tool ran `nft flush ruleset`) leaves the node open: without the localnet guard
 		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
