@@ -78,10 +78,12 @@ func IPTablesChains(network string) map[string][]string {
 }
 
 // HasIPTablesChain tells whether the network's SNAT chain exists in iptables or ip6tables (the
-// tools of st's root): the network's rules are there. False when the tools cannot run.
+// tools of st's root): the network's rules are there. False when the tools cannot run. Where the
+// kernel has no nat table of a family the tools are not run: a node's first ADD asks this, and
+// four execs of them took it several milliseconds, holding the network lock.
 func HasIPTablesChain(st *ipt.State, network string) bool {
 	for _, f := range []ipt.Family{ipt.IPv4, ipt.IPv6} {
-		if st.Available(f) != nil {
+		if !f.MayHaveTable("nat") || st.Available(f) != nil {
 			continue
 		}
 		if t, err := st.Table(context.Background(), f, "nat"); err == nil && t.Has(IPTablesChain(network)) {

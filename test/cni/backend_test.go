@@ -304,6 +304,25 @@ func TestBackendSwitch(t *testing.T) {
 	}
 }
 
+// TestBackendFoundWithoutRecord: with the backend record gone (a damaged or wiped data dir) the
+// next ADD finds the network's rules where they are, in nftables or in iptables (where it looks
+// only when the kernel has a nat table), and removes them before setting up the configured
+// backend: no rules of the network stay in the other one.
+func TestBackendFoundWithoutRecord(t *testing.T) {
+	for i, from := range backends {
+		to := backends[(i+1)%len(backends)]
+		t.Run(from+" to "+to, func(t *testing.T) {
+			b := newBackendNode(t, from)
+			b.onlyBackend(t, from)
+			nettest.Run(t, b.node.NS, "rm", b.node.DataDir()+"/kubenet/"+core.NetfilterFile)
+			b.backend, b.list = to, b.conf(t, to)
+			b.node.MustAdd(t, b.list, b.node.NewPod(t, "be-norecord"))
+			b.onlyBackend(t, to)
+			b.traffic(t, "after the ADD without a record")
+		})
+	}
+}
+
 // TestBackendChoice: auto settles on nftables on this kernel and records why; a bad value, and
 // NetworkPolicy on the iptables backend, are refused with code 7 naming the key, before anything
 // changes, and STATUS says why (50).
