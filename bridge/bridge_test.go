@@ -123,7 +123,6 @@ func TestEnsure(t *testing.T) {
 			}
 			return nil
 		})
-
 	}
 
 	nettest.Do(t, node, func() error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"slices"
 
 	"github.com/google/nftables"
 
@@ -17,9 +16,9 @@ import (
 // iptables-nft keeps its tables in nftables, under the same name in the family's nftables
 // family; iptables-legacy lists the tables it has made in /proc/net/ip_tables_names (and the
 // ip6_ one), which is missing while its module is not loaded. (/proc/net is the main thread's
-// namespace; the calling thread's is read, through /proc/thread-self.) A chain can only be in an existing
-// table, so a caller looking for one skips the tools (two execs of each family) when this says
-// no; whatever cannot be read counts as maybe.
+// namespace; the calling thread's is read, through /proc/thread-self.) A chain can only be in
+// an existing table, so a caller looking for one skips the tools (two execs of each family) when
+// this says no; whatever cannot be read counts as maybe.
 func (f Family) MayHaveTable(name string) bool {
 	family, legacyNames := nftables.TableFamilyIPv4, "/proc/thread-self/net/ip_tables_names"
 	switch f {
@@ -36,8 +35,8 @@ func (f Family) MayHaveTable(name string) bool {
 	if err != nil {
 		return true
 	}
-	tables, err := c.ListTablesOfFamily(family)
-	return err != nil || slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == name })
+	found, err := nft.TableExistsWith(c, &nftables.Table{Name: name, Family: family})
+	return err != nil || found
 }
 
 // listsLine tells whether the file at path has a line that is name; a missing file has none.
