@@ -60,6 +60,9 @@ type linkInfo struct {
 	MAC         net.HardwareAddr
 	Promisc     int
 	Up          bool
+	// NetfilterCall: the bridge's own nf_call_iptables and nf_call_ip6tables options are both on
+	// (IFLA_BR_NF_CALL_IPTABLES/IP6TABLES).
+	NetfilterCall bool
 }
 
 // rtextFilterSkipStats asks the kernel to leave a link's IPv6 statistics out of its answer
@@ -113,13 +116,34 @@ func (r *rtnl) link(name string) (info linkInfo, found bool, err error) {
 				return linkInfo{}, false, fmt.Errorf("look up link %q: link info: %w", name, err)
 			}
 			for _, n := range nested {
-				if n.Attr.Type == unix.IFLA_INFO_KIND {
+				switch n.Attr.Type {
+				case unix.IFLA_INFO_KIND:
 					info.Kind = cString(n.Value)
+				case unix.IFLA_INFO_DATA:
+					if info.NetfilterCall, err = netfilterCall(n.Value); err != nil {
+						return linkInfo{}, false, fmt.Errorf("look up link %q: bridge options: %w", name, err)
+					}
 				}
 			}
 		}
 	}
 	return info, true, nil
+}
+
+// netfilterCall tells whether a bridge's IFLA_INFO_DATA has both nf_call_iptables and
+// nf_call_ip6tables on.
+func netfilterCall(data []byte) (bool, error) {
+	attrs, err := nl.ParseRouteAttr(data)
+	if err != nil {
+		return false, err
+	}
+	on := 0
+	for _, a := range attrs {
+		if (a.Attr.Type == unix.IFLA_BR_NF_CALL_IPTABLES || a.Attr.Type == unix.IFLA_BR_NF_CALL_IP6TABLES) && len(a.Value) == 1 && a.Value[0] == 1 {
+			on++
+		}
+	}
+	return on == 2, nil
 }
 
 // cString is a string attribute without its terminating NUL.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
@@ -30,6 +31,10 @@ type Config struct {
 	// Owner is the kubenet network that uses the bridge; its name goes into the bridge's alias,
 	// so that another network configured with the same bridge is refused (Preflight).
 	Owner string
+	// NetfilterCall turns on the bridge's own nf_call_iptables and nf_call_ip6tables options:
+	// br_netfilter then passes the bridge's frames through the IP hooks (conntrack, kube-proxy's
+	// DNAT) whatever the node-wide bridge-nf-call sysctls say, which other tools turn off.
+	NetfilterCall bool
 }
 
 // MAC is the address the bridge is pinned to: 0a:58 followed by the last four bytes of the first
@@ -59,7 +64,44 @@ func Ensure(cfg Config, seen Seen) (*netlink.Bridge, error) {
 	if err := adjust(br, cfg, seen.addrs); err != nil {
 		return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
 	}
+	if cfg.NetfilterCall && (seen.link == nil || !seen.link.NetfilterCall) {
+		if err := setNetfilterCall(br.Index); err != nil {
+			return nil, fmt.Errorf("bridge %q: %w", cfg.Name, err)
+		}
+	}
 	return br, nil
+}
+
+// NetfilterCall tells whether the seen bridge had its nf_call_iptables and nf_call_ip6tables
+// options on.
+func (s Seen) NetfilterCall() bool { return s.link != nil && s.link.NetfilterCall }
+
+// Index is the seen bridge's interface index, 0 when it was not there.
+func (s Seen) Index() int {
+	if s.link == nil {
+		return 0
+	}
+	return s.link.Index
+}
+
+// setNetfilterCall turns on the bridge's nf_call_iptables and nf_call_ip6tables options
+// (`ip link set <bridge> type bridge nf_call_iptables 1 nf_call_ip6tables 1`), which the
+// netlink library's Bridge type does not carry.
+func setNetfilterCall(index int) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("bridge"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	data.AddRtAttr(unix.IFLA_BR_NF_CALL_IPTABLES, []byte{1})
+	data.AddRtAttr(unix.IFLA_BR_NF_CALL_IP6TABLES, []byte{1})
+	req.AddData(info)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("turn on nf_call_iptables and nf_call_ip6tables: %w", err)
+	}
+	return nil
 }
 
 // bridge is the seen bridge called name with the attributes adjust looks at, nil when not seen.
@@ -183,6 +225,36 @@ func reconcileAddrs(br *netlink.Bridge, gateways, have []netip.Prefix) error {
 		if err := netlink.AddrReplace(br, addr); err != nil {
 			return fmt.Errorf("add gateway address %s: %w", g, err)
 		}
+	}
+	return nil
+}
+
+// NetfilterCallOn tells whether the bridge called name has its nf_call_iptables and
+// nf_call_ip6tables options on (CHECK, STATUS, the agent's policy pass).
+func NetfilterCallOn(name string) (bool, error) {
+	r, err := openRtnl()
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	br, found, err := r.link(name)
+	if err != nil {
+		return false, fmt.Errorf("bridge %q: %w", name, err)
+	}
+	if !found {
+		return false, fmt.Errorf("bridge %q does not exist", name)
+	}
+	return br.NetfilterCall, nil
+}
+
+// TurnOnNetfilterCall turns the nf_call options of the bridge called name on.
+func TurnOnNetfilterCall(name string) error {
+	br, err := lookup(name)
+	if err != nil {
+		return fmt.Errorf("bridge %q: %w", name, err)
+	}
+	if err := setNetfilterCall(br.Index); err != nil {
+		return fmt.Errorf("bridge %q: %w", name, err)
 	}
 	return nil
 }
