@@ -86,26 +86,34 @@ func checkNoRedirect(host netlink.Link) error {
 	return nil
 }
 
-// redirects returns the mirred redirects of match-all u32 filters under host's ingress qdisc.
+// redirects returns the mirred redirects of match-all u32 filters on host's ingress: under its
+// clsact qdisc, or an older kubenet's ingress qdisc.
 func redirects(host netlink.Link) []*netlink.MirredAction {
-	filters, err := netlinksafe.FilterList(host, ingressHandle)
-	if err != nil {
-		return nil // no ingress qdisc: nothing is redirected
-	}
 	var out []*netlink.MirredAction
-	for _, f := range filters {
-		u, ok := f.(*netlink.U32)
-		// protocol all, not ip: a "protocol ip" filter lets IPv6 bypass the shaper.
-		if !ok || u.Protocol != unix.ETH_P_ALL || !matchesAll(u) {
-			continue
+	for _, parent := range []uint32{clsactIngress, ingressHandle} {
+		filters, err := netlinksafe.FilterList(host, parent)
+		if err != nil {
+			continue // no such qdisc: nothing is redirected there
 		}
-		for _, a := range u.Actions {
-			if m, ok := a.(*netlink.MirredAction); ok && m.MirredAction == netlink.TCA_EGRESS_REDIR {
-				out = append(out, m)
+		for _, f := range filters {
+			u, ok := f.(*netlink.U32)
+			if !ok || !isRedirect(u) {
+				continue
+			}
+			for _, a := range u.Actions {
+				if m, ok := a.(*netlink.MirredAction); ok && m.MirredAction == netlink.TCA_EGRESS_REDIR {
+					out = append(out, m)
+				}
 			}
 		}
 	}
 	return out
+}
+
+// isRedirect tells whether u is a match-all u32 filter for every protocol: a "protocol ip"
+// filter would let IPv6 bypass the shaper.
+func isRedirect(u *netlink.U32) bool {
+	return u.Protocol == unix.ETH_P_ALL && matchesAll(u)
 }
 
 func matchesAll(u *netlink.U32) bool {

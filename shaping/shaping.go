@@ -4,14 +4,18 @@
 // Layout for a pod whose host veth is V and whose ifb is I:
 //
 //	ingress (towards the pod):  V root  tbf 1:      - traffic to the pod leaves the node through V
-//	egress (from the pod):      V       ingress ffff: + u32 match-all filter (protocol all, prio 1)
-//	                                    with "mirred egress redirect dev I"
+//	egress (from the pod):      V       clsact ffff:, on its ingress hook a u32 match-all filter
+//	                                    (protocol all, prio 1) with "mirred egress redirect dev I"
 //	                            I root  tbf 1:      - the pod's traffic, redirected, leaves through I
 //
 // Traffic from the pod arrives on V's receive side, where the kernel has no queue to shape with;
 // the ifb turns it into transmit traffic that a tbf can hold back. Old kubenet put one htb on the
 // bridge and matched "protocol ip" on the pod's source, which saw only traffic towards pods and
 // never IPv6 (kubernetes#44231); the filter here matches every frame.
+//
+// The clsact qdisc is shared with the NetworkPolicy guard on the veth's egress hook, so it stays
+// when the shaping goes; pods of an older kubenet have an ingress qdisc instead, which Remove and
+// Check still know.
 //
 // tbf parameters: rate = rate/8 bytes/s; burst = Limit.Burst or DefaultBurst (10 ms of rate, at
 // least two full frames); limit (queue) = 25 ms of rate plus the burst, the same latency as the
@@ -29,15 +33,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/links"
+	"github.com/kubenet-dev/kubenet/internal/tcguard"
 )
 
 // queueLatency is how long a packet may wait in a tbf queue before it is dropped.
 const queueLatency = 25 * time.Millisecond
 
-// Handles of kubenet's qdiscs: tbf as root (1:) and the ingress qdisc (ffff:).
+// Handles of kubenet's qdiscs and filters: tbf as root (1:); the redirect's parent, clsact's
+// ingress hook (ffff:fff2), or an older kubenet's ingress qdisc (ffff:).
 var (
 	tbfHandle     = netlink.MakeHandle(1, 0)
 	ingressHandle = netlink.MakeHandle(0xffff, 0)
+	clsactIngress = uint32(netlink.HANDLE_MIN_INGRESS)
 )
 
 // ErrNotIFB is returned when a link with the ifb's name exists but is not an ifb: it is not
@@ -75,8 +82,8 @@ func Apply(host netlink.Link, ifb string, l Limits) (err error) {
 	if err := netlink.QdiscAdd(tbf(dev.Attrs().Index, l.Egress, mtu)); err != nil {
 		return fmt.Errorf("shaping: egress tbf on %q: %w", ifb, err)
 	}
-	if err := netlink.QdiscAdd(ingressQdisc(host.Attrs().Index)); err != nil {
-		return fmt.Errorf("shaping: ingress qdisc on %q: %w", hostVeth, err)
+	if err := tcguard.EnsureClsact(host.Attrs().Index); err != nil {
+		return fmt.Errorf("shaping: %q: %w", hostVeth, err)
 	}
 	if err := netlink.FilterAdd(redirect(host.Attrs().Index, dev.Attrs().Index)); err != nil {
 		return fmt.Errorf("shaping: redirect %q to %q: %w", hostVeth, ifb, err)
@@ -84,7 +91,8 @@ func Apply(host netlink.Link, ifb string, l Limits) (err error) {
 	return nil
 }
 
-// Remove undoes Apply: kubenet's qdiscs on hostVeth (their filters go with them) and the ifb.
+// Remove undoes Apply: kubenet's qdiscs on hostVeth (their filters go with them), the redirect
+// under the clsact qdisc (which stays: the policy guard may use it) and the ifb.
 // Missing pieces are fine, so DEL can run it any number of times, also after the veth is gone.
 func Remove(hostVeth, ifb string) error {
 	var errs []error
@@ -96,6 +104,9 @@ func Remove(hostVeth, ifb string) error {
 		qdiscs, err := netlinksafe.QdiscList(host)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shaping: qdiscs of %q: %w", hostVeth, err))
+		}
+		if err := removeRedirects(host); err != nil {
+			errs = append(errs, err)
 		}
 		for _, q := range qdiscs {
 			if !isOurs(q) {
@@ -116,16 +127,13 @@ func Remove(hostVeth, ifb string) error {
 	return errors.Join(errs...)
 }
 
-// isOurs reports whether q is one of the qdiscs Apply puts on a host veth.
+// isOurs reports whether q is a qdisc Apply puts on a host veth and Remove deletes: the root
+// tbf. The clsact qdisc is shared with the policy guard; an ingress qdisc is an older kubenet's
+// (it goes with its veth) or another tool's.
 func isOurs(q netlink.Qdisc) bool {
 	a := q.Attrs()
-	switch q.(type) {
-	case *netlink.Tbf:
-		return a.Parent == netlink.HANDLE_ROOT && a.Handle == tbfHandle
-	case *netlink.Ingress:
-		return a.Handle == ingressHandle
-	}
-	return false
+	_, tbf := q.(*netlink.Tbf)
+	return tbf && a.Parent == netlink.HANDLE_ROOT && a.Handle == tbfHandle
 }
 
 // lookupIFB returns the ifb named name, nil when there is none, and ErrNotIFB when the name is
@@ -214,15 +222,27 @@ func clampUint32(f float64) uint32 {
 	return uint32(math.Ceil(f))
 }
 
-func ingressQdisc(link int) *netlink.Ingress {
-	return &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link, Handle: ingressHandle, Parent: netlink.HANDLE_INGRESS}}
+// removeRedirects deletes the redirect filters under host's clsact ingress hook.
+func removeRedirects(host netlink.Link) error {
+	filters, err := netlinksafe.FilterList(host, clsactIngress)
+	if err != nil {
+		return nil // no clsact qdisc: nothing to remove
+	}
+	for _, f := range filters {
+		if u, ok := f.(*netlink.U32); ok && isRedirect(u) {
+			if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("shaping: remove the redirect of %q: %w", host.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // redirect is a u32 filter that matches every frame (one key with mask 0, any protocol) arriving
 // on link and moves it to the ifb's transmit side.
 func redirect(link, ifb int) *netlink.U32 {
 	return &netlink.U32{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: link, Parent: ingressHandle, Priority: 1, Protocol: unix.ETH_P_ALL},
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: link, Parent: clsactIngress, Priority: 1, Protocol: unix.ETH_P_ALL},
 		Sel:         &netlink.TcU32Sel{Flags: netlink.TC_U32_TERMINAL, Keys: []netlink.TcU32Key{{}}},
 		Actions:     []netlink.Action{netlink.NewMirredAction(ifb)},
 	}

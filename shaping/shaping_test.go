@@ -33,7 +33,7 @@ func world(t *testing.T) ns.NetNS {
 type state struct {
 	vethTbf  *netlink.Tbf
 	ifbTbf   *netlink.Tbf
-	ingress  bool     // ingress qdisc on the veth
+	ingress  bool     // an ingress qdisc (not clsact) on the veth
 	redirect []string // "<protocol>-><ifb name>" of each mirred filter on the veth
 	ifbs     []string // ifb devices in the netns
 	ifbUp    bool
@@ -71,7 +71,7 @@ func readState(t *testing.T, n ns.NetNS) state {
 			switch l.Attrs().Name {
 			case testVeth:
 				s.vethMTU = l.Attrs().MTU
-				fs, err := netlink.FilterList(l, netlink.MakeHandle(0xffff, 0))
+				fs, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
 				if err != nil && !errors.Is(err, unix.EINVAL) {
 					return err
 				}
@@ -129,8 +129,8 @@ func TestApplyCheckRemove(t *testing.T) {
 				if !s.ifbUp || s.ifbMTU != s.vethMTU {
 					t.Errorf("ifb up=%v mtu=%d, want up with the veth's mtu %d", s.ifbUp, s.ifbMTU, s.vethMTU)
 				}
-			} else if len(s.ifbs) > 0 || s.ingress {
-				t.Errorf("egress unlimited but ifbs %v, ingress qdisc %v", s.ifbs, s.ingress)
+			} else if len(s.ifbs) > 0 || len(s.redirect) > 0 {
+				t.Errorf("egress unlimited but ifbs %v, redirects %v", s.ifbs, s.redirect)
 			}
 
 			if err := do(t, n, func() error { return checkOn(testVeth, testIFB, c.limits) }); err != nil {
@@ -147,8 +147,8 @@ func TestApplyCheckRemove(t *testing.T) {
 					t.Fatalf("Remove #%d: %v", i+1, err)
 				}
 			}
-			if s := readState(t, n); s.vethTbf != nil || s.ingress || len(s.ifbs) > 0 {
-				t.Errorf("after Remove: veth tbf %v, ingress qdisc %v, ifbs %v", s.vethTbf, s.ingress, s.ifbs)
+			if s := readState(t, n); s.vethTbf != nil || len(s.redirect) > 0 || len(s.ifbs) > 0 {
+				t.Errorf("after Remove: veth tbf %v, redirects %v, ifbs %v", s.vethTbf, s.redirect, s.ifbs)
 			}
 			if err := do(t, n, func() error { return checkOn(testVeth, testIFB, Limits{}) }); err != nil {
 				t.Errorf("Check(no limits) after Remove: %v", err)
@@ -198,7 +198,7 @@ func TestCheckFindsTampering(t *testing.T) {
 			return netlink.QdiscReplace(tbf(ifb.Attrs().Index, Limit{Rate: 30e6}, 1500))
 		}, "rate 3750000 B/s"},
 		{"redirect removed", func(veth, _ netlink.Link) error {
-			return netlink.QdiscDel(ingressQdisc(veth.Attrs().Index))
+			return removeRedirects(veth)
 		}, "no filter"},
 	}
 	for _, c := range cases {
@@ -243,21 +243,21 @@ func TestApplyFailure(t *testing.T) {
 	limits := Limits{Ingress: Limit{Rate: 10e6}, Egress: Limit{Rate: 10e6}}
 	t.Run("after the ifb", func(t *testing.T) {
 		n := world(t)
-		// An ingress qdisc already on the veth makes Apply's own QdiscAdd fail with EEXIST,
-		// after the veth's tbf, the ifb and the ifb's tbf exist.
+		// Another tool's ingress qdisc on the veth holds the handle clsact needs: Apply fails
+		// after the veth's tbf, the ifb and the ifb's tbf exist, and leaves the qdisc alone.
 		nettest.Do(t, n, func() error {
 			l, err := netlink.LinkByName(testVeth)
 			if err != nil {
 				return err
 			}
-			return netlink.QdiscAdd(ingressQdisc(l.Attrs().Index))
+			return netlink.QdiscAdd(&netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: ingressHandle, Parent: netlink.HANDLE_INGRESS}})
 		})
 		err := do(t, n, func() error { return applyTo(testVeth, testIFB, limits) })
-		if !errors.Is(err, unix.EEXIST) {
-			t.Fatalf("Apply = %v, want EEXIST from the ingress qdisc", err)
+		if err == nil || !strings.Contains(err.Error(), "another qdisc") {
+			t.Fatalf("Apply = %v, want the clsact qdisc refused", err)
 		}
-		if s := readState(t, n); s.vethTbf != nil || s.ifbTbf != nil || len(s.ifbs) > 0 || len(s.redirect) > 0 {
-			t.Errorf("left behind: veth tbf %v, ifb tbf %v, ifbs %v, redirects %v", s.vethTbf, s.ifbTbf, s.ifbs, s.redirect)
+		if s := readState(t, n); s.vethTbf != nil || s.ifbTbf != nil || len(s.ifbs) > 0 || len(s.redirect) > 0 || !s.ingress {
+			t.Errorf("left behind: veth tbf %v, ifb tbf %v, ifbs %v, redirects %v; the foreign ingress qdisc kept: %v", s.vethTbf, s.ifbTbf, s.ifbs, s.redirect, s.ingress)
 		}
 	})
 	t.Run("name taken by another device", func(t *testing.T) {
