@@ -191,15 +191,7 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
 	cfg.Conflist.NetworkPolicy = cfg.NetworkPolicy
-	var pc *policy.Controller
-	if cfg.NetworkPolicy {
-		pc, err = policy.New(client, cfg.Networking, policy.Config{DataDir: dataDir(cfg), Network: networkName(cfg), Logger: cfg.Logger, Registry: cfg.Registry})
-		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-	}
-	return &Agent{
-		policy:  pc,
+	a := &Agent{
 		cfg:     cfg,
 		client:  client,
 		log:     cfg.Logger,
@@ -212,7 +204,25 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kubenet-agent"}),
 		notReady: "starting",
 		healKick: make(chan struct{}, 1),
-	}, nil
+	}
+	if cfg.NetworkPolicy {
+		a.policy, err = policy.New(client, cfg.Networking, policy.Config{DataDir: dataDir(cfg), Network: networkName(cfg),
+			Bridge: bridgeName(cfg), NodeName: cfg.NodeName, PodCIDRs: a.podCIDRs, Logger: cfg.Logger, Registry: cfg.Registry})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// bridgeName is the network's bridge.
+func bridgeName(cfg Config) string { return cmp.Or(cfg.Conflist.Bridge, core.DefaultBridge) }
+
+// podCIDRs are the pod CIDRs of the conflist last written (nil before).
+func (a *Agent) podCIDRs() []netip.Prefix {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.lastCIDR)
 }
 
 // Run installs the binary, then syncs on every Node event until ctx ends.
@@ -385,7 +395,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		return fmt.Errorf("list nodes from the cache: %w", err)
 	}
 	// The node's own networks, which no pod CIDR may overlap. Without them nothing is decided.
-	kernel, err := a.table.Read(cmp.Or(a.cfg.Conflist.Bridge, core.DefaultBridge))
+	kernel, err := a.table.Read(bridgeName(a.cfg))
 	if err != nil {
 		return err
 	}
@@ -396,9 +406,9 @@ func (a *Agent) sync(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if cidrsReady && !a.cfg.NetworkPolicy {
-		// The conflist without networkPolicy is in place, so no ADD holds addresses any more:
-		// whatever policy table an earlier run left goes (a no-op read when there is none).
-		if err := core.RemovePolicies(networkName(a.cfg)); err != nil {
+		// The conflist without networkPolicy is in place, so no ADD guards new pods any more:
+		// the guards and policy tables an earlier run left go (reads only when there are none).
+		if err := core.RemovePolicies(networkName(a.cfg), bridgeName(a.cfg)); err != nil {
 			errs = append(errs, err)
 		}
 	}

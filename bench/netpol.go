@@ -89,8 +89,8 @@ func applyKubenet(t testing.TB, node ns.NetNS, dataDir string, w npWorkload) {
 	t.Helper()
 	in := policy.Input{Namespaces: w.namespaces, Pods: w.pods, Policies: w.policies}
 	nettest.Do(t, node, func() error {
-		_, err := core.ApplyPolicies(dataDir, "kubenet", func(recs []core.Record) core.PolicyRuleset {
-			in.Local = policy.LocalsOf(recs)
+		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: "kubenet", Bridge: core.DefaultBridge}, func(locals []core.PolicyLocal) core.PolicyRuleset {
+			in.Local = policy.LocalsOf(locals)
 			res := policy.Compile(in)
 			return res.Ruleset
 		})

@@ -137,6 +137,7 @@ func (a *addition) steps() []step {
 		{"isolation", a.isolate},
 		{"bridge", a.ensureBridge},
 		{"veth", a.addVeth},
+		{"policy guard", a.guardPort},
 		{"pod interface", a.configurePod},
 		{"hairpin", a.hairpin},
 		{"masquerade", a.masquerade},
@@ -213,9 +214,6 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 			return nil
 		}
 		return withNetworkLock(a.store, func() error {
-			if err := forgetPolicies(a.cfg, prefixAddrs(a.ips)); err != nil {
-				return err
-			}
 			if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
 				return err
 			}
@@ -246,12 +244,7 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 		Bandwidth:    a.cfg.Runtime.Bandwidth,
 	})
 	crashPoint("record written")
-	if err != nil {
-		return err
-	}
-	// Under the same lock as the record: the agent reads records and pending elements under it,
-	// so it never sees the pod's record without its pending addresses.
-	return a.holdForPolicies()
+	return err
 }
 
 func prefixAddrs(ps []netip.Prefix) []netip.Addr {
@@ -277,8 +270,11 @@ func (a *addition) ensureBridge(*undoStack) error {
 		return err
 	}
 	br, err := bridge.Ensure(bridgeConfig(a.cfg, a.mtu), a.seen)
+	if err != nil {
+		return err
+	}
 	a.bridge = br
-	return err
+	return guardBridge(a.cfg, br)
 }
 
 func (a *addition) addVeth(undo *undoStack) error {
@@ -295,7 +291,10 @@ func (a *addition) addVeth(undo *undoStack) error {
 	if err != nil {
 		return err
 	}
-	undo.push(func() error { return delLinks(a.names) })
+	undo.push(func() error {
+		// The agent may have released the port meanwhile: its elements go with it.
+		return errors.Join(forgetPolicies(a.cfg, host.Attrs().Index), delLinks(a.names))
+	})
 	a.host = host
 	return nil
 }

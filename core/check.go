@@ -82,6 +82,9 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 	if err := cfg.filter().checkIsolation(isolationConfig(cfg), portOf(cfg, att, rec.IPs)); err != nil {
 		return err
 	}
+	if err := checkPolicy(cfg, br, host); err != nil {
+		return err
+	}
 	// The node-wide rules by their expressions, not only their comments: a rule changed in
 	// place keeps its comment.
 	if err := cfg.filter().checkNode(cfg); err != nil {

@@ -69,6 +69,11 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 		hint = prefixAddrs(rec.IPs)
 	}
 	names := NamesFor(cfg.Network, att)
+	// The port's index, while the veth is there: its policy elements are keyed by it.
+	port := 0
+	if l, err := links.Find(names.HostVeth); err == nil && l != nil {
+		port = l.Attrs().Index
+	}
 
 	var errs []error
 	// A transaction that removes set or map elements waits for an RCU grace period, and two of
@@ -80,7 +85,7 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 		unmapped, err = delHostPorts(cfg, att, rec, unknown, store)
 		return err
 	})
-	errs = append(errs, delLinks(names))
+	errs = append(errs, delLinks(names), forgetPolicies(cfg, port))
 	// The host ports are gone before the conntrack walk, so no new flow to the pod can appear
 	// behind it.
 	errs = append(errs, <-hostPortsGone)
@@ -109,13 +114,8 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 
 // releaseLocked is DEL's part under the network lock: release the reservations, forget the flows
 // of addresses only the release revealed and of host ports that led elsewhere, and remove the
-// record once all of that succeeded. The policy elements of the attachment's addresses go first,
-// while the addresses are still this attachment's: once released, the next ADD may hold them for
-// another pod.
+// record once all of that succeeded.
 func releaseLocked(cfg *Config, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
-	if err := forgetPolicies(cfg, hint); err != nil {
-		return nil, err
-	}
 	released, err := store.Release(att.ContainerID, att.IfName, hint)
 	if err != nil {
 		return released, err
@@ -126,10 +126,9 @@ func releaseLocked(cfg *Config, store *ipam.Store, records Records, att Attachme
 		return released, err
 	}
 	crashPoint("del: addresses released")
-	// Without a record the addresses are known only now; forget their policy elements and their
-	// flows under the lock.
+	// Without a record the addresses are known only now; forget their flows under the lock.
 	revealed := slices.DeleteFunc(slices.Clone(released), func(a netip.Addr) bool { return slices.Contains(hint, a) })
-	errs := []error{forgetPolicies(cfg, revealed), flushConntrack(revealed)}
+	errs := []error{flushConntrack(revealed)}
 	// A host port that led to an address that is not the pod's (a DEL that lost record and
 	// reservations; the address may be another pod's by now) has its port's flows forgotten
 	// instead of the address's.

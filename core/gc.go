@@ -147,7 +147,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 	report.Addresses = append(report.Addresses, released...)
 	errs = append(errs, err)
 	collect(orphans)
-	errs = append(errs, withNetworkLock(store, func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), gcIsolation(cfg, records, k), gcPolicies(cfg, store, records))
+	errs = append(errs, withNetworkLock(store, func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), gcIsolation(cfg, records, k))
 	return report, errors.Join(errs...)
 }
 

@@ -23,7 +23,7 @@ func dedupFor(cfg *Config) hairpin.Dedup {
 
 // bridgeConfig is the bridge cfg asks for with MTU mtu (CHECK passes cfg.MTU: 0 accepts any).
 func bridgeConfig(cfg *Config, mtu int) bridge.Config {
-	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge(), Owner: cfg.Network}
+	return bridge.Config{Name: cfg.Bridge, MTU: mtu, Gateways: cfg.Gateways(), Promisc: cfg.Hairpin.PromiscuousBridge(), Owner: cfg.Network, NetfilterCall: cfg.NetworkPolicy}
 }
 
 func masqConfig(cfg *Config) masq.Config {

@@ -192,6 +192,14 @@ func missingNodeRules(cfg *Config, networkDir string) error {
 // pod CIDRs with the node's addresses and routes when the bridge already carries the gateways.
 // What it read of the bridge comes back (bridge.Seen), for bridge.Ensure and STATUS.
 func preflight(cfg *Config, full bool) (bridge.Seen, error) {
+	if cfg.NetworkPolicy {
+		// Without br_netfilter traffic between pods of the bridge never meets conntrack: replies
+		// would be judged as new connections and kube-proxy's Services would not work between
+		// them. The guards would hold every pod; refuse instead of cutting pods off silently.
+		if err := bridge.CheckBridgeNetfilter(); err != nil {
+			return bridge.Seen{}, configError("networkPolicy", true, "NetworkPolicy cannot be enforced on this node: %v", err)
+		}
+	}
 	seen, err := bridge.Preflight(bridgeConfig(cfg, cfg.MTU), full)
 	pe, ok := bridge.IsPreflight(err)
 	if !ok {

@@ -1,11 +1,17 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/netpol"
 )
 
@@ -32,100 +38,227 @@ const (
 func PolicySingle(a netip.Addr) PolicyRange   { return netpol.Single(a) }
 func PolicyPrefix(p netip.Prefix) PolicyRange { return netpol.PrefixRange(p) }
 
-// PolicyOwner is how an attachment is named in the policy table (the pending elements'
-// comments): the same "containerID/ifname" the hostPort elements use.
-func PolicyOwner(containerID, ifName string) string { return containerID + "/" + ifName }
-
 // IsPolicyTable tells whether an nftables table name is one of the networks' policy tables (the
 // agent's healer watches them, so that a flushed ruleset brings the policies back too).
 func IsPolicyTable(name string) bool { return strings.HasPrefix(name, netpol.TableName("")) }
 
-// holdForPolicies puts the new pod's addresses into the pending sets before its interface
-// exists, when the node enforces NetworkPolicy: the pod sends and receives nothing until the
-// agent has installed its policies (ApplyPolicies). One small transaction, whatever the node's
-// pods and the cluster's policies. The caller holds the network lock; the undo of the
-// reservation forgets the addresses again.
-func (a *addition) holdForPolicies() error {
+// guardPort gives the new pod's bridge port its policy guard before the pod's interface comes
+// up, when the node enforces NetworkPolicy: the pod receives nothing the policy rules did not
+// grant, and the bridge guard (ensureBridge) holds what it sends, until the agent has installed
+// its policies. Nothing is written into the policy tables: a port without elements is denied.
+func (a *addition) guardPort(*undoStack) error {
 	if !a.cfg.NetworkPolicy {
 		return nil
 	}
-	if err := netpol.Hold(a.cfg.Network, PolicyOwner(a.att.ContainerID, a.att.IfName), prefixAddrs(a.ips)); err != nil {
-		return fmt.Errorf("network policy: %w", err)
-	}
-	return nil
+	return netpol.GuardPort(a.host.Attrs().Index)
 }
 
-// forgetPolicies removes the policy elements of addrs (DEL; the caller holds the network lock).
-// Policies live in nftables only: on the iptables backend there is no policy table (networkPolicy
-// is refused there, and a switch removes the table), and nothing is asked of nftables, which such
-// a node may not have at all.
-func forgetPolicies(cfg *Config, addrs []netip.Addr) error {
-	if cfg.filter().backend() != NetfilterNFTables {
+// guardBridge gives the bridge its policy guard when the node enforces NetworkPolicy. The bridge's
+// own nf_call options come with bridgeConfig.
+func guardBridge(cfg *Config, br *netlink.Bridge) error {
+	if !cfg.NetworkPolicy {
 		return nil
 	}
-	if err := netpol.Forget(cfg.Network, addrs); err != nil {
+	return netpol.GuardBridge(br.Index)
+}
+
+// checkPolicy is CHECK's part: with NetworkPolicy, br_netfilter, the bridge's nf_call options,
+// the bridge's guard and the pod's port guard.
+func checkPolicy(cfg *Config, br *netlink.Bridge, host netlink.Link) error {
+	if !cfg.NetworkPolicy {
+		return nil
+	}
+	if err := bridge.CheckBridgeNetfilter(); err != nil {
+		return fmt.Errorf("networkPolicy: %w", err)
+	}
+	on, err := bridge.NetfilterCallOn(br.Name)
+	if err != nil {
+		return err
+	}
+	if !on {
+		return fmt.Errorf("networkPolicy: bridge %q has nf_call_iptables or nf_call_ip6tables off: traffic between its pods bypasses conntrack and kube-proxy", br.Name)
+	}
+	if err := netpol.CheckBridgeGuard(br.Index); err != nil {
+		return err
+	}
+	return netpol.CheckPortGuard(host.Attrs().Index)
+}
+
+// statusPolicy is STATUS's part for a bridge that exists: the same checks as CHECK's but the
+// pod's.
+func statusPolicy(cfg *Config, seen bridge.Seen) error {
+	if !cfg.NetworkPolicy || !seen.Exists() {
+		return nil
+	}
+	if !seen.NetfilterCall() {
+		return fmt.Errorf("bridge %q has nf_call_iptables or nf_call_ip6tables off (the next ADD or kubenet-agent turns them on): traffic between its pods would bypass conntrack", cfg.Bridge)
+	}
+	return netpol.CheckBridgeGuard(seen.Index())
+}
+
+// forgetPolicies removes the policy map elements of a deleted pod's port (DEL, and the undo of
+// a failed ADD). The agent would on its next pass; doing it here leaves nothing of the
+// attachment behind. Policies live in nftables only: on the iptables backend nothing is asked of
+// nftables, which such a node may not have at all.
+func forgetPolicies(cfg *Config, port int) error {
+	if port <= 0 || cfg.filter().backend() != NetfilterNFTables {
+		return nil
+	}
+	if err := netpol.Forget(cfg.Network, []int{port}); err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
 	return nil
 }
 
-// gcPolicies removes pending elements whose attachment has no record: ADD writes the record and
-// the pending elements under one lock, and DEL forgets the elements before it removes the record,
-// so only a crash between the two leaves such an element. Attachments with a record are DEL's
-// and Collect's business; map elements of gone pods are the agent's (its next Apply removes every
-// element of an address no record names).
-func gcPolicies(cfg *Config, store *ipam.Store, records Records) error {
-	if cfg.filter().backend() != NetfilterNFTables {
-		return nil // see forgetPolicies
-	}
-	return withNetworkLock(store, func() error {
-		owners, err := netpol.PendingOwners(cfg.Network)
-		if err != nil {
-			return fmt.Errorf("network policy: %w", err)
-		}
-		var doomed []netip.Addr
-		for addr, owner := range owners {
-			id, ifName, ok := strings.Cut(owner, "/")
-			if !ok || id == "" || ifName == "" || strings.ContainsAny(ifName, "/\x00") {
-				continue // not a comment ADD wrote: not ours to judge
-			}
-			rec, err := records.Load(Attachment{ContainerID: id, IfName: ifName})
-			if err == nil && rec == nil {
-				doomed = append(doomed, addr)
-			}
-		}
-		return forgetPolicies(cfg, doomed)
-	})
+// PolicyNetwork is what a policy pass works on.
+type PolicyNetwork struct {
+	DataDir, Network, Bridge string
+	// PodCIDRs are the node's pod CIDRs (neighbour discovery within them is on-link).
+	PodCIDRs []netip.Prefix
+	// Verify reads every group set back and rewrites those that differ (netpol.Options).
+	Verify bool
 }
 
-// ApplyPolicies installs the node's policies for the network: under the network lock it reads
-// the attachment records (the node's pods and their addresses, as ADD wrote them: fresher than
-// the API's pod status), lets compile turn them into a ruleset, and applies it. Holding the lock
-// across the read and the write means no ADD or DEL runs in between, so a pending address is
-// released only for the attachment that holds it now.
-func ApplyPolicies(dataDir, network string, compile func([]Record) PolicyRuleset) (PolicyApplied, error) {
-	store, err := ipam.Open(dataDir, network)
+// PolicyLocal is one attachment of the node, from its record, with what the policy rules need
+// of it from the kernel.
+type PolicyLocal struct {
+	Record
+	// Port is the interface index of the attachment's host veth when it is a port of the
+	// network's bridge, else 0: a pod being set up or torn down, which stays held.
+	Port int
+	// LinkLocal is the pod interface's IPv6 link-local address (derived from the MAC ADD gave
+	// it): one of the pod's addresses for the policies too.
+	LinkLocal netip.Addr
+}
+
+// PolicyPass is what ApplyPolicies did besides the rules.
+type PolicyPass struct {
+	Applied PolicyApplied
+	// Guarded counts ports and bridges whose missing guard was put back; NetfilterCall says the
+	// bridge's nf_call options were off and were turned on.
+	Guarded       int
+	NetfilterCall bool
+	// Unguarded says why ports could not get their guard (an older kubenet's ingress qdisc in
+	// the way): their pods are judged by the rules all the same, without the backstop.
+	Unguarded error
+}
+
+// ApplyPolicies installs the node's policies for the network: it reads the attachment records
+// (the node's pods and their addresses, as ADD wrote them: fresher than the API's pod status),
+// finds each one's bridge port, lets compile turn them into a ruleset and applies it. It takes no
+// lock: ADD and DEL write nothing into the policy tables, and a port is the pod's as long as it
+// exists (a recreated veth is a new port, held until a later pass). On the way it puts back what
+// another tool may have removed: the guards of the bridge and of every local port, and the
+// bridge's nf_call options.
+func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (PolicyPass, error) {
+	var pass PolicyPass
+	store, err := ipam.Open(n.DataDir, n.Network)
 	if err != nil {
-		return PolicyApplied{}, fmt.Errorf("address store: %w", err)
+		return pass, fmt.Errorf("address store: %w", err)
 	}
 	defer store.Close()
-	var res PolicyApplied
-	err = withNetworkLock(store, func() error {
-		recs, err := NewRecords(store.Dir()).List()
-		if err != nil {
-			return err
+	recs, err := NewRecords(store.Dir()).List()
+	if err != nil {
+		return pass, err
+	}
+	br, ports, err := bridgePorts(n.Bridge)
+	if err != nil {
+		return pass, err
+	}
+	if br != nil {
+		if pass.NetfilterCall, err = ensureNetfilterCall(br.Name); err != nil {
+			return pass, err
 		}
-		res, err = netpol.Apply(network, compile(recs))
-		return err
-	})
-	return res, err
+		if pass.Guarded, err = ensureGuard(netpol.CheckBridgeGuard, netpol.GuardBridge, br.Attrs().Index); err != nil {
+			return pass, err
+		}
+	}
+	locals := make([]PolicyLocal, 0, len(recs))
+	for _, r := range recs {
+		att := r.attachment()
+		l := PolicyLocal{Record: r, Port: ports[NamesFor(n.Network, att).HostVeth], LinkLocal: isolation.LinkLocal(podMAC(n.Network, att))}
+		if l.Port > 0 {
+			g, err := ensureGuard(netpol.CheckPortGuard, netpol.GuardPort, l.Port)
+			if err != nil {
+				pass.Unguarded = errors.Join(pass.Unguarded, fmt.Errorf("%s: %w", NamesFor(n.Network, att).HostVeth, err))
+			}
+			pass.Guarded += g
+		}
+		locals = append(locals, l)
+	}
+	rs := compile(locals)
+	rs.PodCIDRs = n.PodCIDRs
+	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
+	return pass, err
 }
 
-// RemovePolicies deletes the network's policy table (NetworkPolicy turned off on the node). It
-// reads only, when there is none.
-func RemovePolicies(network string) error {
-	if err := netpol.Remove(network); err != nil {
-		return fmt.Errorf("network policy: %w", err)
+// bridgePorts finds the bridge and its ports by name (nil and none when there is no bridge yet).
+func bridgePorts(name string) (*netlink.Bridge, map[string]int, error) {
+	all, err := netlinksafe.LinkList()
+	if err != nil {
+		return nil, nil, fmt.Errorf("network policy: list links: %w", err)
 	}
-	return nil
+	var br *netlink.Bridge
+	for _, l := range all {
+		if b, ok := l.(*netlink.Bridge); ok && l.Attrs().Name == name {
+			br = b
+		}
+	}
+	ports := map[string]int{}
+	if br == nil {
+		return nil, ports, nil
+	}
+	for _, l := range all {
+		if l.Attrs().MasterIndex == br.Index && l.Type() == "veth" {
+			ports[l.Attrs().Name] = l.Attrs().Index
+		}
+	}
+	return br, ports, nil
+}
+
+// ensureGuard puts a missing guard back and says whether it did (1) or not (0).
+func ensureGuard(check, guard func(int) error, index int) (int, error) {
+	err := check(index)
+	if err == nil {
+		return 0, nil
+	}
+	if !netpol.IsGuardMissing(err) {
+		return 0, err
+	}
+	if err := guard(index); err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
+// ensureNetfilterCall turns the bridge's nf_call options on when they are off and says whether
+// they were.
+func ensureNetfilterCall(name string) (bool, error) {
+	on, err := bridge.NetfilterCallOn(name)
+	if err != nil || on {
+		return false, err
+	}
+	return true, bridge.TurnOnNetfilterCall(name)
+}
+
+// RemovePolicies deletes the network's policy tables and the guards of its bridge and of every
+// port on it (NetworkPolicy turned off on the node: nothing marks packets any more, so a guard
+// left behind would cut its pod off). It reads only, when there is nothing.
+func RemovePolicies(network, bridgeName string) error {
+	br, ports, err := bridgePorts(bridgeName)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if br != nil {
+		idx := make([]int, 0, len(ports))
+		for _, p := range ports {
+			idx = append(idx, p)
+		}
+		errs = append(errs, netpol.Unguard(br.Attrs().Index, idx))
+	}
+	if err := netpol.Remove(network); err != nil {
+		errs = append(errs, fmt.Errorf("network policy: %w", err))
+	}
+	return errors.Join(errs...)
 }

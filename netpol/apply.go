@@ -1,7 +1,10 @@
 package netpol
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -9,129 +12,273 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
+	vnl "github.com/vishvananda/netlink"
 
+	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// maxElementsPerMessage bounds one netlink message of set elements: the kernel takes a batch of
-// messages of any total size, but a single message must fit its receive buffer.
-const maxElementsPerMessage = 512
+// Bounds of one netlink message and of one transaction of set elements. The kernel takes a batch
+// in one send, which must fit the socket's send buffer (about 200 KiB by default): an interval
+// element of an IPv6 ports set is about 90 bytes on the wire, so a thousand stay far below it.
+// A group bigger than that is filled over several transactions before anything refers to it.
+const (
+	maxElementsPerMessage     = 512
+	maxElementsPerTransaction = 1024
+)
 
 // Applied tells what an Apply changed, for logs and metrics.
 type Applied struct {
-	Groups        int // groups in use
-	NewGroups     int // groups created by this Apply
-	RemovedGroups int
-	MapChanges    int // map elements added, changed or removed
-	Released      int // pending addresses released
-	BaseWritten   bool
+	Groups         int // groups in use
+	NewGroups      int // groups created by this Apply
+	RepairedGroups int // groups whose chain or sets differed from their plan and were rewritten
+	RemovedGroups  int
+	MapChanges     int  // map elements added, changed or removed
+	Released       int  // ports that got their first elements: their pods' policies came into force
+	Conntrack      uint // conntrack entries of released pods' addresses removed (flows older than the pods)
+	FixedWritten   bool // a fixed chain, map or set was missing or differed and was rewritten
+	Transactions   int
 }
 
-// Apply makes the network's policy table hold rs: the base chains, a group (chain and sets) for
-// every distinct allow list, map elements for every address of every pod in rs and none for any
-// other address, and the pending elements of rs's pods removed. Everything but the removal of
-// groups nobody uses any more happens in one transaction, so no packet ever sees half a change;
-// the unused groups go in a second one. The caller holds the network lock, so no ADD or DEL
-// changes the pending sets or maps between the read and the write.
-func Apply(network string, rs Ruleset) (Applied, error) {
+// Changed tells whether the Apply wrote anything.
+func (a Applied) Changed() bool {
+	return a.NewGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
+}
+
+// Options tune one Apply.
+type Options struct {
+	// Verify reads back the elements of every group set in use and rewrites the sets that
+	// differ (the agent's periodic and repair passes). Without it a group whose chain holds its
+	// planned rules and whose sets exist is trusted.
+	Verify bool
+}
+
+// Apply makes the network's policy tables hold rs: the fixed chains, maps and sets, a group
+// (chain and sets) for every distinct allow list, map elements for every port of rs and none for
+// any other port. New groups are built first, over as many transactions as their elements need,
+// while nothing refers to them; then the map elements switch in one transaction, so no packet
+// sees half a change; then the groups nobody uses any more go. Conntrack's entries of a pod's
+// addresses are removed just before its port gets its first elements. Apply takes no lock: ADD
+// and DEL never write into the tables (a new pod is held by its guard until it has elements).
+func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 	var res Applied
 	c, err := nftables.New()
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
 	}
-	t := Table(network)
-	cur, err := readState(c, t)
+	bt, it := BridgeTable(network), InetTable(network)
+	cur, err := readState(c, bt, opt.Verify)
 	if err != nil {
 		return res, err
 	}
 	want := plan(rs)
 	res.Groups = len(want.groups)
+	w := &writer{c: c, res: &res, network: network}
 
-	c.AddTable(t)
-	sets, err := ensureFixed(c, t)
+	// Groups: build the missing ones, repair the damaged ones.
+	if !cur.bridgeExists {
+		c.AddTable(bt)
+	}
+	for _, name := range slices.Sorted(maps.Keys(want.groups)) {
+		g := want.groups[name]
+		state := cur.groupState(name, g, opt.Verify)
+		switch state {
+		case groupOK:
+			continue
+		case groupMissing:
+			res.NewGroups++
+		default:
+			res.RepairedGroups++
+		}
+		if err := w.writeGroup(bt, name, g, state, cur); err != nil {
+			return res, err
+		}
+	}
+	if err := w.flush("policy groups"); err != nil {
+		return res, err
+	}
+
+	// Flows older than the pods that are about to be released.
+	var fresh []netip.Addr
+	for _, p := range rs.Pods {
+		if _, e := cur.maps[MapEgress][p.Port]; e {
+			continue
+		}
+		if _, i := cur.maps[MapIngress][p.Port]; i {
+			continue
+		}
+		res.Released++
+		fresh = append(fresh, p.IPs...)
+	}
+	if res.Conntrack, err = flushConntrack(fresh); err != nil {
+		return res, fmt.Errorf("policy: flows of new pods: %w", err)
+	}
+
+	// The fixed objects and the switch, in one transaction.
+	fixed, err := w.writeFixed(bt, it, cur, rs.PodCIDRs)
 	if err != nil {
 		return res, err
 	}
-	if !cur.baseOK {
-		writeBase(c, t)
-		res.BaseWritten = true
-	}
-	for name, g := range want.groups {
-		if cur.chains[name] {
-			continue
-		}
-		if err := addGroup(c, t, name, g.dir, g.group); err != nil {
-			return res, err
-		}
-		res.NewGroups++
-	}
-	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
+	res.FixedWritten = fixed
+	for _, m := range []string{MapEgress, MapIngress} {
+		set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
 		var del, add []nftables.SetElement
-		for addr, chain := range cur.maps[m] {
-			if want.maps[m][addr] != chain {
-				del = append(del, nftables.SetElement{Key: addr.AsSlice()})
+		for port, chain := range cur.maps[m] {
+			if want.maps[m][port] != chain {
+				del = append(del, nftables.SetElement{Key: portKey(port)})
 			}
 		}
-		for addr, chain := range want.maps[m] {
-			if cur.maps[m][addr] != chain {
-				add = append(add, nftables.SetElement{Key: addr.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}})
+		for port, chain := range want.maps[m] {
+			if cur.maps[m][port] != chain {
+				add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
 			}
 		}
 		res.MapChanges += len(add) + len(del)
-		if err := deleteElements(c, sets[m], del); err != nil {
+		if err := deleteElements(c, set, del); err != nil {
 			return res, err
 		}
-		if err := addElements(c, sets[m], add); err != nil {
-			return res, err
-		}
-	}
-	for _, set := range []string{SetPending4, SetPending6} {
-		var release []nftables.SetElement
-		for addr, owner := range cur.pending[set] {
-			if want.owners[addr] == owner {
-				release = append(release, nftables.SetElement{Key: addr.AsSlice()})
-			}
-		}
-		res.Released += len(release)
-		if err := deleteElements(c, sets[set], release); err != nil {
+		if err := addElements(c, set, add); err != nil {
 			return res, err
 		}
 	}
-	if err := c.Flush(); err != nil {
-		return res, fmt.Errorf("policy rules of network %q: %w", network, err)
+	if err := w.flush("policy switch"); err != nil {
+		return res, err
 	}
 
-	// The groups nobody jumps to any more. The kernel refuses to delete a chain that a map
+	// The groups nobody refers to any more. The kernel refuses to delete a chain that a map
 	// element still names, so this is a transaction of its own after the switch.
-	var unused []string
-	for name := range cur.chains {
-		if _, ok := want.groups[name]; !ok {
-			unused = append(unused, name)
+	for _, name := range slices.Sorted(maps.Keys(cur.groupChains)) {
+		if _, ok := want.groups[name]; ok {
+			continue
 		}
+		c.DelChain(&nftables.Chain{Table: bt, Name: name})
+		res.RemovedGroups++
+		w.dirty = true
 	}
-	if len(unused) == 0 {
-		return res, nil
-	}
-	for _, name := range unused {
-		c.DelChain(&nftables.Chain{Table: t, Name: name})
-		for _, s := range cur.sets {
-			if strings.HasPrefix(s, name+"-") {
-				c.DelSet(&nftables.Set{Table: t, Name: s})
+	for _, s := range cur.sets {
+		if group, ok := groupOfSet(s); ok {
+			if _, used := want.groups[group]; !used {
+				c.DelSet(&nftables.Set{Table: bt, Name: s})
+				w.dirty = true
 			}
 		}
 	}
-	if err := c.Flush(); err != nil {
-		return res, fmt.Errorf("remove unused policy groups of network %q: %w", network, err)
+	if err := w.flush("remove unused policy groups"); err != nil {
+		return res, err
 	}
-	res.RemovedGroups = len(unused)
 	return res, nil
+}
+
+// writer queues changes on one connection and counts the transactions it sends.
+type writer struct {
+	c       *nftables.Conn
+	res     *Applied
+	network string
+	queued  int // set elements queued since the last flush
+	dirty   bool
+}
+
+func (w *writer) flush(what string) error {
+	if !w.dirty {
+		return nil
+	}
+	w.dirty, w.queued = false, 0
+	w.res.Transactions++
+	if err := w.c.Flush(); err != nil {
+		return fmt.Errorf("%s of network %q: %w", what, w.network, err)
+	}
+	return nil
+}
+
+// elements queues els on s, sending the transaction whenever it holds enough elements: used only
+// for sets nothing refers to yet (new groups) or whose partial content only denies more
+// (a damaged set being rewritten).
+func (w *writer) elements(s *nftables.Set, els []nftables.SetElement) error {
+	w.dirty = true
+	for chunk := range slices.Chunk(els, maxElementsPerMessage) {
+		if err := w.c.SetAddElements(s, chunk); err != nil {
+			return fmt.Errorf("elements of %s: %w", s.Name, err)
+		}
+		w.queued += len(chunk)
+		if w.queued >= maxElementsPerTransaction {
+			if err := w.flush("policy set " + s.Name); err != nil {
+				return err
+			}
+			w.dirty = true // the set's later elements follow in the next transaction
+		}
+	}
+	return nil
+}
+
+// writeGroup creates or rewrites one group: its sets (emptied first when they exist, so a
+// rewrite never keeps a stale element) and then its chain, whose rules refer to them. A group
+// whose sets are as planned and whose rules differ (a flushed table) only gets its rules back.
+func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st groupState, cur state) error {
+	w.dirty = true
+	if st != groupRulesDiffer {
+		for _, s := range groupSets(bt, name, g.group) {
+			if err := w.c.AddSet(s.set, nil); err != nil {
+				return fmt.Errorf("policy set %s: %w", s.set.Name, err)
+			}
+			if slices.Contains(cur.sets, s.set.Name) {
+				w.c.FlushSet(s.set)
+			}
+			if err := w.elements(s.set, s.elements); err != nil {
+				return err
+			}
+		}
+	}
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.dir, g.group))
+	return nil
+}
+
+// writeFixed queues the fixed chains, maps and sets of both tables where they are missing or
+// differ from their plan, and reports whether it queued anything.
+func (w *writer) writeFixed(bt, it *nftables.Table, cur state, podCIDRs []netip.Prefix) (bool, error) {
+	wrote := false
+	if !cur.inetOK {
+		if cur.inetForeign {
+			w.c.DelTable(it)
+		}
+		w.c.AddTable(it)
+		rules := InetRules()
+		for _, ch := range inetChains(it) {
+			nft.ReplaceChain(w.c, ch, rules[ch.Name])
+		}
+		wrote = true
+	}
+	w.c.AddTable(bt)
+	for _, s := range fixedSets(bt) {
+		if err := w.c.AddSet(s, nil); err != nil {
+			return false, fmt.Errorf("policy set %s: %w", s.Name, err)
+		}
+	}
+	if onLink := onLinkElements(podCIDRs); !sameElements(cur.onLink, onLink) {
+		s := onLinkSet(bt)
+		if slices.Contains(cur.sets, SetOnLink) {
+			w.c.FlushSet(s)
+		}
+		if err := addElements(w.c, s, onLink); err != nil {
+			return false, err
+		}
+		wrote = true
+	}
+	rules := BridgeRules()
+	for _, ch := range bridgeChains(bt) {
+		if nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
+			continue
+		}
+		nft.ReplaceChain(w.c, ch, rules[ch.Name])
+		wrote = true
+	}
+	w.dirty = true
+	return wrote, nil
 }
 
 // desired is what Apply wants in the kernel.
 type desired struct {
 	groups map[string]plannedGroup
-	maps   map[string]map[netip.Addr]string // map name → address → group chain
-	owners map[netip.Addr]string            // address → owner whose pending element may go
+	maps   map[string]map[int]string // map name → port → chain
 }
 
 type plannedGroup struct {
@@ -141,116 +288,197 @@ type plannedGroup struct {
 
 // plan computes the groups and map elements of rs. Pure.
 func plan(rs Ruleset) desired {
-	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[netip.Addr]string{}, owners: map[netip.Addr]string{}}
-	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
-		d.maps[m] = map[netip.Addr]string{}
-	}
+	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}}
 	for _, p := range rs.Pods {
+		if p.Port <= 0 {
+			continue
+		}
 		for _, dir := range []struct {
-			name string
-			d    Direction
-		}{{ingressDir, p.Ingress}, {egressDir, p.Egress}} {
+			name, m, open string
+			d             Direction
+		}{{ingressDir, MapIngress, ChainAllowIngress, p.Ingress}, {egressDir, MapEgress, ChainAllowEgress, p.Egress}} {
 			if !dir.d.Isolated {
+				d.maps[dir.m][p.Port] = dir.open
 				continue
 			}
 			g := canonical(dir.d.Allow)
 			name := g.name(dir.name)
 			d.groups[name] = plannedGroup{dir.name, g}
-			for _, a := range p.IPs {
-				d.maps[mapFor(dir.name, a.Is6())][a.Unmap()] = name
-			}
-		}
-		for _, a := range p.IPs {
-			d.owners[a.Unmap()] = p.Owner
+			d.maps[dir.m][p.Port] = name
 		}
 	}
 	return d
 }
 
-func mapFor(dir string, is6 bool) string {
-	switch {
-	case dir == ingressDir && is6:
-		return MapIngress6
-	case dir == ingressDir:
-		return MapIngress4
-	case is6:
-		return MapEgress6
+// groupOfSet returns the group a set belongs to ("in-<hash>-any-ipv4" → "in-<hash>").
+func groupOfSet(set string) (string, bool) {
+	if !strings.HasPrefix(set, ingressDir+"-") && !strings.HasPrefix(set, egressDir+"-") {
+		return "", false
 	}
-	return MapEgress4
+	for _, suffix := range []string{"-any-ipv4", "-any-ipv6", "-ports-ipv4", "-ports-ipv6"} {
+		if g, ok := strings.CutSuffix(set, suffix); ok {
+			return g, true
+		}
+	}
+	return "", false
 }
 
-// state is what the kernel holds of the table.
+// state is what the kernel holds of the tables.
 type state struct {
-	baseOK  bool
-	chains  map[string]bool // group chains
-	sets    []string
-	maps    map[string]map[netip.Addr]string
-	pending map[string]map[netip.Addr]string // set → address → owner
+	bridgeExists bool
+	inetOK       bool
+	inetForeign  bool                        // the inet table holds chains that are not this layout's
+	bridgeRules  map[string][]*nftables.Rule // chain → rules
+	groupChains  map[string]bool
+	sets         []string
+	maps         map[string]map[int]string // map → port → chain
+	onLink       []nftables.SetElement
+	// setElements holds the elements of every group set (read only with Verify).
+	setElements map[string][]nftables.SetElement
 }
 
-// readState reads the table; a missing table reads as empty.
-func readState(c *nftables.Conn, t *nftables.Table) (state, error) {
-	st := state{chains: map[string]bool{}, maps: map[string]map[netip.Addr]string{}, pending: map[string]map[netip.Addr]string{}}
-	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
-		st.maps[m] = map[netip.Addr]string{}
+type groupState int
+
+const (
+	groupOK          groupState = iota
+	groupMissing                // no chain
+	groupRulesDiffer            // the chain's rules differ, the sets are as planned (a flushed table)
+	groupSetsDiffer             // a set is missing or (Verify) holds other elements
+)
+
+// groupState compares one planned group with the kernel.
+func (st state) groupState(name string, g plannedGroup, verify bool) groupState {
+	if !st.groupChains[name] {
+		return groupMissing
 	}
-	if ok, err := nft.TableExistsWith(c, t); err != nil || !ok {
+	for _, s := range groupSets(BridgeTable(""), name, g.group) {
+		if !slices.Contains(st.sets, s.set.Name) {
+			return groupSetsDiffer
+		}
+		if verify && !sameElements(st.setElements[s.set.Name], s.elements) {
+			return groupSetsDiffer
+		}
+	}
+	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(name, g.dir, g.group)) != nil {
+		return groupRulesDiffer
+	}
+	return groupOK
+}
+
+// sameElements compares two element lists of an interval set by their bounds, in any order.
+func sameElements(a, b []nftables.SetElement) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	key := func(e nftables.SetElement) string { return string(e.Key) + "\x00" + string(e.KeyEnd) }
+	seen := make(map[string]int, len(a))
+	for _, e := range a {
+		seen[key(e)]++
+	}
+	for _, e := range b {
+		if seen[key(e)] == 0 {
+			return false
+		}
+		seen[key(e)]--
+	}
+	return true
+}
+
+// readState reads the tables; missing ones read as empty.
+func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
+	st := state{groupChains: map[string]bool{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{}}
+	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
+	inetRules, err := nft.TableRules(it)
+	if err != nil && !nft.IsNotExist(err) {
+		return st, fmt.Errorf("read policy table inet %s: %w", it.Name, err)
+	}
+	st.inetOK = true
+	want := InetRules()
+	for _, ch := range inetChains(it) {
+		if nft.Compare(ch, inetRules[ch.Name], want[ch.Name]) != nil {
+			st.inetOK = false
+		}
+	}
+	for name := range inetRules {
+		if _, ours := want[name]; !ours {
+			// A chain of the pending-set layout of an older kubenet, which filtered in this table:
+			// the table goes and is made anew.
+			st.inetOK, st.inetForeign = false, true
+		}
+	}
+	if ok, err := nft.TableExistsWith(c, bt); err != nil || !ok {
 		return st, err
 	}
-	chains, err := c.ListChainsOfTableFamily(t.Family)
+	st.bridgeExists = true
+	if st.bridgeRules, err = nft.TableRules(bt); err != nil && !nft.IsNotExist(err) {
+		return st, fmt.Errorf("read policy table bridge %s: %w", bt.Name, err)
+	}
+	chains, err := c.ListChainsOfTableFamily(bt.Family)
 	if err != nil && !nft.IsNotExist(err) {
 		return st, fmt.Errorf("list chains: %w", err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name != t.Name || ch.Name == ChainForward || ch.Name == ChainInput {
-			continue
+		if ch.Table.Name == bt.Name && (strings.HasPrefix(ch.Name, ingressDir+"-") || strings.HasPrefix(ch.Name, egressDir+"-")) {
+			st.groupChains[ch.Name] = true
 		}
-		st.chains[ch.Name] = true
 	}
-	st.baseOK = checkBase(c, t) == nil
-	sets, err := c.GetSets(t)
+	sets, err := c.GetSets(bt)
 	if err != nil && !nft.IsNotExist(err) {
 		return st, fmt.Errorf("list sets: %w", err)
 	}
 	for _, s := range sets {
 		st.sets = append(st.sets, s.Name)
 	}
-	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
+	for _, m := range []string{MapEgress, MapIngress} {
 		if !slices.Contains(st.sets, m) {
 			continue
 		}
-		els, err := c.GetSetElements(&nftables.Set{Table: t, Name: m, IsMap: true})
-		if err != nil {
-			return st, fmt.Errorf("read map %s: %w", m, err)
-		}
-		for _, el := range els {
-			a, ok := netip.AddrFromSlice(el.Key)
-			if !ok {
-				continue
-			}
-			st.maps[m][a] = verdictChain(el.Val)
+		if st.maps[m], err = readMap(c, bt, m); err != nil {
+			return st, err
 		}
 	}
-	for _, s := range []string{SetPending4, SetPending6} {
-		st.pending[s] = map[netip.Addr]string{}
-		if !slices.Contains(st.sets, s) {
-			continue
+	if slices.Contains(st.sets, SetOnLink) {
+		if st.onLink, err = c.GetSetElements(onLinkSet(bt)); err != nil {
+			return st, fmt.Errorf("read set %s: %w", SetOnLink, err)
 		}
-		els, err := c.GetSetElements(&nftables.Set{Table: t, Name: s})
-		if err != nil {
-			return st, fmt.Errorf("read set %s: %w", s, err)
-		}
-		for _, el := range els {
-			if a, ok := netip.AddrFromSlice(el.Key); ok {
-				st.pending[s][a] = el.Comment
+	}
+	if verify {
+		for _, s := range st.sets {
+			if _, ok := groupOfSet(s); !ok {
+				continue
+			}
+			if st.setElements[s], err = c.GetSetElements(&nftables.Set{Table: bt, Name: s}); err != nil {
+				return st, fmt.Errorf("read set %s: %w", s, err)
 			}
 		}
 	}
 	return st, nil
 }
 
-// verdictChain decodes the chain a jump verdict of a map element names (the element's data as
-// the library hands it: the nested verdict attributes).
+func readMap(c *nftables.Conn, bt *nftables.Table, m string) (map[int]string, error) {
+	els, err := c.GetSetElements(&nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict})
+	if err != nil {
+		return nil, fmt.Errorf("read map %s: %w", m, err)
+	}
+	out := make(map[int]string, len(els))
+	for _, el := range els {
+		if len(el.Key) != 4 {
+			continue
+		}
+		out[int(binary.NativeEndian.Uint32(el.Key))] = verdictChain(el.Val)
+	}
+	return out, nil
+}
+
+// portKey is a map key: the interface index as `meta iif`/`oif` loads it, in host byte order.
+func portKey(port int) []byte {
+	b := make([]byte, 4)
+	binary.NativeEndian.PutUint32(b, uint32(port))
+	return b
+}
+
+// verdictChain decodes the chain a jump or goto verdict of a map element names (the element's
+// data as the library hands it: the nested verdict attributes).
 func verdictChain(b []byte) string {
 	ad, err := netlink.NewAttributeDecoder(b)
 	if err != nil {
@@ -259,58 +487,10 @@ func verdictChain(b []byte) string {
 	var chain string
 	for ad.Next() {
 		if ad.Type() == 2 { // NFTA_VERDICT_CHAIN
-			chain = strings.TrimRight(ad.String(), "\x00")
+			chain = string(bytes.TrimRight(ad.Bytes(), "\x00"))
 		}
 	}
 	return chain
-}
-
-// checkBase compares the base chains with BaseRules by their expressions and comments, so a
-// rule edited in place (a verdict flipped, a match changed, the comment kept) counts as a
-// difference and the next Apply or Hold rewrites the chain.
-func checkBase(c *nftables.Conn, t *nftables.Table) error {
-	rules := BaseRules()
-	for _, ch := range baseChains(t) {
-		if err := nft.CheckChainWith(c, ch, rules[ch.Name]); err != nil {
-			return fmt.Errorf("policy %w", err)
-		}
-	}
-	return nil
-}
-
-// ensureFixed queues the pending sets and the maps (created if missing) and returns them by name.
-func ensureFixed(c *nftables.Conn, t *nftables.Table) (map[string]*nftables.Set, error) {
-	out := map[string]*nftables.Set{}
-	for _, s := range fixedSets(t) {
-		if err := c.AddSet(s, nil); err != nil {
-			return nil, fmt.Errorf("policy set %s: %w", s.Name, err)
-		}
-		out[s.Name] = s
-	}
-	return out, nil
-}
-
-func writeBase(c *nftables.Conn, t *nftables.Table) {
-	rules := BaseRules()
-	for _, ch := range baseChains(t) {
-		nft.ReplaceChain(c, ch, rules[ch.Name])
-	}
-}
-
-func addGroup(c *nftables.Conn, t *nftables.Table, name, dir string, g group) error {
-	for _, s := range groupSets(t, name, g) {
-		if err := c.AddSet(s.set, nil); err != nil {
-			return fmt.Errorf("policy set %s: %w", s.set.Name, err)
-		}
-		if err := addElements(c, s.set, s.elements); err != nil {
-			return err
-		}
-	}
-	ch := c.AddChain(&nftables.Chain{Table: t, Name: name})
-	for _, r := range groupRules(name, dir, g) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.Exprs, UserData: nft.Comment(r.Comment)})
-	}
-	return nil
 }
 
 func addElements(c *nftables.Conn, s *nftables.Set, els []nftables.SetElement) error {
@@ -331,79 +511,57 @@ func deleteElements(c *nftables.Conn, s *nftables.Set, els []nftables.SetElement
 	return nil
 }
 
-// Hold puts addrs into the pending sets with owner as the comment, creating the table, the sets,
-// the maps and the base chains if they are missing (the first ADD on a node may come before the
-// agent's first Apply). The caller holds the network lock. Its cost does not depend on the pods
-// or policies of the node: a dump of the two base chains and one transaction of a few elements.
-func Hold(network, owner string, addrs []netip.Addr) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("policy rules: netlink: %w", err)
-	}
-	t := c.AddTable(Table(network))
-	sets, err := ensureFixed(c, t)
-	if err != nil {
-		return err
-	}
-	if checkBase(c, t) != nil {
-		writeBase(c, t)
-	}
-	for _, a := range addrs {
-		set := sets[pendingSet(a)]
-		if err := c.SetAddElements(set, []nftables.SetElement{{Key: a.Unmap().AsSlice(), Comment: owner}}); err != nil {
-			return fmt.Errorf("pending element %s: %w", a, err)
-		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("hold %v for the policies of network %q: %w", addrs, network, err)
-	}
-	return nil
-}
-
-func pendingSet(a netip.Addr) string {
-	if a.Unmap().Is6() {
-		return SetPending6
-	}
-	return SetPending4
-}
-
-// Forget removes every element keyed by one of addrs: pending elements and map elements (DEL,
-// GC, and the undo of a failed ADD). A missing table or element is fine; repeated calls succeed.
-// The caller holds the network lock. Its cost grows with the node's local pods (one dump of the
-// small per-node sets), not with the cluster.
-func Forget(network string, addrs []netip.Addr) error {
+// flushConntrack removes conntrack's entries whose original or reply tuple has one of addrs as
+// source or destination.
+func flushConntrack(addrs []netip.Addr) (uint, error) {
 	if len(addrs) == 0 {
+		return 0, nil
+	}
+	doomed := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		doomed[a.Unmap()] = true
+	}
+	has := func(ip []byte) bool {
+		a, ok := netip.AddrFromSlice(ip)
+		return ok && doomed[a.Unmap()]
+	}
+	return conntrack.Delete(func(f *vnl.ConntrackFlow) bool {
+		return has(f.Forward.SrcIP) || has(f.Forward.DstIP) || has(f.Reverse.SrcIP) || has(f.Reverse.DstIP)
+	})
+}
+
+// Forget removes the map elements of ports (DEL of a pod whose port index it read before the
+// veth went; the agent's next Apply would too). A missing table or element is fine.
+func Forget(network string, ports []int) error {
+	if len(ports) == 0 {
 		return nil
 	}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("policy rules: netlink: %w", err)
 	}
-	t := Table(network)
-	if ok, err := nft.TableExistsWith(c, t); err != nil || !ok {
+	bt := BridgeTable(network)
+	if ok, err := nft.TableExistsWith(c, bt); err != nil || !ok {
 		return err
 	}
-	doomed := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		doomed[a.Unmap()] = true
-	}
 	n := 0
-	for _, s := range fixedSets(t) {
-		els, err := c.GetSetElements(s)
+	for _, m := range []string{MapEgress, MapIngress} {
+		have, err := readMap(c, bt, m)
 		if nft.IsNotExist(err) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("read policy set %s: %w", s.Name, err)
+			return err
 		}
 		var del []nftables.SetElement
-		for _, el := range els {
-			if a, ok := netip.AddrFromSlice(el.Key); ok && doomed[a] {
-				del = append(del, nftables.SetElement{Key: el.Key})
+		for _, p := range ports {
+			if _, ok := have[p]; ok {
+				del = append(del, nftables.SetElement{Key: portKey(p)})
 			}
 		}
 		n += len(del)
-		if err := deleteElements(c, s, del); err != nil {
+		set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
+		if err := deleteElements(c, set, del); err != nil {
 			return err
 		}
 	}
@@ -411,81 +569,54 @@ func Forget(network string, addrs []netip.Addr) error {
 		return nil
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("forget %v in the policies of network %q: %w", addrs, network, err)
+		return fmt.Errorf("forget ports %v in the policies of network %q: %w", ports, network, err)
 	}
 	return nil
 }
 
-// PendingOwners lists the owners of the pending elements (GC removes those of attachments that
-// are gone).
-func PendingOwners(network string) (map[netip.Addr]string, error) {
+// Dispatch reads the two dispatch maps: map name → port → the chain it goes to (operators'
+// tools, tests, and the bench, which watches a policy change arrive).
+func Dispatch(network string) (map[string]map[int]string, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("policy rules: netlink: %w", err)
 	}
-	out := map[netip.Addr]string{}
-	if ok, err := nft.TableExistsWith(c, Table(network)); err != nil || !ok {
+	bt := BridgeTable(network)
+	out := map[string]map[int]string{MapEgress: {}, MapIngress: {}}
+	if ok, err := nft.TableExistsWith(c, bt); err != nil || !ok {
 		return out, err
 	}
-	for _, s := range fixedSets(Table(network)) {
-		if s.IsMap {
-			continue
-		}
-		els, err := c.GetSetElements(s)
-		if nft.IsNotExist(err) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read policy set %s: %w", s.Name, err)
-		}
-		for _, el := range els {
-			if a, ok := netip.AddrFromSlice(el.Key); ok {
-				out[a] = el.Comment
-			}
+	for _, m := range []string{MapEgress, MapIngress} {
+		if out[m], err = readMap(c, bt, m); err != nil && !nft.IsNotExist(err) {
+			return nil, err
 		}
 	}
 	return out, nil
 }
 
-// Dispatch reads the four dispatch maps: map name → pod address → the group chain it jumps to
-// (operators' tools and the bench, which watches a policy change arrive).
-func Dispatch(network string) (map[string]map[netip.Addr]string, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("policy rules: netlink: %w", err)
-	}
-	t := Table(network)
-	out := map[string]map[netip.Addr]string{}
-	if ok, err := nft.TableExistsWith(c, t); err != nil || !ok {
-		return out, err
-	}
-	for _, m := range []string{MapIngress4, MapIngress6, MapEgress4, MapEgress6} {
-		out[m] = map[netip.Addr]string{}
-		els, err := c.GetSetElements(&nftables.Set{Table: t, Name: m, IsMap: true})
-		if err != nil {
-			return nil, fmt.Errorf("read map %s: %w", m, err)
-		}
-		for _, el := range els {
-			if a, ok := netip.AddrFromSlice(el.Key); ok {
-				out[m][a] = verdictChain(el.Val)
-			}
-		}
-	}
-	return out, nil
-}
-
-// Remove deletes the network's policy table (the agent with policies turned off). Missing is fine.
+// Remove deletes the network's policy tables (the agent with policies turned off). Missing is
+// fine.
 func Remove(network string) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("policy rules: netlink: %w", err)
 	}
-	if ok, err := nft.TableExistsWith(c, Table(network)); err != nil || !ok {
-		return err
+	n := 0
+	for _, t := range []*nftables.Table{BridgeTable(network), InetTable(network)} {
+		ok, err := nft.TableExistsWith(c, t)
+		if err != nil {
+			return err
+		}
+		if ok {
+			c.DelTable(t)
+			n++
+		}
 	}
-	c.DelTable(Table(network))
+	if n == 0 {
+		return nil
+	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("remove the policy table of network %q: %w", network, err)
+		return fmt.Errorf("remove the policy tables of network %q: %w", network, err)
 	}
 	return nil
 }

@@ -1,29 +1,32 @@
-// Package netpol is the kernel side of NetworkPolicy on a kubenet node: one nftables table per
-// network that filters pod traffic by what the node agent compiled from the cluster's policies.
-// It knows nothing of Kubernetes objects: its input is, per local pod, the addresses, protocols
-// and ports each direction allows (Ruleset), and it never reads the API.
+// Package netpol is the kernel side of NetworkPolicy on a kubenet node. It knows nothing of
+// Kubernetes objects: its input is, per local pod, the addresses, protocols and ports each
+// direction allows (Ruleset), and it never reads the API.
 //
-// Layout of the table (see rules.go for the names):
+// Enforcement grants, guards deny. Two tc guards (guard.go) drop every frame that reaches them
+// without a packet-mark bit: one on each pod's port towards the pod (MarkIngress), one where the
+// bridge hands frames up to the node (MarkEgress); bridged frames between ports must carry
+// MarkEgress to get MarkIngress. Only the policy rules set the bits, so anything that removes
+// rules — `nft flush ruleset`, a deleted table, a damaged chain, a missing br_netfilter — leaves
+// the pods with guards denied, never open; and a pod is denied from the moment ADD gave it its
+// guard until its policies are installed, with nothing for ADD to write into the tables.
 //
-//   - two base chains, forward (pod to pod, pod to other hosts, other hosts to pod) and input (pod
-//     to the node itself), that accept packets of connections conntrack already knows (replies
-//     of allowed connections), accept IPv6 neighbour discovery, drop every packet from or to a
-//     pending address (below), and then dispatch through verdict maps keyed by the local pod's
-//     address: egress by source, ingress by destination;
-//   - one chain per distinct "allow list" (a group: pods with the same allowed peers and ports
-//     share it, whatever the number of policies that produced it), which looks the peer address,
-//     protocol and port up in two concatenated interval sets and returns on a hit or drops. A new
-//     connection costs two map lookups and at most four set lookups, however many policies
-//     select its pods;
-//   - the pending sets: ADD puts a new pod's addresses there before the pod's interface exists,
-//     and only the agent's Apply takes them out, in the same transaction that installs the pod's
-//     rules. A pod's traffic is denied until its policies are known: there is no window at pod
-//     start. The element's comment names the attachment, so an address that a new pod got after
-//     an old one was deleted is never released on the old pod's account.
+// Layout (see rules.go for the names):
 //
-// The agent owns the groups and the maps; the plugin only adds and removes pending elements and
-// removes a deleted pod's map elements. Nothing is removed when the agent stops: a node whose
-// agent is down keeps its last rules.
+//   - table bridge kubenetpolicy-<network>: base chains on the prerouting (frames from pods),
+//     forward (port to port) and output (node to pod) hooks, after br_netfilter, dispatching by
+//     the frame's input or output port through verdict maps to the pod's group chain, or to the
+//     allow chains for a pod that is not isolated in that direction. A port with no element gets
+//     no mark. One chain per distinct "allow list" (a group: pods with the same allowed peers
+//     and ports share it, whatever the number of policies behind it) grants packets of known
+//     connections and looks the peer address, protocol and port up in two concatenated interval
+//     sets; it drops the rest;
+//   - table inet kubenetpolicy-<network>: marks packets of connections conntrack knows (in IP
+//     prerouting, which br_netfilter runs before the bridge chains) and every packet the node
+//     sends (the node reaches every pod).
+//
+// The agent owns everything in the tables; the plugin only gives a new port its guard and drops
+// a deleted port's map elements. Nothing is removed when the agent stops: a node whose agent is
+// down keeps its last rules, and pods that start meanwhile stay denied.
 package netpol
 
 import (
@@ -111,18 +114,27 @@ type Direction struct {
 
 // Pod is one local pod whose policies are known.
 type Pod struct {
-	// Owner is the attachment ("containerID/ifname"): the pending element of each address is
-	// released only when its comment names this owner.
-	Owner   string
+	// Port is the interface index of the pod's bridge port (its host veth): the maps dispatch by
+	// it, so every frame of the pod is judged, whatever address it carries. An index is never
+	// given to another interface before the counter wraps, so a deleted pod's element can never
+	// speak for a new pod.
+	Port int
+	// Name says who the pod is in logs ("namespace/name" or the attachment).
+	Name string
+	// IPs are the pod's addresses, its IPv6 link-local one included: before a pod's first
+	// release, conntrack's entries of these addresses go (flows older than the pod).
 	IPs     []netip.Addr
 	Ingress Direction
 	Egress  Direction
 }
 
-// Ruleset is the whole policy state of the node's pods. Pods not in it stay as they are in the
-// pending sets (denied), and have no map elements.
+// Ruleset is the whole policy state of the node's pods. Pods not in it have no map elements:
+// their guards drop everything they send and everything sent to them.
 type Ruleset struct {
 	Pods []Pod
+	// PodCIDRs are the node's pod CIDRs: IPv6 neighbour discovery within them (and link-local)
+	// is on the pods' own link and passes without a policy.
+	PodCIDRs []netip.Prefix
 }
 
 // box is a disjoint element of a ports set: addresses × one protocol × a port range.

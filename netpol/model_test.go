@@ -78,21 +78,30 @@ func TestGroupNames(t *testing.T) {
 func TestPlan(t *testing.T) {
 	deny := Direction{Isolated: true}
 	rs := Ruleset{Pods: []Pod{
-		{Owner: "a/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}, Ingress: deny},
-		{Owner: "b/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, Ingress: deny, Egress: deny},
-		{Owner: "c/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}},
+		{Port: 11, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}, Ingress: deny},
+		{Port: 12, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, Ingress: deny, Egress: deny},
+		{Port: 13, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}},
+		{Port: 0, Ingress: deny}, // no port: nothing to dispatch by
 	}}
 	d := plan(rs)
 	if len(d.groups) != 2 {
 		t.Errorf("groups = %d, want 2 (deny-all ingress shared by a and b, deny-all egress)", len(d.groups))
 	}
-	if len(d.maps[MapIngress4]) != 2 || len(d.maps[MapIngress6]) != 1 || len(d.maps[MapEgress4]) != 1 || len(d.maps[MapEgress6]) != 0 {
-		t.Errorf("map sizes in4=%d in6=%d out4=%d out6=%d, want 2 1 1 0", len(d.maps[MapIngress4]), len(d.maps[MapIngress6]), len(d.maps[MapEgress4]), len(d.maps[MapEgress6]))
+	want := map[string]map[int]string{
+		MapIngress: {11: "in-", 12: "in-", 13: ChainAllowIngress},
+		MapEgress:  {11: ChainAllowEgress, 12: "out-", 13: ChainAllowEgress},
 	}
-	if d.maps[MapIngress4][netip.MustParseAddr("10.0.0.1")] != d.maps[MapIngress4][netip.MustParseAddr("10.0.0.2")] {
+	for m, ports := range want {
+		if len(d.maps[m]) != len(ports) {
+			t.Errorf("%s has %d elements, want %d: %v", m, len(d.maps[m]), len(ports), d.maps[m])
+		}
+		for port, prefix := range ports {
+			if got := d.maps[m][port]; got == "" || got[:min(len(got), len(prefix))] != prefix {
+				t.Errorf("%s[%d] = %q, want %q…", m, port, got, prefix)
+			}
+		}
+	}
+	if d.maps[MapIngress][11] != d.maps[MapIngress][12] {
 		t.Error("a and b with equal ingress got different chains")
-	}
-	if d.owners[netip.MustParseAddr("10.0.0.3")] != "c/eth0" {
-		t.Error("a pod with no policy is not released")
 	}
 }

@@ -1,6 +1,9 @@
 package netpol
 
 import (
+	"encoding/binary"
+	"net/netip"
+
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
@@ -9,35 +12,69 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// Names of the fixed objects of the policy table.
+// The packet-mark bits of the policy rules. A rule grants a packet passage by setting a bit; the
+// guards (guard.go) drop every packet that reaches a guarded place without the bit. No other bit
+// of the mark is read or changed (kube-proxy uses 0x4000 and 0x8000, the host ports 0x1000).
 const (
-	ChainForward = "forward" // filter, hook forward: traffic through the node, pod to pod included
-	ChainInput   = "input"   // filter, hook input: pods to the node's own addresses (egress only)
-	SetPending4  = "pending-ipv4"
-	SetPending6  = "pending-ipv6"
-	MapIngress4  = "ingress-ipv4" // local pod address → jump to its ingress group
-	MapIngress6  = "ingress-ipv6"
-	MapEgress4   = "egress-ipv4" // local pod address → jump to its egress group
-	MapEgress6   = "egress-ipv6"
-	ingressDir   = "in"
-	egressDir    = "out"
+	// MarkEgress: the sending pod's egress policies allow the packet (set in the bridge's
+	// prerouting hook; the bridge's guard and the forward chain want it).
+	MarkEgress uint32 = 0x01000000
+	// MarkIngress: the receiving pod may get the packet (set in the bridge's forward and output
+	// hooks, and on every packet the node itself sends; the pod's port guard wants it).
+	MarkIngress uint32 = 0x02000000
+	// MarkConntracked: conntrack knows the packet's connection (established or related), set
+	// in the IP prerouting hook, which br_netfilter runs before the bridge's prerouting chains.
+	MarkConntracked uint32 = 0x04000000
 )
 
-// TableName is the inet table of one network's policies. Every network table of kubenet is
-// "kubenet-<network>", so "kubenetpolicy-" can never be one of them.
+// Names of the fixed objects of the policy tables.
+const (
+	// bridge table
+	ChainEgress       = "egress"  // hook prerouting: every frame a port receives (from a pod)
+	ChainForward      = "forward" // hook forward: frames the bridge passes from port to port
+	ChainOutput       = "output"  // hook output: frames the node sends or routes into the bridge
+	ChainAllowEgress  = "allow-egress"
+	ChainAllowIngress = "allow-ingress"
+	MapEgress         = "egress-ports"  // port (ifindex) → the pod's egress group or allow-egress
+	MapIngress        = "ingress-ports" // port (ifindex) → the pod's ingress group or allow-ingress
+	SetOnLink         = "onlink-ipv6"   // source . destination pairs of on-link neighbour discovery
+	// inet table
+	ChainConntrack = "conntrack" // hook prerouting: marks packets of connections conntrack knows
+	ChainNode      = "node"      // hook output: marks the node's own packets (the node reaches every pod)
+
+	ingressDir = "in"
+	egressDir  = "out"
+)
+
+// Hook priorities. The bridge chains run after br_netfilter (bridge priority 0), which has by
+// then passed the frame through the IP prerouting hooks: kube-proxy's and the host ports' DNAT
+// are done and conntrack has seen the packet. The inet prerouting chain runs after conntrack
+// (-200).
+var (
+	priorityBridge    = nftables.ChainPriorityRef(100)
+	priorityConntrack = nftables.ChainPriorityRef(-150)
+)
+
+// TableName is the name of one network's policy tables (an inet and a bridge one). Every
+// network table of kubenet is "kubenet-<network>", so "kubenetpolicy-" can never be one of them.
 func TableName(network string) string { return "kubenetpolicy-" + network }
 
-// Table returns the network's policy table.
-func Table(network string) *nftables.Table {
+// BridgeTable returns the network's bridge-family policy table: dispatch, groups, marks.
+func BridgeTable(network string) *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyBridge, Name: TableName(network)}
+}
+
+// InetTable returns the network's inet policy table: the conntrack and node marks.
+func InetTable(network string) *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(network)}
 }
 
-// Registers: 1 is the 128-bit register for single matches; a concatenation starts at
-// NFT_REG32_00 (8), each component padded to 32 bits.
-const (
-	reg1   = 1
-	regCat = 8
-)
+// reg1 is the 128-bit register for single matches. A concatenation fills 32-bit registers from
+// the first one on, each component padded to 32 bits; cat(i) names the i-th of them in the form
+// the kernel dumps it back, so a rule reads back exactly as planned.
+const reg1 = 1
+
+func cat(i uint32) uint32 { return nft.Reg32(int(i)) }
 
 func addrBytes(is6 bool) uint32 {
 	if is6 {
@@ -53,39 +90,90 @@ func addrType(is6 bool) nftables.SetDatatype {
 	return nftables.TypeIPAddr
 }
 
-// fixedSets are the pending sets and the dispatch maps.
+func bridgeChains(t *nftables.Table) []*nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	base := func(name string, hook *nftables.ChainHook) *nftables.Chain {
+		return &nftables.Chain{Name: name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: priorityBridge, Policy: &accept}
+	}
+	return []*nftables.Chain{
+		base(ChainEgress, nftables.ChainHookPrerouting),
+		base(ChainForward, nftables.ChainHookForward),
+		base(ChainOutput, nftables.ChainHookOutput),
+		{Name: ChainAllowEgress, Table: t},
+		{Name: ChainAllowIngress, Table: t},
+	}
+}
+
+func inetChains(t *nftables.Table) []*nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return []*nftables.Chain{
+		{Name: ChainConntrack, Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: priorityConntrack, Policy: &accept},
+		{Name: ChainNode, Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput, Priority: priorityConntrack, Policy: &accept},
+	}
+}
+
 func fixedSets(t *nftables.Table) []*nftables.Set {
-	var out []*nftables.Set
-	for _, is6 := range []bool{false, true} {
-		pending, in, eg := SetPending4, MapIngress4, MapEgress4
-		if is6 {
-			pending, in, eg = SetPending6, MapIngress6, MapEgress6
+	return []*nftables.Set{
+		{Table: t, Name: MapEgress, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict},
+		{Table: t, Name: MapIngress, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict},
+		onLinkSet(t),
+	}
+}
+
+func onLinkSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, Name: SetOnLink, Interval: true, Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeIP6Addr)}
+}
+
+// onLinkElements are the source . destination boxes of neighbour discovery that stays on the
+// pods' link: from the unspecified address (duplicate address detection), a link-local address
+// or an address of the pod CIDRs, to a link-local address, a link-scope multicast group or an
+// address of the pod CIDRs. Routed neighbour-discovery messages (another host's, or a pod's to an
+// off-link address) have no pair here and are judged by the policies like any other packet.
+func onLinkElements(podCIDRs []netip.Prefix) []nftables.SetElement {
+	srcs := []netip.Prefix{netip.MustParsePrefix("::/128"), netip.MustParsePrefix("fe80::/10")}
+	dsts := []netip.Prefix{netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("ff02::/16")}
+	for _, p := range podCIDRs {
+		if p.Addr().Is6() && !p.Addr().Is4In6() {
+			srcs, dsts = append(srcs, p.Masked()), append(dsts, p.Masked())
 		}
-		out = append(out, &nftables.Set{Table: t, Name: pending, KeyType: addrType(is6)})
-		for _, m := range []string{in, eg} {
-			out = append(out, &nftables.Set{Table: t, Name: m, IsMap: true, KeyType: addrType(is6), DataType: nftables.TypeVerdict})
+	}
+	var out []nftables.SetElement
+	for _, s := range mergePrefixes(srcs) {
+		for _, d := range mergePrefixes(dsts) {
+			out = append(out, nftables.SetElement{
+				Key:    append(s.First.AsSlice(), d.First.AsSlice()...),
+				KeyEnd: append(s.Last.AsSlice(), d.Last.AsSlice()...),
+			})
 		}
 	}
 	return out
 }
 
-func baseChains(t *nftables.Table) []*nftables.Chain {
-	accept := nftables.ChainPolicyAccept
-	return []*nftables.Chain{
-		{Name: ChainForward, Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept},
-		{Name: ChainInput, Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept},
+func mergePrefixes(ps []netip.Prefix) []Range {
+	rs := make([]Range, 0, len(ps))
+	for _, p := range ps {
+		rs = append(rs, PrefixRange(p))
+	}
+	return mergeRanges(rs)
+}
+
+// isFamily matches IPv4 or IPv6 frames by their ether type (the bridge family has no nfproto).
+func isFamily(is6 bool) []expr.Any {
+	et := uint16(unix.ETH_P_IP)
+	if is6 {
+		et = unix.ETH_P_IPV6
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(et)},
 	}
 }
 
-// family matches IPv4 or IPv6 packets.
-func family(is6 bool) []expr.Any {
-	proto := byte(unix.NFPROTO_IPV4)
-	if is6 {
-		proto = unix.NFPROTO_IPV6
-	}
+func isARP() []expr.Any {
 	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
+		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
 	}
 }
 
@@ -95,77 +183,136 @@ func loadAddr(is6 bool, d nft.Direction, reg uint32) *expr.Payload {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: addrBytes(is6)}
 }
 
-// BaseRules returns the rules of the two base chains, in order. Their number is fixed (16): the
-// per-pod state lives in the sets and maps.
-func BaseRules() map[string][]nft.Rule {
-	established := nft.Rule{
+func native(v uint32) []byte {
+	b := make([]byte, 4)
+	binary.NativeEndian.PutUint32(b, v)
+	return b
+}
+
+// hasMark matches packets whose mark has bit (set true) or lacks it (set false).
+func hasMark(bit uint32, set bool) []expr.Any {
+	op := expr.CmpOpNeq
+	if !set {
+		op = expr.CmpOpEq
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(bit), Xor: native(0)},
+		&expr.Cmp{Op: op, Register: reg1, Data: native(0)},
+	}
+}
+
+// grant sets bit in the packet's mark (keeping every other bit) and accepts it.
+func grant(bit uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^bit), Xor: native(bit)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// neighbourDiscovery grants bit to on-link neighbour solicitations and advertisements: ICMPv6
+// types 135 and 136 with a hop limit of 255 (no router has forwarded them, RFC 4861 7.1) between
+// the on-link address pairs of SetOnLink. Without them no IPv6 address resolves, whatever the
+// policies allow; router solicitations and advertisements and redirects from pods are the
+// isolation's to drop, and to pods nothing on the bridge sends them.
+func neighbourDiscovery(bit uint32) nft.Rule {
+	return nft.Rule{
+		Comment: "on-link IPv6 neighbour discovery (" + SetOnLink + ")",
+		Exprs: concat(isFamily(true), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpGte, Register: reg1, Data: []byte{135}},
+			&expr.Cmp{Op: expr.CmpOpLte, Register: reg1, Data: []byte{136}},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{255}},
+			loadAddr(true, nft.Source, cat(0)),
+			loadAddr(true, nft.Destination, cat(4)),
+			&expr.Lookup{SourceRegister: cat(0), SetName: SetOnLink},
+		}, grant(bit)),
+	}
+}
+
+func arpPasses() nft.Rule {
+	return nft.Rule{Comment: "ARP: the isolation's to judge", Exprs: concat(isARP(), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})}
+}
+
+// dispatch jumps (goto) by the frame's input or output port through m. A port without an element
+// falls through to the chain's end: accepted here, without the mark, so the port's guard or the
+// bridge's drops it. That is what a pod whose policies are not installed gets: nothing.
+func dispatch(key expr.MetaKey, m string) nft.Rule {
+	what := "egress of the pod on the input port"
+	if m == MapIngress {
+		what = "ingress of the pod on the output port"
+	}
+	return nft.Rule{
+		Comment: what + " (" + m + "); no element: no mark, the guard drops it",
+		Exprs: []expr.Any{
+			&expr.Meta{Key: key, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: m},
+		},
+	}
+}
+
+// BridgeRules returns the rules of the bridge table's fixed chains, in order. Their number is
+// fixed: the per-pod state lives in the maps, the per-policy state in the groups.
+func BridgeRules() map[string][]nft.Rule {
+	return map[string][]nft.Rule{
+		ChainEgress: {
+			arpPasses(),
+			neighbourDiscovery(MarkEgress),
+			dispatch(expr.MetaKeyIIF, MapEgress),
+		},
+		ChainForward: {
+			arpPasses(),
+			{Comment: "frames whose egress was not granted get no ingress either", Exprs: concat(hasMark(MarkEgress, false), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
+			neighbourDiscovery(MarkIngress),
+			dispatch(expr.MetaKeyOIF, MapIngress),
+		},
+		ChainOutput: {
+			arpPasses(),
+			{Comment: "the node's own packets reach every pod", Exprs: concat(hasMark(MarkIngress, true), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
+			neighbourDiscovery(MarkIngress),
+			dispatch(expr.MetaKeyOIF, MapIngress),
+		},
+		ChainAllowEgress:  {{Comment: "a pod no policy isolates for egress", Exprs: grant(MarkEgress)}},
+		ChainAllowIngress: {{Comment: "a pod no policy isolates for ingress", Exprs: grant(MarkIngress)}},
+	}
+}
+
+// InetRules returns the rules of the inet table's chains.
+func InetRules() map[string][]nft.Rule {
+	conntracked := nft.Rule{
 		Comment: "packets of connections conntrack knows: replies of allowed connections",
 		Exprs: []expr.Any{
 			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
-			&expr.Verdict{Kind: expr.VerdictAccept},
+				Mask: native(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: native(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^MarkConntracked), Xor: native(MarkConntracked)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
 		},
 	}
-	// Router and neighbour solicitations and advertisements, and redirects (ICMPv6 133-137):
-	// without them no IPv6 address resolves, whatever the policies allow.
-	nd := nft.Rule{
-		Comment: "IPv6 neighbour discovery",
-		Exprs: append(family(true),
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-			&expr.Cmp{Op: expr.CmpOpGte, Register: reg1, Data: []byte{133}},
-			&expr.Cmp{Op: expr.CmpOpLte, Register: reg1, Data: []byte{137}},
-			&expr.Verdict{Kind: expr.VerdictAccept},
-		),
+	node := nft.Rule{
+		Comment: "the node's own packets reach every pod",
+		Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^MarkIngress), Xor: native(MarkIngress)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+		},
 	}
-	pending := func(is6 bool, d nft.Direction) nft.Rule {
-		set, what := SetPending4, "from"
-		if is6 {
-			set = SetPending6
-		}
-		if d == nft.Destination {
-			what = "to"
-		}
-		return nft.Rule{
-			Comment: "drop " + what + " pods whose policies are not known yet (" + set + ")",
-			Exprs: append(family(is6), loadAddr(is6, d, reg1),
-				&expr.Lookup{SourceRegister: reg1, SetName: set},
-				&expr.Verdict{Kind: expr.VerdictDrop}),
-		}
-	}
-	dispatch := func(is6 bool, d nft.Direction) nft.Rule {
-		m, what := MapEgress4, "egress of local pods, by source"
-		switch {
-		case is6 && d == nft.Source:
-			m = MapEgress6
-		case !is6 && d == nft.Destination:
-			m, what = MapIngress4, "ingress of local pods, by destination"
-		case is6:
-			m, what = MapIngress6, "ingress of local pods, by destination"
-		}
-		return nft.Rule{
-			Comment: what + " (" + m + ")",
-			Exprs: append(family(is6), loadAddr(is6, d, reg1),
-				&expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: m}),
-		}
-	}
-	forward := []nft.Rule{established, nd}
-	input := []nft.Rule{established, nd}
-	for _, is6 := range []bool{false, true} {
-		forward = append(forward, pending(is6, nft.Source), pending(is6, nft.Destination))
-		input = append(input, pending(is6, nft.Source))
-	}
-	for _, is6 := range []bool{false, true} {
-		forward = append(forward, dispatch(is6, nft.Source))
-		input = append(input, dispatch(is6, nft.Source))
-	}
-	for _, is6 := range []bool{false, true} {
-		forward = append(forward, dispatch(is6, nft.Destination))
-	}
-	return map[string][]nft.Rule{ChainForward: forward, ChainInput: input}
+	return map[string][]nft.Rule{ChainConntrack: {conntracked}, ChainNode: {node}}
 }
 
 // Names of a group's sets.
@@ -196,7 +343,7 @@ func groupSets(t *nftables.Table, name string, g group) []setWithElements {
 		if len(anyRanges) > 0 {
 			s := &nftables.Set{Table: t, Name: anySetName(name, is6), Interval: true, Concatenation: true,
 				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto)}
-			var els []nftables.SetElement
+			els := make([]nftables.SetElement, 0, len(anyRanges))
 			for _, r := range anyRanges {
 				els = append(els, nftables.SetElement{
 					Key:    append(r.First.AsSlice(), pad4([]byte{0})...),
@@ -208,7 +355,7 @@ func groupSets(t *nftables.Table, name string, g group) []setWithElements {
 		if len(boxes) > 0 {
 			s := &nftables.Set{Table: t, Name: portsSetName(name, is6), Interval: true, Concatenation: true,
 				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}
-			var els []nftables.SetElement
+			els := make([]nftables.SetElement, 0, len(boxes))
 			for _, b := range boxes {
 				els = append(els, nftables.SetElement{
 					Key:    portsKey(b.addrs.First, b.ports.Protocol, b.ports.First),
@@ -238,16 +385,18 @@ func pad4(b []byte) []byte {
 	return b
 }
 
-// groupRules are the rules of a group's chain: return (the packet is allowed in this direction;
-// the base chain goes on with the other direction) on a hit in either set, drop otherwise. The
-// peer is the source for ingress and the destination for egress.
+// groupRules are the rules of a group's chain: grant the direction's mark to packets of
+// connections conntrack knows (replies) and to packets whose peer, protocol and port one of the
+// sets holds; drop the rest. The peer is the source for ingress and the destination for egress.
 func groupRules(name, dir string, g group) []nft.Rule {
-	peer := nft.Source
+	peer, bit := nft.Source, MarkIngress
 	if dir == egressDir {
-		peer = nft.Destination
+		peer, bit = nft.Destination, MarkEgress
 	}
-	ret := &expr.Verdict{Kind: expr.VerdictReturn}
-	var rules []nft.Rule
+	rules := []nft.Rule{{
+		Comment: "packets of connections conntrack knows (the inet table's mark)",
+		Exprs:   concat(hasMark(MarkConntracked, true), grant(bit)),
+	}}
 	for _, is6 := range []bool{false, true} {
 		anyRanges, boxes := g.any4, g.ports4
 		if is6 {
@@ -257,22 +406,33 @@ func groupRules(name, dir string, g group) []nft.Rule {
 			set := anySetName(name, is6)
 			rules = append(rules, nft.Rule{
 				Comment: "peer allowed on every protocol and port (" + set + ")",
-				Exprs: append(family(is6), loadAddr(is6, peer, regCat),
-					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regCat + addrBytes(is6)/4},
-					&expr.Lookup{SourceRegister: regCat, SetName: set}, ret),
+				Exprs: concat(isFamily(is6), []expr.Any{loadAddr(is6, peer, cat(0)),
+					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: cat(addrBytes(is6) / 4)},
+					&expr.Lookup{SourceRegister: cat(0), SetName: set}}, grant(bit)),
 			})
 		}
 		if len(boxes) > 0 {
 			set := portsSetName(name, is6)
-			r := regCat + addrBytes(is6)/4
+			proto := addrBytes(is6) / 4
 			rules = append(rules, nft.Rule{
 				Comment: "peer allowed on this protocol and port (" + set + ")",
-				Exprs: append(family(is6), loadAddr(is6, peer, regCat),
-					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r},
-					&expr.Payload{DestRegister: r + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-					&expr.Lookup{SourceRegister: regCat, SetName: set}, ret),
+				Exprs: concat(isFamily(is6), []expr.Any{loadAddr(is6, peer, cat(0)),
+					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: cat(proto)},
+					&expr.Payload{DestRegister: cat(proto + 1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+					&expr.Lookup{SourceRegister: cat(0), SetName: set}}, grant(bit)),
 			})
 		}
 	}
 	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
+}
+
+// IsPodState tells whether an object of the policy tables, by name, holds per-pod or per-policy
+// state (the maps' elements, the groups' chains and sets), as opposed to the fixed chains and
+// the on-link set, which stay whatever the node's pods: the residue audit's question.
+func IsPodState(name string) bool {
+	switch name {
+	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainConntrack, ChainNode, SetOnLink:
+		return false
+	}
+	return true
 }

@@ -37,10 +37,15 @@ import (
 
 // Local is one attachment on this node, from its record.
 type Local struct {
-	Owner     string // core.PolicyOwner of the attachment
+	// Port is the interface index of the pod's bridge port: the kernel judges every frame of
+	// the port by the pod's policies. 0: not attached to the bridge (being set up or torn down);
+	// such a pod is left out, and stays denied.
+	Port      int
 	Namespace string // the pod, from CNI_ARGS; both empty for a container that is no pod
 	Name      string
-	IPs       []netip.Addr
+	// IPs are the pod's addresses, its IPv6 link-local one included: as a peer, the pod is all
+	// of them.
+	IPs []netip.Addr
 }
 
 // Input is everything Compile reads.
@@ -49,6 +54,13 @@ type Input struct {
 	Namespaces []*corev1.Namespace
 	Pods       []*corev1.Pod // every pod of the cluster (peers), this node's among them
 	Local      []Local
+	// NodeName is this node: its pods' addresses come from Local only, never from the API,
+	// whose status.podIPs may still name an address that a deleted pod held and that a new
+	// pod of this node has now.
+	NodeName string
+	// LocalCIDRs are this node's pod CIDRs: an address inside them is a local pod's only if
+	// Local says so; the API's word for a pod of another node is not taken for it.
+	LocalCIDRs []netip.Prefix
 }
 
 // Result is the ruleset and what Compile noticed on the way.
@@ -102,10 +114,13 @@ func Compile(in Input) Result {
 			continue
 		}
 		key := p.Namespace + "/" + p.Name
-		// This node's pods are known by their records, before the API's status has them.
+		// This node's pods are known by their records, before the API's status has them, and
+		// only by them: a pod of this node without a record has no address here.
 		ips := localIPs[key]
-		if ips == nil {
-			ips = podIPs(p)
+		if ips == nil && (in.NodeName == "" || p.Spec.NodeName != in.NodeName) {
+			ips = slices.DeleteFunc(podIPs(p), func(a netip.Addr) bool {
+				return slices.ContainsFunc(in.LocalCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
+			})
 		}
 		if len(ips) == 0 {
 			continue
@@ -118,7 +133,10 @@ func Compile(in Input) Result {
 
 	var res Result
 	for _, l := range in.Local {
-		pp := core.PolicyPod{Owner: l.Owner, IPs: l.IPs}
+		if l.Port <= 0 {
+			continue // not on the bridge (yet, or any more): held
+		}
+		pp := core.PolicyPod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
 		if l.Name == "" {
 			// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
 			// can select it.

@@ -51,8 +51,8 @@ func testInput() Input {
 			host, done,
 		},
 		Local: []Local{
-			{Owner: "s/eth0", Namespace: "a", Name: "server", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.10"), netip.MustParseAddr("fd00::10")}},
-			{Owner: "c/eth0", Namespace: "a", Name: "client", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.11"), netip.MustParseAddr("fd00::11")}},
+			{Port: 10, Namespace: "a", Name: "server", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.10"), netip.MustParseAddr("fd00::10")}},
+			{Port: 11, Namespace: "a", Name: "client", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.11"), netip.MustParseAddr("fd00::11")}},
 		},
 	}
 }
@@ -262,28 +262,75 @@ func TestCompile(t *testing.T) {
 func TestCompileLocalPods(t *testing.T) {
 	in := testInput()
 	in.Local = append(in.Local,
-		Local{Owner: "x/eth0", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.20")}},                                // not a pod
-		Local{Owner: "y/eth0", Namespace: "a", Name: "ghost", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.21")}}, // not in the API
+		Local{Port: 20, IPs: []netip.Addr{netip.MustParseAddr("10.0.1.20")}},                                // not a pod
+		Local{Port: 21, Namespace: "a", Name: "ghost", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.21")}}, // not in the API
+		Local{Port: 0, Namespace: "a", Name: "other", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.22")}},  // not on the bridge (yet)
 	)
 	in.Policies = []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{PolicyTypes: both})}
 	res := Compile(in)
-	owners := map[string]core.PolicyPod{}
+	byPort := map[int]core.PolicyPod{}
 	for _, p := range res.Ruleset.Pods {
-		owners[p.Owner] = p
+		byPort[p.Port] = p
 	}
-	if p, ok := owners["x/eth0"]; !ok || p.Ingress.Isolated || p.Egress.Isolated {
+	if p, ok := byPort[20]; !ok || p.Ingress.Isolated || p.Egress.Isolated {
 		t.Errorf("a container that is no pod: %+v, %v; want it released and not isolated", p, ok)
 	}
-	if _, ok := owners["y/eth0"]; ok {
+	if _, ok := byPort[21]; ok {
 		t.Error("a pod the API does not know was released")
 	}
-	if len(res.Unknown) != 1 || res.Unknown[0].Owner != "y/eth0" {
+	if _, ok := byPort[0]; ok {
+		t.Error("a pod without a bridge port was released")
+	}
+	if len(res.Unknown) != 1 || res.Unknown[0].Port != 21 {
 		t.Errorf("Unknown = %v, want the ghost", res.Unknown)
 	}
 	if res.Isolated != 2 {
 		t.Errorf("Isolated = %d, want 2", res.Isolated)
 	}
-	if got := fmt.Sprint(owners["s/eth0"].IPs); got != "[10.0.1.10 fd00::10]" {
+	if got := fmt.Sprint(byPort[10].IPs); got != "[10.0.1.10 fd00::10]" {
 		t.Errorf("server's addresses = %s, want those of its record", got)
 	}
+}
+
+// TestCompileAddressReuse: the API may still show a deleted pod of this node with its address
+// (status.podIPs), and a pod of another node may claim an address of this node's pod CIDR; a new
+// local pod holding that address must get neither's rights as a peer.
+func TestCompileAddressReuse(t *testing.T) {
+	in := testInput()
+	in.NodeName = "n1"
+	in.LocalCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24"), netip.MustParsePrefix("fd00::/64")}
+	gone := podObj("a", "gone", "trusted", []string{"10.0.1.30"}) // deleted on this node, still in the API
+	gone.Spec.NodeName = "n1"
+	// The same, from before the node's pod CIDR changed: outside today's CIDRs.
+	older := podObj("a", "older", "trusted", []string{"10.0.9.9"})
+	older.Spec.NodeName = "n1"
+	liar := podObj("a", "liar", "trusted", []string{"10.0.1.31", "10.0.2.31"}) // another node claims a local address
+	liar.Spec.NodeName = "n2"
+	in.Pods = append(in.Pods, gone, older, liar, podObj("a", "newcomer", "untrusted", nil))
+	in.Local = append(in.Local, Local{Port: 30, Namespace: "a", Name: "newcomer", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.30")}})
+	in.Policies = []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{
+		PodSelector: *sel("app", "server"),
+		Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "trusted")}}}},
+	})}
+	res := Compile(in)
+	for _, p := range res.Ruleset.Pods {
+		if p.Port != 10 {
+			continue
+		}
+		if got := render(p.Ingress); got != "10.0.2.31" {
+			t.Errorf("server's ingress = %q, want only the other node's own address of the trusted pod", got)
+		}
+		return
+	}
+	t.Fatal("server not in the ruleset")
+}
+
+// podObj is a running pod in namespace ns labelled app=app with the given status addresses.
+func podObj(ns, name, app string, ips []string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	for _, ip := range ips {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+	}
+	return p
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -42,8 +43,13 @@ const (
 type Config struct {
 	DataDir string // the plugin's dataDir
 	Network string // the CNI network name
-	Resync  time.Duration
-	Logger  *slog.Logger
+	Bridge  string // the network's bridge (default core.DefaultBridge)
+	// NodeName is this node: its pods are known by their attachment records only.
+	NodeName string
+	// PodCIDRs are this node's pod CIDRs (a function: the agent learns them after it starts).
+	PodCIDRs func() []netip.Prefix
+	Resync   time.Duration
+	Logger   *slog.Logger
 	// Registry receives the controller's metrics; nil: none.
 	Registry prometheus.Registerer
 }
@@ -58,6 +64,7 @@ type Controller struct {
 	networking typednetworkingv1.NetworkingV1Interface
 	log        *slog.Logger
 	kick       chan struct{}
+	verify     chan struct{} // the next pass reads every set back (a repair)
 	metrics    *metrics
 
 	policies   func() ([]*networkingv1.NetworkPolicy, error)
@@ -70,9 +77,14 @@ type Controller struct {
 // Pass is what one pass did.
 type Pass struct {
 	Applied core.PolicyApplied
-	Unknown int // local attachments whose pod the API does not have: still pending
-	Took    time.Duration
-	Err     error
+	// Guarded counts guards put back; NetfilterCall says the bridge's nf_call options were off
+	// and were turned on (somebody else changed the node).
+	Guarded       int
+	NetfilterCall bool
+	Verified      bool
+	Unknown       int // local attachments whose pod the API does not have: still denied
+	Took          time.Duration
+	Err           error
 }
 
 // New builds the controller over the core/v1 (pods, namespaces) and networking/v1 clients.
@@ -92,19 +104,31 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Bridge == "" {
+		cfg.Bridge = core.DefaultBridge
+	}
+	if cfg.PodCIDRs == nil {
+		cfg.PodCIDRs = func() []netip.Prefix { return nil }
+	}
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("network policy metrics: %w", err)
 	}
-	return &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, kick: make(chan struct{}, 1), metrics: m}, nil
+	return &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, kick: make(chan struct{}, 1), verify: make(chan struct{}, 1), metrics: m}, nil
 }
 
 // OnPass registers f to be told of every pass (for tests). Call before Run.
 func (c *Controller) OnPass(f func(Pass)) { c.passed = f }
 
-// Wake asks for a pass without waiting (the agent's healer, after somebody else changed the
-// ruleset).
-func (c *Controller) Wake() { c.wake() }
+// Wake asks for a pass that reads everything back and repairs it, without waiting (the agent's
+// healer, after somebody else changed the ruleset).
+func (c *Controller) Wake() {
+	select {
+	case c.verify <- struct{}{}:
+	default:
+	}
+	c.wake()
+}
 
 func (c *Controller) wake() {
 	select {
@@ -180,20 +204,28 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer watcher.close()
 	}
 
-	c.wake()
+	c.Wake() // the first pass after a start checks everything
 	resync := time.NewTicker(c.cfg.Resync)
 	defer resync.Stop()
 	backoff := time.Duration(0)
 	var retry <-chan time.Time
 	for {
+		verify := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.kick:
 		case <-resync.C:
+			verify = true
 		case <-retry:
+			verify = true
 		}
-		p := c.pass()
+		select {
+		case <-c.verify:
+			verify = true
+		default:
+		}
+		p := c.pass(verify)
 		if p.Err != nil {
 			backoff = min(max(2*backoff, retryMin), retryMax)
 			c.log.Warn("network policy pass failed, retrying", "err", p.Err, "in", backoff)
@@ -227,26 +259,38 @@ func (c *Controller) wakeOnChange(o, n any) {
 	c.wake()
 }
 
-// pass compiles and applies once.
-func (c *Controller) pass() Pass {
+// pass compiles and applies once; verify reads every set back.
+func (c *Controller) pass(verify bool) Pass {
 	start := time.Now()
-	p := Pass{}
+	p := Pass{Verified: verify}
 	in, err := c.input()
 	if err == nil {
-		p.Applied, err = core.ApplyPolicies(c.cfg.DataDir, c.cfg.Network, func(recs []core.Record) core.PolicyRuleset {
-			in.Local = LocalsOf(recs)
-			res := Compile(in)
-			p.Unknown = len(res.Unknown)
-			c.metrics.observe(in, res)
-			return res.Ruleset
-		})
+		cidrs := c.cfg.PodCIDRs()
+		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
+		var pass core.PolicyPass
+		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify},
+			func(locals []core.PolicyLocal) core.PolicyRuleset {
+				in.Local = LocalsOf(locals)
+				res := Compile(in)
+				p.Unknown = len(res.Unknown)
+				c.metrics.observe(in, res)
+				return res.Ruleset
+			})
+		p.Applied, p.Guarded, p.NetfilterCall = pass.Applied, pass.Guarded, pass.NetfilterCall
+		if pass.Unguarded != nil {
+			c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
+		}
 	}
 	p.Took, p.Err = time.Since(start), err
 	c.metrics.pass(p)
-	if err == nil && (p.Applied.NewGroups > 0 || p.Applied.RemovedGroups > 0 || p.Applied.MapChanges > 0 || p.Applied.Released > 0 || p.Applied.BaseWritten) {
-		c.log.Info("network policy applied", "groups", p.Applied.Groups, "newGroups", p.Applied.NewGroups,
-			"removedGroups", p.Applied.RemovedGroups, "mapChanges", p.Applied.MapChanges, "released", p.Applied.Released,
-			"baseWritten", p.Applied.BaseWritten, "unknownPods", p.Unknown, "took", p.Took)
+	if p.Guarded > 0 || p.NetfilterCall {
+		c.log.Warn("network policy: put back what somebody removed", "guards", p.Guarded, "bridgeNetfilterCallTurnedOn", p.NetfilterCall)
+	}
+	if err == nil && p.Applied.Changed() {
+		a := p.Applied
+		c.log.Info("network policy applied", "groups", a.Groups, "newGroups", a.NewGroups, "repairedGroups", a.RepairedGroups,
+			"removedGroups", a.RemovedGroups, "mapChanges", a.MapChanges, "released", a.Released, "conntrackRemoved", a.Conntrack,
+			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "verified", verify, "took", p.Took)
 	}
 	if c.passed != nil {
 		c.passed(p)
@@ -267,17 +311,21 @@ func (c *Controller) input() (Input, error) {
 	return in, err
 }
 
-// LocalsOf turns the node's attachment records into Locals. The pod's name comes from CNI_ARGS
-// ("namespace/name"); a record without one is a container that is no Kubernetes pod.
-func LocalsOf(recs []core.Record) []Local {
-	out := make([]Local, 0, len(recs))
-	for _, r := range recs {
-		l := Local{Owner: core.PolicyOwner(r.ContainerID, r.IfName)}
+// LocalsOf turns the node's attachments into Locals. The pod's name comes from CNI_ARGS
+// ("namespace/name"); a record without one is a container that is no Kubernetes pod. The pod's
+// addresses are its record's and its link-local one.
+func LocalsOf(locals []core.PolicyLocal) []Local {
+	out := make([]Local, 0, len(locals))
+	for _, r := range locals {
+		l := Local{Port: r.Port}
 		if ns, name, ok := strings.Cut(r.Pod, "/"); ok && ns != "" && name != "" {
 			l.Namespace, l.Name = ns, name
 		}
 		for _, p := range r.IPs {
 			l.IPs = append(l.IPs, p.Addr().Unmap())
+		}
+		if r.LinkLocal.IsValid() {
+			l.IPs = append(l.IPs, r.LinkLocal)
 		}
 		out = append(out, l)
 	}

@@ -13,6 +13,7 @@ type metrics struct {
 	passes   *prometheus.CounterVec
 	passTime prometheus.Histogram
 	released prometheus.Counter
+	repairs  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,13 +45,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kubenet_agent_network_policy_released_total",
-			Help: "Pending pod addresses released after their policies were installed.",
+			Help: "Pods whose policies came into force (released from being held).",
 		}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubenet_agent_network_policy_repairs_total",
+			Help: "What passes found removed or changed by somebody else and put back, by what (guard, bridge_netfilter_call, group, fixed).",
+		}, []string{"what"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.passes, m.passTime, m.released} {
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.passes, m.passTime, m.released, m.repairs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -73,4 +78,12 @@ func (m *metrics) pass(p Pass) {
 	m.passes.WithLabelValues("ok").Inc()
 	m.groups.Set(float64(p.Applied.Groups))
 	m.released.Add(float64(p.Applied.Released))
+	m.repairs.WithLabelValues("guard").Add(float64(p.Guarded))
+	m.repairs.WithLabelValues("group").Add(float64(p.Applied.RepairedGroups))
+	if p.NetfilterCall {
+		m.repairs.WithLabelValues("bridge_netfilter_call").Inc()
+	}
+	if p.Applied.FixedWritten && p.Applied.Released == 0 && p.Applied.Groups > 0 {
+		m.repairs.WithLabelValues("fixed").Inc()
+	}
 }

@@ -22,7 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
-	"github.com/kubenet-dev/kubenet/netpol"
+	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 // The control-plane workload: a real kube-apiserver holding cpPods pods (cpLocal of them on
@@ -123,12 +123,12 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 		local[i] = p
 	}
 	must(nettest.WhileRunning(60*time.Second, func() error {
-		pending, err := pendingIn(n.ns)
+		held, err := heldIn(n.ns, local)
 		if err != nil {
 			return err
 		}
-		if pending > 0 {
-			return fmt.Errorf("%d local pod addresses still pending", pending)
+		if held > 0 {
+			return fmt.Errorf("%d local pods still held", held)
 		}
 		return nil
 	}, n.agent))
@@ -138,8 +138,9 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	// time until the node's ingress map sends the pod to the new group.
 	for c := range cpChanges {
 		i := c % cpLocal
-		ip := local[i].IPs()[0]
-		before, err := ingressChain(n.ns, ip)
+		port, err := testkit.PolicyPort(n.ns, "kubenet", local[i])
+		must(err)
+		before, _, err := testkit.PolicyChains(n.ns, "kubenet", port)
 		must(err)
 		np, err := api.NetworkingV1().NetworkPolicies(fmt.Sprintf("ns-%d", i%10)).Get(ctx, fmt.Sprintf("p%03d", i), metav1.GetOptions{})
 		must(err)
@@ -148,13 +149,13 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 		_, err = api.NetworkingV1().NetworkPolicies(np.Namespace).Update(ctx, np, metav1.UpdateOptions{})
 		must(err)
 		for {
-			now, err := ingressChain(n.ns, ip)
+			now, _, err := testkit.PolicyChains(n.ns, "kubenet", port)
 			must(err)
 			if now != before && now != "" {
 				break
 			}
 			if time.Since(t0) > 30*time.Second {
-				b.Fatalf("policy change %d never reached the node (ingress chain of %s still %s)", c, ip, now)
+				b.Fatalf("policy change %d never reached the node (ingress chain of port %d still %s)", c, port, now)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -220,26 +221,23 @@ func cpPolicy(j, port int) *networkingv1.NetworkPolicy {
 		}}
 }
 
-// ingressChain is the group chain the node's ingress map names for ip ("" for none).
-func ingressChain(n ns.NetNS, ip netip.Addr) (string, error) {
-	var chain string
-	err := n.Do(func(ns.NetNS) error {
-		maps, err := netpol.Dispatch("kubenet")
-		chain = maps[netpol.MapIngress4][ip]
-		return err
-	})
-	return chain, err
-}
-
-// pendingIn counts the node's pending addresses.
-func pendingIn(n ns.NetNS) (int, error) {
-	var count int
-	err := n.Do(func(ns.NetNS) error {
-		owners, err := netpol.PendingOwners("kubenet")
-		count = len(owners)
-		return err
-	})
-	return count, err
+// heldIn counts the pods whose ports have no policy elements (their guards hold them).
+func heldIn(n ns.NetNS, pods []*nettest.Pod) (int, error) {
+	held := 0
+	for _, p := range pods {
+		port, err := testkit.PolicyPort(n, "kubenet", p)
+		if err != nil {
+			return 0, err
+		}
+		in, out, err := testkit.PolicyChains(n, "kubenet", port)
+		if err != nil {
+			return 0, err
+		}
+		if port == 0 || in == "" || out == "" {
+			held++
+		}
+	}
+	return held, nil
 }
 
 // parallel runs f(0..n-1) with workers goroutines and returns the first error.

@@ -26,6 +26,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/netpol"
+	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 // createPod makes a pod object bound to node, as the scheduler would leave it before the kubelet
@@ -124,14 +125,40 @@ func netpolOf(namespace, name string, spec networkingv1.NetworkPolicySpec) *netw
 	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, Spec: spec}
 }
 
-// policyTable lists the node's policy table the way an operator would.
+// policyTable lists the node's policy tables the way an operator would.
 func policyTable(t *testing.T, n *simNode) string {
 	t.Helper()
-	out, err := nettest.Output(n.ns, "nft", "list", "table", "inet", netpol.TableName("kubenet"))
+	out, err := policyTables(n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return out
+}
+
+func policyTables(n *simNode) (string, error) {
+	var all string
+	for _, family := range []string{"bridge", "inet"} {
+		out, err := nettest.Output(n.ns, "nft", "list", "table", family, netpol.TableName("kubenet"))
+		if err != nil {
+			return "", err
+		}
+		all += out
+	}
+	return all, nil
+}
+
+// heldPod tells whether p's port has no policy elements (its guard holds it).
+func heldPod(t *testing.T, n *simNode, p *nettest.Pod) bool {
+	t.Helper()
+	port, err := testkit.PolicyPort(n.ns, "kubenet", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, out, err := testkit.PolicyChains(n.ns, "kubenet", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port == 0 || in == "" || out == ""
 }
 
 // TestAgentNetworkPolicy runs kubenet-agent with NetworkPolicy on (the manifest's flags and RBAC)
@@ -207,16 +234,15 @@ func TestAgentNetworkPolicy(t *testing.T) {
 		hin, hout := startHammer(client.NS, inDsts...), startHammer(pod.NS, outDsts...)
 		time.Sleep(300 * time.Millisecond) // part of the measurement: the hammers run before ADD
 		n.cni.MustAdd(outer, list, pod)
-		// Until the agent has released the pod's addresses (its pending elements gone), and a
-		// second more on top.
-		owner := pod.RT.ContainerID + "/" + pod.RT.IfName
+		// Until the agent has released the pod (its port in the maps), and a second more on top.
 		if err := nettest.Eventually(converge, func() error {
-			if strings.Contains(policyTable(t, n), owner) {
-				return fmt.Errorf("still pending")
+			if heldPod(t, n, pod) {
+				return fmt.Errorf("still held")
 			}
 			return nil
 		}); err != nil {
-			t.Fatal(err)
+			links, _ := nettest.Output(n.ns, "ip", "-o", "link")
+			t.Fatalf("%s: %v\n%s\n%s", name, err, policyTable(t, n), links)
 		}
 		time.Sleep(time.Second)
 		inAttempts, in := hin.halt()
@@ -276,7 +302,7 @@ func TestAgentNetworkPolicy(t *testing.T) {
 		// The healer sees the flush as an nftables event and wakes the policy controller; a
 		// third of the controller's resync tells that apart from its timer.
 		err := nettest.Eventually(policy.DefaultResync/3, func() error {
-			table, err := nettest.Output(n.ns, "nft", "list", "table", "inet", netpol.TableName("kubenet"))
+			table, err := policyTables(n)
 			if err != nil {
 				return fmt.Errorf("no policy table: %v", err)
 			}
@@ -329,8 +355,8 @@ func TestAgentNetworkPolicy(t *testing.T) {
 				t.Errorf("while the agent is down, the policy table lost %q", l)
 			}
 		}
-		if !strings.Contains(during, late.RT.ContainerID) {
-			t.Errorf("the pod added while the agent is down is not pending:\n%s", during)
+		if !heldPod(t, n, late) {
+			t.Errorf("the pod added while the agent is down is not held:\n%s", during)
 		}
 		n.startAgent(t)
 		for _, dst := range []netip.AddrPort{target, netip.AddrPortFrom(podAddr(3)[0], 7777), netip.AddrPortFrom(podAddr(3)[1], 7777)} {

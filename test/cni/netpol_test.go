@@ -4,14 +4,15 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +21,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/internal/tcguard"
 	"github.com/kubenet-dev/kubenet/netpol"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -64,6 +66,8 @@ func newNPCluster(t *testing.T) *npCluster {
 	}
 	c.server, c.client, c.other = npPod(node, t, "a", "server"), npPod(node, t, "a", "client"), npPod(node, t, "b", "other")
 	c.server.RT.CapabilityArgs = hpArgs(true, hpMapping{30080, 8080, "TCP", ""})
+	// The other pod is shaped both ways: its redirect shares the clsact qdisc with its guard.
+	c.other.RT.CapabilityArgs = map[string]any{"bandwidth": map[string]any{"ingressRate": 100_000_000, "egressRate": 100_000_000}}
 	for _, p := range []*nettest.Pod{c.server, c.client, c.other} {
 		node.MustAdd(t, c.list, p)
 	}
@@ -113,10 +117,11 @@ func (c *npCluster) apply(t *testing.T, policies ...*networkingv1.NetworkPolicy)
 		in.Pods = append(in.Pods, o)
 	}
 	nettest.Do(t, c.node.NS, func() error {
-		_, err := core.ApplyPolicies(c.node.DataDir(), "kubenet", func(recs []core.Record) core.PolicyRuleset {
-			in.Local = policy.LocalsOf(recs)
-			return policy.Compile(in).Ruleset
-		})
+		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: c.node.DataDir(), Network: "kubenet", Bridge: core.DefaultBridge, PodCIDRs: testkit.DualStack()},
+			func(locals []core.PolicyLocal) core.PolicyRuleset {
+				in.Local = policy.LocalsOf(locals)
+				return policy.Compile(in).Ruleset
+			})
 		return err
 	})
 }
@@ -177,16 +182,12 @@ func TestNetworkPolicyTraffic(t *testing.T) {
 		egress := []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 		serverSel := *labelSel("app", "server")
 
-		t.Run(fam+"/pending until the first apply", func(t *testing.T) {
+		t.Run(fam+"/held until the first apply", func(t *testing.T) {
+			// As ADD left the pods before any apply: no policy tables, the guards on.
 			nettest.Do(t, c.node.NS, func() error { return netpol.Remove("kubenet") })
-			// The pods were added before any apply: re-add their pending elements as ADD left them.
-			for _, p := range []*nettest.Pod{c.server, c.client} {
-				nettest.Do(t, c.node.NS, func() error {
-					return netpol.Hold("kubenet", core.PolicyOwner(p.RT.ContainerID, p.RT.IfName), p.IPs())
-				})
-			}
-			expect(t, "client to pending server", c.client.NS, srv(8080), false, netip.Addr{})
-			expect(t, "pending client to the peer", c.client.NS, c.onPeer[is6].Addr, false, netip.Addr{})
+			expect(t, "client to held server", c.client.NS, srv(8080), false, netip.Addr{})
+			expect(t, "held client to the peer", c.client.NS, c.onPeer[is6].Addr, false, netip.Addr{})
+			expect(t, "the node to held server", c.node.NS, srv(8080), false, netip.Addr{})
 			c.apply(t)
 			expect(t, "after the first apply, no policy", c.client.NS, srv(8080), true, clientIP)
 		})
@@ -335,33 +336,44 @@ func (c *npCluster) kubeProxy(t *testing.T, is6 bool) (svc, nodePort netip.AddrP
 	return netip.AddrPortFrom(clusterIP, 80), netip.AddrPortFrom(byFamily(is6, nettest.NodeUplink4, nettest.NodeUplink6).Addr(), 31080)
 }
 
-// TestNetworkPolicyLeaks: DEL and GC leave no pending or map element of the pod's addresses.
+// TestNetworkPolicyLeaks: DEL and GC leave no map element of the pod's port.
 func TestNetworkPolicyLeaks(t *testing.T) {
 	c := newNPCluster(t)
 	c.apply(t, policyOf("a", "deny", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{}, PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}}))
-	table := func() string {
-		return nettest.Run(t, c.node.NS, "nft", "list", "table", "inet", netpol.TableName("kubenet"))
+	port := func(p *nettest.Pod) int {
+		var i int
+		nettest.Do(t, c.node.NS, func() error {
+			l, err := netlink.LinkByName(core.NamesFor("kubenet", testkit.AttachmentOf(p)).HostVeth)
+			if err == nil {
+				i = l.Attrs().Index
+			}
+			return err
+		})
+		return i
 	}
-	for _, a := range c.client.IPs() {
-		if !strings.Contains(table(), a.String()) {
-			t.Fatalf("before DEL the table does not name %s:\n%s", a, table())
-		}
+	maps := func() map[string]map[int]string {
+		var m map[string]map[int]string
+		nettest.Do(t, c.node.NS, func() (err error) { m, err = netpol.Dispatch("kubenet"); return err })
+		return m
+	}
+	clientPort := port(c.client)
+	if m := maps(); m[netpol.MapIngress][clientPort] == "" || m[netpol.MapEgress][clientPort] == "" {
+		t.Fatalf("before DEL the maps do not hold the client's port %d: %v", clientPort, m)
 	}
 	if err := c.node.Del(c.list, c.client); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range c.client.IPs() {
-		if strings.Contains(table(), a.String()+" ") || strings.Contains(table(), a.String()+",") {
-			t.Errorf("after DEL the policy table still names %s:\n%s", a, table())
-		}
+	if m := maps(); m[netpol.MapIngress][clientPort] != "" || m[netpol.MapEgress][clientPort] != "" {
+		t.Errorf("after DEL the maps still hold the client's port %d: %v", clientPort, m)
 	}
 	testkit.AssertNoResidue(t, c.node, "kubenet", testkit.AttachmentOf(c.client), c.client.IPs())
 
-	// A new pod that was never applied is pending; GC of it (the runtime lost it) forgets it.
+	// A new pod that was never applied is held (its guard, no element); GC of it (the runtime
+	// lost it) leaves nothing.
 	late := npPod(c.node, t, "a", "late")
 	c.node.MustAdd(t, c.list, late)
-	if !strings.Contains(table(), core.PolicyOwner(late.RT.ContainerID, late.RT.IfName)) {
-		t.Fatalf("the new pod's addresses are not pending:\n%s", table())
+	if m := maps(); m[netpol.MapIngress][port(late)] != "" {
+		t.Fatalf("the new pod is in the maps before any apply: %v", m)
 	}
 	var valid []types.GCAttachment
 	for _, p := range []*nettest.Pod{c.server, c.other} {
@@ -370,8 +382,72 @@ func TestNetworkPolicyLeaks(t *testing.T) {
 	if err := c.node.GC(c.list, valid); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(table(), core.PolicyOwner(late.RT.ContainerID, late.RT.IfName)) {
-		t.Errorf("GC left the collected pod's pending elements:\n%s", table())
-	}
 	testkit.AssertNoResidue(t, c.node, "kubenet", testkit.AttachmentOf(late), late.IPs())
+}
+
+// TestNetworkPolicyCheckAndStatus: with policies in force CHECK and STATUS pass (guards, the
+// bridge's nf_call options, a shaped pod's redirect beside its guard); each piece another tool
+// removes is reported by CHECK or STATUS and put back by the agent's pass, and meanwhile the pod
+// stays denied.
+func TestNetworkPolicyCheckAndStatus(t *testing.T) {
+	c := newNPCluster(t)
+	c.apply(t)
+	for _, p := range []*nettest.Pod{c.server, c.client, c.other} {
+		if err := c.node.Check(c.list, p); err != nil {
+			t.Errorf("CHECK of %s: %v", p.RT.ContainerID, err)
+		}
+	}
+	if err := c.node.Status(c.list); err != nil {
+		t.Errorf("STATUS: %v", err)
+	}
+	srv := netip.AddrPortFrom(c.server.IP(netip.IPv4Unspecified()), 8080)
+	expect(t, "client to server", c.client.NS, srv, true, netip.Addr{})
+	bridgeIdx := func() int {
+		var i int
+		nettest.Do(t, c.node.NS, func() error {
+			l, err := netlink.LinkByName(core.DefaultBridge)
+			if err == nil {
+				i = l.Attrs().Index
+			}
+			return err
+		})
+		return i
+	}
+	serverPort, err := testkit.PolicyPort(c.node.NS, "kubenet", c.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tamper := range []struct {
+		name   string
+		do     func() error
+		status bool // STATUS notices it too (node-wide)
+	}{
+		{"the server's port guard removed", func() error { return tcguard.Remove(serverPort, tcguard.Egress) }, false},
+		{"the bridge guard removed", func() error { return tcguard.Remove(bridgeIdx(), tcguard.Ingress) }, true},
+		{"the bridge's nf_call options off", func() error {
+			out, err := exec.Command("ip", "link", "set", core.DefaultBridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		}, true},
+	} {
+		t.Run(tamper.name, func(t *testing.T) {
+			nettest.Do(t, c.node.NS, tamper.do)
+			if err := c.node.Check(c.list, c.server); err == nil {
+				t.Errorf("CHECK passed")
+			}
+			if err := c.node.Status(c.list); (err != nil) != tamper.status {
+				t.Errorf("STATUS = %v, want an error: %v", err, tamper.status)
+			}
+			c.apply(t) // the agent's pass puts it back
+			if err := c.node.Check(c.list, c.server); err != nil {
+				t.Errorf("CHECK after the agent's pass: %v", err)
+			}
+			if err := c.node.Status(c.list); err != nil {
+				t.Errorf("STATUS after the agent's pass: %v", err)
+			}
+			expect(t, "client to server", c.client.NS, srv, true, netip.Addr{})
+		})
+	}
 }

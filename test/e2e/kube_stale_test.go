@@ -68,6 +68,7 @@ type staleCheck struct {
 	node     *KubeNode
 	att      core.Attachment
 	ips      []netip.Addr
+	port     int       // the leaked veth's index, once seen: the policy maps' key
 	written  time.Time // the record's mtime: the age the collector judges
 	survivor *corev1.Pod
 	prober   *Prober
@@ -188,9 +189,9 @@ func (s *staleCheck) recordPath() string { return core.RecordPath(s.netDir(), s.
 
 // traces lists what the node holds of the leaked attachment, found without kubenet's code:
 // files naming its container (reservations, the hostPort index) and its record, its veth and
-// ifb, and the nftables elements of its host port, its bridge port, its owner name (the
-// policy's pending element) or its addresses (unless another attachment holds the address by
-// now: the collector released it).
+// ifb, and the nftables elements of its host port, its bridge port (by name, and by index in the
+// policy maps) or its addresses (unless another attachment holds the address by now: the
+// collector released it).
 func (s *staleCheck) traces() ([]string, error) {
 	var out []string
 	entries, err := os.ReadDir(s.netDir())
@@ -231,8 +232,11 @@ func (s *staleCheck) traces() ([]string, error) {
 	names := core.NamesFor("kubenet", s.att)
 	err = s.node.NS.Do(func(ns.NetNS) error {
 		for _, l := range []string{names.HostVeth, names.IFB} {
-			if _, err := netlink.LinkByName(l); err == nil {
+			if link, err := netlink.LinkByName(l); err == nil {
 				out = append(out, "link "+l)
+				if l == names.HostVeth {
+					s.port = link.Attrs().Index
+				}
 			}
 		}
 		return nil
@@ -241,13 +245,16 @@ func (s *staleCheck) traces() ([]string, error) {
 		return nil, err
 	}
 	marks := []string{s.att.ContainerID, `"` + names.HostVeth + `"`, fmt.Sprint(leakHostPort), "-i " + names.HostVeth + " "}
+	if s.port > 0 {
+		marks = append(marks, fmt.Sprintf("[%d,", s.port))
+	}
 	for _, a := range s.ips {
 		if !reservedByOthers[a] {
 			marks = append(marks, `"`+a.String()+`"`)
 		}
 	}
 	for _, tb := range []struct{ family, name string }{
-		{"inet", nft.TableName("kubenet")}, {"bridge", nft.TableName("kubenet")}, {"inet", netpol.TableName("kubenet")},
+		{"inet", nft.TableName("kubenet")}, {"bridge", nft.TableName("kubenet")}, {"bridge", netpol.TableName("kubenet")},
 	} {
 		dump, err := nftListTable(s.node.NS, tb.family, tb.name)
 		if err != nil {
@@ -285,7 +292,7 @@ func (s *staleCheck) complete(traces []string) error {
 	if s.c.cfg.Netfilter == "iptables" {
 		want = append(want, "iptables rule of chain KUBENET-HPDNAT-", "ebtables rule of chain KUBENET-PODS-")
 	} else {
-		want = append(want, "nftables inet "+nft.TableName("kubenet"), "nftables bridge "+nft.TableName("kubenet"), "nftables inet "+netpol.TableName("kubenet"))
+		want = append(want, "nftables inet "+nft.TableName("kubenet"), "nftables bridge "+nft.TableName("kubenet"), "nftables bridge "+netpol.TableName("kubenet"))
 	}
 	for _, a := range s.ips {
 		want = append(want, "reservation "+a.String())

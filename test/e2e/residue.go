@@ -100,6 +100,7 @@ func Residue(s NodeState) ([]string, error) {
 		{"inet", nft.TableName(s.Network)},   // the hostPort maps
 		{"bridge", nft.TableName(s.Network)}, // the isolation sets, keyed by the pods' bridge ports
 		{"inet", netpol.TableName(s.Network)},
+		{"bridge", netpol.TableName(s.Network)},
 	} {
 		dump, err := nftListTable(s.NS, tb.family, tb.name)
 		if err != nil {
@@ -210,11 +211,11 @@ func nftListTable(n ns.NetNS, family, name string) ([]byte, error) {
 // nftResidue lists what a table of the network (as `nft -j list table` prints it; nil: no
 // table) holds of pods. Every set and map element of kubenet's tables belongs to a pod: the
 // hostPort maps' (keyed by host port, leading to a pod address), the isolation sets' (keyed by
-// a pod's bridge port) and, in the NetworkPolicy table, the pending sets' and the verdict maps'
-// (keyed by a pod address), and the groups' sets (a group, its chain and sets, exists only
-// while a pod on the node is isolated by that allow list). So once no pod is left on the node,
-// any element, and any policy chain but the fixed base chains, is residue. Rules and empty sets
-// stay by design.
+// a pod's bridge port) and, in the NetworkPolicy tables, the verdict maps' (keyed by a pod's
+// bridge port) and the groups' sets (a group, its chain and sets, exists only while a pod on the
+// node is isolated by that allow list). So once no pod is left on the node, any element but the
+// on-link set's, and any policy chain but the fixed ones, is residue. Rules and empty sets stay
+// by design.
 func nftResidue(dump []byte) ([]string, error) {
 	if dump == nil {
 		return nil, nil
@@ -242,7 +243,7 @@ func nftResidue(dump []byte) ([]string, error) {
 	var left []string
 	for _, o := range d.Nftables {
 		for kind, s := range map[string]*set{"set": o.Set, "map": o.Map} {
-			if s == nil {
+			if s == nil || (strings.HasPrefix(s.Table, netpol.TableName("")) && !netpol.IsPodState(s.Name)) {
 				continue
 			}
 			for _, e := range s.Elem {
@@ -253,8 +254,7 @@ func nftResidue(dump []byte) ([]string, error) {
 				left = append(left, fmt.Sprintf("nftables %s %s %s %s: element %s", s.Family, s.Table, kind, s.Name, b.String()))
 			}
 		}
-		if c := o.Chain; c != nil && strings.HasPrefix(c.Table, netpol.TableName("")) &&
-			c.Name != netpol.ChainForward && c.Name != netpol.ChainInput {
+		if c := o.Chain; c != nil && strings.HasPrefix(c.Table, netpol.TableName("")) && netpol.IsPodState(c.Name) {
 			left = append(left, fmt.Sprintf("nftables %s %s: chain %s, a policy group no pod on the node is in", c.Family, c.Table, c.Name))
 		}
 	}

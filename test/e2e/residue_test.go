@@ -9,21 +9,19 @@ import (
 // for `nft -j list table` (runs in `go test ./...`, no root).
 func TestNftResidue(t *testing.T) {
 	const clean = `{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
-	 {"table": {"family": "inet", "name": "kubenetpolicy-kubenet", "handle": 1}},
-	 {"set": {"family": "inet", "name": "pending-ipv4", "table": "kubenetpolicy-kubenet", "type": "ipv4_addr", "handle": 3}},
-	 {"map": {"family": "inet", "name": "ingress-ipv4", "table": "kubenetpolicy-kubenet", "type": "ipv4_addr", "handle": 4, "map": "verdict"}},
-	 {"chain": {"family": "inet", "table": "kubenetpolicy-kubenet", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}},
-	 {"chain": {"family": "inet", "table": "kubenetpolicy-kubenet", "name": "input", "handle": 5, "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}},
-	 {"rule": {"family": "inet", "table": "kubenetpolicy-kubenet", "chain": "forward", "handle": 9, "expr": [{"vmap": {"key": {"payload": {"protocol": "ip", "field": "daddr"}}, "data": "@ingress-ipv4"}}]}}]}`
+	 {"table": {"family": "bridge", "name": "kubenetpolicy-kubenet", "handle": 1}},
+	 {"map": {"family": "bridge", "name": "ingress-ports", "table": "kubenetpolicy-kubenet", "type": "iface_index", "handle": 4, "map": "verdict"}},
+	 {"set": {"family": "bridge", "name": "onlink-ipv6", "table": "kubenetpolicy-kubenet", "type": ["ipv6_addr", "ipv6_addr"], "handle": 5, "flags": ["interval"], "elem": [{"concat": [{"prefix": {"addr": "fe80::", "len": 10}}, {"prefix": {"addr": "ff02::", "len": 16}}]}]}},
+	 {"chain": {"family": "bridge", "table": "kubenetpolicy-kubenet", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 100, "policy": "accept"}},
+	 {"chain": {"family": "bridge", "table": "kubenetpolicy-kubenet", "name": "allow-ingress", "handle": 6}},
+	 {"rule": {"family": "bridge", "table": "kubenetpolicy-kubenet", "chain": "forward", "handle": 9, "expr": [{"vmap": {"key": {"meta": {"key": "oif"}}, "data": "@ingress-ports"}}]}}]}`
 	const policy = `{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
-	 {"table": {"family": "inet", "name": "kubenetpolicy-kubenet", "handle": 1}},
-	 {"set": {"family": "inet", "name": "pending-ipv4", "table": "kubenetpolicy-kubenet", "type": "ipv4_addr", "handle": 3, "elem": [{"elem": {"val": "10.244.0.5", "comment": "abc/eth0"}}]}},
-	 {"map": {"family": "inet", "name": "ingress-ipv4", "table": "kubenetpolicy-kubenet", "type": "ipv4_addr", "handle": 4, "map": "verdict", "elem": [["10.244.0.6", {"jump": {"target": "in-abc"}}]]}},
-	 {"set": {"family": "inet", "name": "in-abc-any-ipv4", "table": "kubenetpolicy-kubenet", "type": ["ipv4_addr", "inet_proto"], "handle": 5, "flags": ["interval"], "elem": [{"concat": ["10.244.0.7", "tcp"]}]}},
-	 {"set": {"family": "inet", "name": "pending-ipv6", "table": "kubenetpolicy-kubenet", "type": "ipv6_addr", "handle": 6}},
-	 {"chain": {"family": "inet", "table": "kubenetpolicy-kubenet", "name": "in-abc", "handle": 1}},
-	 {"chain": {"family": "inet", "table": "kubenetpolicy-kubenet", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}},
-	 {"rule": {"family": "inet", "table": "kubenetpolicy-kubenet", "chain": "in-abc", "handle": 8, "expr": [{"drop": null}]}}]}`
+	 {"table": {"family": "bridge", "name": "kubenetpolicy-kubenet", "handle": 1}},
+	 {"map": {"family": "bridge", "name": "ingress-ports", "table": "kubenetpolicy-kubenet", "type": "iface_index", "handle": 4, "map": "verdict", "elem": [[7, {"goto": {"target": "in-abc"}}]]}},
+	 {"set": {"family": "bridge", "name": "in-abc-any-ipv4", "table": "kubenetpolicy-kubenet", "type": ["ipv4_addr", "inet_proto"], "handle": 5, "flags": ["interval"], "elem": [{"concat": ["10.244.0.7", "tcp"]}]}},
+	 {"chain": {"family": "bridge", "table": "kubenetpolicy-kubenet", "name": "in-abc", "handle": 1}},
+	 {"chain": {"family": "bridge", "table": "kubenetpolicy-kubenet", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 100, "policy": "accept"}},
+	 {"rule": {"family": "bridge", "table": "kubenetpolicy-kubenet", "chain": "in-abc", "handle": 8, "expr": [{"drop": null}]}}]}`
 	const bridge = `{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
 	 {"table": {"family": "bridge", "name": "kubenet-kubenet", "handle": 2}},
 	 {"set": {"family": "bridge", "name": "pod-ports", "table": "kubenet-kubenet", "type": "ifname", "handle": 1, "elem": ["vethabc"]}},
@@ -35,12 +33,11 @@ func TestNftResidue(t *testing.T) {
 		want []string
 	}{
 		{"no table", "", nil},
-		{"the policy table's base chains and empty fixed sets", clean, nil},
+		{"the policy table's fixed chains, empty maps and the on-link set", clean, nil},
 		{"the policy table with a pod's elements and its group", policy, []string{
-			`nftables inet kubenetpolicy-kubenet set pending-ipv4: element {"elem":{"val":"10.244.0.5","comment":"abc/eth0"}}`,
-			`nftables inet kubenetpolicy-kubenet map ingress-ipv4: element ["10.244.0.6",{"jump":{"target":"in-abc"}}]`,
-			`nftables inet kubenetpolicy-kubenet set in-abc-any-ipv4: element {"concat":["10.244.0.7","tcp"]}`,
-			`nftables inet kubenetpolicy-kubenet: chain in-abc, a policy group no pod on the node is in`,
+			`nftables bridge kubenetpolicy-kubenet map ingress-ports: element [7,{"goto":{"target":"in-abc"}}]`,
+			`nftables bridge kubenetpolicy-kubenet set in-abc-any-ipv4: element {"concat":["10.244.0.7","tcp"]}`,
+			`nftables bridge kubenetpolicy-kubenet: chain in-abc, a policy group no pod on the node is in`,
 		}},
 		{"the isolation sets of the bridge table (chains of other tables are the node's)", bridge, []string{
 			`nftables bridge kubenet-kubenet set pod-ports: element "vethabc"`,

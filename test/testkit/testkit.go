@@ -27,6 +27,7 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/masq"
+	"github.com/kubenet-dev/kubenet/netpol"
 )
 
 // TrafficTimeout bounds one request; reachable paths answer in milliseconds.
@@ -185,6 +186,22 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 	} else if strings.Contains(ruleset, `"`+owner+`"`) {
 		t.Errorf("leak: nftables still holds elements of %s:\n%s", owner, ruleset)
 	}
+	// The policy maps are keyed by port index: an element of a port that no longer exists is
+	// the deleted pod's.
+	nettest.Do(t, node.NS, func() error {
+		maps, err := netpol.Dispatch(network)
+		if err != nil {
+			return err
+		}
+		for m, ports := range maps {
+			for port, chain := range ports {
+				if _, err := netlink.LinkByIndex(port); err != nil {
+					t.Errorf("leak: policy map %s holds port %d (%s), which no link has (%v)", m, port, chain, err)
+				}
+			}
+		}
+		return nil
+	})
 	// Whichever backend ran: iptables rules name their owner in a comment, ebtables rules the
 	// pod's bridge port.
 	for tool, mark := range map[string]string{"iptables-save": owner, "ip6tables-save": owner, "ebtables-save": names.HostVeth} {
@@ -474,3 +491,32 @@ func CNICode(err error) uint {
 
 // MustAddr parses an address or panics (test tables).
 func MustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// PolicyPort is the index of the pod's bridge port in the node n (the policy maps' key), 0 when
+// its host veth does not exist.
+func PolicyPort(n ns.NetNS, network string, p *nettest.Pod) (int, error) {
+	port := 0
+	err := n.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(core.NamesFor(network, AttachmentOf(p)).HostVeth)
+		if err == nil {
+			port = l.Attrs().Index
+		}
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return err
+	})
+	return port, err
+}
+
+// PolicyChains returns the chains the node's policy maps send port to (ingress, egress): "" for
+// a port without elements, which its guard holds.
+func PolicyChains(n ns.NetNS, network string, port int) (ingress, egress string, err error) {
+	err = n.Do(func(ns.NetNS) error {
+		maps, err := netpol.Dispatch(network)
+		ingress, egress = maps[netpol.MapIngress][port], maps[netpol.MapEgress][port]
+		return err
+	})
+	return ingress, egress, err
+}
