@@ -649,3 +649,139 @@ func TestOldLayoutReplaced(t *testing.T) {
 		return nil
 	})
 }
+
+// icmp6Receiver counts the ICMPv6 messages of a namespace whose body carries a marker, by type.
+type icmp6Receiver struct {
+	mu   sync.Mutex
+	seen map[string]int // "<type> <marker>" → count
+}
+
+func startICMP6Receiver(t *testing.T, n ns.NetNS) *icmp6Receiver {
+	t.Helper()
+	r := &icmp6Receiver{seen: map[string]int{}}
+	var fd int
+	nettest.Do(t, n, func() (err error) {
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6)
+		return err
+	})
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200000})
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			nr, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil || nr < 8 {
+				continue
+			}
+			r.mu.Lock()
+			r.seen[fmt.Sprintf("%d %s", buf[0], strings.TrimRight(string(buf[8:nr]), "\x00"))]++
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+func (r *icmp6Receiver) count(typ byte, marker string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[fmt.Sprintf("%d %s", typ, marker)]
+}
+
+// sendICMP6 sends an ICMPv6 message of type typ with hop limit 255 and marker as its body from
+// inside n to dst.
+func sendICMP6(t *testing.T, n ns.NetNS, dst netip.Addr, typ byte, marker string) {
+	t.Helper()
+	nettest.Do(t, n, func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 255); err != nil {
+			return err
+		}
+		msg := append([]byte{typ, 0, 0, 0, 0, 0, 0, 0}, marker...)
+		sa := &unix.SockaddrInet6{Addr: dst.As16()}
+		if dst.IsLinkLocalUnicast() {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			sa.ZoneId = uint32(l.Attrs().Index)
+		}
+		return unix.Sendto(fd, msg, 0, sa)
+	})
+}
+
+// TestRoutedNeighbourDiscovery: ICMPv6 of the neighbour-discovery types is exempt from the
+// policies only on the pods' link; sent through the node to or from another host, even with a hop
+// limit of 255 at the sender, it is judged like any other packet.
+func TestRoutedNeighbourDiscovery(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b := n.pods["a"], n.pods["b"]
+	atB, atX := startICMP6Receiver(t, b.ns), startICMP6Receiver(t, n.x)
+	deny := Direction{Isolated: true}
+	// x6 is the outside host's address.
+	x6 := netip.MustParseAddr("fd00:4::2")
+	for _, c := range []struct {
+		name     string
+		rs       Ruleset
+		from     ns.NetNS
+		to       netip.Addr
+		at       *icmp6Receiver
+		typ      byte
+		received bool
+	}{
+		{"x → b, b open (control)", n.open(), n.x, b.v6, atB, 135, true},
+		{"x → b, b denies ingress", with(n.open(), b.port, deny, Direction{}), n.x, b.v6, atB, 135, false},
+		{"x → b: router advertisement", with(n.open(), b.port, deny, Direction{}), n.x, b.v6, atB, 134, false},
+		{"x → b: redirect", with(n.open(), b.port, deny, Direction{}), n.x, b.v6, atB, 137, false},
+		{"a → x, a open (control)", n.open(), a.ns, x6, atX, 135, true},
+		{"a → x, a denies egress", with(n.open(), a.port, Direction{}, deny), a.ns, x6, atX, 135, false},
+		{"a → x: neighbour advertisement", with(n.open(), a.port, Direction{}, deny), a.ns, x6, atX, 136, false},
+		{"a → b on the link: exempt", with(with(n.open(), a.port, Direction{}, deny), b.port, deny, Direction{}), a.ns, b.v6, atB, 135, true},
+		{"a → b link-local: exempt", with(with(n.open(), a.port, Direction{}, deny), b.port, deny, Direction{}), a.ns, b.ll, atB, 136, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n.apply(t, c.rs, Options{})
+			marker := fmt.Sprintf("nd-%d", time.Now().UnixNano())
+			if c.received {
+				if err := nettest.Eventually(3*time.Second, func() error {
+					sendICMP6(t, c.from, c.to, c.typ, marker)
+					if c.at.count(c.typ, marker) == 0 {
+						return errors.New("not received")
+					}
+					return nil
+				}); err != nil {
+					t.Errorf("type %d to %s: %v", c.typ, c.to, err)
+				}
+				return
+			}
+			// Denied: an echo request on the same path after it shows the path works for the
+			// node's control, so a missing message is the policy's doing.
+			for range 3 {
+				sendICMP6(t, c.from, c.to, c.typ, marker)
+			}
+			control := marker + "-control"
+			if err := nettest.Eventually(3*time.Second, func() error {
+				sendICMP6(t, n.node, c.to, 128, control)
+				if c.at.count(128, control) == 0 {
+					return errors.New("control not received")
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("the node's control echo to %s: %v", c.to, err)
+			}
+			if got := c.at.count(c.typ, marker); got != 0 {
+				t.Errorf("type %d to %s received %d times, want dropped", c.typ, c.to, got)
+			}
+		})
+	}
+}
