@@ -175,6 +175,75 @@ func TestDesiredRoutes(t *testing.T) {
 			peers: []string{"connected", "gw-loopback", "gw-mapped", "gw-self", "lan"},
 		},
 		{
+			name: "an InternalIP inside a pod CIDR, in every form the API lets a Node write: the whole Node refused",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, "192.168.1.1", "fd00:1::1"),
+				node("b", []string{"10.244.2.0/24", "fd00:10:244:2::/64"}, "192.168.1.2", "fd00:1::2"),
+				// Another node's pod gateway, and the IPv6 address is fine: both routes go.
+				node("gw-of-b", []string{"10.244.3.0/24", "fd00:10:244:3::/64"}, "10.244.2.1", "fd00:1::3"),
+				node("in-own", []string{"10.244.4.0/24"}, "10.244.4.7"),
+				node("in-local", []string{"10.244.5.0/24"}, "10.244.1.9"),
+				node("mapped", []string{"10.244.6.0/24"}, "::ffff:10.244.2.9"),
+				node("mapped-long", []string{"10.244.7.0/24"}, "0:0:0:0:0:ffff:0af4:0209"),
+				node("leading-zeros", []string{"10.244.8.0/24"}, "010.244.002.009"),
+				// The gateway of the family is fine; a second InternalIP is a pod's.
+				node("second", []string{"10.244.9.0/24"}, "192.168.1.9", "10.244.2.10"),
+				node("v6-in", []string{"10.244.10.0/24", "fd00:10:244:10::/64"}, "192.168.1.10", "fd00:10:244:2::10"),
+				node("garbage", []string{"10.244.11.0/24"}, "192.168.1.11", "10.244.2.x"),
+				// Not refused: an ExternalIP is not the Node's word about where it is, a zone is
+				// no part of the address, and an address in no pod CIDR is fine.
+				node("external", []string{"10.244.12.0/24"}, "192.168.1.12", "ext:10.244.2.12"),
+				node("zoned", []string{"10.244.13.0/24", "fd00:10:244:13::/64"}, "192.168.1.13", "fe80::13%eth0", "fd00:1::13"),
+				// Without a pod CIDR a Node is no peer: there is nothing to refuse.
+				node("no-cidr", nil, "10.244.2.14"),
+			},
+			routes: []string{
+				"10.244.2.0/24 via 192.168.1.2 (b)", "fd00:10:244:2::/64 via fd00:1::2 (b)",
+				"10.244.12.0/24 via 192.168.1.12 (external)",
+				"10.244.13.0/24 via 192.168.1.13 (zoned)", "fd00:10:244:13::/64 via fd00:1::13 (zoned)",
+			},
+			unusable: []string{
+				`garbage 10.244.11.0/24: its InternalIP "10.244.2.x" is not an IP address`,
+				"gw-of-b 10.244.3.0/24: its InternalIP 10.244.2.1 lies inside the pod CIDR 10.244.2.0/24 of node b",
+				"gw-of-b fd00:10:244:3::/64: its InternalIP 10.244.2.1 lies inside the pod CIDR 10.244.2.0/24 of node b",
+				"in-local 10.244.5.0/24: its InternalIP 10.244.1.9 lies inside the pod CIDR 10.244.1.0/24 of node a",
+				"in-own 10.244.4.0/24: its InternalIP 10.244.4.7 lies inside the pod CIDR 10.244.4.0/24 of node in-own",
+				`leading-zeros 10.244.8.0/24: its InternalIP "010.244.002.009" (10.244.2.9) lies inside the pod CIDR 10.244.2.0/24 of node b`,
+				`mapped 10.244.6.0/24: its InternalIP "::ffff:10.244.2.9" (10.244.2.9) lies inside the pod CIDR 10.244.2.0/24 of node b`,
+				`mapped-long 10.244.7.0/24: its InternalIP "0:0:0:0:0:ffff:0af4:0209" (10.244.2.9) lies inside the pod CIDR 10.244.2.0/24 of node b`,
+				"second 10.244.9.0/24: its InternalIP 10.244.2.10 lies inside the pod CIDR 10.244.2.0/24 of node b",
+				"v6-in 10.244.10.0/24: its InternalIP fd00:10:244:2::10 lies inside the pod CIDR fd00:10:244:2::/64 of node b",
+				"v6-in fd00:10:244:10::/64: its InternalIP fd00:10:244:2::10 lies inside the pod CIDR fd00:10:244:2::/64 of node b",
+			},
+			peers: []string{"b", "external", "garbage", "gw-of-b", "in-local", "in-own", "leading-zeros", "mapped", "mapped-long", "second", "v6-in", "zoned"},
+		},
+		{
+			name: "a new claim around existing nodes' addresses refuses them; refused and unparsable claims hold no pods and count for nothing",
+			nodes: []*corev1.Node{
+				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),
+				node("b", []string{"10.244.2.0/24"}, "192.168.1.2"),
+				node("c", []string{"10.244.3.0/24"}, "192.168.2.3"),
+				node("d", []string{"10.244.4.0/24"}, "192.168.3.4"),
+				node("around-b", []string{"192.168.1.0/28"}, "192.168.1.100"),
+				node("twice-1", []string{"192.168.2.0/28"}, "192.168.1.101"),
+				node("twice-2", []string{"192.168.2.0/28"}, "192.168.1.102"),
+				node("refused", []string{"192.168.3.0/24", "fd00:99::/64"}, "192.168.1.103"),
+				node("unparsable", []string{"192.168.3.0"}, "192.168.1.104"),
+			},
+			rules:  CIDRRules{Services: mustPrefixes("192.168.3.0/24")},
+			routes: []string{"192.168.1.0/28 via 192.168.1.100 (around-b)", "10.244.4.0/24 via 192.168.3.4 (d)"},
+			unusable: []string{
+				"b 10.244.2.0/24: its InternalIP 192.168.1.2 lies inside the pod CIDR 192.168.1.0/28 of node around-b",
+				"c 10.244.3.0/24: its InternalIP 192.168.2.3 lies inside the pod CIDR 192.168.2.0/28 of node twice-1, twice-2",
+				"refused 192.168.3.0/24: overlaps the service CIDR",
+				"refused fd00:99::/64: node has no IPv6 InternalIP",
+				"twice-1 192.168.2.0/28: overlaps the pod CIDR of node twice-2",
+				"twice-2 192.168.2.0/28: overlaps the pod CIDR of node twice-1",
+				"unparsable invalid Prefix",
+			},
+			peers: []string{"around-b", "b", "c", "d", "refused", "twice-1", "twice-2", "unparsable"},
+		},
+		{
 			name: "host bits set: not a network, refused whole",
 			nodes: []*corev1.Node{
 				node("a", []string{"10.244.1.0/24"}, "192.168.1.1"),

@@ -35,8 +35,9 @@ type Want struct {
 
 // DesiredRoutes computes, for the node named self, one route per pod CIDR of every other node
 // via that node's InternalIP of the same family, under rules. Nodes without a pod CIDR yet are
-// not peers. A CIDR the rules refuse, one that overlaps the node's own, and every CIDR two nodes
-// claim, gets no route but a report: a wrong route sends pods' traffic to the wrong node.
+// not peers. A CIDR the rules refuse, one that overlaps the node's own, every CIDR two nodes
+// claim, and every CIDR of a Node with an InternalIP inside a pod CIDR (claims.addressError),
+// gets no route but a report: a wrong route sends pods' traffic to the wrong node.
 func DesiredRoutes(self string, nodes []*corev1.Node, rules CIDRRules) Want {
 	return newClaims(nodes, rules).routes(self, nodes)
 }
@@ -66,6 +67,12 @@ func (c *claims) routes(self string, nodes []*corev1.Node) Want {
 			continue
 		}
 		w.Peers = append(w.Peers, n.Name)
+		if err := c.addressError(n); err != nil {
+			for _, p := range cidrs {
+				w.Unusable = append(w.Unusable, routes.Failure{Route: routes.Route{Dst: p, Node: n.Name}, Err: err})
+			}
+			continue
+		}
 		for _, p := range cidrs {
 			r := routes.Route{Dst: p, Node: n.Name}
 			cl := claim{n.Name, p}

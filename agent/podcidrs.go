@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	netutils "k8s.io/utils/net"
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
 )
@@ -110,10 +111,11 @@ type claims struct {
 	parseErr map[string]error
 	invalid  map[claim]error
 	shared   map[claim][]string // valid claim -> the other nodes with an overlapping valid claim
+	pods     podNets            // every valid claim, to find the ones holding an address
 }
 
 func newClaims(nodes []*corev1.Node, rules CIDRRules) *claims {
-	c := &claims{rules: rules, byNode: map[string][]netip.Prefix{}, parseErr: map[string]error{}, invalid: map[claim]error{}, shared: map[claim][]string{}}
+	c := &claims{rules: rules, byNode: map[string][]netip.Prefix{}, parseErr: map[string]error{}, invalid: map[claim]error{}, shared: map[claim][]string{}, pods: podNets{owners: map[netip.Prefix][]string{}}}
 	var valid []claim
 	for _, n := range nodes {
 		cidrs, err := PodCIDRs(n)
@@ -130,10 +132,97 @@ func newClaims(nodes []*corev1.Node, rules CIDRRules) *claims {
 				continue
 			}
 			valid = append(valid, cl)
+			c.pods.add(cl)
 		}
 	}
 	c.findShared(valid)
 	return c
+}
+
+// podNets indexes pod CIDRs by prefix, so that the ones holding an address are found with one
+// map lookup per prefix length in use (a cluster has one or two), not one test per Node.
+type podNets struct {
+	owners map[netip.Prefix][]string
+	bits   [2][]int // the prefix lengths in use: [0] IPv4, [1] IPv6
+}
+
+func (p *podNets) add(cl claim) {
+	fam := familyIndex(cl.cidr.Addr())
+	if !slices.Contains(p.bits[fam], cl.cidr.Bits()) {
+		p.bits[fam] = append(p.bits[fam], cl.cidr.Bits())
+		slices.Sort(p.bits[fam])
+	}
+	if !slices.Contains(p.owners[cl.cidr], cl.node) {
+		p.owners[cl.cidr] = append(p.owners[cl.cidr], cl.node)
+	}
+}
+
+// containing returns the pod CIDRs that hold a, widest first.
+func (p *podNets) containing(a netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for _, bits := range p.bits[familyIndex(a)] {
+		if pfx, err := a.Prefix(bits); err == nil && len(p.owners[pfx]) > 0 {
+			out = append(out, pfx)
+		}
+	}
+	return out
+}
+
+func familyIndex(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// addressError says why the Node's InternalIPs make it no peer, or nil. An InternalIP inside a
+// pod CIDR (the Node's own or another's) is an address pods may hold: a route via it could lead
+// to a pod, and whatever trusts the Node's address (the API server reaching its kubelet) would
+// reach that pod. Every InternalIP counts, not only the gateways: each is the Node's word about
+// where it is. The pod CIDRs are those that pass the cluster-wide rules, which are the same on
+// every node, so every agent refuses the same Nodes; a CIDR refused by them holds no pods, and
+// counting it would let one refused claim around the nodes' own network withdraw every route
+// of the cluster.
+func (c *claims) addressError(n *corev1.Node) error {
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		ip, err := parseNodeIP(a.Address)
+		if err != nil {
+			return err
+		}
+		if pods := c.pods.containing(ip); len(pods) > 0 {
+			p := pods[0]
+			owners := slices.Sorted(slices.Values(c.pods.owners[p]))
+			return fmt.Errorf("its InternalIP %s lies inside the pod CIDR %s of node %s: pods may hold that address", quoteIfOther(a.Address, ip), p, strings.Join(owners, ", "))
+		}
+	}
+	return nil
+}
+
+// parseNodeIP reads an InternalIP as the cluster's other components do: the API server does not
+// validate node addresses, and Kubernetes reads IPv4 with leading zeros ("010.244.002.001") as
+// decimal, which net/netip refuses. IPv4-mapped IPv6 forms are the IPv4 address; a zone is no
+// part of the address. What neither reads is no address the agent can check: refused.
+func parseNodeIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		sloppy, ok := netip.AddrFromSlice(netutils.ParseIPSloppy(s))
+		if !ok {
+			return netip.Addr{}, fmt.Errorf("its InternalIP %q is not an IP address", s)
+		}
+		ip = sloppy
+	}
+	return ip.WithZone("").Unmap(), nil
+}
+
+// quoteIfOther shows an address as the Node wrote it, and what that means when it differs.
+func quoteIfOther(raw string, ip netip.Addr) string {
+	if raw == ip.String() {
+		return raw
+	}
+	return fmt.Sprintf("%q (%s)", raw, ip)
 }
 
 // findShared records every pair of overlapping valid claims of different nodes. CIDRs either

@@ -87,14 +87,8 @@ func TestAgentHostileNodes(t *testing.T) {
 	if _, err := events(api, n2.name, agent.EventRouteRefused, "node lan"); err == nil {
 		t.Error("node-2 reported a refusal of node lan's CIDR, which overlaps only node-1's network")
 	}
-	m, err := n1.metrics()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, h := range hostile {
-		if m[fmt.Sprintf("kubenet_agent_route_failures{node=%q}", h.node)] == 0 {
-			t.Errorf("node-1 exports no route failure for node %s", h.node)
-		}
+		expectRouteFailureMetric(t, n1, h.node)
 	}
 	expectTraffic(t, pod1, pod2)
 
@@ -146,6 +140,18 @@ func lanRoute(n, n1 *simNode) []string {
 	return []string{"10.244.200.0/24 via 192.168.77.44"}
 }
 
+// expectRouteFailureMetric checks that n's agent exports a route failure for node.
+func expectRouteFailureMetric(t *testing.T, n *simNode, node string) {
+	t.Helper()
+	m, err := n.metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m[fmt.Sprintf("kubenet_agent_route_failures{node=%q}", node)] == 0 {
+		t.Errorf("%s exports no route failure for node %s", n.name, node)
+	}
+}
+
 // events returns the Events about node with reason whose message holds every part.
 func events(api kubernetes.Interface, node, reason string, parts ...string) ([]corev1.Event, error) {
 	list, err := api.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
@@ -175,5 +181,119 @@ func expectEvent(t *testing.T, api kubernetes.Interface, node, reason string, pa
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAgentNodeInsidePodCIDR: a Node whose InternalIP lies inside a pod CIDR (another node's, the
+// local node's, its own; in any form the API lets it write) gets no route on any node, and an
+// Event on each agent's Node names the address and the pod CIDR, while a valid Node next to it
+// keeps its route. An address that only later falls inside a pod CIDR (a new Node claims a CIDR
+// around it, or the Node reports a new InternalIP) takes the route the Node had away, and gives
+// it back when the conflict is gone.
+func TestAgentNodeInsidePodCIDR(t *testing.T) {
+	u, cp, agentTok := startCluster(t)
+	api := cp.admin
+	n1, n2 := newSimNode(t, u, cp, "node-1", 1, agentTok), newSimNode(t, u, cp, "node-2", 2, agentTok)
+	honest := []*simNode{n1, n2}
+	cidrs := map[string][]netip.Prefix{n1.name: podCIDRs(1), n2.name: podCIDRs(2)}
+	// A second subnet on the segment, inside the cluster CIDR: a gateway there is on-link, so
+	// the kernel would take a route via it and only the agent's rules can keep one out.
+	segment := netip.MustParsePrefix("10.244.99.0/24")
+	for i, n := range honest {
+		nettest.Do(t, n.ns, func() error {
+			eth0, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return netlink.AddrAdd(eth0, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, 99, byte(11 + i)}), segment.Bits()))})
+		})
+	}
+	for _, n := range honest {
+		createNode(t, api, nodeObject(n.name, n.addrs, cidrs[n.name]))
+		n.startAgent(t)
+	}
+	for _, n := range honest {
+		expectRoutes(t, n, wantRoutes(n, honest, cidrs))
+	}
+	pod1, pod2 := addPod(t, n1, "pod-1"), addPod(t, n2, "pod-2")
+	expectTraffic(t, pod1, pod2)
+
+	// Every hostile Node has a gateway that is on-link somewhere: the pod gateways are on the
+	// nodes' bridges, the segment addresses on eth0.
+	hostile := []struct {
+		node  string
+		addrs []string
+		cidrs []netip.Prefix
+		parts []string // what the agents' Events say
+	}{
+		{"gw-of-node-2", []string{"10.244.2.1", "fd00:10:244:2::1"}, podCIDRs(6), []string{"its InternalIP 10.244.2.1 lies inside the pod CIDR 10.244.2.0/24 of node node-2"}},
+		{"mapped", []string{"::ffff:10.244.1.1"}, podCIDRs(7)[:1], []string{`its InternalIP "::ffff:10.244.1.1" (10.244.1.1) lies inside the pod CIDR 10.244.1.0/24 of node node-1`}},
+		{"in-own", []string{"10.244.99.30", "10.244.8.1"}, podCIDRs(8)[:1], []string{"its InternalIP 10.244.8.1 lies inside the pod CIDR 10.244.8.0/24 of node in-own"}},
+	}
+	for _, h := range hostile {
+		n := nodeObject(h.node, nil, h.cidrs)
+		for _, a := range h.addrs {
+			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a})
+		}
+		createNode(t, api, n)
+	}
+	// The valid Node, made after the hostile ones: once its routes are in place, the agents
+	// have synced with the hostile Nodes in their caches too (a watch delivers in order), so
+	// the routes the hostile ones would have had are known to be absent, not just not yet there.
+	valid := nodeObject("valid", []netip.Prefix{netip.MustParsePrefix("10.244.99.20/24"), netip.MustParsePrefix("fd00:77::20/64")}, podCIDRs(5))
+	createNode(t, api, valid)
+	validRoutes := []string{"10.244.5.0/24 via 10.244.99.20", "fd00:10:244:5::/64 via fd00:77::20"}
+	for _, n := range honest {
+		expectRoutes(t, n, append(wantRoutes(n, honest, cidrs), validRoutes...))
+		for _, h := range hostile {
+			expectEvent(t, api, n.name, agent.EventRouteRefused, append([]string{"node " + h.node}, h.parts...)...)
+		}
+	}
+	for _, h := range hostile {
+		expectRouteFailureMetric(t, n1, h.node)
+	}
+	expectTraffic(t, pod1, pod2)
+	expectTraffic(t, pod2, pod1)
+
+	// A new Node claims a CIDR around the valid Node's address: the valid Node's routes go
+	// everywhere (which claim is right is unknown), and come back when the claim goes.
+	createNode(t, api, nodeObject("around-valid", []netip.Prefix{netip.MustParsePrefix("192.168.77.60/24")}, []netip.Prefix{netip.MustParsePrefix("10.244.99.16/28")}))
+	for _, n := range honest {
+		expectRoutes(t, n, wantRoutes(n, honest, cidrs))
+		expectEvent(t, api, n.name, agent.EventRouteRefused, "node valid", "its InternalIP 10.244.99.20 lies inside the pod CIDR 10.244.99.16/28 of node around-valid")
+	}
+	deleteNode(t, api, "around-valid")
+	for _, n := range honest {
+		expectRoutes(t, n, append(wantRoutes(n, honest, cidrs), validRoutes...))
+	}
+
+	// The valid Node reports one more InternalIP, a pod's address on node-2: its routes go.
+	setInternalIPs(t, api, "valid", "10.244.99.20", "fd00:77::20", "10.244.2.77")
+	for _, n := range honest {
+		expectRoutes(t, n, wantRoutes(n, honest, cidrs))
+		expectEvent(t, api, n.name, agent.EventRouteRefused, "node valid", "its InternalIP 10.244.2.77 lies inside the pod CIDR 10.244.2.0/24 of node node-2")
+	}
+	setInternalIPs(t, api, "valid", "10.244.99.20", "fd00:77::20")
+	for _, n := range honest {
+		expectRoutes(t, n, append(wantRoutes(n, honest, cidrs), validRoutes...))
+	}
+	expectTraffic(t, pod1, pod2)
+}
+
+// setInternalIPs replaces the Node's InternalIPs through the status subresource, as its kubelet
+// would.
+func setInternalIPs(t *testing.T, api kubernetes.Interface, name string, addrs ...string) {
+	t.Helper()
+	ctx := context.Background()
+	n, err := api.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Addresses = slices.DeleteFunc(n.Status.Addresses, func(a corev1.NodeAddress) bool { return a.Type == corev1.NodeInternalIP })
+	for _, a := range addrs {
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a})
+	}
+	if _, err := api.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("node %s status: %v", name, err)
 	}
 }
