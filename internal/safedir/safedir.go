@@ -259,7 +259,8 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 // a symlink; anything but a regular file in its place is an error wrapping ErrNotRegular.
 func (d *Dir) OpenFile(name string, flags int, perm os.FileMode) (*os.File, error) {
 	fd, err := d.openBeneath(name, uint64(flags)|unix.O_NONBLOCK, uint64(perm.Perm()))
-	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EISDIR) {
+	// ENXIO: a fifo without a reader opened for writing (O_NONBLOCK), or a unix socket.
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENXIO) {
 		return nil, d.pathErr("open", name, ErrNotRegular)
 	}
 	if err != nil {

@@ -82,6 +82,10 @@ func TestNeverFollowsOrEscapes(t *testing.T) {
 		{"open a file as dir", func(d *Dir) error { _, err := d.Sub("plain", false, 0); return err }, errAny},
 		{"lock-open a symlink with O_CREAT", func(d *Dir) error { _, err := d.OpenFile("link-to-file", os.O_RDWR|os.O_CREATE, 0o600); return err }, ErrNotRegular},
 		{"lock-open a fifo", func(d *Dir) error { _, err := d.OpenFile("fifo", os.O_RDWR|os.O_CREATE, 0o600); return err }, ErrNotRegular},
+		{"write-open a fifo nobody reads", func(d *Dir) error {
+			_, err := d.OpenFile("fifo", os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+			return err
+		}, ErrNotRegular},
 		{"link onto a symlink", func(d *Dir) error { return d.Link("plain", "link-to-file") }, fs.ErrExist},
 		{"write replaces the symlink, not its target", func(d *Dir) error { return d.WriteFile("link-to-file", []byte("new"), 0o600, true) }, nil},
 		{"remove a symlink removes the link", func(d *Dir) error { return d.Remove("link-to-file") }, nil},
