@@ -3,8 +3,10 @@
 // one name (a single path element) and work relative to the open directory with the *at system
 // calls and openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so a symlink, a ".." or a directory
 // swapped in by someone else is refused instead of followed. Open also refuses a directory that
-// someone other than its owner (root or this process's user) may write to, and one below such a
-// directory: whoever can write there could plant names for kubenet to trip over.
+// someone other than its owner (root or this process's user) may write to, one reached through
+// such a directory, and one reached through a symbolic link that someone else may replace:
+// whoever can write there could plant names for kubenet to trip over, or point the path
+// elsewhere.
 package safedir
 
 import (
@@ -39,36 +41,138 @@ type Dir struct {
 }
 
 // Open opens the directory at path, which must exist. Symbolic links in path itself are
-// followed (where the state lives is the operator's choice); nothing below it ever is. The
-// directory and every directory above it must pass trusted.
-func Open(path string) (*Dir, error) {
-	fd, err := unix.Open(path, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// followed (where the state lives is the operator's choice), as long as nobody else can change
+// where they lead (walk); nothing below it ever is. The directory must pass trusted.
+func Open(path string) (*Dir, error) { return open(path, false, 0) }
+
+func open(path string, create bool, perm os.FileMode) (*Dir, error) {
+	fd, err := walk(path, create, perm)
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
 	d := &Dir{f: os.NewFile(uintptr(fd), path), path: path}
 	if err := d.trusted(); err != nil {
 		d.Close()
 		return nil, err
 	}
-	if err := ancestorsTrusted(fd, path); err != nil {
-		d.Close()
-		return nil, err
-	}
 	return d, nil
 }
 
-// MkdirAll creates path and its missing parents with perm (like os.MkdirAll), then opens it.
-// A path that exists is opened without a look first: every verb opens the data dir.
+// maxLinks bounds the symbolic links one walk follows, as the kernel's 40.
+const maxLinks = 40
+
+// walk opens the directory at path one element at a time, resolving it as the kernel would, but
+// through nothing that someone other than root or this process's user could change: every
+// directory it passes through must pass checkTrust as an ancestor (a sticky one, as /tmp, may
+// be writable by all), and in such a sticky directory a symbolic link is followed only when
+// root or this user owns it (its owner may replace it at any moment). A link's target is walked
+// by the same rules. The kernel's own resolution checks only the directory it ends at; a path
+// through a directory or a link that another user controls could be pointed anywhere. With
+// create, a missing directory is made (with perm) in the directory just checked.
+func walk(path string, create bool, perm os.FileMode) (int, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	fail := func(at string, err error) (int, error) {
+		if at == path {
+			return -1, &fs.PathError{Op: "open", Path: path, Err: err}
+		}
+		return -1, fmt.Errorf("open %s: %w", path, &fs.PathError{Op: "walk", Path: at, Err: err})
+	}
+	root := func() (int, error) { return unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0) }
+	cur, err := root()
+	if err != nil {
+		return fail("/", err)
+	}
+	curPath, rest, links := "/", strings.Split(abs, "/"), 0
+	for len(rest) > 0 {
+		name := rest[0]
+		rest = rest[1:]
+		if name == "" || name == "." {
+			continue
+		}
+		var dir unix.Stat_t
+		if err := unix.Fstat(cur, &dir); err != nil {
+			unix.Close(cur)
+			return fail(curPath, err)
+		}
+		if err := checkTrust(curPath, &dir, true); err != nil {
+			unix.Close(cur)
+			return -1, fmt.Errorf("above %s: %w", path, err)
+		}
+		next := filepath.Join(curPath, name)
+		var st unix.Stat_t
+		if name != ".." {
+			err := unix.Fstatat(cur, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+			if create && errors.Is(err, unix.ENOENT) {
+				// One that another process made meanwhile will do: if it is not ours, the
+				// next check refuses it.
+				if err = unix.Mkdirat(cur, name, uint32(perm.Perm())); err == nil || errors.Is(err, unix.EEXIST) {
+					err = unix.Fstatat(cur, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+				}
+			}
+			if err != nil {
+				unix.Close(cur)
+				return fail(next, err)
+			}
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			links++
+			target, err := readLink(cur, name, &dir, &st)
+			if err == nil && links > maxLinks {
+				err = unix.ELOOP
+			}
+			if err != nil {
+				unix.Close(cur)
+				return fail(next, err)
+			}
+			if filepath.IsAbs(target) {
+				unix.Close(cur)
+				if cur, err = root(); err != nil {
+					return fail("/", err)
+				}
+				curPath = "/"
+			}
+			rest = append(strings.Split(target, "/"), rest...)
+			continue
+		}
+		// O_NOFOLLOW: a link swapped in since the look is refused, not followed.
+		fd, err := unix.Openat(cur, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		unix.Close(cur)
+		if err != nil {
+			return fail(next, err)
+		}
+		cur, curPath = fd, next
+	}
+	return cur, nil
+}
+
+// readLink reads the symbolic link name in the directory dirFd (dir, its stat) whose own stat
+// is st, refusing it when its owner is someone else and the directory lets its owner replace
+// it (sticky and writable by others).
+func readLink(dirFd int, name string, dir, st *unix.Stat_t) (string, error) {
+	if dir.Mode&0o022 != 0 && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return "", fmt.Errorf("%w: a symbolic link owned by uid %d in a directory others may write", ErrUntrusted, st.Uid)
+	}
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(dirFd, name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// MkdirAll creates path and its missing parents with perm (like os.MkdirAll), then opens it;
+// the directories are made on the way of Open's walk, so never where a link that others may
+// repoint leads. A path that exists is opened without a look first: every verb opens the data
+// dir.
 func MkdirAll(path string, perm os.FileMode) (*Dir, error) {
 	d, err := Open(path)
 	if !errors.Is(err, fs.ErrNotExist) {
 		return d, err
 	}
-	if err := os.MkdirAll(path, perm); err != nil {
-		return nil, err
-	}
-	return Open(path)
+	return open(path, true, perm)
 }
 
 // Path is the directory's path.
@@ -205,27 +309,6 @@ func checkTrust(path string, st *unix.Stat_t, ancestor bool) error {
 		return &fs.PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: mode %04o", ErrUntrusted, st.Mode&0o7777)}
 	}
 	return nil
-}
-
-// ancestorsTrusted checks every directory above the open directory fd: whoever may rename an
-// entry of one of them may swap the state directory for one of their own.
-func ancestorsTrusted(fd int, path string) error {
-	real, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
-	if err != nil || !filepath.IsAbs(real) {
-		real = filepath.Clean(path)
-	}
-	for dir := filepath.Dir(real); ; dir = filepath.Dir(dir) {
-		var st unix.Stat_t
-		if err := unix.Stat(dir, &st); err != nil {
-			return &fs.PathError{Op: "stat", Path: dir, Err: err}
-		}
-		if err := checkTrust(dir, &st, true); err != nil {
-			return fmt.Errorf("above %s: %w", path, err)
-		}
-		if dir == "/" || dir == "." {
-			return nil
-		}
-	}
 }
 
 // ReadFile returns the content of the regular file name. A symlink, a directory or any other
