@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,8 +20,9 @@ import (
 // STATUS is not logged: runtimes poll it every few seconds, and its lines would push the pods'
 // out of the bounded file. The log keys are read on their own, so a call whose configuration is
 // otherwise invalid is logged with that error. A log that cannot be written is reported on
-// stderr (runtimes keep it as the plugin's debug output) and never fails the call.
-func logCall(verb string, args *skel.CmdArgs, start time.Time, result *verblog.Result, err error) {
+// stderr (runtimes keep it as the plugin's debug output) and never fails the call; ctx is the
+// call's, which bounds the wait for the log's lock (verblog.Append).
+func logCall(ctx context.Context, verb string, args *skel.CmdArgs, start time.Time, result *verblog.Result, err error) {
 	settings, serr := core.ParseLogSettings(args.StdinData)
 	if serr != nil || settings.File == "" || (verb == "STATUS" && err == nil) {
 		return
@@ -47,7 +49,7 @@ func logCall(verb string, args *skel.CmdArgs, start time.Time, result *verblog.R
 	} else {
 		e.Result = result
 	}
-	if werr := verblog.Append(settings.File, settings.MaxBytes, e); werr != nil {
+	if werr := verblog.Append(ctx, settings.File, settings.MaxBytes, e); werr != nil {
 		fmt.Fprintf(os.Stderr, "kubenet: call log %s: %v\n", settings.File, werr)
 	}
 }

@@ -56,7 +56,7 @@ func run(name string, f verb) func(*skel.CmdArgs) error {
 		ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		result, err := f(ctx, args)
-		logCall(name, args, start, result, err)
+		logCall(ctx, name, args, start, result, err)
 		return err
 	}
 }

@@ -2,6 +2,7 @@ package verblog
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 	n, _ := strconv.Atoi(f[3])
 	for i := range n {
 		e := Entry{Time: time.Now(), Verb: "ADD", Container: f[2], Interface: strconv.Itoa(i), Result: &Result{IPs: []string{"10.244.1.2/24"}}}
-		if err := Append(f[0], maxBytes, e); err != nil {
+		if err := Append(context.Background(), f[0], maxBytes, e); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -63,7 +64,7 @@ func TestAppend(t *testing.T) {
 	ok := Entry{Time: start, Verb: "ADD", Network: "kubenet", Container: "c1", Interface: "eth0", NetNS: "/run/netns/p", Pod: "default/web", DurationMs: 7.5, Result: &Result{IPs: []string{"10.244.1.2/24"}}}
 	failed := Entry{Time: start, Verb: "DEL", Container: "c2", Error: &Error{Code: 7, Msg: strings.Repeat("x", 2*maxMsg)}}
 	for _, e := range []Entry{ok, failed} {
-		if err := Append(path, 1<<20, e); err != nil {
+		if err := Append(context.Background(), path, 1<<20, e); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,7 +91,7 @@ func TestRotation(t *testing.T) {
 	var last Entry
 	for i := range 200 {
 		last = Entry{Time: time.Unix(int64(i), 0).UTC(), Verb: "ADD", Container: fmt.Sprintf("c%03d", i)}
-		if err := Append(path, limit, last); err != nil {
+		if err := Append(context.Background(), path, limit, last); err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range []string{path, path + ".1"} {

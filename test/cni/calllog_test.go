@@ -2,12 +2,21 @@ package cni
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
@@ -135,4 +144,190 @@ func readCallLog(t *testing.T, path string) []callLine {
 		out = append(out, l)
 	}
 	return out
+}
+
+// pluginHung is how long a logged call may take before it counts as wedged: far more than
+// verblog.LockWait, the longest the log may delay it, plus the call itself.
+const pluginHung = 30 * time.Second
+
+// pluginCall is one run of the binary started by startPlugin.
+type pluginCall struct {
+	cmd            *exec.Cmd
+	exited         <-chan error
+	stdout, stderr bytes.Buffer
+}
+
+// startPlugin starts the kubenet binary inside the node with the CNI variables of verb on pod
+// and stdin, without waiting for it.
+func startPlugin(t *testing.T, node *nettest.Node, verb string, pod *nettest.Pod, stdin []byte) *pluginCall {
+	t.Helper()
+	c := &pluginCall{cmd: exec.Command(filepath.Join(binDir, "kubenet"))}
+	c.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CNI_PATH=" + binDir, "CNI_COMMAND=" + verb,
+		"CNI_CONTAINERID=" + pod.RT.ContainerID, "CNI_IFNAME=eth0", "CNI_NETNS=" + pod.NS.Path(), "CNI_ARGS=K8S_POD_NAMESPACE=default;K8S_POD_NAME=" + pod.RT.ContainerID}
+	c.cmd.Stdin = bytes.NewReader(stdin)
+	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var err error
+	if c.exited, err = nettest.StartOnOwnThread(node.NS, c.cmd); err != nil {
+		t.Fatalf("start %s: %v", verb, err)
+	}
+	return c
+}
+
+// wait waits for the run to end (killing it and failing the test after pluginHung) and returns
+// its exit code.
+func (c *pluginCall) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case err := <-c.exited:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(pluginHung):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+		t.Fatalf("%s still running after %s; stderr: %s", c.cmd.Env, pluginHung, c.stderr.String())
+		return -1
+	}
+}
+
+// logConf is a network configuration for stdin with the call log at logFile.
+func logConf(node *nettest.Node, logFile string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"cniVersion": "1.1.0", "name": "kubenet", "type": "kubenet", "dataDir": node.DataDir(),
+		"podCIDRs": []string{nettest.PodCIDR4.String(), nettest.PodCIDR6.String()},
+		"logFile":  logFile,
+	})
+	return b
+}
+
+// callLogLines counts the lines of stderr about the call log.
+func callLogLines(stderr string) []string {
+	var out []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, "call log") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestCallLogNeverFailsTheCall: whatever is wrong with the log (a symlink at its path, its lock
+// held forever by another process, a fifo in its place, a directory others may write), ADD and
+// DEL succeed and set up or tear down the pod, each within the lock's time limit of its start,
+// with exactly one line on stderr saying why nothing was logged; nothing outside the log's
+// directory is written.
+func TestCallLogNeverFailsTheCall(t *testing.T) {
+	cases := []struct {
+		name    string
+		setup   func(t *testing.T, logDir, logFile, outside string)
+		wantErr string
+	}{
+		{"symlink at the log path", func(t *testing.T, _, logFile, outside string) { mustDo(t, os.Symlink(outside, logFile)) }, "not a regular file"},
+		{"fifo at the log path", func(t *testing.T, _, logFile, _ string) { mustDo(t, syscall.Mkfifo(logFile, 0o600)) }, "not a regular file"},
+		{"log directory writable by all", func(t *testing.T, logDir, _, _ string) { mustDo(t, os.Chmod(logDir, 0o777)) }, "writable by others"},
+		{"lock held forever by another process", func(t *testing.T, _, logFile, _ string) {
+			f, err := os.OpenFile(logFile+".lock", os.O_CREATE|os.O_RDONLY, 0o600)
+			mustDo(t, err)
+			t.Cleanup(func() { f.Close() })
+			mustDo(t, unix.Flock(int(f.Fd()), unix.LOCK_EX))
+		}, "lock held by another process: gave up after 1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			node := nettest.NewNode(t, binDir)
+			logDir := filepath.Join(node.Dir, "log")
+			mustDo(t, os.Mkdir(logDir, 0o755))
+			mustDo(t, os.Chmod(logDir, 0o755))
+			outside := filepath.Join(node.Dir, "precious")
+			mustDo(t, os.WriteFile(outside, []byte("precious\n"), 0o644))
+			logFile := filepath.Join(logDir, "kubenet.log")
+			tc.setup(t, logDir, logFile, outside)
+			pod := node.NewPod(t, "unlogged")
+			stdin := logConf(node, logFile)
+			for _, verb := range []string{"ADD", "DEL"} {
+				start := time.Now()
+				call := startPlugin(t, node, verb, pod, stdin)
+				code := call.wait(t)
+				took := time.Since(start)
+				if code != 0 {
+					t.Fatalf("%s failed (exit %d): %s %s", verb, code, call.stdout.String(), call.stderr.String())
+				}
+				if lines := callLogLines(call.stderr.String()); len(lines) != 1 || !strings.Contains(lines[0], tc.wantErr) {
+					t.Errorf("%s: stderr lines about the log %q, want one saying %q", verb, lines, tc.wantErr)
+				}
+				t.Logf("%s took %s", verb, took)
+				// The call did its work: after ADD the pod has its addresses, after DEL no eth0.
+				if verb == "ADD" {
+					if got := testkit.Addrs(t, pod.NS, "eth0"); len(got) != 2 {
+						t.Errorf("after ADD the pod has addresses %v, want one of each family", got)
+					}
+				} else if testkit.LinkExists(t, pod.NS, "eth0") {
+					t.Error("after DEL the pod still has eth0")
+				}
+			}
+			if b, err := os.ReadFile(outside); err != nil || string(b) != "precious\n" {
+				t.Errorf("the file outside the log's directory holds %q (%v)", b, err)
+			}
+			if st, err := os.Lstat(logFile); err == nil && st.Mode().IsRegular() && st.Size() > 0 {
+				t.Errorf("%s holds %d bytes: something was logged", logFile, st.Size())
+			}
+		})
+	}
+}
+
+// TestCallLogSIGTERMWhileWaitingForLock: a call waiting for a log lock that another process
+// holds ends at once on SIGTERM, which the plugin catches to end its context: the wait must
+// watch that context, or the call would be unkillable but by SIGKILL.
+func TestCallLogSIGTERMWhileWaitingForLock(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	logFile := filepath.Join(node.Dir, "kubenet.log")
+	lock, err := os.OpenFile(logFile+".lock", os.O_CREATE|os.O_RDONLY, 0o600)
+	mustDo(t, err)
+	defer lock.Close()
+	mustDo(t, unix.Flock(int(lock.Fd()), unix.LOCK_EX))
+	pod := node.NewPod(t, "sigterm")
+	call := startPlugin(t, node, "DEL", pod, logConf(node, logFile))
+	// The call waits for the lock once it has the lock file open.
+	err = nettest.Eventually(pluginHung, func() error {
+		if !hasOpen(call.cmd.Process.Pid, logFile+".lock") {
+			return fmt.Errorf("the plugin has not opened %s.lock", logFile)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustDo(t, call.cmd.Process.Signal(syscall.SIGTERM))
+	code := call.wait(t)
+	if code != 0 {
+		t.Errorf("DEL exited %d: %s %s", code, call.stdout.String(), call.stderr.String())
+	}
+	if lines := callLogLines(call.stderr.String()); len(lines) != 1 || !strings.Contains(lines[0], "terminated signal received") {
+		t.Errorf("stderr lines about the log %q, want one saying SIGTERM ended the wait", lines)
+	}
+}
+
+// hasOpen reports whether process pid has path open.
+func hasOpen(pid int, path string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, _ := os.ReadDir(dir)
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && target == path {
+			return true
+		}
+	}
+	return false
+}
+
+func mustDo(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }
