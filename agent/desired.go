@@ -36,8 +36,8 @@ type Want struct {
 // DesiredRoutes computes, for the node named self, one route per pod CIDR of every other node
 // via that node's InternalIP of the same family, under rules. Nodes without a pod CIDR yet are
 // not peers. A CIDR the rules refuse, one that overlaps the node's own, every CIDR two nodes
-// claim, and every CIDR of a Node with an InternalIP inside a pod CIDR (claims.addressError),
-// gets no route but a report: a wrong route sends pods' traffic to the wrong node.
+// claim, and every CIDR of a Node with an InternalIP inside a pod or service CIDR
+// (claims.addressError), gets no route but a report: a wrong route sends pods' traffic to the wrong node.
 func DesiredRoutes(self string, nodes []*corev1.Node, rules CIDRRules) Want {
 	return newClaims(nodes, rules).routes(self, nodes)
 }

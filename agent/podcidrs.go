@@ -176,10 +176,10 @@ func familyIndex(a netip.Addr) int {
 }
 
 // addressError says why the Node's InternalIPs make it no peer, or nil. An InternalIP inside a
-// pod CIDR (the Node's own or another's) is an address pods may hold: a route via it could lead
-// to a pod, and whatever trusts the Node's address (the API server reaching its kubelet) would
-// reach that pod. Every InternalIP counts, not only the gateways: each is the Node's word about
-// where it is. The pod CIDRs are those that pass the cluster-wide rules, which are the same on
+// pod CIDR (the Node's own or another's), or inside a service CIDR, is an address pods may hold
+// or a service answers for: a route via it could lead to a pod, and whatever trusts the Node's
+// address (the API server reaching its kubelet) would reach that pod. Every InternalIP counts,
+// not only the gateways: each is the Node's word about where it is. The pod CIDRs are those that pass the cluster-wide rules, which are the same on
 // every node, so every agent refuses the same Nodes; a CIDR refused by them holds no pods, and
 // counting it would let one refused claim around the nodes' own network withdraw every route
 // of the cluster.
@@ -196,6 +196,9 @@ func (c *claims) addressError(n *corev1.Node) error {
 			p := pods[0]
 			owners := slices.Sorted(slices.Values(c.pods.owners[p]))
 			return fmt.Errorf("its InternalIP %s lies inside the pod CIDR %s of node %s: pods may hold that address", quoteIfOther(a.Address, ip), p, strings.Join(owners, ", "))
+		}
+		if i := slices.IndexFunc(c.rules.Services, func(s netip.Prefix) bool { return s.Contains(ip) }); i >= 0 {
+			return fmt.Errorf("its InternalIP %s lies inside the service CIDR %s (--service-cidr): a service may answer for that address", quoteIfOther(a.Address, ip), c.rules.Services[i])
 		}
 	}
 	return nil

@@ -185,9 +185,9 @@ func expectEvent(t *testing.T, api kubernetes.Interface, node, reason string, pa
 }
 
 // TestAgentNodeInsidePodCIDR: a Node whose InternalIP lies inside a pod CIDR (another node's, the
-// local node's, its own; in any form the API lets it write) gets no route on any node, and an
-// Event on each agent's Node names the address and the pod CIDR, while a valid Node next to it
-// keeps its route. An address that only later falls inside a pod CIDR (a new Node claims a CIDR
+// local node's, its own; in any form the API lets it write) or a service CIDR gets no route on
+// any node, and an Event on each agent's Node names the address and the CIDR, while a valid
+// Node next to it keeps its route. An address that only later falls inside a pod CIDR (a new Node claims a CIDR
 // around it, or the Node reports a new InternalIP) takes the route the Node had away, and gives
 // it back when the conflict is gone.
 func TestAgentNodeInsidePodCIDR(t *testing.T) {
@@ -229,6 +229,7 @@ func TestAgentNodeInsidePodCIDR(t *testing.T) {
 		{"gw-of-node-2", []string{"10.244.2.1", "fd00:10:244:2::1"}, podCIDRs(6), []string{"its InternalIP 10.244.2.1 lies inside the pod CIDR 10.244.2.0/24 of node node-2"}},
 		{"mapped", []string{"::ffff:10.244.1.1"}, podCIDRs(7)[:1], []string{`its InternalIP "::ffff:10.244.1.1" (10.244.1.1) lies inside the pod CIDR 10.244.1.0/24 of node node-1`}},
 		{"in-own", []string{"10.244.99.30", "10.244.8.1"}, podCIDRs(8)[:1], []string{"its InternalIP 10.244.8.1 lies inside the pod CIDR 10.244.8.0/24 of node in-own"}},
+		{"in-services", []string{"10.244.99.31", "10.96.0.10"}, podCIDRs(9)[:1], []string{"its InternalIP 10.96.0.10 lies inside the service CIDR 10.96.0.0/16"}},
 	}
 	for _, h := range hostile {
 		n := nodeObject(h.node, nil, h.cidrs)
