@@ -340,44 +340,6 @@ func (c *compiler) selectPeers(namespace string, p *networkingv1.NetworkPolicyPe
 	return out
 }
 
-// blockRanges is an ipBlock's CIDR minus its exceptions, as ranges. A CIDR that does not parse
-// allows nothing; an exception that does not parse (or of the other family) is ignored, since the
-// API server refuses both and the exception can only narrow the block.
-func blockRanges(b *networkingv1.IPBlock) []core.PolicyRange {
-	cidr, err := netip.ParsePrefix(b.CIDR)
-	if err != nil {
-		return nil
-	}
-	cidr = cidr.Masked()
-	out := []core.PolicyRange{core.PolicyPrefix(cidr)}
-	for _, e := range b.Except {
-		ex, err := netip.ParsePrefix(e)
-		if err != nil || ex.Addr().Is4() != cidr.Addr().Is4() {
-			continue
-		}
-		out = subtract(out, core.PolicyPrefix(ex))
-	}
-	return out
-}
-
-// subtract removes cut from every range of rs.
-func subtract(rs []core.PolicyRange, cut core.PolicyRange) []core.PolicyRange {
-	var out []core.PolicyRange
-	for _, r := range rs {
-		if cut.Last.Compare(r.First) < 0 || cut.First.Compare(r.Last) > 0 {
-			out = append(out, r)
-			continue
-		}
-		if cut.First.Compare(r.First) > 0 {
-			out = append(out, core.PolicyRange{First: r.First, Last: cut.First.Prev()})
-		}
-		if cut.Last.Compare(r.Last) < 0 {
-			out = append(out, core.PolicyRange{First: cut.Last.Next(), Last: r.Last})
-		}
-	}
-	return out
-}
-
 func inRange(a netip.Addr, r core.PolicyRange) bool {
 	return a.Is4() == r.First.Is4() && a.Compare(r.First) >= 0 && a.Compare(r.Last) <= 0
 }

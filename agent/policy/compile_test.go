@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -333,4 +334,139 @@ func podObj(ns, name, app string, ips []string) *corev1.Pod {
 		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
 	}
 	return p
+}
+
+// TestBlockRanges: every form of ipBlock.cidr and except the API server takes (its validation
+// with StrictIPCIDRValidation at its default, off) means what Kubernetes makes of it, and
+// everything it refuses allows nothing — an except kubenet cannot use never leaves its range
+// allowed. test/agent's TestIPBlockForms checks the same forms against a real API server.
+func TestBlockRanges(t *testing.T) {
+	const (
+		net10    = "10.0.0.0-10.255.255.255"
+		net10cut = "10.0.0.0-10.0.255.255, 10.2.0.0-10.255.255.255" // 10.0.0.0/8 minus 10.1.0.0/16
+		all4     = "0.0.0.0-255.255.255.255"
+		// ::/0 without the IPv4-mapped addresses ::ffff:0:0/96.
+		all6 = "::-::fffe:ffff:ffff, ::1:0:0:0-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+	)
+	cases := []struct {
+		name   string
+		cidr   string
+		except []string
+		want   string // the ranges, "" for none
+	}{
+		{"IPv4", "10.0.0.0/8", nil, net10},
+		{"leading zeros in octets are decimal", "010.000.000.000/8", nil, net10},
+		{"leading zeros in the prefix length", "10.0.0.0/008", nil, net10},
+		{"many leading zeros", "0000000010.0.0.0/0000000008", nil, net10},
+		{"host bits set: the network", "10.1.2.3/8", nil, net10},
+		{"one IPv4 address", "10.1.2.3/32", nil, "10.1.2.3"},
+		{"all of IPv4", "0.0.0.0/0", nil, all4},
+		{"all of IPv4 with host bits", "10.0.0.0/0", nil, all4},
+		{"IPv4-mapped is IPv4", "::ffff:10.0.0.0/104", nil, net10},
+		{"IPv4-mapped in hex, upper case", "::FFFF:A00:0/104", nil, net10},
+		{"IPv4-mapped, fully written", "0:0:0:0:0:ffff:10.0.0.0/104", nil, net10},
+		{"IPv4-mapped address", "::ffff:10.1.2.3/128", nil, "10.1.2.3"},
+		{"IPv4-mapped with leading zeros", "::ffff:010.001.002.003/128", nil, "10.1.2.3"},
+		{"IPv4-mapped /96 is all of IPv4", "::ffff:0.0.0.0/96", nil, all4},
+		{"IPv4-mapped /96 with host bits", "::ffff:10.1.2.3/96", nil, all4},
+		{"shorter than /96 is IPv6, without the mapped addresses", "::ffff:10.0.0.0/95", nil, "::fffe:0:0-::fffe:ffff:ffff"},
+		{"all of IPv6 is not the mapped addresses", "::/0", nil, all6},
+		{"IPv6", "fd00::/64", nil, "fd00::-fd00::ffff:ffff:ffff:ffff"},
+		{"IPv6 upper case, not compressed", "FD00:0:0:0:0:0:0:0/64", nil, "fd00::-fd00::ffff:ffff:ffff:ffff"},
+		{"IPv6 group of five hex digits", "0fd00::/16", nil, "fd00::-fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
+		{"IPv6 host bits set", "fd00::1/64", nil, "fd00::-fd00::ffff:ffff:ffff:ffff"},
+		{"IPv4-compatible is IPv6", "::1.2.3.4/128", nil, "::102:304"},
+		{"NAT64 with embedded IPv4", "64:ff9b::10.0.0.0/120", nil, "64:ff9b::a00:0-64:ff9b::a00:ff"},
+
+		{"except", "10.0.0.0/8", []string{"10.1.0.0/16"}, net10cut},
+		{"except with leading zeros", "10.0.0.0/8", []string{"010.001.000.000/16"}, net10cut},
+		{"except with host bits", "10.0.0.0/8", []string{"10.1.2.3/16"}, net10cut},
+		{"IPv4-mapped except of an IPv4 cidr", "10.0.0.0/8", []string{"::ffff:10.1.0.0/112"}, net10cut},
+		{"IPv4-mapped except the whole cidr", "10.0.0.0/8", []string{"::ffff:10.0.0.0/104"}, ""},
+		{"IPv4-mapped except wider than the cidr", "10.0.0.0/8", []string{"::ffff:10.0.0.0/103"}, ""},
+		{"IPv4-mapped cidr and except", "::ffff:10.0.0.0/104", []string{"::ffff:10.1.0.0/112"}, net10cut},
+		{"excepts overlapping", "10.0.0.0/8", []string{"10.1.0.0/16", "10.1.2.0/24", "10.255.255.255/32"}, "10.0.0.0-10.0.255.255, 10.2.0.0-10.255.255.254"},
+		{"IPv6 except", "fd00::/64", []string{"fd00::/120"}, "fd00::100-fd00::ffff:ffff:ffff:ffff"},
+		{"IPv6 except upper case", "fd00::/64", []string{"FD00:0:0:0:8000::/65"}, "fd00::-fd00::7fff:ffff:ffff:ffff"},
+
+		// What the API server refuses allows nothing, whatever part of it kubenet could read.
+		{"IPv4 except of an IPv4-mapped cidr", "::ffff:10.0.0.0/104", []string{"10.1.0.0/16"}, ""},
+		{"IPv6 except of an IPv4 cidr", "10.0.0.0/8", []string{"fd00::/64"}, ""},
+		{"IPv4 except of an IPv6 cidr", "::/0", []string{"10.0.0.0/8"}, ""},
+		{"IPv4-mapped except of an IPv6 cidr", "::/0", []string{"::ffff:10.0.0.0/104"}, ""},
+		{"except equal to the cidr", "10.0.0.0/8", []string{"10.0.0.0/8"}, ""},
+		{"except outside the cidr", "10.0.0.0/8", []string{"11.0.0.0/16"}, ""},
+		{"except that does not parse", "10.0.0.0/8", []string{"nonsense"}, ""},
+		{"one bad except among good ones", "10.0.0.0/8", []string{"10.1.0.0/16", "10.2.0.0/33"}, ""},
+		{"empty except", "10.0.0.0/8", []string{""}, ""},
+		{"empty cidr", "", nil, ""},
+		{"no prefix length", "10.0.0.1", nil, ""},
+		{"empty prefix length", "10.0.0.0/", nil, ""},
+		{"signed prefix length", "10.0.0.0/+8", nil, ""},
+		{"prefix length too long", "10.0.0.0/33", nil, ""},
+		{"IPv6 prefix length too long", "::ffff:10.0.0.0/129", nil, ""},
+		{"leading space", " 10.0.0.0/8", nil, ""},
+		{"trailing space", "10.0.0.0/8 ", nil, ""},
+		{"IPv6 zone", "fe80::1%eth0/64", nil, ""},
+		{"hex octet", "0x0a.0.0.0/8", nil, ""},
+		{"three octets", "10.0.0/8", nil, ""},
+		{"octet too large", "256.0.0.0/8", nil, ""},
+		{"IPv6 group too large", "1fd00::/16", nil, ""},
+		{"IPv4 not at the end of IPv6", "1.2.3.4::/32", nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, r := range blockRanges(&networkingv1.IPBlock{CIDR: tc.cidr, Except: tc.except}) {
+				got = append(got, r.String())
+			}
+			if s := strings.Join(got, ", "); s != tc.want {
+				t.Errorf("cidr %q except %q = %q, want %q", tc.cidr, tc.except, s, tc.want)
+			}
+		})
+	}
+}
+
+// TestBlockRangesManyExcepts checks the sweep that subtracts excepts against a model that asks
+// every address of the block: random excepts of both families, overlapping and in any order.
+// Then the largest policies the API takes: 50 000 excepts, each leaving a hole.
+func TestBlockRangesManyExcepts(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(24, 1))
+	for _, cidr := range []string{"10.0.0.0/20", "fd00::/116"} {
+		block := netip.MustParsePrefix(cidr)
+		var excepts []netip.Prefix
+		b := &networkingv1.IPBlock{CIDR: cidr}
+		for range 1000 {
+			// /26…/32 of the /20 (/122…/128 of the /116), anywhere in it.
+			bits := block.Addr().BitLen() - rnd.IntN(7)
+			a := block.Addr().AsSlice()
+			a[len(a)-2] |= byte(rnd.IntN(16))
+			a[len(a)-1] = byte(rnd.IntN(256))
+			addr, _ := netip.AddrFromSlice(a)
+			p := netip.PrefixFrom(addr, bits).Masked()
+			excepts = append(excepts, p)
+			b.Except = append(b.Except, p.String())
+		}
+		rs := blockRanges(b)
+		for a := block.Addr(); block.Contains(a); a = a.Next() {
+			want := !slices.ContainsFunc(excepts, func(p netip.Prefix) bool { return p.Contains(a) })
+			if got := slices.ContainsFunc(rs, func(r core.PolicyRange) bool { return inRange(a, r) }); got != want {
+				t.Fatalf("%s: %s allowed = %v, want %v", cidr, a, got, want)
+			}
+		}
+		for i := 1; i < len(rs); i++ {
+			if !rs[i-1].Last.Next().Less(rs[i].First) {
+				t.Fatalf("%s: ranges %s and %s not sorted, disjoint and apart", cidr, rs[i-1], rs[i])
+			}
+		}
+	}
+
+	b := &networkingv1.IPBlock{CIDR: "10.0.0.0/8"}
+	for i := range 50000 {
+		b.Except = append(b.Except, fmt.Sprintf("10.%d.%d.%d/32", i>>15&255, i>>7&255, i<<1&255))
+	}
+	rs := blockRanges(b)
+	if len(rs) != 50000 || rs[0].String() != "10.0.0.1" || rs[49998].String() != "10.1.134.157" || rs[49999].String() != "10.1.134.159-10.255.255.255" {
+		t.Errorf("50 000 excepts of every second address: %d ranges, want 50 000 (10.0.0.1, 10.0.0.3, …, 10.1.134.157, 10.1.134.159-10.255.255.255)", len(rs))
+	}
 }
