@@ -84,18 +84,6 @@ func checkPolicy(cfg *Config, br *netlink.Bridge, host netlink.Link) error {
 	return netpol.CheckPortGuard(host.Attrs().Index)
 }
 
-// statusPolicy is STATUS's part for a bridge that exists: the same checks as CHECK's but the
-// pod's.
-func statusPolicy(cfg *Config, seen bridge.Seen) error {
-	if !cfg.NetworkPolicy || !seen.Exists() {
-		return nil
-	}
-	if !seen.NetfilterCall() {
-		return fmt.Errorf("bridge %q has nf_call_iptables or nf_call_ip6tables off (the next ADD or kubenet-agent turns them on): traffic between its pods would bypass conntrack", cfg.Bridge)
-	}
-	return netpol.CheckBridgeGuard(seen.Index())
-}
-
 // forgetPolicies removes the policy map elements of a deleted pod's port (DEL, and the undo of
 // a failed ADD). The agent would on its next pass; doing it here leaves nothing of the
 // attachment behind. Policies live in nftables only: on the iptables backend nothing is asked of

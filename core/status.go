@@ -68,9 +68,6 @@ func Status(ctx context.Context, cfg *Config) error {
 	if planned, known := plannedBackend(cfg, rec); cfg.NetworkPolicy && known && planned != NetfilterNFTables {
 		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", planned)
 	}
-	if err := statusPolicy(cfg, seen); err != nil {
-		return notAvailable("networkPolicy: %v", err)
-	}
 	if seen.Exists() {
 		// The bridge exists, so the network's node-wide rules were set up, and losing them
 		// (another tool ran `nft flush ruleset`) leaves the node open: without the localnet guard

@@ -162,7 +162,7 @@ func TestIPBlockForms(t *testing.T) {
 		{"IPv4 not at the end of IPv6", "1.2.3.4::/32", nil, false, nil, nil},
 	}
 	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "target"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-	local := policy.Local{Owner: "target/eth0", Namespace: ns.Name, Name: "target", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("fd00:10:244:1::2")}}
+	local := policy.Local{Port: 1, Namespace: ns.Name, Name: "target", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("fd00:10:244:1::2")}}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			peers := []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: tc.cidr, Except: tc.except}}}
