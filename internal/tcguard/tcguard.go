@@ -152,8 +152,11 @@ func Ensure(link int, dir Direction, bit uint32) error {
 	if err := EnsureClsact(link); err != nil {
 		return err
 	}
-	// A filter of another kind at the gate's priority cannot be replaced in place.
-	if err := removeAt(link, dir, func(netlink.Filter) bool { return true }); err != nil {
+	// A filter of another kind at the gate's priority cannot be replaced in place. The gate
+	// itself stays: another writer (ADD and the agent's pass guard a new port at the same time)
+	// may have put it there since Check, and removing it would leave the port open meanwhile.
+	want := Tags(bit)
+	if err := removeAt(link, dir, func(f netlink.Filter) bool { return !isGate(f, want) }); err != nil {
 		return err
 	}
 	fd, err := load(bit)
@@ -168,6 +171,10 @@ func Ensure(link int, dir Direction, bit uint32) error {
 		DirectAction: true,
 	}
 	if err := netlink.FilterAdd(f); err != nil {
+		// The other writer's gate is the same gate.
+		if errors.Is(err, unix.EEXIST) && Check(link, dir, bit) == nil {
+			return nil
+		}
 		return fmt.Errorf("guard on %s of link %d: %w", dir, link, err)
 	}
 	return nil
@@ -237,12 +244,18 @@ func Check(link int, dir Direction, bit uint32) error {
 		if !ok || b.Attrs().Priority != Priority {
 			continue
 		}
-		if b.DirectAction && slices.Contains(want, b.Tag) && b.Attrs().Protocol == unix.ETH_P_ALL {
+		if isGate(b, want) {
 			return nil
 		}
 		return fmt.Errorf("%s of link %d: %w: the filter at priority %d is %q (tag %s), not the guard (tag %s)", dir, link, ErrMissing, Priority, b.Name, b.Tag, want[0])
 	}
 	return fmt.Errorf("%s of link %d: %w", dir, link, ErrMissing)
+}
+
+// isGate tells whether f is a gate whose program has one of the tags want.
+func isGate(f netlink.Filter, want []string) bool {
+	b, ok := f.(*netlink.BpfFilter)
+	return ok && b.DirectAction && slices.Contains(want, b.Tag) && b.Attrs().Protocol == unix.ETH_P_ALL
 }
 
 // Remove deletes the gate's filter from dir of link; a missing gate or qdisc is fine. The clsact

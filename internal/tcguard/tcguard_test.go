@@ -167,6 +167,28 @@ func TestGuardCheck(t *testing.T) {
 	})
 }
 
+// TestGuardEnsureConcurrently: ADD guards a new pod's port while the agent's pass, woken by the
+// pod's record, finds the same port without its guard and puts it on too. Both must succeed (the
+// loser of the race finds the winner's identical guard), or the pod's ADD fails.
+func TestGuardEnsureConcurrently(t *testing.T) {
+	g := newGuardedLink(t)
+	idx := g.index(t)
+	const rounds, writers = 100, 4
+	for round := range rounds {
+		nettest.Do(t, g.node, func() error { return Remove(idx, Egress) })
+		errs := make(chan error, writers)
+		for range writers {
+			go func() { errs <- g.node.Do(func(ns.NetNS) error { return Ensure(idx, Egress, testBit) }) }()
+		}
+		for range writers {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: one of %d concurrent Ensure calls failed: %v", round, writers, err)
+			}
+		}
+		nettest.Do(t, g.node, func() error { return Check(idx, Egress, testBit) })
+	}
+}
+
 // TestGuardRefusesForeignIngressQdisc: an ingress qdisc (not clsact) holds the handle the guard
 // needs; Ensure says so instead of replacing it.
 func TestGuardRefusesForeignIngressQdisc(t *testing.T) {
