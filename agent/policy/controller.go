@@ -37,6 +37,9 @@ const (
 	// retryMin and retryMax bound the backoff after a failed pass.
 	retryMin = 200 * time.Millisecond
 	retryMax = 30 * time.Second
+	// unpluggedMin is the first wait before a pass looks again for the bridge port of an
+	// attachment whose record is there but whose veth is not a port yet (doubling up to retryMax).
+	unpluggedMin = 50 * time.Millisecond
 )
 
 // Config is the controller's configuration.
@@ -83,8 +86,10 @@ type Pass struct {
 	NetfilterCall bool
 	Verified      bool
 	Unknown       int // local attachments whose pod the API does not have: still denied
-	Took          time.Duration
-	Err           error
+	// Unplugged counts local attachments whose veth is not a port of the bridge (yet): held.
+	Unplugged int
+	Took      time.Duration
+	Err       error
 }
 
 // New builds the controller over the core/v1 (pods, namespaces) and networking/v1 clients.
@@ -207,14 +212,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.Wake() // the first pass after a start checks everything
 	resync := time.NewTicker(c.cfg.Resync)
 	defer resync.Stop()
-	backoff := time.Duration(0)
-	var retry <-chan time.Time
+	backoff, unplugged := time.Duration(0), time.Duration(0)
+	var retry, replug <-chan time.Time
 	for {
 		verify := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.kick:
+		case <-replug:
 		case <-resync.C:
 			verify = true
 		case <-retry:
@@ -233,6 +239,16 @@ func (c *Controller) Run(ctx context.Context) error {
 			continue
 		}
 		backoff, retry = 0, nil
+		// ADD writes the record (which wakes the controller) before it plugs the pod's veth into
+		// the bridge, and nothing announces the port: look again soon, and less often the longer
+		// it takes (a crashed ADD's record stays until DEL or GC).
+		replug = nil
+		if p.Unplugged == 0 {
+			unplugged = 0
+		} else {
+			unplugged = min(max(2*unplugged, unpluggedMin), retryMax)
+			replug = time.After(unplugged)
+		}
 	}
 }
 
@@ -271,6 +287,11 @@ func (c *Controller) pass(verify bool) Pass {
 		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify},
 			func(locals []core.PolicyLocal) core.PolicyRuleset {
 				in.Local = LocalsOf(locals)
+				for _, l := range locals {
+					if l.Port == 0 {
+						p.Unplugged++
+					}
+				}
 				res := Compile(in)
 				p.Unknown = len(res.Unknown)
 				c.metrics.observe(in, res)
