@@ -20,7 +20,10 @@ type recordWatcher struct {
 	f *os.File
 }
 
-const recordEvents = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_CLOSE_WRITE
+// recordEvents are what happens to records: ADD's and DEL's writes, renames and removals, and
+// IN_MODIFY for a record damaged in place (truncate(2) closes nothing), whose pod the next pass
+// holds.
+const recordEvents = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_CLOSE_WRITE | unix.IN_MODIFY
 
 func watchRecords(networkDir string, kick func()) (*recordWatcher, error) {
 	if err := os.MkdirAll(networkDir, 0o755); err != nil {
