@@ -61,6 +61,11 @@ type healPass struct {
 	isolated int // pods whose isolation elements were put back
 	err      error
 	took     time.Duration
+
+	// policyGuards and netfilterCall: the bridge's policy guard put back, its nf_call options
+	// turned on (core.NodeRepair).
+	policyGuards  int
+	netfilterCall bool
 }
 
 // run heals until ctx ends. All netlink work happens on the calling goroutine, in the caller's
@@ -138,6 +143,7 @@ func (h *healer) pass(ctx context.Context, full bool) {
 		var rep core.NodeRepair
 		rep, p.err = core.HealNode(ctx, cfg, full)
 		p.setUp, p.found, p.restored, p.isolated = rep.SetUp, rep.Found, rep.Restored, rep.IsolatedPorts
+		p.policyGuards, p.netfilterCall = rep.PolicyGuards, rep.NetfilterCall
 	}
 	p.took = time.Since(start)
 	switch {
@@ -145,12 +151,18 @@ func (h *healer) pass(ctx context.Context, full bool) {
 		h.log.Error("node-wide state of the kubenet network not restored", "err", p.err)
 	case p.setUp:
 		h.log.Info("node-wide state of the kubenet network set up", "took", p.took)
-	case p.found != nil || p.restored > 0:
-		h.log.Warn("node-wide state of the kubenet network restored", "found", p.found, "restoredHostPortElements", p.restored, "restoredIsolationPorts", p.isolated, "took", p.took)
+	case p.repaired():
+		h.log.Warn("node-wide state of the kubenet network restored", "found", p.found, "restoredHostPortElements", p.restored, "restoredIsolationPorts", p.isolated,
+			"policyGuards", p.policyGuards, "bridgeNetfilterCallTurnedOn", p.netfilterCall, "took", p.took)
 	}
 	if h.done != nil {
 		h.done(p)
 	}
+}
+
+// repaired tells whether the pass found something changed by somebody else and put it back.
+func (p healPass) repaired() bool {
+	return p.found != nil || p.restored > 0 || p.policyGuards > 0 || p.netfilterCall
 }
 
 // watch subscribes to nftables change events.
@@ -232,8 +244,11 @@ func (a *Agent) newHealer() *healer {
 			// The policy table is node-wide state too, but the policy controller owns it: a
 			// change by somebody else (a flushed ruleset) makes it compare and rewrite at once
 			// instead of at its next resync, while the flushed node forwards unfiltered.
-			if a.policy != nil && !p.full {
-				a.policy.Wake()
+			if a.policy != nil {
+				if !p.full {
+					a.policy.Wake()
+				}
+				a.policy.Repaired(p.policyGuards, p.netfilterCall)
 			}
 		},
 	}
@@ -244,7 +259,7 @@ func (m *metrics) healed(p healPass) {
 	switch {
 	case p.err != nil:
 		m.healErrors.Inc()
-	case !p.setUp && (p.found != nil || p.restored > 0):
+	case !p.setUp && p.repaired():
 		m.healRepairs.Inc()
 	}
 	m.healRestored.Add(float64(p.restored))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -231,6 +232,43 @@ func TestHealerPeriodicPass(t *testing.T) {
 	}
 	if restored != 1 {
 		t.Errorf("periodic passes restored %d elements, want 1", restored)
+	}
+}
+
+// TestHealerReportsPolicyBridge: with NetworkPolicy on, the bridge's nf_call options turned off
+// and its policy guard removed come back with the periodic pass, which says so: the agent counts
+// it with the policy passes' repairs, and a healer that got there first must not hide it.
+func TestHealerReportsPolicyBridge(t *testing.T) {
+	w := newHealWorld(t, 0)
+	w.cfg.NetworkPolicy = true
+	passes := w.startHealer(t, 300*time.Millisecond, 50*time.Millisecond)
+	nettest.Run(t, w.node.NS, "ip", "link", "set", w.cfg.Bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0")
+	nettest.Run(t, w.node.NS, "tc", "filter", "del", "dev", w.cfg.Bridge, "ingress")
+	// The two changes may fall on either side of a pass: what the passes report adds up.
+	guards, netfilterCall := 0, false
+	deadline := time.After(10 * time.Second)
+	for guards == 0 || !netfilterCall {
+		select {
+		case p := <-passes:
+			if p.err != nil {
+				t.Fatal(p.err)
+			}
+			if (p.netfilterCall || p.policyGuards > 0) && !p.repaired() {
+				t.Errorf("pass %+v reports a repair but does not count as one", p)
+			}
+			guards, netfilterCall = guards+p.policyGuards, netfilterCall || p.netfilterCall
+		case <-deadline:
+			t.Fatalf("the passes reported %d guards put back and nf_call options turned on: %v; want 1 and true", guards, netfilterCall)
+		}
+	}
+	if guards != 1 {
+		t.Errorf("the passes reported %d guards put back, want 1", guards)
+	}
+	if out := nettest.Run(t, w.node.NS, "ip", "-d", "link", "show", w.cfg.Bridge); !strings.Contains(out, "nf_call_iptables 1") || !strings.Contains(out, "nf_call_ip6tables 1") {
+		t.Errorf("the bridge's nf_call options are still off:\n%s", out)
+	}
+	if out := nettest.Run(t, w.node.NS, "tc", "filter", "show", "dev", w.cfg.Bridge, "ingress"); !strings.Contains(out, "kubenet-guard") {
+		t.Errorf("the bridge's guard is not back:\n%s", out)
 	}
 }
 

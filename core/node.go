@@ -42,6 +42,11 @@ type NodeRepair struct {
 	// IsolatedPorts counts the running pods whose isolation elements were put back from their
 	// records because the isolation chains (and with them the sets) had to be created again.
 	IsolatedPorts int
+	// PolicyGuards counts the bridge's policy guard put back, NetfilterCall says its nf_call
+	// options were off and were turned on (NetworkPolicy; the agent counts both with its policy
+	// pass's repairs).
+	PolicyGuards  int
+	NetfilterCall bool
 }
 
 // HealNode is EnsureNode for a node agent that re-asserts the node-wide state after somebody
@@ -69,8 +74,14 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (NodeRepair, e
 		return rep, err
 	}
 	rep.Found = cfg.filter().checkNode(cfg)
-	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
+	link, err := netlink.LinkByName(cfg.Bridge)
+	if err != nil {
 		rep.SetUp = true
+	} else if br, ok := link.(*netlink.Bridge); ok && cfg.NetworkPolicy {
+		// The bridge step would put them back too, without saying that they were gone.
+		if rep.PolicyGuards, rep.NetfilterCall, err = ensureBridgePolicy(br); err != nil {
+			return rep, fmt.Errorf("node setup of network %q: %w", cfg.Network, err)
+		}
 	}
 	a := &addition{cfg: cfg, store: store, settingsChanged: true}
 	var hpRepair hostport.Repair

@@ -154,10 +154,7 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (
 		return pass, err
 	}
 	if br != nil {
-		if pass.NetfilterCall, err = ensureNetfilterCall(br.Name); err != nil {
-			return pass, err
-		}
-		if pass.Guarded, err = ensureGuard(netpol.CheckBridgeGuard, netpol.GuardBridge, br.Attrs().Index); err != nil {
+		if pass.Guarded, pass.NetfilterCall, err = ensureBridgePolicy(br); err != nil {
 			return pass, err
 		}
 	}
@@ -217,6 +214,17 @@ func ensureGuard(check, guard func(int) error, index int) (int, error) {
 		return 0, err
 	}
 	return 1, nil
+}
+
+// ensureBridgePolicy puts the bridge's guard back and turns its nf_call options on, and says how
+// many guards it put back and whether the options were off: the policy's node-wide state that
+// another tool may remove, which the agent's policy pass and its healer (HealNode) both look at.
+func ensureBridgePolicy(br *netlink.Bridge) (guarded int, netfilterCall bool, err error) {
+	if netfilterCall, err = ensureNetfilterCall(br.Name); err != nil {
+		return 0, false, err
+	}
+	guarded, err = ensureGuard(netpol.CheckBridgeGuard, netpol.GuardBridge, br.Attrs().Index)
+	return guarded, netfilterCall, err
 }
 
 // ensureNetfilterCall turns the bridge's nf_call options on when they are off and says whether

@@ -142,6 +142,13 @@ func (c *Controller) wake() {
 	}
 }
 
+// Repaired counts what the agent's healer put back of the policy's node-wide state (the bridge's
+// guard and nf_call options, which the healer's node setup and the passes both look at) with the
+// passes' repairs: whoever gets there first, the repair is counted once.
+func (c *Controller) Repaired(guards int, netfilterCall bool) {
+	c.metrics.repaired(guards, netfilterCall)
+}
+
 // Run watches the API and the node's attachment records and applies until ctx ends. Nothing is
 // applied before the informers have synced: a half-filled cache would look like fewer policies
 // and release pods too early. The table stays when Run returns (a restart keeps the node's rules).

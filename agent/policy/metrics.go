@@ -63,6 +63,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// repaired counts guards put back and the bridge's nf_call options turned on.
+func (m *metrics) repaired(guards int, netfilterCall bool) {
+	m.repairs.WithLabelValues("guard").Add(float64(guards))
+	if netfilterCall {
+		m.repairs.WithLabelValues("bridge_netfilter_call").Inc()
+	}
+}
+
 func (m *metrics) observe(in Input, res Result) {
 	m.policies.Set(float64(len(in.Policies)))
 	m.isolated.Set(float64(res.Isolated))
@@ -78,11 +86,8 @@ func (m *metrics) pass(p Pass) {
 	m.passes.WithLabelValues("ok").Inc()
 	m.groups.Set(float64(p.Applied.Groups))
 	m.released.Add(float64(p.Applied.Released))
-	m.repairs.WithLabelValues("guard").Add(float64(p.Guarded))
+	m.repaired(p.Guarded, p.NetfilterCall)
 	m.repairs.WithLabelValues("group").Add(float64(p.Applied.RepairedGroups))
-	if p.NetfilterCall {
-		m.repairs.WithLabelValues("bridge_netfilter_call").Inc()
-	}
 	if p.Applied.FixedWritten && p.Applied.Released == 0 && p.Applied.Groups > 0 {
 		m.repairs.WithLabelValues("fixed").Inc()
 	}
