@@ -95,6 +95,23 @@ bench-netpol: deps
 	$(GO) test -count=1 -tags kubenet_e2e_agent -run '^$$' -bench '^BenchmarkNetworkPolicyScale$$' -benchtime 1x -timeout 20m \
 	  ./test/agent/ -args -netpol.out ../../docs/networkpolicy.md
 
+# The differential NetworkPolicy tester's long run (test/netpoldiff, docs/networkpolicy.md):
+# NETPOL_DIFF_CASES random cases from NETPOL_DIFF_FIRST_SEED (default: chosen from the clock and
+# printed), then the figures: cases, probes, mismatches by class and kind, the seeds, the time.
+# `make test` runs the package's fixed seed set. About 0.6 s a case on 2 cores; as root.
+#   NETPOL_DIFF_CLASSES   a regexp of probe classes, e.g. '^(pod-pod|host-pod)/' or '-ll/'
+#   NETPOL_DIFF_PROBES    probes per case (192)
+NETPOL_DIFF_CASES ?= 2000
+NETPOL_DIFF_FIRST_SEED ?=
+NETPOL_DIFF_CLASSES ?=
+NETPOL_DIFF_PROBES ?=
+.PHONY: netpol-diff
+netpol-diff: deps
+	@set -o pipefail; KUBENET_NETPOL_CASES=$(NETPOL_DIFF_CASES) KUBENET_NETPOL_FIRST_SEED=$(NETPOL_DIFF_FIRST_SEED) \
+	  KUBENET_NETPOL_CLASSES='$(NETPOL_DIFF_CLASSES)' KUBENET_NETPOL_PROBES=$(NETPOL_DIFF_PROBES) \
+	  $(GO) test -count=1 -timeout 6h -run '^TestNetpolDifferential$$' -v ./test/netpoldiff/ \
+	  | grep -v -e '^=== ' -e '^    --- PASS' -e '^    --- FAIL: TestNetpolDifferential/seed='
+
 clean:
 	rm -rf bin
 
