@@ -650,18 +650,23 @@ func TestOldLayoutReplaced(t *testing.T) {
 	})
 }
 
-// icmp6Receiver counts the ICMPv6 messages of a namespace whose body carries a marker, by type.
-type icmp6Receiver struct {
+// icmpReceiver keeps the ICMP or ICMPv6 messages a namespace receives on a raw socket, as the
+// socket hands them over (IPv4: with the IP header; IPv6: from the ICMPv6 header on).
+type icmpReceiver struct {
 	mu   sync.Mutex
-	seen map[string]int // "<type> <marker>" → count
+	seen []string
 }
 
-func startICMP6Receiver(t *testing.T, n ns.NetNS) *icmp6Receiver {
+func startICMPReceiver(t *testing.T, n ns.NetNS, ipv6 bool) *icmpReceiver {
 	t.Helper()
-	r := &icmp6Receiver{seen: map[string]int{}}
+	r := &icmpReceiver{}
+	family, proto := unix.AF_INET, unix.IPPROTO_ICMP
+	if ipv6 {
+		family, proto = unix.AF_INET6, unix.IPPROTO_ICMPV6
+	}
 	var fd int
 	nettest.Do(t, n, func() (err error) {
-		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6)
+		fd, err = unix.Socket(family, unix.SOCK_RAW, proto)
 		return err
 	})
 	t.Cleanup(func() { _ = unix.Close(fd) })
@@ -681,17 +686,35 @@ func startICMP6Receiver(t *testing.T, n ns.NetNS) *icmp6Receiver {
 				continue
 			}
 			r.mu.Lock()
-			r.seen[fmt.Sprintf("%d %s", buf[0], strings.TrimRight(string(buf[8:nr]), "\x00"))]++
+			r.seen = append(r.seen, string(buf[:nr]))
 			r.mu.Unlock()
 		}
 	}()
 	return r
 }
 
-func (r *icmp6Receiver) count(typ byte, marker string) int {
+// count tells how many messages match.
+func (r *icmpReceiver) count(match func(msg string) bool) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.seen[fmt.Sprintf("%d %s", typ, marker)]
+	n := 0
+	for _, m := range r.seen {
+		if match(m) {
+			n++
+		}
+	}
+	return n
+}
+
+// icmp6Receiver counts the ICMPv6 messages of a namespace whose body is a marker, by type.
+type icmp6Receiver struct{ *icmpReceiver }
+
+func startICMP6Receiver(t *testing.T, n ns.NetNS) icmp6Receiver {
+	return icmp6Receiver{startICMPReceiver(t, n, true)}
+}
+
+func (r icmp6Receiver) count(typ byte, marker string) int {
+	return r.icmpReceiver.count(func(m string) bool { return m[0] == typ && strings.TrimRight(m[8:], "\x00") == marker })
 }
 
 // sendICMP6 sends an ICMPv6 message of type typ with hop limit 255 and marker as its body from
@@ -735,7 +758,7 @@ func TestRoutedNeighbourDiscovery(t *testing.T) {
 		rs       Ruleset
 		from     ns.NetNS
 		to       netip.Addr
-		at       *icmp6Receiver
+		at       icmp6Receiver
 		typ      byte
 		received bool
 	}{

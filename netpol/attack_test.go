@@ -1,0 +1,231 @@
+package netpol
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+)
+
+// The attack tests: what a hostile pod, another host or another tool on the node does to get a
+// packet past the policies. Each shows with a control that the path it attacks works, so a
+// packet that does not arrive was stopped by the policies.
+
+// arrivesAfterControl sends payload from src to dst:5353 and tells whether to received it, after
+// a control datagram sent afterwards on a path that must work (control from controlFrom to
+// controlTo) has arrived.
+func (n *bridgedNode) arrivesAfterControl(t *testing.T, src ns.NetNS, dst netip.Addr, to *testPod, controlFrom ns.NetNS, controlTo *testPod) bool {
+	t.Helper()
+	payload := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+	sendUDP(t, src, dst, 5353, payload)
+	control := payload + "-control"
+	if err := nettest.Eventually(3*time.Second, func() error {
+		sendUDP(t, controlFrom, controlTo.v4, 5353, control)
+		if controlTo.udp.count(control) == 0 {
+			return errors.New("control not received")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the control datagram never reached %s: %v", controlTo.name, err)
+	}
+	return to.udp.count(payload) != 0
+}
+
+// TestAttackHeldPodReceivesNodeTraffic: a pod whose policies are not installed yet (its port has
+// no map element) receives nothing but ARP and on-link neighbour discovery, from the node too,
+// while the tables hold the node's other pods.
+func TestAttackHeldPodReceivesNodeTraffic(t *testing.T) {
+	n := newBridgedNode(t)
+	a, c := n.pods["a"], n.pods["c"]
+	// a and b released, c held.
+	rs := Ruleset{}
+	for _, p := range []*testPod{a, n.pods["b"]} {
+		rs.Pods = append(rs.Pods, Pod{Port: p.port, Name: p.name, IPs: p.ips()})
+	}
+	n.apply(t, rs, Options{})
+	for _, dst := range []netip.Addr{c.v4, c.v6} {
+		if n.arrivesAfterControl(t, n.node, dst, c, n.node, a) {
+			t.Errorf("the node's datagram to the held pod's %s arrived", dst)
+		}
+	}
+}
+
+// TestAttackConntrackMarkThroughTunnel: a tunnel endpoint on the node (here VXLAN with fixed
+// ports, whose outer flow conntrack sees both ways and calls established) decapsulates in the
+// node's own namespace, keeping the outer packet's mark. The conntrack bit the outer packet got
+// must not make the packet inside, a new connection, pass as the reply of an allowed one.
+func TestAttackConntrackMarkThroughTunnel(t *testing.T) {
+	n := newBridgedNode(t)
+	b := n.pods["b"]
+	nettest.Run(t, n.node, "ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "local", "10.4.0.1", "remote", "10.4.0.2", "dstport", "4789", "srcport", "4789", "4790", "dev", "x0")
+	nettest.Run(t, n.node, "ip", "addr", "add", "10.6.0.1/30", "dev", "vx0")
+	nettest.Run(t, n.node, "ip", "link", "set", "vx0", "up")
+	nettest.Run(t, n.x, "ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "local", "10.4.0.2", "remote", "10.4.0.1", "dstport", "4789", "srcport", "4789", "4790", "dev", "eth0")
+	nettest.Run(t, n.x, "ip", "addr", "add", "10.6.0.2/30", "dev", "vx0")
+	nettest.Run(t, n.x, "ip", "link", "set", "vx0", "up")
+	nettest.Run(t, n.x, "ip", "route", "replace", "10.3.0.0/24", "via", "10.6.0.1", "dev", "vx0")
+	tunnelPeer := netip.MustParseAddr("10.6.0.2")
+
+	n.apply(t, n.open(), Options{})
+	if !n.arrivesAfterControl(t, n.x, b.v4, b, n.node, b) {
+		// The first datagram may be lost to address resolution across the tunnel: try again.
+		if !n.arrivesAfterControl(t, n.x, b.v4, b, n.node, b) {
+			t.Fatal("x's datagram through the tunnel never reached b with b open (control)")
+		}
+	}
+	// b takes UDP from the tunnel's peer address only on another port: x's datagram is new.
+	n.apply(t, with(n.open(), b.port, allowFrom(&Ports{Protocol: UDP, First: 9999, Last: 9999}, tunnelPeer), Direction{}), Options{})
+	if n.arrivesAfterControl(t, n.x, b.v4, b, n.node, b) {
+		t.Error("x's new datagram through the tunnel reached b, whose policy denies it")
+	}
+}
+
+// sendPortUnreachable sends, from inside n to dst, an ICMP port unreachable that quotes a UDP
+// datagram from quotedSrc:srcPort to quotedDst:dstPort, followed by marker.
+func sendPortUnreachable(t *testing.T, n ns.NetNS, dst, quotedSrc, quotedDst netip.Addr, srcPort, dstPort uint16, marker string) {
+	t.Helper()
+	quoted := make([]byte, 28)
+	quoted[0], quoted[8], quoted[9] = 0x45, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(quoted[2:], uint16(28+len(marker)))
+	copy(quoted[12:16], quotedSrc.AsSlice())
+	copy(quoted[16:20], quotedDst.AsSlice())
+	binary.BigEndian.PutUint16(quoted[10:], inetChecksum(quoted[:20]))
+	binary.BigEndian.PutUint16(quoted[20:], srcPort)
+	binary.BigEndian.PutUint16(quoted[22:], dstPort)
+	binary.BigEndian.PutUint16(quoted[24:], uint16(8+len(marker)))
+	msg := append([]byte{3, 3, 0, 0, 0, 0, 0, 0}, append(quoted, marker...)...)
+	binary.BigEndian.PutUint16(msg[2:], inetChecksum(msg))
+	nettest.Do(t, n, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, msg, 0, &unix.SockaddrInet4{Addr: dst.As4()})
+	})
+}
+
+func inetChecksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// TestAttackForgedRelatedICMP: conntrack calls an ICMP error "related" to the connection it
+// quotes, whoever sends it (a router on the path may). On the pods' bridge there is no router
+// between two pods: a pod that is no end of b's connection and that b's policy denies must not
+// get an error about that connection to b (it would reset b's connections, or lower their MTU).
+func TestAttackForgedRelatedICMP(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	// b takes everything from a, nothing from c; b's own connections out are open.
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4), Direction{}), Options{})
+	atB := startICMPReceiver(t, b.ns, false)
+	// b's flow to x's UDP port 5555 (nothing listens there: conntrack has the flow, x answers
+	// with its own port unreachable, which b's raw socket sees without a marker).
+	const bPort = 40123
+	nettest.Do(t, b.ns, func() error {
+		conn, err := net.DialUDP("udp4", &net.UDPAddr{IP: b.v4.AsSlice(), Port: bPort}, &net.UDPAddr{IP: x4.AsSlice(), Port: 5555})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = conn.Write([]byte("flow"))
+		return err
+	})
+	for _, from := range []struct {
+		name    string
+		pod     *testPod
+		port    uint16 // the quoted flow's source port
+		arrives bool
+	}{
+		{"a, allowed (control)", a, bPort, true},
+		{"c, quoting no flow of b's (control)", c, bPort + 1, false},
+		{"c, quoting b's flow", c, bPort, false},
+	} {
+		marker := fmt.Sprintf("forged-%s-%d", from.pod.name, time.Now().UnixNano())
+		got := nettest.Eventually(testTimeout(from.arrives), func() error {
+			sendPortUnreachable(t, from.pod.ns, b.v4, b.v4, x4, from.port, 5555, marker)
+			if atB.count(func(m string) bool { return strings.Contains(m, marker) }) == 0 {
+				return errors.New("not received")
+			}
+			return nil
+		}) == nil
+		if got != from.arrives {
+			t.Errorf("%s: a port unreachable about b's flow to x reached b: %v, want %v", from.name, got, from.arrives)
+		}
+	}
+}
+
+// testTimeout is how long a packet that must arrive is waited for, and how long one that must not
+// is given to arrive anyway.
+func testTimeout(arrives bool) time.Duration {
+	if arrives {
+		return 3 * time.Second
+	}
+	return 1500 * time.Millisecond
+}
+
+// TestAttackLocalPodAddressFromOutside: a host outside the node sends, through the node, packets
+// whose source is the address of one of the node's pods, one that the receiving pod's policy
+// allows. A packet from a pod of this node always comes through the pod's own port; one routed in
+// from elsewhere with such a source is forged and must not get the pod's rights.
+func TestAttackLocalPodAddressFromOutside(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b := n.pods["a"], n.pods["b"]
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6, x4), Direction{}), Options{})
+	// x takes a's address as an extra address of its own and sends from it through the node (IPv4:
+	// the node forwards it, as a node whose reverse-path filter is off or loose does).
+	nettest.Run(t, n.x, "ip", "addr", "add", netip.PrefixFrom(a.v4, 32).String(), "dev", "eth0")
+	for _, tc := range []struct {
+		name     string
+		src, dst netip.Addr
+		arrives  bool
+	}{
+		{"x from its own address (control)", x4, b.v4, true},
+		{"x forging a's address", a.v4, b.v4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			payload := fmt.Sprintf("%s-%d", tc.name, time.Now().UnixNano())
+			err := nettest.Eventually(testTimeout(tc.arrives), func() error {
+				nettest.Do(t, n.x, func() error {
+					network := "udp4"
+					if tc.src.Is6() {
+						network = "udp6"
+					}
+					conn, err := net.DialUDP(network, &net.UDPAddr{IP: tc.src.AsSlice()}, &net.UDPAddr{IP: tc.dst.AsSlice(), Port: 5353})
+					if err != nil {
+						return err
+					}
+					defer conn.Close()
+					_, err = conn.Write([]byte(payload))
+					return err
+				})
+				if b.udp.count(payload) == 0 {
+					return errors.New("not received")
+				}
+				return nil
+			})
+			if got := err == nil; got != tc.arrives {
+				t.Errorf("datagram from x with source %s reached b: %v, want %v", tc.src, got, tc.arrives)
+			}
+		})
+	}
+}
