@@ -203,29 +203,61 @@ func TestAttackLocalPodAddressFromOutside(t *testing.T) {
 		{"x forging a's address", a.v4, b.v4, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			payload := fmt.Sprintf("%s-%d", tc.name, time.Now().UnixNano())
-			err := nettest.Eventually(testTimeout(tc.arrives), func() error {
-				nettest.Do(t, n.x, func() error {
-					network := "udp4"
-					if tc.src.Is6() {
-						network = "udp6"
-					}
-					conn, err := net.DialUDP(network, &net.UDPAddr{IP: tc.src.AsSlice()}, &net.UDPAddr{IP: tc.dst.AsSlice(), Port: 5353})
-					if err != nil {
-						return err
-					}
-					defer conn.Close()
-					_, err = conn.Write([]byte(payload))
-					return err
-				})
-				if b.udp.count(payload) == 0 {
-					return errors.New("not received")
-				}
-				return nil
-			})
-			if got := err == nil; got != tc.arrives {
+			if got := sendUDPFrom(t, n.x, tc.src, tc.dst, b, tc.arrives); got != tc.arrives {
 				t.Errorf("datagram from x with source %s reached b: %v, want %v", tc.src, got, tc.arrives)
 			}
 		})
 	}
+}
+
+// TestAttackSpoofedSource: b's ingress allows a; c takes a's addresses as its own and sends from
+// them. Nothing but the policy tables stands in the way here (the node has no anti-spoofing
+// table, as after another tool deleted it): the policies must not take c for a.
+func TestAttackSpoofedSource(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6), Direction{}), Options{})
+	for _, forged := range []netip.Addr{a.v4, a.v6} {
+		nettest.Run(t, c.ns, "ip", "addr", "add", netip.PrefixFrom(forged, forged.BitLen()).String(), "dev", "eth0", "nodad")
+	}
+	for _, tc := range []struct {
+		name    string
+		from    *testPod
+		src     netip.Addr
+		dst     netip.Addr
+		arrives bool
+	}{
+		{"a from its own IPv4 address (control)", a, a.v4, b.v4, true},
+		{"a from its own IPv6 address (control)", a, a.v6, b.v6, true},
+		{"c from a's IPv4 address", c, a.v4, b.v4, false},
+		{"c from a's IPv6 address", c, a.v6, b.v6, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sendUDPFrom(t, tc.from.ns, tc.src, tc.dst, b, tc.arrives); got != tc.arrives {
+				t.Errorf("datagram from %s's %s to b: arrived %v, want %v", tc.from.name, tc.src, got, tc.arrives)
+			}
+		})
+	}
+}
+
+// sendUDPFrom sends datagrams from src (an address of n) to dst:5353 until to's receiver has one
+// or the time is up (testTimeout(wanted)), and says whether one arrived.
+func sendUDPFrom(t *testing.T, n ns.NetNS, src, dst netip.Addr, to *testPod, wanted bool) bool {
+	t.Helper()
+	payload := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+	return nettest.Eventually(testTimeout(wanted), func() error {
+		nettest.Do(t, n, func() error {
+			conn, err := net.DialUDP("udp", &net.UDPAddr{IP: src.AsSlice()}, &net.UDPAddr{IP: dst.AsSlice(), Port: 5353})
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_, err = conn.Write([]byte(payload))
+			return err
+		})
+		if to.udp.count(payload) == 0 {
+			return errors.New("not received")
+		}
+		return nil
+	}) == nil
 }
