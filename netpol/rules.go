@@ -212,6 +212,15 @@ func grant(bit uint32) []expr.Any {
 	}
 }
 
+// clearMark takes bits off the packet's mark, keeping every other bit.
+func clearMark(bits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^bits), Xor: native(0)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+	}
+}
+
 func concat(parts ...[]expr.Any) []expr.Any {
 	var out []expr.Any
 	for _, p := range parts {
@@ -292,6 +301,13 @@ func BridgeRules() map[string][]nft.Rule {
 
 // InetRules returns the rules of the inet table's chains.
 func InetRules() map[string][]nft.Rule {
+	// A packet enters the IP stack without any of the bits, whatever it carried before: the
+	// packet inside a tunnel the node ends keeps the outer packet's mark, and the outer packet's
+	// conntrack bit says nothing about the inner one's connection.
+	fresh := nft.Rule{
+		Comment: "no policy bit on a packet that enters the IP stack (a decapsulated one keeps the outer mark)",
+		Exprs:   clearMark(MarkEgress | MarkIngress | MarkConntracked),
+	}
 	conntracked := nft.Rule{
 		Comment: "packets of connections conntrack knows: replies of allowed connections",
 		Exprs: []expr.Any{
@@ -312,7 +328,7 @@ func InetRules() map[string][]nft.Rule {
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
 		},
 	}
-	return map[string][]nft.Rule{ChainConntrack: {conntracked}, ChainNode: {node}}
+	return map[string][]nft.Rule{ChainConntrack: {fresh, conntracked}, ChainNode: {node}}
 }
 
 // Names of a group's sets.
