@@ -273,6 +273,19 @@ func dispatch(key expr.MetaKey, m string) nft.Rule {
 	}
 }
 
+// heldFromNode takes the ingress bit (which the inet table's node chain gave every packet of the
+// node) off what the node sends to a port that has no element: a held pod receives nothing from
+// the node either.
+func heldFromNode() nft.Rule {
+	return nft.Rule{
+		Comment: "to a port without an element (" + MapIngress + "): held, not even the node's packets",
+		Exprs: concat([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyOIF, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: MapIngress, Invert: true},
+		}, clearMark(MarkIngress), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}),
+	}
+}
+
 // BridgeRules returns the rules of the bridge table's fixed chains, in order. Their number is
 // fixed: the per-pod state lives in the maps, the per-policy state in the groups.
 func BridgeRules() map[string][]nft.Rule {
@@ -290,8 +303,9 @@ func BridgeRules() map[string][]nft.Rule {
 		},
 		ChainOutput: {
 			arpPasses(),
-			{Comment: "the node's own packets reach every pod", Exprs: concat(hasMark(MarkIngress, true), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
 			neighbourDiscovery(MarkIngress),
+			heldFromNode(),
+			{Comment: "the node's own packets reach every pod", Exprs: concat(hasMark(MarkIngress, true), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
 			dispatch(expr.MetaKeyOIF, MapIngress),
 		},
 		ChainAllowEgress:  {{Comment: "a pod no policy isolates for egress", Exprs: grant(MarkEgress)}},
