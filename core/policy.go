@@ -173,8 +173,28 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (
 	}
 	rs := compile(locals)
 	rs.PodCIDRs = n.PodCIDRs
+	if br != nil {
+		if rs.NodeAddrs, err = linkAddrs(br); err != nil {
+			return pass, err
+		}
+	}
 	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
 	return pass, err
+}
+
+// linkAddrs are the addresses of a link, both families.
+func linkAddrs(l netlink.Link) ([]netip.Addr, error) {
+	addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("network policy: addresses of %s: %w", l.Attrs().Name, err)
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
 }
 
 // bridgePorts finds the bridge and its ports by name (nil and none when there is no bridge yet).

@@ -115,7 +115,7 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 	}
 
 	// The fixed objects and the switch, in one transaction.
-	fixed, err := w.writeFixed(bt, it, cur, rs.PodCIDRs)
+	fixed, err := w.writeFixed(bt, it, cur, rs)
 	if err != nil {
 		return res, err
 	}
@@ -133,6 +133,17 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 				add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
 			}
 		}
+		res.MapChanges += len(add) + len(del)
+		if err := deleteElements(c, set, del); err != nil {
+			return res, err
+		}
+		if err := addElements(c, set, add); err != nil {
+			return res, err
+		}
+	}
+	for _, is6 := range []bool{false, true} {
+		set := sourcesSet(bt, is6)
+		del, add := elementsDiff(cur.sources[set.Name], want.sources[set.Name])
 		res.MapChanges += len(add) + len(del)
 		if err := deleteElements(c, set, del); err != nil {
 			return res, err
@@ -234,7 +245,7 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 
 // writeFixed queues the fixed chains, maps and sets of both tables where they are missing or
 // differ from their plan, and reports whether it queued anything.
-func (w *writer) writeFixed(bt, it *nftables.Table, cur state, podCIDRs []netip.Prefix) (bool, error) {
+func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs Ruleset) (bool, error) {
 	wrote := false
 	if !cur.inetOK {
 		if cur.inetForeign {
@@ -253,12 +264,26 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, podCIDRs []netip.
 			return false, fmt.Errorf("policy set %s: %w", s.Name, err)
 		}
 	}
-	if onLink := onLinkElements(podCIDRs); !sameElements(cur.onLink, onLink) {
+	if onLink := onLinkElements(rs.PodCIDRs); !sameElements(cur.onLink, onLink) {
 		s := onLinkSet(bt)
 		if slices.Contains(cur.sets, SetOnLink) {
 			w.c.FlushSet(s)
 		}
 		if err := addElements(w.c, s, onLink); err != nil {
+			return false, err
+		}
+		wrote = true
+	}
+	for _, is6 := range []bool{false, true} {
+		want := localPodsElements(rs.PodCIDRs, rs.NodeAddrs, is6)
+		if sameElements(cur.localPods[localPodsName(is6)], want) {
+			continue
+		}
+		s := localPodsSet(bt, is6)
+		if slices.Contains(cur.sets, s.Name) {
+			w.c.FlushSet(s)
+		}
+		if err := addElements(w.c, s, want); err != nil {
 			return false, err
 		}
 		wrote = true
@@ -279,6 +304,8 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, podCIDRs []netip.
 type desired struct {
 	groups map[string]plannedGroup
 	maps   map[string]map[int]string // map name → port → chain
+	// sources are the elements of SetSourcesIPv4 and SetSourcesIPv6, by set name.
+	sources map[string][]nftables.SetElement
 }
 
 type plannedGroup struct {
@@ -288,10 +315,16 @@ type plannedGroup struct {
 
 // plan computes the groups and map elements of rs. Pure.
 func plan(rs Ruleset) desired {
-	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}}
+	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, sources: map[string][]nftables.SetElement{}}
 	for _, p := range rs.Pods {
 		if p.Port <= 0 {
 			continue
+		}
+		for _, a := range p.IPs {
+			if a.IsValid() {
+				set := sourcesName(a.Unmap().Is6())
+				d.sources[set] = append(d.sources[set], nftables.SetElement{Key: sourceKey(p.Port, a)})
+			}
 		}
 		for _, dir := range []struct {
 			name, m, open string
@@ -333,6 +366,8 @@ type state struct {
 	sets         []string
 	maps         map[string]map[int]string // map → port → chain
 	onLink       []nftables.SetElement
+	localPods    map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
+	sources      map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
 	// setElements holds the elements of every group set (read only with Verify).
 	setElements map[string][]nftables.SetElement
 }
@@ -384,9 +419,34 @@ func sameElements(a, b []nftables.SetElement) bool {
 	return true
 }
 
+// elementsDiff returns the elements of have that want lacks and those of want that have lacks,
+// by key (a plain set's elements are their keys).
+func elementsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElement) {
+	in := func(els []nftables.SetElement) map[string]bool {
+		m := make(map[string]bool, len(els))
+		for _, e := range els {
+			m[string(e.Key)] = true
+		}
+		return m
+	}
+	haveKeys, wantKeys := in(have), in(want)
+	for _, e := range have {
+		if !wantKeys[string(e.Key)] {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	for _, e := range want {
+		if !haveKeys[string(e.Key)] {
+			add = append(add, e)
+		}
+	}
+	return del, add
+}
+
 // readState reads the tables; missing ones read as empty.
 func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
-	st := state{groupChains: map[string]bool{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{}}
+	st := state{groupChains: map[string]bool{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
+		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}}
 	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
 	inetRules, err := nft.TableRules(it)
 	if err != nil && !nft.IsNotExist(err) {
@@ -440,6 +500,22 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 	if slices.Contains(st.sets, SetOnLink) {
 		if st.onLink, err = c.GetSetElements(onLinkSet(bt)); err != nil {
 			return st, fmt.Errorf("read set %s: %w", SetOnLink, err)
+		}
+	}
+	for _, is6 := range []bool{false, true} {
+		for _, set := range []*nftables.Set{localPodsSet(bt, is6), sourcesSet(bt, is6)} {
+			if !slices.Contains(st.sets, set.Name) {
+				continue
+			}
+			els, err := c.GetSetElements(set)
+			if err != nil {
+				return st, fmt.Errorf("read set %s: %w", set.Name, err)
+			}
+			if set.Name == localPodsName(is6) {
+				st.localPods[set.Name] = els
+			} else {
+				st.sources[set.Name] = els
+			}
 		}
 	}
 	if verify {
@@ -565,6 +641,26 @@ func Forget(network string, ports []int) error {
 			return err
 		}
 	}
+	for _, is6 := range []bool{false, true} {
+		set := sourcesSet(bt, is6)
+		have, err := c.GetSetElements(set)
+		if nft.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read set %s: %w", set.Name, err)
+		}
+		var del []nftables.SetElement
+		for _, e := range have {
+			if port, _, ok := parseSourceKey(e.Key); ok && slices.Contains(ports, port) {
+				del = append(del, nftables.SetElement{Key: e.Key})
+			}
+		}
+		n += len(del)
+		if err := deleteElements(c, set, del); err != nil {
+			return err
+		}
+	}
 	if n == 0 {
 		return nil
 	}
@@ -572,6 +668,44 @@ func Forget(network string, ports []int) error {
 		return fmt.Errorf("forget ports %v in the policies of network %q: %w", ports, network, err)
 	}
 	return nil
+}
+
+// parseSourceKey splits an element key of SetSourcesIPv4 or SetSourcesIPv6.
+func parseSourceKey(k []byte) (int, netip.Addr, bool) {
+	if len(k) != 8 && len(k) != 20 {
+		return 0, netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(k[4:])
+	return int(binary.NativeEndian.Uint32(k[:4])), a, ok
+}
+
+// Sources reads the addresses each port may send from (SetSourcesIPv4, SetSourcesIPv6): the
+// residue audit's and the operators' view.
+func Sources(network string) (map[int][]netip.Addr, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("policy rules: netlink: %w", err)
+	}
+	bt := BridgeTable(network)
+	out := map[int][]netip.Addr{}
+	if ok, err := nft.TableExistsWith(c, bt); err != nil || !ok {
+		return out, err
+	}
+	for _, is6 := range []bool{false, true} {
+		els, err := c.GetSetElements(sourcesSet(bt, is6))
+		if nft.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read set %s: %w", sourcesName(is6), err)
+		}
+		for _, e := range els {
+			if port, a, ok := parseSourceKey(e.Key); ok {
+				out[port] = append(out[port], a)
+			}
+		}
+	}
+	return out, nil
 }
 
 // Dispatch reads the two dispatch maps: map name → port → the chain it goes to (operators'

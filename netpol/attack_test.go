@@ -261,3 +261,40 @@ func sendUDPFrom(t *testing.T, n ns.NetNS, src, dst netip.Addr, to *testPod, wan
 		return nil
 	}) == nil
 }
+
+// TestMasqueradedFromOutside: what the node forwards into the bridge after masquerading it to the
+// bridge's own address (kube-proxy's NodePorts do, for clients elsewhere) carries a source of the
+// pod CIDR that is the node's own, not a pod's: it reaches a pod that is open to it.
+func TestMasqueradedFromOutside(t *testing.T) {
+	n := newBridgedNode(t)
+	b := n.pods["b"]
+	nettest.Run(t, n.node, "nft", "add table ip masq-emu")
+	nettest.Run(t, n.node, "nft", "add chain ip masq-emu pre { type nat hook prerouting priority dstnat; }")
+	nettest.Run(t, n.node, "nft", "add chain ip masq-emu post { type nat hook postrouting priority srcnat; }")
+	nettest.Run(t, n.node, "nft", "add rule ip masq-emu pre udp dport 31053 dnat to "+b.v4.String()+":5353")
+	nettest.Run(t, n.node, "nft", "add rule ip masq-emu post ip saddr "+x4.String()+" oifname br0 masquerade")
+	for _, tc := range []struct {
+		name    string
+		rs      Ruleset
+		arrives bool
+	}{
+		{"b open", n.open(), true},
+		{"b open to the bridge's address", with(n.open(), b.port, allowFrom(nil, gw4.Addr()), Direction{}), true},
+		{"b open to x only (judged by the address it arrives with)", with(n.open(), b.port, allowFrom(nil, x4), Direction{}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n.apply(t, tc.rs, Options{})
+			payload := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+			got := nettest.Eventually(testTimeout(tc.arrives), func() error {
+				sendUDP(t, n.x, netip.MustParseAddr("10.4.0.1"), 31053, payload)
+				if b.udp.count(payload) == 0 {
+					return errors.New("not received")
+				}
+				return nil
+			}) == nil
+			if got != tc.arrives {
+				t.Errorf("x's datagram to the node's port 31053, forwarded to b and masqueraded: arrived %v, want %v", got, tc.arrives)
+			}
+		})
+	}
+}

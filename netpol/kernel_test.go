@@ -115,7 +115,7 @@ func eui64(mac net.HardwareAddr) netip.Addr {
 func (n *bridgedNode) apply(t *testing.T, rs Ruleset, opt Options) Applied {
 	t.Helper()
 	var res Applied
-	rs.PodCIDRs = []netip.Prefix{gw4.Masked(), gw6.Masked()}
+	rs.PodCIDRs, rs.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
 	nettest.Do(t, n.node, func() (err error) { res, err = Apply(n.network, rs, opt); return err })
 	return res
 }
@@ -595,6 +595,13 @@ func TestForgetAndRemove(t *testing.T) {
 	if d := groupNames(t, n); d[MapEgress][b.port] != "" || d[MapIngress][b.port] != "" || d[MapIngress][a.port] == "" {
 		t.Errorf("after Forget of b: %v", d)
 	}
+	nettest.Do(t, n.node, func() error {
+		src, err := Sources(n.network)
+		if err == nil && (len(src[b.port]) != 0 || len(src[a.port]) != 3) {
+			err = fmt.Errorf("source sets after Forget of b: %v, want a's three addresses and none of b's", src)
+		}
+		return err
+	})
 	n.expectTCP(t, "a → forgotten b", a.ns, b.v4, 8080, false)
 	var ports []int
 	for _, p := range n.pods {

@@ -133,8 +133,12 @@ type Pod struct {
 type Ruleset struct {
 	Pods []Pod
 	// PodCIDRs are the node's pod CIDRs: IPv6 neighbour discovery within them (and link-local)
-	// is on the pods' own link and passes without a policy.
+	// is on the pods' own link and passes without a policy; a packet routed in from one of their
+	// addresses but NodeAddrs must come from its pod's port.
 	PodCIDRs []netip.Prefix
+	// NodeAddrs are the node's own addresses in PodCIDRs (the bridge's): a packet routed into
+	// the bridge from them is the node's (kube-proxy masquerades to them).
+	NodeAddrs []netip.Addr
 }
 
 // box is a disjoint element of a ports set: addresses × one protocol × a port range.
@@ -234,6 +238,24 @@ func disjointBoxes(proto uint8, entries []Entry) []box {
 	for _, p := range pieces {
 		for _, r := range p.addrs {
 			out = append(out, box{addrs: r, ports: Ports{Protocol: proto, First: p.first, Last: p.last}})
+		}
+	}
+	return out
+}
+
+// withoutAddr cuts a out of the ranges that hold it.
+func withoutAddr(rs []Range, a netip.Addr) []Range {
+	var out []Range
+	for _, r := range rs {
+		if a.Is4() != r.First.Is4() || a.Compare(r.First) < 0 || a.Compare(r.Last) > 0 {
+			out = append(out, r)
+			continue
+		}
+		if a != r.First {
+			out = append(out, Range{r.First, a.Prev()})
+		}
+		if a != r.Last {
+			out = append(out, Range{a.Next(), r.Last})
 		}
 	}
 	return out

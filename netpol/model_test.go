@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 )
@@ -103,5 +104,27 @@ func TestPlan(t *testing.T) {
 	}
 	if d.maps[MapIngress][11] != d.maps[MapIngress][12] {
 		t.Error("a and b with equal ingress got different chains")
+	}
+}
+
+func TestWithoutAddr(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []Range
+		cut  string
+		want string
+	}{
+		{"the gateway out of a pod CIDR", []Range{r("10.3.0.0/24")}, "10.3.0.1", "[10.3.0.0 10.3.0.2-10.3.0.255]"},
+		{"the first address", []Range{r("10.3.0.0/24")}, "10.3.0.0", "[10.3.0.1-10.3.0.255]"},
+		{"the last address", []Range{r("fd00:3::/127")}, "fd00:3::1", "[fd00:3::]"},
+		{"the only address", []Range{r("10.3.0.9")}, "10.3.0.9", "[]"},
+		{"outside", []Range{r("10.3.0.0/24")}, "10.4.0.1", "[10.3.0.0-10.3.0.255]"},
+		{"the other family", []Range{r("10.3.0.0/24")}, "fd00::1", "[10.3.0.0-10.3.0.255]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fmt.Sprint(withoutAddr(tc.in, netip.MustParseAddr(tc.cut))); got != tc.want {
+				t.Errorf("withoutAddr(%v, %s) = %s, want %s", tc.in, tc.cut, got, tc.want)
+			}
+		})
 	}
 }

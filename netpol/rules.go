@@ -38,6 +38,15 @@ const (
 	MapEgress         = "egress-ports"  // port (ifindex) → the pod's egress group or allow-egress
 	MapIngress        = "ingress-ports" // port (ifindex) → the pod's ingress group or allow-ingress
 	SetOnLink         = "onlink-ipv6"   // source . destination pairs of on-link neighbour discovery
+	// Port . address of the port's pod: the addresses a pod's IP packets may come from. The
+	// policies judge a peer by its address, so a packet from another address gets no egress.
+	SetSourcesIPv4 = "egress-sources-ipv4"
+	SetSourcesIPv6 = "egress-sources-ipv6"
+	// The node's pod CIDRs but the node's own addresses in them (the bridge's): addresses only
+	// the node's pods have. A packet routed into the bridge from one of them must have come
+	// through its pod's port (and carry the egress bit); from anywhere else it is forged.
+	SetLocalPodsIPv4 = "local-pods-ipv4"
+	SetLocalPodsIPv6 = "local-pods-ipv6"
 	// inet table
 	ChainConntrack = "conntrack" // hook prerouting: marks packets of connections conntrack knows
 	ChainNode      = "node"      // hook output: marks the node's own packets (the node reaches every pod)
@@ -117,7 +126,59 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 		{Table: t, Name: MapEgress, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict},
 		{Table: t, Name: MapIngress, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict},
 		onLinkSet(t),
+		sourcesSet(t, false), sourcesSet(t, true),
+		localPodsSet(t, false), localPodsSet(t, true),
 	}
+}
+
+func sourcesName(is6 bool) string {
+	if is6 {
+		return SetSourcesIPv6
+	}
+	return SetSourcesIPv4
+}
+
+// sourcesSet holds port . address of every released pod's addresses of one family.
+func sourcesSet(t *nftables.Table, is6 bool) *nftables.Set {
+	return &nftables.Set{Table: t, Name: sourcesName(is6), Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, addrType(is6))}
+}
+
+// sourceKey is the element key of one of a port's pod's addresses.
+func sourceKey(port int, a netip.Addr) []byte { return append(portKey(port), a.Unmap().AsSlice()...) }
+
+func localPodsName(is6 bool) string {
+	if is6 {
+		return SetLocalPodsIPv6
+	}
+	return SetLocalPodsIPv4
+}
+
+func localPodsSet(t *nftables.Table, is6 bool) *nftables.Set {
+	return &nftables.Set{Table: t, Name: localPodsName(is6), Interval: true, KeyType: addrType(is6)}
+}
+
+// localPodsElements are the interval elements of the node's pod CIDRs of one family without
+// the node's own addresses.
+func localPodsElements(podCIDRs []netip.Prefix, nodeAddrs []netip.Addr, is6 bool) []nftables.SetElement {
+	var ps []netip.Prefix
+	for _, p := range podCIDRs {
+		if p.Addr().Is6() == is6 && !p.Addr().Is4In6() {
+			ps = append(ps, p)
+		}
+	}
+	rs := mergePrefixes(ps)
+	for _, a := range nodeAddrs {
+		rs = withoutAddr(rs, a.Unmap())
+	}
+	var out []nftables.SetElement
+	for _, r := range rs {
+		out = append(out, nftables.SetElement{Key: r.First.AsSlice()})
+		if end := r.Last.Next(); end.IsValid() {
+			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return out
 }
 
 func onLinkSet(t *nftables.Table) *nftables.Set {
@@ -264,12 +325,56 @@ func dispatch(key expr.MetaKey, m string) nft.Rule {
 	if m == MapIngress {
 		what = "ingress of the pod on the output port"
 	}
+	return nft.Rule{Comment: what + " (" + m + "); no element: no mark, the guard drops it", Exprs: dispatchTo(key, m)}
+}
+
+func dispatchTo(key expr.MetaKey, m string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: m},
+	}
+}
+
+// egressDispatch dispatches the IP packets of one family by their input port, when their source
+// is one of the port's pod's addresses (SetSourcesIPv4, SetSourcesIPv6). A packet from any other
+// address falls through without a mark: the policies of other pods judge their peers by the
+// source address, which a pod must not borrow, whatever the node's anti-spoofing chains (another
+// table) say or whether they are there at all.
+func egressDispatch(is6 bool) nft.Rule {
 	return nft.Rule{
-		Comment: what + " (" + m + "); no element: no mark, the guard drops it",
-		Exprs: []expr.Any{
-			&expr.Meta{Key: key, Register: reg1},
-			&expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: m},
-		},
+		Comment: "from an address of the pod on the input port (" + sourcesName(is6) + "): its egress (" + MapEgress + "); from another address: no mark",
+		Exprs: concat(isFamily(is6), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIF, Register: cat(0)},
+			loadAddr(is6, nft.Source, cat(1)),
+			&expr.Lookup{SourceRegister: cat(0), SetName: sourcesName(is6)},
+		}, dispatchTo(expr.MetaKeyIIF, MapEgress)),
+	}
+}
+
+// egressOtherDispatch dispatches what is neither IPv4 nor IPv6 by its input port.
+func egressOtherDispatch() nft.Rule {
+	return nft.Rule{
+		Comment: "neither IPv4 nor IPv6: egress of the pod on the input port (" + MapEgress + ")",
+		Exprs: concat([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IPV6)},
+		}, dispatchTo(expr.MetaKeyIIF, MapEgress)),
+	}
+}
+
+// forgedLocalSource leaves without a mark what is routed into the bridge with a source address
+// of the node's pod CIDRs (not the node's own: kube-proxy masquerades to the bridge's) but
+// without the egress bit: a packet of one of the node's pods comes through its port, where its
+// egress was judged; one routed in from elsewhere (another host, a tunnel) with such a source is
+// forged, and would otherwise get the pod's rights as a peer.
+func forgedLocalSource(is6 bool) nft.Rule {
+	return nft.Rule{
+		Comment: "a source only the node's pods have (" + localPodsName(is6) + ") that did not come through its pod's port: no mark",
+		Exprs: concat(isFamily(is6), []expr.Any{
+			loadAddr(is6, nft.Source, reg1),
+			&expr.Lookup{SourceRegister: reg1, SetName: localPodsName(is6)},
+		}, hasMark(MarkEgress, false), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}),
 	}
 }
 
@@ -293,7 +398,9 @@ func BridgeRules() map[string][]nft.Rule {
 		ChainEgress: {
 			arpPasses(),
 			neighbourDiscovery(MarkEgress),
-			dispatch(expr.MetaKeyIIF, MapEgress),
+			egressDispatch(false),
+			egressDispatch(true),
+			egressOtherDispatch(),
 		},
 		ChainForward: {
 			arpPasses(),
@@ -306,6 +413,8 @@ func BridgeRules() map[string][]nft.Rule {
 			neighbourDiscovery(MarkIngress),
 			heldFromNode(),
 			{Comment: "the node's own packets reach every pod", Exprs: concat(hasMark(MarkIngress, true), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
+			forgedLocalSource(false),
+			forgedLocalSource(true),
 			dispatch(expr.MetaKeyOIF, MapIngress),
 		},
 		ChainAllowEgress:  {{Comment: "a pod no policy isolates for egress", Exprs: grant(MarkEgress)}},
@@ -461,7 +570,8 @@ func groupRules(name, dir string, g group) []nft.Rule {
 // the on-link set, which stay whatever the node's pods: the residue audit's question.
 func IsPodState(name string) bool {
 	switch name {
-	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainConntrack, ChainNode, SetOnLink:
+	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainConntrack, ChainNode, SetOnLink,
+		SetLocalPodsIPv4, SetLocalPodsIPv6:
 		return false
 	}
 	return true

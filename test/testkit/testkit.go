@@ -186,8 +186,8 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 	} else if strings.Contains(ruleset, `"`+owner+`"`) {
 		t.Errorf("leak: nftables still holds elements of %s:\n%s", owner, ruleset)
 	}
-	// The policy maps are keyed by port index: an element of a port that no longer exists is
-	// the deleted pod's.
+	// The policy maps and source sets are keyed by port index: an element of a port that no
+	// longer exists is the deleted pod's.
 	nettest.Do(t, node.NS, func() error {
 		maps, err := netpol.Dispatch(network)
 		if err != nil {
@@ -198,6 +198,15 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 				if _, err := netlink.LinkByIndex(port); err != nil {
 					t.Errorf("leak: policy map %s holds port %d (%s), which no link has (%v)", m, port, chain, err)
 				}
+			}
+		}
+		sources, err := netpol.Sources(network)
+		if err != nil {
+			return err
+		}
+		for port, addrs := range sources {
+			if _, err := netlink.LinkByIndex(port); err != nil {
+				t.Errorf("leak: the policy's source sets hold port %d (%v), which no link has (%v)", port, addrs, err)
 			}
 		}
 		return nil
