@@ -31,6 +31,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubenet-dev/kubenet/core"
 )
@@ -156,7 +157,11 @@ func Compile(in Input) Result {
 			if !selected {
 				continue
 			}
-			ingress, egress := policyTypes(np)
+			ingress, egress, known := policyTypes(np)
+			if !known {
+				// A type the API does not have: which directions the policy meant is unknown.
+				ingress, egress, valid = true, true, false
+			}
 			if !valid {
 				// Isolated in the policy's directions with nothing allowed by it.
 				pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
@@ -186,12 +191,23 @@ func Compile(in Input) Result {
 	return res
 }
 
-// policyTypes says which directions np isolates.
-func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress bool) {
+// policyTypes says which directions np isolates, and whether every type it lists is one the API
+// has (the API server refuses others; such a policy fails closed).
+func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress, known bool) {
 	if len(np.Spec.PolicyTypes) == 0 {
-		return true, len(np.Spec.Egress) > 0
+		return true, len(np.Spec.Egress) > 0, true
 	}
-	return slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress), slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+	for _, t := range np.Spec.PolicyTypes {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			ingress = true
+		case networkingv1.PolicyTypeEgress:
+			egress = true
+		default:
+			return ingress, egress, false
+		}
+	}
+	return ingress, egress, true
 }
 
 // policySelects applies a policy's own podSelector to a pod's labels. The API server validates
@@ -242,7 +258,13 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 		if proto == 0 {
 			continue
 		}
-		if pt.Port == nil || pt.Port.Type == 0 {
+		if pt.EndPort != nil && (pt.Port == nil || pt.Port.Type != intstr.Int) {
+			continue // a range needs a numbered first port (the API server refuses others)
+		}
+		if pt.Port != nil && pt.Port.Type == intstr.String && pt.Port.StrVal == "" {
+			continue // no name: the API server refuses it, and it must not match unnamed ports
+		}
+		if pt.Port == nil || pt.Port.Type == intstr.Int {
 			// A numbered port (or every port of the protocol): the same for every peer.
 			first, last := uint16(0), uint16(65535)
 			if pt.Port != nil {
