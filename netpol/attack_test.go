@@ -298,3 +298,31 @@ func TestMasqueradedFromOutside(t *testing.T) {
 		})
 	}
 }
+
+// TestRoutedBetweenPods: a pod that sends to another pod of the node through the node (a route
+// via the gateway) keeps its address and its rights: its packet came through its port, and the
+// node routes it back into the bridge.
+func TestRoutedBetweenPods(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	for _, p := range []*testPod{a, c} {
+		nettest.Run(t, p.ns, "ip", "route", "add", netip.PrefixFrom(b.v4, 32).String(), "via", gw4.Addr().String())
+		nettest.Run(t, p.ns, "ip", "-6", "route", "add", netip.PrefixFrom(b.v6, 128).String(), "via", gw6.Addr().String())
+	}
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6), Direction{}), Options{})
+	for _, tc := range []struct {
+		from    *testPod
+		dst     netip.Addr
+		arrives bool
+	}{{a, b.v4, true}, {a, b.v6, true}, {c, b.v4, false}, {c, b.v6, false}} {
+		t.Run(fmt.Sprintf("%s to %s", tc.from.name, tc.dst), func(t *testing.T) {
+			src := tc.from.v4
+			if tc.dst.Is6() {
+				src = tc.from.v6
+			}
+			if got := sendUDPFrom(t, tc.from.ns, src, tc.dst, b, tc.arrives); got != tc.arrives {
+				t.Errorf("routed through the node: arrived %v, want %v", got, tc.arrives)
+			}
+		})
+	}
+}
