@@ -153,3 +153,75 @@ func TestAttackSpoofedPeerWithoutAntiSpoofing(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackPriorityTaggedToAService: the client's egress allows only the Services' range
+// (10.96.0.0/12, fd00:96::/108 here), not the peer host that the node DNATs a Service address to
+// (as kube-proxy does for an endpoint elsewhere). An egress policy is judged after that DNAT, so
+// the client cannot reach the peer host through the Service. A frame with a priority tag (VLAN 0)
+// bypasses br_netfilter, and with it the DNAT before the policy: it must get no egress either,
+// with or without the isolation chains that drop tagged frames from pods.
+func TestAttackPriorityTaggedToAService(t *testing.T) {
+	c := newNPCluster(t)
+	clientMAC, bridgeMAC := macOf(t, c.client, 2), macOf(t, c.client, 0)
+	vip := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.53"), true: netip.MustParseAddr("fd00:96::53")}
+	peer := map[bool]*nettest.EchoServer{}
+	for _, is6 := range []bool{false, true} {
+		peer[is6] = nettest.StartUDPEcho(t, c.node.Peer, netip.AddrPortFrom(byFamily(is6, nettest.Peer4, nettest.Peer6).Addr(), attackUDPPort))
+		family := byFamily(is6, "ip", "ip6")
+		table := "svc-emu-" + family
+		nettest.Run(t, c.node.NS, "nft", "add table "+family+" "+table)
+		nettest.Run(t, c.node.NS, "nft", "add chain "+family+" "+table+" pre { type nat hook prerouting priority dstnat; }")
+		nettest.Run(t, c.node.NS, "nft", fmt.Sprintf("add rule %s %s pre %s daddr %s udp dport 53 dnat to %s", family, table, family, vip[is6], peer[is6].Addr))
+		t.Cleanup(func() { _, _ = nettest.Output(c.node.NS, "nft", "delete", "table", family, table) })
+	}
+	servicesOnly := policyOf("a", "services-only", networkingv1.NetworkPolicySpec{PodSelector: *labelSel("app", "client"),
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "10.96.0.0/12"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "fd00:96::/108"}},
+		}}}})
+	deleteIsolation := []string{"delete", "table", "bridge", testkit.HostPortTable}
+	for i, tc := range []struct {
+		name     string
+		policies []*networkingv1.NetworkPolicy
+		tagged   bool
+		tamper   []string
+		arrives  bool
+	}{
+		{"untagged, no policy (control)", nil, false, nil, true},
+		// Pods send no tagged frames: a tagged one gets no egress even from a pod that is not
+		// isolated. (The same frame reached the peer host before the policy refused tagged
+		// frames: it is well-formed.)
+		{"priority-tagged, no policy, the network's bridge table deleted", nil, true, deleteIsolation, false},
+		{"untagged", []*networkingv1.NetworkPolicy{servicesOnly}, false, nil, false},
+		{"priority-tagged", []*networkingv1.NetworkPolicy{servicesOnly}, true, nil, false},
+		{"priority-tagged, the network's bridge table deleted", []*networkingv1.NetworkPolicy{servicesOnly}, true, deleteIsolation, false},
+	} {
+		for _, is6 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/%s", byFamily(is6, "ipv4", "ipv6"), tc.name), func(t *testing.T) {
+				c.apply(t, tc.policies...)
+				if tc.tamper != nil {
+					nettest.Run(t, c.node.NS, "nft", tc.tamper...)
+					t.Cleanup(func() {
+						nettest.Do(t, c.node.NS, func() error {
+							_, err := core.HealNode(context.Background(), testkit.PluginConfig(t, c.list), true)
+							return err
+						})
+					})
+				}
+				payload := fmt.Sprintf("tagged-%d", time.Now().UnixNano())
+				src := c.client.IP(vip[is6])
+				frame := testkit.IPFrame(bridgeMAC, clientMAC, testkit.UDPPacket(src, vip[is6], uint16(42000+10*i+byFamily(is6, 0, 1)), 53, []byte(payload)))
+				if tc.tagged {
+					frame = testkit.PriorityTagged(frame)
+				}
+				timeout := testkit.UnreachableTimeout
+				if tc.arrives {
+					timeout = testkit.TrafficTimeout
+				}
+				if got := delivered(t, c.client, peer[is6], payload, frame, timeout); got != tc.arrives {
+					t.Errorf("the client's datagram to the Service %s reached the peer host behind it: %v, want %v", vip[is6], got, tc.arrives)
+				}
+			})
+		}
+	}
+}
