@@ -231,6 +231,20 @@ func isFamily(is6 bool) []expr.Any {
 	}
 }
 
+// carriesFamily matches untagged IPv4 or IPv6 frames by the ether type the frame carries after its
+// MAC addresses (a VLAN tag, which the kernel moved into the packet's metadata, shows as 0x8100
+// there, where skb->protocol shows what is behind the tag).
+func carriesFamily(is6 bool) []expr.Any {
+	et := uint16(unix.ETH_P_IP)
+	if is6 {
+		et = unix.ETH_P_IPV6
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: 12, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(et)},
+	}
+}
+
 func isARP() []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: reg1},
@@ -335,15 +349,17 @@ func dispatchTo(key expr.MetaKey, m string) []expr.Any {
 	}
 }
 
-// egressDispatch dispatches the IP packets of one family by their input port, when their source
-// is one of the port's pod's addresses (SetSourcesIPv4, SetSourcesIPv6). A packet from any other
-// address falls through without a mark: the policies of other pods judge their peers by the
-// source address, which a pod must not borrow, whatever the node's anti-spoofing chains (another
-// table) say or whether they are there at all.
+// egressDispatch dispatches the untagged IP packets of one family by their input port, when
+// their source is one of the port's pod's addresses (SetSourcesIPv4, SetSourcesIPv6). A packet
+// from any other address falls through without a mark: the policies of other pods judge their
+// peers by the source address, which a pod must not borrow, whatever the node's anti-spoofing
+// chains (another table) say or whether they are there at all. So does a VLAN-tagged one (a
+// priority tag, VLAN 0, is taken as untagged by receivers): br_netfilter leaves tagged frames out
+// of the IP hooks, so kube-proxy's DNAT would come after the policy instead of before it.
 func egressDispatch(is6 bool) nft.Rule {
 	return nft.Rule{
-		Comment: "from an address of the pod on the input port (" + sourcesName(is6) + "): its egress (" + MapEgress + "); from another address: no mark",
-		Exprs: concat(isFamily(is6), []expr.Any{
+		Comment: "untagged, from an address of the pod on the input port (" + sourcesName(is6) + "): its egress (" + MapEgress + "); else no mark",
+		Exprs: concat(carriesFamily(is6), []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIF, Register: cat(0)},
 			loadAddr(is6, nft.Source, cat(1)),
 			&expr.Lookup{SourceRegister: cat(0), SetName: sourcesName(is6)},
