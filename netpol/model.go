@@ -203,7 +203,9 @@ func canonical(allow []Entry) group {
 // disjointBoxes turns the port entries of one family and protocol into boxes that do not
 // overlap (the kernel's concatenated interval sets refuse overlapping elements): the port axis is
 // cut at every entry's bounds, each piece gets the union of the address ranges covering it, and
-// neighbouring pieces with equal unions are joined again.
+// neighbouring pieces with equal unions are joined again. The pieces are swept in order with the
+// entries that cover the current one: a piece costs the entries covering it, not all of them (a
+// policy of thousands of peers on hundreds of ports is hundreds of thousands of entries).
 func disjointBoxes(proto uint8, entries []Entry) []box {
 	cuts := []uint32{}
 	for _, e := range entries {
@@ -211,21 +213,28 @@ func disjointBoxes(proto uint8, entries []Entry) []box {
 	}
 	slices.Sort(cuts)
 	cuts = slices.Compact(cuts)
+	byFirst := slices.Clone(entries)
+	slices.SortFunc(byFirst, func(a, b Entry) int { return cmp.Compare(a.Ports.First, b.Ports.First) })
 	type piece struct {
 		first, last uint16
 		addrs       []Range
 	}
 	var pieces []piece
+	var active []Entry // the entries that cover the current piece
+	next := 0
 	for i := 0; i+1 < len(cuts); i++ {
 		first, last := uint16(cuts[i]), uint16(cuts[i+1]-1)
-		var covering []Range
-		for _, e := range entries {
-			if e.Ports.First <= first && last <= e.Ports.Last {
-				covering = append(covering, e.Peer)
-			}
+		for ; next < len(byFirst) && byFirst[next].Ports.First <= first; next++ {
+			active = append(active, byFirst[next])
 		}
-		if len(covering) == 0 {
+		// Every bound is a cut: an entry that reaches into the piece covers all of it.
+		active = slices.DeleteFunc(active, func(e Entry) bool { return e.Ports.Last < first })
+		if len(active) == 0 {
 			continue
+		}
+		covering := make([]Range, len(active))
+		for j, e := range active {
+			covering[j] = e.Peer
 		}
 		addrs := mergeRanges(covering)
 		if n := len(pieces); n > 0 && pieces[n-1].last+1 == first && slices.Equal(pieces[n-1].addrs, addrs) {

@@ -128,3 +128,20 @@ func TestWithoutAddr(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCanonicalWide: one allow list of 1000 peers on 200 ports, each peer on every port (a
+// podSelector of many pods with a long ports list): 200 000 entries.
+func BenchmarkCanonicalWide(b *testing.B) {
+	var allow []Entry
+	for i := range 1000 {
+		a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+		for j := range 200 {
+			allow = append(allow, Entry{Peer: Single(a), Ports: tcp(uint16(1000+2*j), uint16(1000+2*j))})
+		}
+	}
+	for b.Loop() {
+		if g := canonical(allow); len(g.ports4) != 200 {
+			b.Fatalf("%d boxes, want 200 (one per port, the peers merged)", len(g.ports4))
+		}
+	}
+}
