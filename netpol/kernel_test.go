@@ -815,3 +815,43 @@ func TestRoutedNeighbourDiscovery(t *testing.T) {
 		})
 	}
 }
+
+// TestRoutedFragments: a datagram routed to a pod is cut into fragments after the node's IP
+// hooks, so the bridge sees fragments; an allowed one arrives whole, a denied one not at all.
+func TestRoutedFragments(t *testing.T) {
+	n := newBridgedNode(t)
+	b := n.pods["b"]
+	udp := &Ports{Protocol: UDP, First: 5353, Last: 5353}
+	// x may reach b on UDP 5353 on IPv4 only.
+	n.apply(t, with(n.open(), b.port, allowFrom(udp, x4), Direction{}), Options{})
+	big := strings.Repeat("f", 3000) // more than the bridge's MTU: fragmented on the way to b
+	for _, c := range []struct {
+		name string
+		to   netip.Addr
+		want bool
+	}{
+		{"x → b IPv4, allowed", b.v4, true},
+		{"x → b IPv6, denied", b.v6, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			payload := fmt.Sprintf("%s-%d-%s", c.name, time.Now().UnixNano(), big)
+			if c.want {
+				if err := nettest.Eventually(3*time.Second, func() error {
+					sendUDP(t, n.x, c.to, 5353, payload)
+					if b.udp.count(payload) == 0 {
+						return errors.New("not received")
+					}
+					return nil
+				}); err != nil {
+					t.Errorf("a fragmented datagram to %s: %v", c.to, err)
+				}
+				return
+			}
+			sendUDP(t, n.x, c.to, 5353, payload)
+			n.expectUDP(t, c.name+" (small, after the big one)", n.x, c.to, b, false)
+			if b.udp.count(payload) != 0 {
+				t.Errorf("the fragmented datagram to %s arrived, want it denied", c.to)
+			}
+		})
+	}
+}

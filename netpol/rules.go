@@ -258,6 +258,17 @@ func loadAddr(is6 bool, d nft.Direction, reg uint32) *expr.Payload {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: addrBytes(is6)}
 }
 
+// metaKeyIIFKind is NFT_META_IIFKIND (Linux 5.1): the kind of the input interface ("bridge",
+// "veth", ...), which neither google/nftables nor x/sys name.
+const metaKeyIIFKind expr.MetaKey = 26
+
+// ifName is a name as the kernel compares interface names and kinds: padded to IFNAMSIZ.
+func ifName(s string) []byte {
+	b := make([]byte, 16)
+	copy(b, s)
+	return b
+}
+
 func native(v uint32) []byte {
 	b := make([]byte, 4)
 	binary.NativeEndian.PutUint32(b, v)
@@ -447,18 +458,28 @@ func InetRules() map[string][]nft.Rule {
 		Comment: "no policy bit on a packet that enters the IP stack (a decapsulated one keeps the outer mark)",
 		Exprs:   clearMark(MarkEgress | MarkIngress | MarkConntracked),
 	}
-	conntracked := nft.Rule{
-		Comment: "packets of connections conntrack knows: replies of allowed connections",
-		Exprs: []expr.Any{
-			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-				Mask: native(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: native(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^MarkConntracked), Xor: native(MarkConntracked)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
-		},
+	conntracked := func(state uint32, comment string, from ...expr.Any) nft.Rule {
+		return nft.Rule{
+			Comment: comment,
+			Exprs: concat([]expr.Any{
+				&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(state), Xor: native(0)},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
+			}, from, []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(^MarkConntracked), Xor: native(MarkConntracked)},
+				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+			}),
+		}
 	}
+	established := conntracked(expr.CtStateBitESTABLISHED, "packets of connections conntrack knows: replies of allowed connections")
+	// An ICMP error is "related" to a connection whoever sends it: a pod that no policy lets
+	// reach another could otherwise forge errors about the other's connections and have them
+	// pass as replies. Errors from pods (their frames enter the IP stack through a bridge) are
+	// judged by the policies like any ICMP; those of routers on the way keep passing.
+	related := conntracked(expr.CtStateBitRELATED, "ICMP errors about known connections, but from a bridge's ports",
+		&expr.Meta{Key: metaKeyIIFKind, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifName("bridge")})
 	node := nft.Rule{
 		Comment: "the node's own packets reach every pod",
 		Exprs: []expr.Any{
@@ -467,7 +488,7 @@ func InetRules() map[string][]nft.Rule {
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
 		},
 	}
-	return map[string][]nft.Rule{ChainConntrack: {fresh, conntracked}, ChainNode: {node}}
+	return map[string][]nft.Rule{ChainConntrack: {fresh, established, related}, ChainNode: {node}}
 }
 
 // Names of a group's sets.
@@ -540,6 +561,33 @@ func pad4(b []byte) []byte {
 	return b
 }
 
+// laterFragments grants the fragments after a datagram's first. A datagram routed to a pod is
+// reassembled for conntrack and cut again after the IP hooks, so the bridge's output hook sees
+// its fragments: only the first carries the ports the policy judges, and without it the pod's
+// stack cannot reassemble the rest, which therefore carries nothing the policy did not allow.
+// (Bridged frames reach the bridge's hooks whole: br_netfilter reassembles them before and
+// fragments them after.)
+func laterFragments(bit uint32) []nft.Rule {
+	return []nft.Rule{
+		{
+			Comment: "IPv4 fragments after the first (the first is judged)",
+			Exprs: concat(isFamily(false), []expr.Any{
+				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 6, Len: 2},
+				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 2, Mask: []byte{0x1f, 0xff}, Xor: []byte{0, 0}},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0}},
+			}, grant(bit)),
+		},
+		{
+			Comment: "IPv6 fragments after the first (the first is judged)",
+			Exprs: concat(isFamily(true), []expr.Any{
+				&expr.Exthdr{Op: expr.ExthdrOpIpv6, Type: unix.IPPROTO_FRAGMENT, Offset: 2, Len: 2, DestRegister: reg1},
+				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 2, Mask: []byte{0xff, 0xf8}, Xor: []byte{0, 0}},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0}},
+			}, grant(bit)),
+		},
+	}
+}
+
 // groupRules are the rules of a group's chain: grant the direction's mark to packets of
 // connections conntrack knows (replies) and to packets whose peer, protocol and port one of the
 // sets holds; drop the rest. The peer is the source for ingress and the destination for egress.
@@ -552,6 +600,9 @@ func groupRules(name, dir string, g group) []nft.Rule {
 		Comment: "packets of connections conntrack knows (the inet table's mark)",
 		Exprs:   concat(hasMark(MarkConntracked, true), grant(bit)),
 	}}
+	if dir == ingressDir {
+		rules = append(rules, laterFragments(bit)...)
+	}
 	for _, is6 := range []bool{false, true} {
 		anyRanges, boxes := g.any4, g.ports4
 		if is6 {
