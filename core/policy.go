@@ -25,7 +25,18 @@ type (
 	PolicyRange     = netpol.Range
 	PolicyPorts     = netpol.Ports
 	PolicyApplied   = netpol.Applied
+	PolicyRefusal   = netpol.Refusal
 )
+
+// PolicyMaxAllowEntries bounds one direction's allow list: a longer one is not installed
+// (PolicyApplied.Refused), and the compiler stops expanding at it.
+const PolicyMaxAllowEntries = netpol.MaxAllowEntries
+
+// PolicyErrTooBig is the error of a refusal for a limit (errors.Is), as opposed to the kernel's.
+var PolicyErrTooBig = netpol.ErrTooBig
+
+// PolicyMergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
+func PolicyMergeRanges(rs []PolicyRange) []PolicyRange { return netpol.MergeRanges(rs) }
 
 // Protocol numbers of PolicyPorts.
 const (

@@ -2,12 +2,16 @@ package netpol
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -18,13 +22,19 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// Bounds of one netlink message and of one transaction of set elements. The kernel takes a batch
-// in one send, which must fit the socket's send buffer (about 200 KiB by default): an interval
-// element of an IPv6 ports set is about 90 bytes on the wire, so a thousand stay far below it.
-// A group bigger than that is filled over several transactions before anything refers to it.
+// Bounds of one netlink message and of one transaction. A set element list is one netlink
+// attribute, whose length is 16 bits: 512 elements of the biggest kind (an IPv6 ports element,
+// about 80 bytes on the wire) stay well below it. A transaction is one send, which must fit the
+// socket's send buffer (about 200 KiB by default): a thousand elements do. The kernel holds the
+// network namespace's nftables mutex while it commits a transaction, and adding an element to an
+// interval set costs more the bigger the set is: so a group bigger than a transaction is built
+// over several, and the writer makes them smaller when one takes longer than transactionTarget,
+// so that a big group never holds the mutex long for anybody else (an ADD) who needs it.
 const (
 	maxElementsPerMessage     = 512
 	maxElementsPerTransaction = 1024
+	minElementsPerTransaction = 64
+	transactionTarget         = 25 * time.Millisecond
 )
 
 // Applied tells what an Apply changed, for logs and metrics.
@@ -38,6 +48,14 @@ type Applied struct {
 	Conntrack      uint // conntrack entries of released pods' addresses removed (flows older than the pods)
 	FixedWritten   bool // a fixed chain, map or set was missing or differed and was rewritten
 	Transactions   int
+	// LongestTransaction is the longest a transaction of this Apply took to send and be
+	// answered: the kernel holds the network namespace's nftables mutex for a transaction, so
+	// another writer of nftables (an ADD's rules) waits at most that long for it.
+	LongestTransaction time.Duration
+	// Refused are the allow lists that were not installed: over a limit, or refused by the
+	// kernel. Their pods keep, in that direction, the group they had (none: denied; a pod that
+	// was not isolated in it is denied too, never left open); everything else is applied.
+	Refused []Refusal
 }
 
 // Changed tells whether the Apply wrote anything.
@@ -45,21 +63,42 @@ func (a Applied) Changed() bool {
 	return a.NewGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
 }
 
+// Refusal is one allow list Apply did not install, and the pods that needed it.
+type Refusal struct {
+	Ingress bool     // the direction
+	Pods    []string // Pod.Name of each pod that needed it
+	Group   string   // the group's name, when the list got as far as one
+	Cost    int      // what its sets would cost the kernel, in IPv4 prefixes (0: not counted)
+	// Err wraps ErrTooBig for a list over a limit (it stays refused until it changes), else it
+	// is the kernel's answer (a later Apply tries again).
+	Err error
+}
+
+// ErrTooBig says an allow list is over one of the limits of MaxAllowEntries.
+var ErrTooBig = errors.New("allow list too big")
+
 // Options tune one Apply.
 type Options struct {
 	// Verify reads back the elements of every group set in use and rewrites the sets that
 	// differ (the agent's periodic and repair passes). Without it a group whose chain holds its
 	// planned rules and whose sets exist is trusted.
 	Verify bool
+	// transactionElements, when set, caps the set elements of one transaction instead of
+	// maxElementsPerTransaction (tests).
+	transactionElements int
 }
 
 // Apply makes the network's policy tables hold rs: the fixed chains, maps and sets, a group
 // (chain and sets) for every distinct allow list, map elements for every port of rs and none for
-// any other port. New groups are built first, over as many transactions as their elements need,
-// while nothing refers to them; then the map elements switch in one transaction, so no packet
-// sees half a change; then the groups nobody uses any more go. Conntrack's entries of a pod's
-// addresses are removed just before its port gets its first elements. Apply takes no lock: ADD
-// and DEL never write into the tables (a new pod is held by its guard until it has elements).
+// any other port. New groups are built first, the cheapest first, over as many transactions as
+// their elements need, while nothing refers to them; then the map elements switch in one
+// transaction, so no packet sees half a change; then the groups nobody uses any more go.
+// Conntrack's entries of a pod's addresses are removed just before its port gets its first
+// elements. Apply takes no lock: ADD and DEL never write into the tables (a new pod is held by
+// its guard until it has elements).
+//
+// An allow list over a limit, or whose group the kernel refuses, is left out (Applied.Refused)
+// and everything else is applied: one policy cannot keep the node's other pods from theirs.
 func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 	var res Applied
 	c, err := nftables.New()
@@ -72,39 +111,41 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 		return res, err
 	}
 	want := plan(rs)
-	res.Groups = len(want.groups)
-	w := &writer{c: c, res: &res, network: network}
+	w := &writer{c: c, res: &res, network: network, maxPerTransaction: maxElementsPerTransaction}
+	if opt.transactionElements > 0 {
+		w.maxPerTransaction = opt.transactionElements
+	}
+	w.perTransaction = w.maxPerTransaction
 
 	// Groups: build the missing ones, repair the damaged ones.
-	if !cur.bridgeExists {
-		c.AddTable(bt)
-	}
-	for _, name := range slices.Sorted(maps.Keys(want.groups)) {
-		g := want.groups[name]
-		state := cur.groupState(name, g, opt.Verify)
-		switch state {
-		case groupOK:
-			continue
-		case groupMissing:
-			res.NewGroups++
-		default:
-			res.RepairedGroups++
-		}
-		if err := w.writeGroup(bt, name, g, state, cur); err != nil {
-			return res, err
-		}
-	}
-	if err := w.flush("policy groups"); err != nil {
+	refused, err := w.buildGroups(bt, want, cur, opt.Verify)
+	if err != nil {
 		return res, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(refused)) {
+		want.refuse(name, refused[name])
+	}
+	res.Groups, res.Refused = len(want.groups), want.refused
+
+	// What every port gets: its planned chain, or what it has where its list was refused.
+	final := map[string]map[int]string{}
+	for _, m := range []string{MapEgress, MapIngress} {
+		final[m] = maps.Clone(want.maps[m])
+		for port := range want.keep[m] {
+			if chain, ok := cur.maps[m][port]; ok && chain != ChainAllowEgress && chain != ChainAllowIngress {
+				final[m][port] = chain
+			}
+		}
 	}
 
 	// Flows older than the pods that are about to be released.
 	var fresh []netip.Addr
 	for _, p := range rs.Pods {
-		if _, e := cur.maps[MapEgress][p.Port]; e {
-			continue
-		}
-		if _, i := cur.maps[MapIngress][p.Port]; i {
+		_, e := cur.maps[MapEgress][p.Port]
+		_, i := cur.maps[MapIngress][p.Port]
+		_, fe := final[MapEgress][p.Port]
+		_, fi := final[MapIngress][p.Port]
+		if e || i || !(fe || fi) {
 			continue
 		}
 		res.Released++
@@ -124,11 +165,11 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 		set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
 		var del, add []nftables.SetElement
 		for port, chain := range cur.maps[m] {
-			if want.maps[m][port] != chain {
+			if final[m][port] != chain {
 				del = append(del, nftables.SetElement{Key: portKey(port)})
 			}
 		}
-		for port, chain := range want.maps[m] {
+		for port, chain := range final[m] {
 			if cur.maps[m][port] != chain {
 				add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
 			}
@@ -157,21 +198,32 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 	}
 
 	// The groups nobody refers to any more. The kernel refuses to delete a chain that a map
-	// element still names, so this is a transaction of its own after the switch.
-	for _, name := range slices.Sorted(maps.Keys(cur.groupChains)) {
-		if _, ok := want.groups[name]; ok {
-			continue
+	// element still names, so this is a transaction of its own after the switch. A refused group
+	// may have left sets behind (a big one is built over several transactions): the sets are
+	// read again then.
+	used := map[string]bool{}
+	for _, m := range final {
+		for _, chain := range m {
+			used[chain] = true
 		}
-		c.DelChain(&nftables.Chain{Table: bt, Name: name})
-		res.RemovedGroups++
-		w.dirty = true
 	}
-	for _, s := range cur.sets {
-		if group, ok := groupOfSet(s); ok {
-			if _, used := want.groups[group]; !used {
-				c.DelSet(&nftables.Set{Table: bt, Name: s})
-				w.dirty = true
-			}
+	sets := cur.sets
+	if len(refused) > 0 {
+		if sets, err = setNames(c, bt); err != nil {
+			return res, err
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(cur.groupChains)) {
+		if !used[name] {
+			c.DelChain(&nftables.Chain{Table: bt, Name: name})
+			res.RemovedGroups++
+			w.dirty = true
+		}
+	}
+	for _, s := range sets {
+		if group, ok := groupOfSet(s); ok && !used[group] {
+			c.DelSet(&nftables.Set{Table: bt, Name: s})
+			w.dirty = true
 		}
 	}
 	if err := w.flush("remove unused policy groups"); err != nil {
@@ -182,65 +234,168 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 
 // writer queues changes on one connection and counts the transactions it sends.
 type writer struct {
-	c       *nftables.Conn
-	res     *Applied
-	network string
-	queued  int // set elements queued since the last flush
-	dirty   bool
+	c                 *nftables.Conn
+	res               *Applied
+	network           string
+	maxPerTransaction int
+	perTransaction    int // set elements the next transaction may carry
+	queued            int // set elements queued since the last flush
+	dirty             bool
 }
 
 func (w *writer) flush(what string) error {
 	if !w.dirty {
 		return nil
 	}
+	queued := w.queued
 	w.dirty, w.queued = false, 0
 	w.res.Transactions++
-	if err := w.c.Flush(); err != nil {
+	start := time.Now()
+	err := w.c.Flush()
+	took := time.Since(start)
+	w.res.LongestTransaction = max(w.res.LongestTransaction, took)
+	if err != nil {
 		return fmt.Errorf("%s of network %q: %w", what, w.network, err)
 	}
-	return nil
-}
-
-// elements queues els on s, sending the transaction whenever it holds enough elements: used only
-// for sets nothing refers to yet (new groups) or whose partial content only denies more
-// (a damaged set being rewritten).
-func (w *writer) elements(s *nftables.Set, els []nftables.SetElement) error {
-	w.dirty = true
-	for chunk := range slices.Chunk(els, maxElementsPerMessage) {
-		if err := w.c.SetAddElements(s, chunk); err != nil {
-			return fmt.Errorf("elements of %s: %w", s.Name, err)
-		}
-		w.queued += len(chunk)
-		if w.queued >= maxElementsPerTransaction {
-			if err := w.flush("policy set " + s.Name); err != nil {
-				return err
-			}
-			w.dirty = true // the set's later elements follow in the next transaction
-		}
+	if queued >= w.perTransaction/2 {
+		// As many elements as the kernel took in transactionTarget, growing at most twofold.
+		rate := float64(queued) / max(took.Seconds(), 1e-6)
+		w.perTransaction = int(min(rate*transactionTarget.Seconds(), 2*float64(w.perTransaction)))
+		w.perTransaction = min(max(w.perTransaction, minElementsPerTransaction), w.maxPerTransaction)
 	}
 	return nil
 }
 
-// writeGroup creates or rewrites one group: its sets (emptied first when they exist, so a
-// rewrite never keeps a stale element) and then its chain, whose rules refer to them. A group
-// whose sets are as planned and whose rules differ (a flushed table) only gets its rules back.
-func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st groupState, cur state) error {
-	w.dirty = true
+// buildGroups creates the groups of want that are missing and rewrites those that differ from
+// their plan, the cheapest first, and returns those the kernel refused. Small groups share
+// transactions; a group with more elements than a transaction carries is built alone, over as
+// many as it needs, while nothing refers to it. When the kernel refuses a transaction of several
+// groups (nothing of it happened), each is sent again alone: only the group it refuses alone is
+// refused. The error is for what is no group's doing (a set that cannot be encoded).
+func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool) (map[string]error, error) {
+	refused := map[string]error{}
+	type queued struct {
+		name  string
+		state groupState
+	}
+	var batch []queued
+	sendBatch := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := w.flush("policy groups")
+		if err != nil && len(batch) == 1 {
+			refused[batch[0].name] = err
+		} else if err != nil {
+			for _, q := range batch {
+				if err := w.writeGroup(bt, q.name, want.groups[q.name], q.state, cur, false); err != nil {
+					return err
+				}
+				if err := w.flush("policy group " + q.name); err != nil {
+					refused[q.name] = err
+				}
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
+	written := map[string]groupState{}
+	for _, name := range want.byCost() {
+		g := want.groups[name]
+		st := cur.groupState(name, g, verify)
+		if st == groupOK {
+			continue
+		}
+		written[name] = st
+		n := g.group.elements()
+		if st == groupRulesDiffer {
+			n = 0 // the chain alone
+		}
+		if w.queued+n > w.perTransaction {
+			if err := sendBatch(); err != nil {
+				return nil, err
+			}
+		}
+		if n <= w.perTransaction {
+			if err := w.writeGroup(bt, name, g, st, cur, false); err != nil {
+				return nil, err
+			}
+			batch = append(batch, queued{name, st})
+			continue
+		}
+		err := w.writeGroup(bt, name, g, st, cur, true)
+		if err == nil {
+			err = w.flush("policy group " + name)
+		} else if !errors.As(err, new(sendError)) {
+			return nil, err
+		}
+		if err != nil {
+			refused[name] = err
+		}
+	}
+	if err := sendBatch(); err != nil {
+		return nil, err
+	}
+	for name, st := range written {
+		switch _, no := refused[name]; {
+		case no:
+		case st == groupMissing:
+			w.res.NewGroups++
+		default:
+			w.res.RepairedGroups++
+		}
+	}
+	return refused, nil
+}
+
+// sendError is the kernel's refusal of a transaction, as opposed to a change that could not be
+// queued.
+type sendError struct{ err error }
+
+func (e sendError) Error() string { return e.err.Error() }
+func (e sendError) Unwrap() error { return e.err }
+
+// writeGroup queues one group: its sets (emptied first when they exist, so a rewrite never keeps
+// a stale element) and then its chain, whose rules refer to them. A group whose sets are as
+// planned and whose rules differ (a flushed table) only gets its rules back. With split, it
+// sends a transaction whenever one holds enough elements (a group bigger than one transaction:
+// nothing refers to its sets yet, or, when it is being repaired, their partial content only
+// denies more); such a refusal comes back as a sendError.
+func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st groupState, cur state, split bool) error {
+	w.begin(bt)
 	if st != groupRulesDiffer {
-		for _, s := range groupSets(bt, name, g.group) {
+		for _, s := range groupSets(bt, name, g.group, true) {
 			if err := w.c.AddSet(s.set, nil); err != nil {
 				return fmt.Errorf("policy set %s: %w", s.set.Name, err)
 			}
 			if slices.Contains(cur.sets, s.set.Name) {
 				w.c.FlushSet(s.set)
 			}
-			if err := w.elements(s.set, s.elements); err != nil {
-				return err
+			for chunk := range slices.Chunk(s.elements, maxElementsPerMessage) {
+				if err := w.c.SetAddElements(s.set, chunk); err != nil {
+					return fmt.Errorf("elements of %s: %w", s.set.Name, err)
+				}
+				w.queued += len(chunk)
+				if split && w.queued >= w.perTransaction {
+					if err := w.flush("policy set " + s.set.Name); err != nil {
+						return sendError{err}
+					}
+					w.begin(bt)
+				}
 			}
 		}
 	}
 	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.dir, g.group))
 	return nil
+}
+
+// begin starts a transaction with the table, so that each one stands alone (a transaction sent
+// again after a refusal of a bigger one, or the table deleted meanwhile by somebody else).
+func (w *writer) begin(bt *nftables.Table) {
+	if !w.dirty {
+		w.c.AddTable(bt)
+		w.dirty = true
+	}
 }
 
 // writeFixed queues the fixed chains, maps and sets of both tables where they are missing or
@@ -306,16 +461,35 @@ type desired struct {
 	maps   map[string]map[int]string // map name → port → chain
 	// sources are the elements of SetSourcesIPv4 and SetSourcesIPv6, by set name.
 	sources map[string][]nftables.SetElement
+	// keep are the ports whose allow list in a map's direction was refused: they keep the
+	// group they have there (or none).
+	keep    map[string]map[int]bool
+	refused []Refusal
 }
 
 type plannedGroup struct {
 	dir   string
 	group group
+	cost  int
+	ports []int    // the ports that use it
+	pods  []string // their pods' names
 }
 
-// plan computes the groups and map elements of rs. Pure.
+// mapOf is the dispatch map of a direction.
+func mapOf(dir string) string {
+	if dir == ingressDir {
+		return MapIngress
+	}
+	return MapEgress
+}
+
+// plan computes the groups and map elements of rs, and refuses the allow lists over the limits:
+// a list longer than MaxAllowEntries, a group costlier than maxGroupCost, and, the cheapest
+// first, the groups past maxNodeCost all together. Pure.
 func plan(rs Ruleset) desired {
-	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, sources: map[string][]nftables.SetElement{}}
+	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}},
+		sources: map[string][]nftables.SetElement{}, keep: map[string]map[int]bool{MapEgress: {}, MapIngress: {}}}
+	groups := newGroupMemo()
 	for _, p := range rs.Pods {
 		if p.Port <= 0 {
 			continue
@@ -327,20 +501,122 @@ func plan(rs Ruleset) desired {
 			}
 		}
 		for _, dir := range []struct {
-			name, m, open string
-			d             Direction
-		}{{ingressDir, MapIngress, ChainAllowIngress, p.Ingress}, {egressDir, MapEgress, ChainAllowEgress, p.Egress}} {
+			name, open string
+			d          Direction
+		}{{ingressDir, ChainAllowIngress, p.Ingress}, {egressDir, ChainAllowEgress, p.Egress}} {
+			m := mapOf(dir.name)
 			if !dir.d.Isolated {
-				d.maps[dir.m][p.Port] = dir.open
+				d.maps[m][p.Port] = dir.open
 				continue
 			}
-			g := canonical(dir.d.Allow)
-			name := g.name(dir.name)
-			d.groups[name] = plannedGroup{dir.name, g}
-			d.maps[dir.m][p.Port] = name
+			refuse := func(why error) {
+				d.keep[m][p.Port] = true
+				d.refused = append(d.refused, Refusal{Ingress: dir.name == ingressDir, Pods: []string{p.Name}, Err: why})
+			}
+			if n := len(dir.d.Allow); n > MaxAllowEntries {
+				refuse(fmt.Errorf("%w: more than %d entries", ErrTooBig, MaxAllowEntries))
+				continue
+			}
+			g, ok := groups.of(dir.d.Allow)
+			if !ok {
+				refuse(fmt.Errorf("%w: more than %d set elements", ErrTooBig, maxGroupCost))
+				continue
+			}
+			name := g.named(dir.name)
+			pg, seen := d.groups[name]
+			if !seen {
+				pg = plannedGroup{dir: dir.name, group: g.group, cost: g.cost()}
+			}
+			pg.ports, pg.pods = append(pg.ports, p.Port), append(pg.pods, p.Name)
+			d.groups[name] = pg
+			d.maps[m][p.Port] = name
+		}
+	}
+	total := 0
+	for _, name := range d.byCost() {
+		switch cost := d.groups[name].cost; {
+		case cost > maxGroupCost:
+			d.refuse(name, fmt.Errorf("%w: its sets would cost %d prefixes, more than %d", ErrTooBig, cost, maxGroupCost))
+		case total+cost > maxNodeCost:
+			d.refuse(name, fmt.Errorf("%w: with it the node's groups would cost more than %d prefixes", ErrTooBig, maxNodeCost))
+		default:
+			total += cost
 		}
 	}
 	return d
+}
+
+// groupMemo computes the group of each distinct allow list once: the pods a policy selects have
+// equal lists, and a big list's group costs a few hundred milliseconds.
+type groupMemo struct {
+	seed maphash.Seed
+	by   map[uint64][]*memoGroup // by the hash of the allow list
+}
+
+type memoGroup struct {
+	allow []Entry
+	group
+	ok    bool
+	names map[string]string // direction → name
+}
+
+func newGroupMemo() *groupMemo {
+	return &groupMemo{seed: maphash.MakeSeed(), by: map[uint64][]*memoGroup{}}
+}
+
+// of is canonical(allow, maxGroupCost), computed once per distinct allow.
+func (m *groupMemo) of(allow []Entry) (*memoGroup, bool) {
+	var h maphash.Hash
+	h.SetSeed(m.seed)
+	for _, e := range allow {
+		first, last := e.Peer.First.As16(), e.Peer.Last.As16()
+		h.Write(first[:])
+		h.Write(last[:])
+		if e.Ports != nil {
+			h.Write([]byte{1, e.Ports.Protocol, byte(e.Ports.First >> 8), byte(e.Ports.First), byte(e.Ports.Last >> 8), byte(e.Ports.Last)})
+		} else {
+			h.WriteByte(0)
+		}
+	}
+	key := h.Sum64()
+	for _, g := range m.by[key] {
+		if slices.EqualFunc(g.allow, allow, Entry.equal) {
+			return g, g.ok
+		}
+	}
+	g := &memoGroup{allow: allow, names: map[string]string{}}
+	g.group, g.ok = canonical(allow, maxGroupCost)
+	m.by[key] = append(m.by[key], g)
+	return g, g.ok
+}
+
+// named is the group's name in direction dir.
+func (g *memoGroup) named(dir string) string {
+	if _, ok := g.names[dir]; !ok {
+		g.names[dir] = g.name(dir)
+	}
+	return g.names[dir]
+}
+
+// byCost lists the groups, the cheapest first (then by name).
+func (d desired) byCost() []string {
+	names := slices.Collect(maps.Keys(d.groups))
+	slices.SortFunc(names, func(a, b string) int {
+		return cmp.Or(cmp.Compare(d.groups[a].cost, d.groups[b].cost), strings.Compare(a, b))
+	})
+	return names
+}
+
+// refuse takes a group out of the plan: its ports keep what they have in its direction.
+func (d *desired) refuse(name string, why error) {
+	g := d.groups[name]
+	delete(d.groups, name)
+	m := mapOf(g.dir)
+	for _, port := range g.ports {
+		delete(d.maps[m], port)
+		d.keep[m][port] = true
+	}
+	d.refused = append(d.refused, Refusal{Ingress: g.dir == ingressDir, Pods: g.pods, Group: name, Cost: g.cost, Err: why})
 }
 
 // groupOfSet returns the group a set belongs to ("in-<hash>-any-ipv4" → "in-<hash>").
@@ -386,7 +662,7 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 	if !st.groupChains[name] {
 		return groupMissing
 	}
-	for _, s := range groupSets(BridgeTable(""), name, g.group) {
+	for _, s := range groupSets(BridgeTable(""), name, g.group, verify) {
 		if !slices.Contains(st.sets, s.set.Name) {
 			return groupSetsDiffer
 		}
@@ -482,12 +758,8 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 			st.groupChains[ch.Name] = true
 		}
 	}
-	sets, err := c.GetSets(bt)
-	if err != nil && !nft.IsNotExist(err) {
-		return st, fmt.Errorf("list sets: %w", err)
-	}
-	for _, s := range sets {
-		st.sets = append(st.sets, s.Name)
+	if st.sets, err = setNames(c, bt); err != nil {
+		return st, err
 	}
 	for _, m := range []string{MapEgress, MapIngress} {
 		if !slices.Contains(st.sets, m) {
@@ -529,6 +801,19 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 		}
 	}
 	return st, nil
+}
+
+// setNames lists the table's sets.
+func setNames(c *nftables.Conn, bt *nftables.Table) ([]string, error) {
+	sets, err := c.GetSets(bt)
+	if err != nil && !nft.IsNotExist(err) {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	names := make([]string, 0, len(sets))
+	for _, s := range sets {
+		names = append(names, s.Name)
+	}
+	return names, nil
 }
 
 func readMap(c *nftables.Conn, bt *nftables.Table, m string) (map[int]string, error) {

@@ -3,6 +3,7 @@ package netpol
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -511,6 +512,24 @@ func (n *bridgedNode) groupObjects(t *testing.T) []string {
 	return out
 }
 
+// unusedGroupObjects are the group chains and sets no map element leads to.
+func (n *bridgedNode) unusedGroupObjects(t *testing.T) []string {
+	t.Helper()
+	used := map[string]bool{}
+	for _, ports := range groupNames(t, n) {
+		for _, chain := range ports {
+			used[chain] = true
+		}
+	}
+	var out []string
+	for _, o := range n.groupObjects(t) {
+		if g, ok := groupOfSet(o); !used[o] && (!ok || !used[g]) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 func groupNames(t *testing.T, n *bridgedNode) map[string]map[int]string {
 	t.Helper()
 	var d map[string]map[int]string
@@ -563,24 +582,160 @@ func TestConntrackOlderThanThePod(t *testing.T) {
 	}
 }
 
-// TestBigGroup: a group of 20 000 ranges is built over several transactions, works, and is
-// replaced as a whole.
+// bigAllow is a as a peer on TCP 8080 and n more prefixes of mixed sizes on TCP 8080 and 443
+// (one in five IPv6), none of them covering the node's pods.
+func bigAllow(a netip.Addr, n int) Direction {
+	d := allowFrom(tcp8080, a)
+	rng := rand.New(rand.NewPCG(uint64(n), 1))
+	for i := range n {
+		var p netip.Prefix
+		if i%5 == 4 {
+			p = netip.PrefixFrom(netip.AddrFrom16([16]byte{0x20, 0x01, byte(rng.IntN(256)), byte(rng.IntN(256)), byte(rng.IntN(256)), byte(rng.IntN(256)), 15: byte(rng.IntN(256))}), 32+rng.IntN(97))
+		} else {
+			p = netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(20 + rng.IntN(180)), byte(rng.IntN(256)), byte(rng.IntN(256)), byte(rng.IntN(256))}), 16+rng.IntN(17))
+		}
+		ports := tcp8080
+		if i%2 == 1 {
+			ports = &Ports{Protocol: TCP, First: 443, Last: 443}
+		}
+		d.Allow = append(d.Allow, Entry{Peer: PrefixRange(p), Ports: ports})
+	}
+	return d
+}
+
+// TestBigGroup: a group of 50 000 ipBlock-like entries is built beside the other pods' groups, in
+// transactions of at most maxElementsPerTransaction elements; it works and so do the others, and
+// a verifying Apply finds it as built.
 func TestBigGroup(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-	d := allowFrom(tcp8080, a.v4)
-	for i := range 20000 {
-		base := netip.AddrFrom4([4]byte{172, 16 + byte(i>>14), byte(i >> 6), byte(i<<2) & 0xfc})
-		d.Allow = append(d.Allow, Entry{Peer: Single(base), Ports: &Ports{Protocol: TCP, First: uint16(1000 + i%50), Last: uint16(1000 + i%50)}})
-	}
-	res := n.apply(t, with(n.open(), b.port, d, Direction{}), Options{})
-	if res.Transactions < 10 {
-		t.Errorf("Apply of a 20000-entry group in %d transactions, want it split", res.Transactions)
+	big := bigAllow(a.v4, 50000)
+	g, _ := canonical(big.Allow, maxGroupCost)
+	rs := with(with(n.open(), b.port, big, Direction{}), c.port, allowFrom(tcp8080, a.v4), Direction{})
+	res := n.apply(t, rs, Options{})
+	if len(res.Refused) > 0 || res.NewGroups != 2 || res.Transactions < g.elements()/maxElementsPerTransaction {
+		t.Errorf("Apply of a group of %d elements: %+v, want it built over at least %d transactions", g.elements(), res, g.elements()/maxElementsPerTransaction)
 	}
 	n.expectTCP(t, "a → b", a.ns, b.v4, 8080, true)
 	n.expectTCP(t, "c → b", c.ns, b.v4, 8080, false)
-	if again := n.apply(t, with(n.open(), b.port, d, Direction{}), Options{Verify: true}); again.Changed() {
+	n.expectTCP(t, "a → c", a.ns, c.v4, 8080, true)
+	n.expectTCP(t, "b → c", b.ns, c.v4, 8080, false)
+	n.expectTCP(t, "c → a (open)", c.ns, a.v6, 8080, true)
+	if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
 		t.Errorf("verified Apply of the same ruleset changed something: %+v", again)
+	}
+}
+
+// withAny adds peers allowed on every protocol and port to d.
+func withAny(d Direction, peers ...netip.Addr) Direction {
+	for _, p := range peers {
+		d.Allow = append(d.Allow, Entry{Peer: Single(p)})
+	}
+	return d
+}
+
+// tooBig is an allow list whose group would cost the kernel more than maxGroupCost: IPv6 ranges
+// that split into many prefixes each, and a on TCP 8080.
+func tooBig(t *testing.T, a netip.Addr) Direction {
+	d := allowFrom(tcp8080, a)
+	for i := range 600 {
+		first := netip.AddrFrom16([16]byte{0x20, 0x01, 0, 0, byte(i >> 8), byte(i), 15: 1})
+		last := netip.AddrFrom16([16]byte{0x20, 0x01, 0, 0, byte(i >> 8), byte(i), 6: 0xff, 7: 0xff, 8: 0xff, 9: 0xff, 10: 0xff, 11: 0xff, 12: 0xff, 13: 0xff, 14: 0xff, 15: 0xfe})
+		d.Allow = append(d.Allow, Entry{Peer: Range{first, last}, Ports: tcp8080})
+	}
+	if g, ok := canonical(d.Allow, maxGroupCost); ok && g.cost() <= maxGroupCost {
+		t.Fatalf("tooBig costs %d, within the limit %d", g.cost(), maxGroupCost)
+	}
+	return d
+}
+
+// TestRefusedAllowList: an allow list over the limits is left out and everything else is
+// applied. Its pod keeps the group it had, a pod that was open in that direction is denied in it
+// (never left open), a new pod stays held in it; once the list is within the limits again it is
+// installed, and no refused group leaves anything behind.
+func TestRefusedAllowList(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	n.apply(t, with(n.open(), b.port, allowFrom(tcp8080, a.v4), Direction{}), Options{})
+	d := n.addPod(t, "d", 5, 5)
+
+	rs := n.open()
+	rs = with(rs, b.port, tooBig(t, a.v4), Direction{})                         // had a group: keeps it
+	rs = with(rs, c.port, tooBig(t, b.v4), Direction{})                         // was open: denied
+	rs = with(rs, d.port, tooBig(t, c.v4), Direction{})                         // new: held for ingress
+	rs = with(rs, a.port, withAny(allowFrom(tcp8080, b.v4), d.v4), Direction{}) // a new group: installed
+	res := n.apply(t, rs, Options{})
+	refused := map[string]bool{}
+	for _, r := range res.Refused {
+		if !errors.Is(r.Err, ErrTooBig) || !r.Ingress || len(r.Pods) != 1 {
+			t.Errorf("refusal %+v, want one pod's ingress, too big", r)
+		}
+		refused[r.Pods[0]] = true
+	}
+	if len(res.Refused) != 3 || !refused["b"] || !refused["c"] || !refused["d"] || res.Released != 1 || res.NewGroups != 1 {
+		t.Errorf("Apply with three lists too big: %+v, want b, c and d refused, d released, a's group new", res)
+	}
+	n.expectTCP(t, "b keeps its group: a → b", a.ns, b.v4, 8080, true)
+	n.expectTCP(t, "b keeps its group: c → b", c.ns, b.v4, 8080, false)
+	n.expectTCP(t, "c, open before, denied: b → c", b.ns, c.v4, 8080, false)
+	n.expectTCP(t, "d held for ingress: c → d", c.ns, d.v4, 8080, false)
+	// d gets no reply while its ingress is held: what it sends is seen arriving.
+	n.expectUDP(t, "d released for egress: d → a", d.ns, a.v4, a, true)
+	n.expectTCP(t, "a's new group: b → a", b.ns, a.v4, 8080, true)
+	n.expectTCP(t, "a's new group: c → a", c.ns, a.v4, 8080, false)
+	if left := n.unusedGroupObjects(t); len(left) > 0 {
+		t.Errorf("group objects no port uses: %v", left)
+	}
+
+	rs = with(rs, b.port, allowFrom(tcp8080, c.v4), Direction{})
+	rs = with(rs, c.port, allowFrom(tcp8080, b.v4), Direction{})
+	rs = with(rs, d.port, allowFrom(tcp8080, c.v4), Direction{})
+	if res := n.apply(t, rs, Options{}); len(res.Refused) != 0 {
+		t.Errorf("lists within the limits again: refused %v", res.Refused)
+	}
+	n.expectTCP(t, "b's new list: c → b", c.ns, b.v4, 8080, true)
+	n.expectTCP(t, "b's new list: a → b", a.ns, b.v4, 8080, false)
+	n.expectTCP(t, "c's list: b → c", b.ns, c.v4, 8080, true)
+	n.expectTCP(t, "d's list: c → d", c.ns, d.v4, 8080, true)
+}
+
+// TestKernelRefusedGroup: a group the kernel refuses (here: a set of its name already there with
+// another type) is refused alone, whether it shared its transaction with other groups or was
+// built over transactions of its own (whose sets are then removed); every other group is
+// installed, the pass reports the refusal rather than failing, and the next Apply installs it.
+func TestKernelRefusedGroup(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	n.apply(t, n.open(), Options{})
+	for _, tc := range []struct {
+		name     string
+		forB     Direction
+		conflict string // the suffix of b's group set made to clash
+		capped   int
+	}{
+		{"small group sharing its transaction", allowFrom(tcp8080, a.v4), "-ports-ipv4", 0},
+		{"big group over transactions of its own", bigAllow(a.v4, 5000), "-ports-ipv6", 1000},
+	} {
+		g, _ := canonical(tc.forB.Allow, maxGroupCost)
+		group := g.name(ingressDir)
+		nftIn(t, n.node, "add", "set", "bridge", TableName(n.network), group+tc.conflict, "{ type ipv4_addr; }")
+		rs := with(with(n.open(), b.port, tc.forB, Direction{}), c.port, allowFrom(tcp8080, c.v6, a.v4), Direction{})
+		res := n.apply(t, rs, Options{transactionElements: tc.capped})
+		if len(res.Refused) != 1 || res.Refused[0].Group != group || !errors.Is(res.Refused[0].Err, unix.EEXIST) || res.Refused[0].Pods[0] != "b" {
+			t.Fatalf("%s: refused %+v, want b's group %s, by the kernel", tc.name, res.Refused, group)
+		}
+		n.expectTCP(t, tc.name+": b, open before, denied: a → b", a.ns, b.v4, 8080, false)
+		n.expectTCP(t, tc.name+": c's group installed: a → c", a.ns, c.v4, 8080, true)
+		n.expectTCP(t, tc.name+": c's group installed: b → c", b.ns, c.v4, 8080, false)
+		if left := n.unusedGroupObjects(t); len(left) > 0 {
+			t.Errorf("%s: group objects no port uses: %v", tc.name, left)
+		}
+		if res := n.apply(t, rs, Options{transactionElements: tc.capped}); len(res.Refused) != 0 || res.NewGroups != 1 {
+			t.Errorf("%s: Apply after the clash went: %+v", tc.name, res)
+		}
+		n.expectTCP(t, tc.name+": b's group: a → b", a.ns, b.v4, 8080, true)
+		n.expectTCP(t, tc.name+": b's group: c → b", c.ns, b.v4, 8080, false)
+		n.apply(t, n.open(), Options{})
 	}
 }
 

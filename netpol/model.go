@@ -32,8 +32,10 @@ package netpol
 import (
 	"cmp"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"strings"
@@ -104,6 +106,14 @@ type Entry struct {
 	Ports *Ports
 }
 
+// equal compares two entries by value (their ports too).
+func (e Entry) equal(o Entry) bool {
+	if e.Peer != o.Peer || (e.Ports == nil) != (o.Ports == nil) {
+		return false
+	}
+	return e.Ports == nil || *e.Ports == *o.Ports
+}
+
 // Direction is what one direction of a pod allows. A pod that is not Isolated in a direction
 // (no policy of that type selects it) is not filtered in it; an isolated pod is allowed exactly
 // the union of Allow.
@@ -155,8 +165,9 @@ type group struct {
 	ports4, ports6 []box
 }
 
-// canonical builds the group of allow.
-func canonical(allow []Entry) group {
+// canonical builds the group of allow; false when its ports sets would need more than budget
+// elements (overlapping port ranges of many peers multiply).
+func canonical(allow []Entry, budget int) (group, bool) {
 	var g group
 	var any4, any6 []Range
 	type portsKey struct {
@@ -183,73 +194,24 @@ func canonical(allow []Entry) group {
 		k := portsKey{is6, e.Ports.Protocol}
 		byProto[k] = append(byProto[k], e)
 	}
-	g.any4, g.any6 = mergeRanges(any4), mergeRanges(any6)
+	g.any4, g.any6 = MergeRanges(any4), MergeRanges(any6)
 	keys := make([]portsKey, 0, len(byProto))
 	for k := range byProto {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, func(a, b portsKey) int { return cmp.Compare(a.proto, b.proto) })
 	for _, k := range keys {
-		boxes := disjointBoxes(k.proto, byProto[k])
+		boxes, ok := sweepBoxes(k.proto, byProto[k], budget-len(g.ports4)-len(g.ports6))
+		if !ok {
+			return group{}, false
+		}
 		if k.is6 {
 			g.ports6 = append(g.ports6, boxes...)
 		} else {
 			g.ports4 = append(g.ports4, boxes...)
 		}
 	}
-	return g
-}
-
-// disjointBoxes turns the port entries of one family and protocol into boxes that do not
-// overlap (the kernel's concatenated interval sets refuse overlapping elements): the port axis is
-// cut at every entry's bounds, each piece gets the union of the address ranges covering it, and
-// neighbouring pieces with equal unions are joined again. The pieces are swept in order with the
-// entries that cover the current one: a piece costs the entries covering it, not all of them (a
-// policy of thousands of peers on hundreds of ports is hundreds of thousands of entries).
-func disjointBoxes(proto uint8, entries []Entry) []box {
-	cuts := []uint32{}
-	for _, e := range entries {
-		cuts = append(cuts, uint32(e.Ports.First), uint32(e.Ports.Last)+1)
-	}
-	slices.Sort(cuts)
-	cuts = slices.Compact(cuts)
-	byFirst := slices.Clone(entries)
-	slices.SortFunc(byFirst, func(a, b Entry) int { return cmp.Compare(a.Ports.First, b.Ports.First) })
-	type piece struct {
-		first, last uint16
-		addrs       []Range
-	}
-	var pieces []piece
-	var active []Entry // the entries that cover the current piece
-	next := 0
-	for i := 0; i+1 < len(cuts); i++ {
-		first, last := uint16(cuts[i]), uint16(cuts[i+1]-1)
-		for ; next < len(byFirst) && byFirst[next].Ports.First <= first; next++ {
-			active = append(active, byFirst[next])
-		}
-		// Every bound is a cut: an entry that reaches into the piece covers all of it.
-		active = slices.DeleteFunc(active, func(e Entry) bool { return e.Ports.Last < first })
-		if len(active) == 0 {
-			continue
-		}
-		covering := make([]Range, len(active))
-		for j, e := range active {
-			covering[j] = e.Peer
-		}
-		addrs := mergeRanges(covering)
-		if n := len(pieces); n > 0 && pieces[n-1].last+1 == first && slices.Equal(pieces[n-1].addrs, addrs) {
-			pieces[n-1].last = last
-			continue
-		}
-		pieces = append(pieces, piece{first, last, addrs})
-	}
-	var out []box
-	for _, p := range pieces {
-		for _, r := range p.addrs {
-			out = append(out, box{addrs: r, ports: Ports{Protocol: proto, First: p.first, Last: p.last}})
-		}
-	}
-	return out
+	return g, true
 }
 
 // withoutAddr cuts a out of the ranges that hold it.
@@ -270,8 +232,8 @@ func withoutAddr(rs []Range, a netip.Addr) []Range {
 	return out
 }
 
-// mergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
-func mergeRanges(in []Range) []Range {
+// MergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
+func MergeRanges(in []Range) []Range {
 	if len(in) == 0 {
 		return nil
 	}
@@ -289,6 +251,143 @@ func mergeRanges(in []Range) []Range {
 		out = append(out, r)
 	}
 	return out
+}
+
+// Limits on what one pod's allow list may cost the node. The kernel's concatenated interval
+// sets (pipapo) store an element as the prefixes its address range splits into, and an IPv6
+// prefix costs about four times an IPv4 one (32 lookup groups of 4 bits against 8); adding an
+// element costs time in proportion to what the set already holds, so a set's build time grows
+// with the square of its size: about 1 s at the group limit on a 2-core machine. A direction
+// whose allow list is over a limit is refused (Refusal): its pods keep what they had.
+const (
+	// MaxAllowEntries bounds a direction's allow list as the compiler hands it over, before
+	// anything is merged: the compiler stops expanding a pod's policies past it.
+	MaxAllowEntries = 1 << 19
+	// maxGroupCost bounds one group's sets, in IPv4 prefixes (groupCost).
+	maxGroupCost = 1 << 18
+	// maxNodeCost bounds all the groups of the node together; past it the costliest groups are
+	// refused first, so the small allow lists of every other namespace always fit.
+	maxNodeCost = 4 * maxGroupCost
+)
+
+// cost is what the group's sets cost the kernel, in IPv4 prefixes: every element's address
+// range in prefixes, an IPv6 prefix four times an IPv4 one.
+func (g group) cost() int {
+	n := 0
+	for _, rs := range [][]Range{g.any4, g.any6} {
+		for _, r := range rs {
+			n += rangeCost(r)
+		}
+	}
+	for _, bs := range [][]box{g.ports4, g.ports6} {
+		for _, b := range bs {
+			n += rangeCost(b.addrs)
+		}
+	}
+	return n
+}
+
+// elements counts the group's set elements.
+func (g group) elements() int {
+	return len(g.any4) + len(g.any6) + len(g.ports4) + len(g.ports6)
+}
+
+func rangeCost(r Range) int {
+	if r.First.Is4() {
+		return prefixCount(r)
+	}
+	return 4 * prefixCount(r)
+}
+
+// prefixCount is the number of prefixes r splits into (the fewest: what the kernel makes of it).
+func prefixCount(r Range) int {
+	width := 128
+	if r.First.Is4() {
+		width = 32
+	}
+	x, y := u128From(r.First), u128From(r.Last)
+	n := 0
+	for {
+		// The biggest block that starts at x, is aligned on its size and ends by y.
+		k := min(x.trailingZeros(width), y.sub(x).add1Len())
+		n++
+		end := x.or(lowBits(k))
+		if end == y {
+			return n
+		}
+		x = end.add1()
+	}
+}
+
+// u128 is an address as a number.
+type u128 struct{ hi, lo uint64 }
+
+func u128From(a netip.Addr) u128 {
+	if a.Is4() {
+		b := a.As4()
+		return u128{lo: uint64(binary.BigEndian.Uint32(b[:]))}
+	}
+	b := a.As16()
+	return u128{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
+}
+
+// addr is x as an address of the family.
+func (x u128) addr(is6 bool) netip.Addr {
+	if !is6 {
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], uint32(x.lo))
+		return netip.AddrFrom4(b)
+	}
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], x.hi)
+	binary.BigEndian.PutUint64(b[8:], x.lo)
+	return netip.AddrFrom16(b)
+}
+
+func (x u128) trailingZeros(width int) int {
+	switch {
+	case x.lo != 0:
+		return bits.TrailingZeros64(x.lo)
+	case x.hi != 0:
+		return 64 + bits.TrailingZeros64(x.hi)
+	}
+	return width
+}
+
+func (x u128) sub(y u128) u128 {
+	lo, borrow := bits.Sub64(x.lo, y.lo, 0)
+	hi, _ := bits.Sub64(x.hi, y.hi, borrow)
+	return u128{hi, lo}
+}
+
+func (x u128) add1() u128 {
+	lo, carry := bits.Add64(x.lo, 1, 0)
+	return u128{x.hi + carry, lo}
+}
+
+// add1Len is the exponent of the biggest power of two not above x + 1 (x + 1 may be 2^128).
+func (x u128) add1Len() int {
+	y := x.add1()
+	switch {
+	case y.hi == 0 && y.lo == 0:
+		return 128
+	case y.hi != 0:
+		return 64 + bits.Len64(y.hi) - 1
+	}
+	return bits.Len64(y.lo) - 1
+}
+
+func (x u128) or(y u128) u128 { return u128{x.hi | y.hi, x.lo | y.lo} }
+
+// lowBits has the k lowest bits set.
+func lowBits(k int) u128 {
+	switch {
+	case k >= 128:
+		return u128{^uint64(0), ^uint64(0)}
+	case k >= 64:
+		return u128{1<<(k-64) - 1, ^uint64(0)}
+	}
+	return u128{0, 1<<k - 1}
 }
 
 // name is the content address of the group: the chain and sets of a group are named after it,

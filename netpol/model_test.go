@@ -1,9 +1,13 @@
 package netpol
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 )
 
 func r(s string) Range {
@@ -11,6 +15,16 @@ func r(s string) Range {
 		return PrefixRange(p)
 	}
 	return Single(netip.MustParseAddr(s))
+}
+
+// canon is the group of allow, which must be within the limits.
+func canon(t *testing.T, allow []Entry) group {
+	t.Helper()
+	g, ok := canonical(allow, maxGroupCost)
+	if !ok {
+		t.Fatalf("canonical refused %d entries", len(allow))
+	}
+	return g
 }
 
 func tcp(first, last uint16) *Ports { return &Ports{Protocol: TCP, First: first, Last: last} }
@@ -49,7 +63,7 @@ func TestCanonical(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := canonical(tc.allow).String(); got != tc.want {
+			if got := canon(t, tc.allow).String(); got != tc.want {
 				t.Errorf("canonical = %q, want %q", got, tc.want)
 			}
 		})
@@ -61,17 +75,17 @@ func TestCanonical(t *testing.T) {
 func TestGroupNames(t *testing.T) {
 	a := []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
 	b := []Entry{{Peer: r("10.0.0.2")}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
-	if canonical(a).name(ingressDir) != canonical(b).name(ingressDir) {
+	if canon(t, a).name(ingressDir) != canon(t, b).name(ingressDir) {
 		t.Error("equal allow lists got different groups")
 	}
-	if canonical(a).name(ingressDir) == canonical(a).name(egressDir) {
+	if canon(t, a).name(ingressDir) == canon(t, a).name(egressDir) {
 		t.Error("ingress and egress share a group name")
 	}
 	c := []Entry{{Peer: r("10.0.0.1"), Ports: tcp(81, 81)}, {Peer: r("10.0.0.2")}}
-	if canonical(a).name(ingressDir) == canonical(c).name(ingressDir) {
+	if canon(t, a).name(ingressDir) == canon(t, c).name(ingressDir) {
 		t.Error("different allow lists share a group")
 	}
-	if canonical(nil).name(ingressDir) == canonical([]Entry{{Peer: r("10.0.0.1")}}).name(ingressDir) {
+	if canon(t, nil).name(ingressDir) == canon(t, []Entry{{Peer: r("10.0.0.1")}}).name(ingressDir) {
 		t.Error("deny-all shares a group with an allow")
 	}
 }
@@ -140,8 +154,171 @@ func BenchmarkCanonicalWide(b *testing.B) {
 		}
 	}
 	for b.Loop() {
-		if g := canonical(allow); len(g.ports4) != 200 {
+		if g, _ := canonical(allow, maxGroupCost); len(g.ports4) != 200 {
 			b.Fatalf("%d boxes, want 200 (one per port, the peers merged)", len(g.ports4))
 		}
+	}
+}
+
+// TestPlanEqualLists: allow lists equal by value (their ports apart in memory) share a group,
+// lists that differ in one port do not, whichever the plan meets first.
+func TestPlanEqualLists(t *testing.T) {
+	list := func(port uint16) Direction {
+		d := Direction{Isolated: true}
+		for i := range 1000 {
+			d.Allow = append(d.Allow, Entry{Peer: Single(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})), Ports: tcp(80, 80)})
+		}
+		d.Allow[999].Ports = tcp(port, port)
+		return d
+	}
+	d := plan(Ruleset{Pods: []Pod{{Port: 1, Ingress: list(80)}, {Port: 2, Ingress: list(81)}, {Port: 3, Ingress: list(80)}, {Port: 4, Egress: list(81)}}})
+	in := d.maps[MapIngress]
+	if in[1] != in[3] || in[1] == in[2] || len(d.groups) != 3 {
+		t.Errorf("ingress chains %v and %d groups: want ports 1 and 3 in one group, 2 in another, 4's egress a third", in, len(d.groups))
+	}
+	for name, g := range d.groups {
+		if want, _ := canonical(map[string][]Entry{in[1]: list(80).Allow, in[2]: list(81).Allow, d.maps[MapEgress][4]: list(81).Allow}[name], maxGroupCost); g.group.String() != want.String() {
+			t.Errorf("group %s is not the canonical form of its list", name)
+		}
+	}
+}
+
+// prefixesBrute splits r into prefixes the slow way: from its first address, the shortest prefix
+// that starts there and ends within r, again and again.
+func prefixesBrute(r Range) int {
+	n := 0
+	for a := r.First; ; {
+		var p netip.Prefix
+		for bits := 0; bits <= a.BitLen(); bits++ {
+			if p = netip.PrefixFrom(a, bits); p.Masked().Addr() == a && ipnet.Last(p).Compare(r.Last) <= 0 {
+				break
+			}
+		}
+		n++
+		next := ipnet.Last(p).Next()
+		if ipnet.Last(p) == r.Last || !next.IsValid() {
+			return n
+		}
+		a = next
+	}
+}
+
+func TestPrefixCount(t *testing.T) {
+	cases := []struct {
+		r    Range
+		want int
+	}{
+		{r("10.0.0.1"), 1},
+		{r("10.0.0.0/8"), 1},
+		{r("0.0.0.0/0"), 1},
+		{r("::/0"), 1},
+		{Range{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.6")}, 4}, // .1, .2/31, .4/31, .6
+		{Range{netip.MustParseAddr("0.0.0.1"), netip.MustParseAddr("255.255.255.254")}, 62},
+		{Range{netip.MustParseAddr("::1"), netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe")}, 254},
+		{Range{netip.MustParseAddr("::1"), netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}, 128},
+	}
+	for _, tc := range cases {
+		if got := prefixCount(tc.r); got != tc.want {
+			t.Errorf("prefixCount(%s) = %d, want %d", tc.r, got, tc.want)
+		}
+		if got := prefixesBrute(tc.r); got != tc.want {
+			t.Errorf("prefixesBrute(%s) = %d, want %d", tc.r, got, tc.want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 5))
+	for i := range 2000 {
+		var a, b netip.Addr
+		if i%2 == 0 {
+			a, b = netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(256))}), netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(256))})
+		} else {
+			var x, y [16]byte
+			for j := range x {
+				x[j], y[j] = byte(rng.IntN(256)), byte(rng.IntN(256))
+			}
+			x[0], y[0] = 0x20, 0x20+byte(rng.IntN(2))
+			a, b = netip.AddrFrom16(x), netip.AddrFrom16(y)
+		}
+		if b.Less(a) {
+			a, b = b, a
+		}
+		if got, want := prefixCount(Range{a, b}), prefixesBrute(Range{a, b}); got != want {
+			t.Fatalf("prefixCount(%s-%s) = %d, brute force %d", a, b, got, want)
+		}
+	}
+}
+
+// TestPlanLimits: plan refuses an allow list longer than MaxAllowEntries, a group whose sets
+// would cost more than maxGroupCost or need more elements than that, and, cheapest first, the
+// groups past maxNodeCost together; the refused pods keep what they have in that direction, and
+// every other pod is planned as usual.
+func TestPlanLimits(t *testing.T) {
+	// A /48 without its first and last address splits into many prefixes.
+	wide := func(i, j int) Entry {
+		first := netip.AddrFrom16([16]byte{0x20, 0x01, byte(i), byte(i >> 8), byte(j), byte(j >> 8), 15: 1})
+		last := netip.AddrFrom16([16]byte{0x20, 0x01, byte(i), byte(i >> 8), byte(j), byte(j >> 8), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe})
+		return Entry{Peer: Range{first, last}, Ports: tcp(80, 80)}
+	}
+	perRange := rangeCost(wide(0, 0).Peer)
+	isolated := func(allow []Entry) Direction { return Direction{Isolated: true, Allow: allow} }
+	long := make([]Entry, MaxAllowEntries+1)
+	for i := range long {
+		long[i] = Entry{Peer: Single(netip.MustParseAddr("10.0.0.1")), Ports: tcp(80, 80)}
+	}
+	var costly, grid []Entry
+	for j := range maxGroupCost/perRange + 1 {
+		costly = append(costly, wide(1, j))
+	}
+	for i := range 600 { // address bars on every port, every address on 600 single ports
+		grid = append(grid, Entry{Peer: Single(netip.AddrFrom4([4]byte{10, 1, byte(i >> 7), byte(2 * (i & 127))})), Ports: tcp(1, 60000)},
+			Entry{Peer: r("0.0.0.0/0"), Ports: tcp(uint16(2+2*i), uint16(2+2*i))})
+	}
+	rs := Ruleset{Pods: []Pod{
+		{Port: 1, Name: "long", Ingress: isolated(long)},
+		{Port: 2, Name: "costly", Ingress: isolated(costly)},
+		{Port: 3, Name: "grid", Egress: isolated(grid)},
+		{Port: 4, Name: "small", Ingress: isolated([]Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}})},
+	}}
+	// Five groups just under the limit each: four fit the node, the costliest does not.
+	for g := range 5 {
+		var allow []Entry
+		for j := range maxGroupCost*15/16/perRange + g {
+			allow = append(allow, wide(10+g, j))
+		}
+		rs.Pods = append(rs.Pods, Pod{Port: 10 + g, Name: fmt.Sprint("big", g), Ingress: isolated(allow)})
+	}
+	d := plan(rs)
+	refused := map[string]Refusal{}
+	for _, r := range d.refused {
+		if !errors.Is(r.Err, ErrTooBig) || len(r.Pods) != 1 {
+			t.Errorf("refusal %+v, want one pod's, too big", r)
+		}
+		refused[r.Pods[0]] = r
+	}
+	for _, want := range []struct {
+		pod   string
+		port  int
+		m     string
+		group bool // refused after its group was built (it has a name and a cost)
+	}{
+		{"long", 1, MapIngress, false}, {"costly", 2, MapIngress, true}, {"grid", 3, MapEgress, false}, {"big4", 14, MapIngress, true},
+	} {
+		r, ok := refused[want.pod]
+		switch {
+		case !ok:
+			t.Errorf("%s not refused", want.pod)
+		case (r.Group != "") != want.group || (r.Cost > 0) != want.group:
+			t.Errorf("%s: refusal %+v, group named and counted: %v", want.pod, r, want.group)
+		case !d.keep[want.m][want.port] || d.maps[want.m][want.port] != "":
+			t.Errorf("%s: %s element %q, kept %v; want what it has kept", want.pod, want.m, d.maps[want.m][want.port], d.keep[want.m][want.port])
+		}
+	}
+	if len(d.refused) != 4 {
+		t.Errorf("%d refusals, want 4: %v", len(d.refused), d.refused)
+	}
+	if len(d.groups) != 5 || d.maps[MapIngress][4] == "" || d.maps[MapIngress][13] == "" || d.maps[MapEgress][3] != "" {
+		t.Errorf("groups %d (want small's and big0-3's), maps %v", len(d.groups), d.maps)
+	}
+	if c := refused["costly"].Cost; c <= maxGroupCost {
+		t.Errorf("costly's cost %d, want over %d", c, maxGroupCost)
 	}
 }

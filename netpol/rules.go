@@ -216,7 +216,7 @@ func mergePrefixes(ps []netip.Prefix) []Range {
 	for _, p := range ps {
 		rs = append(rs, PrefixRange(p))
 	}
-	return mergeRanges(rs)
+	return MergeRanges(rs)
 }
 
 // isFamily matches IPv4 or IPv6 frames by their ether type (the bridge family has no nfproto).
@@ -506,10 +506,10 @@ func portsSetName(group string, is6 bool) string {
 	return group + "-ports-ipv4"
 }
 
-// groupSets returns the set definitions of a group: "any" is keyed by peer . protocol (the
-// protocol always 0-255: the kernel's concatenated interval sets need two fields), "ports" by
-// peer . protocol . port.
-func groupSets(t *nftables.Table, name string, g group) []setWithElements {
+// groupSets returns the set definitions of a group, with their elements when withElements: "any"
+// is keyed by peer . protocol (the protocol always 0-255: the kernel's concatenated interval sets
+// need two fields), "ports" by peer . protocol . port.
+func groupSets(t *nftables.Table, name string, g group, withElements bool) []setWithElements {
 	var out []setWithElements
 	for _, is6 := range []bool{false, true} {
 		anyRanges, boxes := g.any4, g.ports4
@@ -517,28 +517,32 @@ func groupSets(t *nftables.Table, name string, g group) []setWithElements {
 			anyRanges, boxes = g.any6, g.ports6
 		}
 		if len(anyRanges) > 0 {
-			s := &nftables.Set{Table: t, Name: anySetName(name, is6), Interval: true, Concatenation: true,
-				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto)}
-			els := make([]nftables.SetElement, 0, len(anyRanges))
-			for _, r := range anyRanges {
-				els = append(els, nftables.SetElement{
-					Key:    append(r.First.AsSlice(), pad4([]byte{0})...),
-					KeyEnd: append(r.Last.AsSlice(), pad4([]byte{255})...),
-				})
+			s := setWithElements{set: &nftables.Set{Table: t, Name: anySetName(name, is6), Interval: true, Concatenation: true,
+				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto)}}
+			if withElements {
+				s.elements = make([]nftables.SetElement, 0, len(anyRanges))
+				for _, r := range anyRanges {
+					s.elements = append(s.elements, nftables.SetElement{
+						Key:    append(r.First.AsSlice(), pad4([]byte{0})...),
+						KeyEnd: append(r.Last.AsSlice(), pad4([]byte{255})...),
+					})
+				}
 			}
-			out = append(out, setWithElements{s, els})
+			out = append(out, s)
 		}
 		if len(boxes) > 0 {
-			s := &nftables.Set{Table: t, Name: portsSetName(name, is6), Interval: true, Concatenation: true,
-				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}
-			els := make([]nftables.SetElement, 0, len(boxes))
-			for _, b := range boxes {
-				els = append(els, nftables.SetElement{
-					Key:    portsKey(b.addrs.First, b.ports.Protocol, b.ports.First),
-					KeyEnd: portsKey(b.addrs.Last, b.ports.Protocol, b.ports.Last),
-				})
+			s := setWithElements{set: &nftables.Set{Table: t, Name: portsSetName(name, is6), Interval: true, Concatenation: true,
+				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}}
+			if withElements {
+				s.elements = make([]nftables.SetElement, 0, len(boxes))
+				for _, b := range boxes {
+					s.elements = append(s.elements, nftables.SetElement{
+						Key:    portsKey(b.addrs.First, b.ports.Protocol, b.ports.First),
+						KeyEnd: portsKey(b.addrs.Last, b.ports.Protocol, b.ports.Last),
+					})
+				}
 			}
-			out = append(out, setWithElements{s, els})
+			out = append(out, s)
 		}
 	}
 	return out

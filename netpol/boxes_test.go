@@ -1,0 +1,259 @@
+package netpol
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+// referenceBoxes is the direct construction sweepBoxes must agree with, box for box: cut the
+// port axis at every entry's bounds, give each piece the merged union of the address ranges of
+// the entries covering it, join neighbouring pieces with equal unions. O(cuts × entries): for
+// tests only.
+func referenceBoxes(proto uint8, entries []Entry) []box {
+	cuts := []uint32{}
+	for _, e := range entries {
+		cuts = append(cuts, uint32(e.Ports.First), uint32(e.Ports.Last)+1)
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	type piece struct {
+		first, last uint16
+		addrs       []Range
+	}
+	var pieces []piece
+	for i := 0; i+1 < len(cuts); i++ {
+		first, last := uint16(cuts[i]), uint16(cuts[i+1]-1)
+		var covering []Range
+		for _, e := range entries {
+			if e.Ports.First <= first && last <= e.Ports.Last {
+				covering = append(covering, e.Peer)
+			}
+		}
+		if len(covering) == 0 {
+			continue
+		}
+		addrs := MergeRanges(covering)
+		if n := len(pieces); n > 0 && pieces[n-1].last+1 == first && slices.Equal(pieces[n-1].addrs, addrs) {
+			pieces[n-1].last = last
+			continue
+		}
+		pieces = append(pieces, piece{first, last, addrs})
+	}
+	var out []box
+	for _, p := range pieces {
+		for _, r := range p.addrs {
+			out = append(out, box{addrs: r, ports: Ports{Protocol: proto, First: p.first, Last: p.last}})
+		}
+	}
+	return out
+}
+
+// randomEntries draws n port entries of one family from a small space, so that they overlap,
+// touch, repeat and reach the ends of both axes.
+func randomEntries(rng *rand.Rand, n int, is6 bool) []Entry {
+	addr := func() netip.Addr {
+		v := rng.IntN(40)
+		switch {
+		case v == 0:
+			v = 0 // the family's first address
+		case v >= 38:
+			v = -1 - rng.IntN(2) // its last addresses
+		}
+		if is6 {
+			var b [16]byte
+			if v < 0 {
+				b = [16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, byte(256 + v)}
+			} else {
+				b[0], b[15] = 0x20, byte(v)
+			}
+			return netip.AddrFrom16(b)
+		}
+		if v < 0 {
+			return netip.AddrFrom4([4]byte{255, 255, 255, byte(256 + v)})
+		}
+		return netip.AddrFrom4([4]byte{10, 0, 0, byte(v)})
+	}
+	port := func() uint16 {
+		switch v := rng.IntN(30); v {
+		case 0:
+			return 0
+		case 29:
+			return math.MaxUint16 - uint16(rng.IntN(2))
+		default:
+			return uint16(1000 + v)
+		}
+	}
+	out := make([]Entry, 0, n)
+	for range n {
+		a, b := addr(), addr()
+		if b.Less(a) {
+			a, b = b, a
+		}
+		p, q := port(), port()
+		if q < p {
+			p, q = q, p
+		}
+		out = append(out, Entry{Peer: Range{a, b}, Ports: &Ports{Protocol: TCP, First: p, Last: q}})
+	}
+	return out
+}
+
+// TestSweepBoxesAgainstReference: the sweep gives exactly the boxes of the direct construction,
+// in the same order, on random entries of both families (so a group's name, its content hash,
+// is what it was).
+func TestSweepBoxesAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := range 3000 {
+		is6 := i%2 == 1
+		entries := randomEntries(rng, 1+rng.IntN(1+i%60), is6)
+		want := referenceBoxes(TCP, entries)
+		got, ok := sweepBoxes(TCP, entries, math.MaxInt)
+		if !ok || !slices.Equal(got, want) {
+			t.Fatalf("case %d, entries %v:\nsweep     %v (%v)\nreference %v", i, entries, got, ok, want)
+		}
+	}
+}
+
+// TestSweepBoxesBudget: a grid of address bars (each on every port) and port bars (every
+// address on one port) needs about the product of the two in disjoint boxes; past its budget the
+// sweep stops.
+func TestSweepBoxesBudget(t *testing.T) {
+	var entries []Entry
+	for i := range 100 {
+		a := netip.AddrFrom4([4]byte{10, 0, byte(i), 0})
+		entries = append(entries, Entry{Peer: Range{a, a}, Ports: &Ports{Protocol: TCP, First: 1, Last: 60000}})
+		p := uint16(2 + 2*i)
+		entries = append(entries, Entry{Peer: PrefixRange(netip.MustParsePrefix("0.0.0.0/0")), Ports: &Ports{Protocol: TCP, First: p, Last: p}})
+	}
+	all, ok := sweepBoxes(TCP, entries, math.MaxInt)
+	if !ok || len(all) < 100*100 {
+		t.Fatalf("grid of 100 × 100 bars: %d boxes (%v), want at least 10000", len(all), ok)
+	}
+	if !slices.Equal(all, referenceBoxes(TCP, entries)) {
+		t.Error("grid: sweep and reference differ")
+	}
+	if got, ok := sweepBoxes(TCP, entries, len(all)-1); ok || got != nil {
+		t.Errorf("budget one short of %d boxes: %d boxes, ok %v; want refused", len(all), len(got), ok)
+	}
+	if _, ok := sweepBoxes(TCP, entries, len(all)); !ok {
+		t.Errorf("budget of exactly %d boxes refused", len(all))
+	}
+}
+
+// randomAllow draws n entries of both families, with and without ports, on three protocols, from
+// small spaces so that they overlap, touch and repeat.
+func randomAllow(rng *rand.Rand, n int) []Entry {
+	addr := func(is6 bool) netip.Addr {
+		v := byte(rng.IntN(64))
+		if is6 {
+			return netip.AddrFrom16([16]byte{0xfd, 0, 14: byte(rng.IntN(3)), 15: v})
+		}
+		return netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(3)), v})
+	}
+	out := make([]Entry, 0, n)
+	for range n {
+		is6 := rng.IntN(3) == 0
+		a, b := addr(is6), addr(is6)
+		if b.Less(a) {
+			a, b = b, a
+		}
+		e := Entry{Peer: Range{a, b}}
+		if rng.IntN(4) != 0 {
+			first := uint16(rng.IntN(40))
+			e.Ports = &Ports{Protocol: []uint8{TCP, UDP, SCTP}[rng.IntN(3)], First: first, Last: first + uint16(rng.IntN(10))}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// TestGroupNamesUnchanged: the sweep did not change any group's name (its content hash), so a
+// node whose agent is upgraded keeps its groups. The names were computed by the construction the
+// sweep replaced (referenceBoxes), at commit 7861699.
+func TestGroupNamesUnchanged(t *testing.T) {
+	want := []string{
+		"in-1d0e002243393765",
+		"in-f650843ff155ac60",
+		"in-ccedc63126d2c38c",
+		"in-3e4fb3d2b4edbf79",
+		"in-ef75a886f7a1fb63",
+		"in-4adbb96e20a0b582",
+		"in-0020140296a201f8",
+		"in-84fe154ee75e3017",
+		"in-8d2fc69e4809fb96",
+		"in-ad17b8134ee1c5a1",
+		"in-8089f817953d7fc9",
+		"in-4733873868040032",
+		"in-8011dada434a1566",
+		"in-d912b04a6c4c14e5",
+		"in-c087a54e5be67303",
+		"in-5746f170af20f332",
+		"in-c3756efb3fd3e0d9",
+		"in-e85638b02ba9812d",
+		"in-29c0abb5811c7477",
+		"in-d31e0df2363a8c8a",
+		"in-ade7a8f0870e82ea",
+		"in-689443efa2f4a420",
+		"in-1a44465f5772a821",
+		"in-3b989b80d7a3165a",
+		"in-636648510efd1051",
+		"in-4a55a69bc1af04de",
+		"in-32a13f932eae1200",
+		"in-fa41659d87af3e2f",
+		"in-acb5079731cfdc41",
+		"in-7ede49b37fee8e01",
+		"in-7706bbcbb711f892",
+		"in-06aeb6dc8ed71364",
+		"in-0415bcb455bd5561",
+		"in-ef80d9edc52e267b",
+		"in-50377079060432c1",
+		"in-f2b3a33899c50297",
+		"in-497731217dd46ee5",
+		"in-911e98705aa366d5",
+		"in-a7db0e176e86b25f",
+		"in-7e9547f57a047164",
+	}
+	for seed, name := range want {
+		rng := rand.New(rand.NewPCG(uint64(seed), 99))
+		allow := randomAllow(rng, 1+rng.IntN(200))
+		g, ok := canonical(allow, maxGroupCost)
+		if got := g.name(ingressDir); !ok || got != name {
+			t.Errorf("seed %d: group %s (%v), want %s; entries %v", seed, got, ok, name, allow)
+		}
+	}
+}
+
+func (b box) String() string { return fmt.Sprintf("%s %s", b.addrs, b.ports) }
+
+// BenchmarkCanonical: the canonical group of n ipBlock-like entries, on two ports (prefixes of
+// mixed sizes, one in five IPv6: bigAllow), and on a port range of their own each (which the
+// construction before the sweep took in the square of n).
+//
+//	go test -run '^$' -bench Canonical ./netpol/
+func BenchmarkCanonical(b *testing.B) {
+	for _, n := range []int{100, 1000, 10000, 50000} {
+		twoPorts := bigAllow(netip.MustParseAddr("10.3.0.2"), n).Allow
+		ownPorts := slices.Clone(twoPorts)
+		for i := range ownPorts {
+			first := uint16(1 + i%60000)
+			ownPorts[i].Ports = &Ports{Protocol: TCP, First: first, Last: first}
+		}
+		for _, shape := range []struct {
+			name  string
+			allow []Entry
+		}{{"two ports", twoPorts}, {"own ports", ownPorts}} {
+			b.Run(fmt.Sprintf("%s/%d", shape.name, n), func(b *testing.B) {
+				for b.Loop() {
+					if _, ok := canonical(shape.allow, maxGroupCost); !ok {
+						b.Fatal("refused")
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(shape.allow)), "ns/entry")
+			})
+		}
+	}
+}
