@@ -91,6 +91,16 @@ type compiler struct {
 	pods     []peerPod           // every pod that can be a peer
 	byKey    map[string]*peerPod // namespace/name → pod
 	selCache map[selectorKey][]*peerPod
+	// rules holds the expansions of rules that are the same for every pod the policy selects
+	// (all but ingress rules with named ports): a policy with thousands of peers is expanded
+	// once per pass, not once per local pod.
+	rules map[ruleKey][]core.PolicyEntry
+}
+
+type ruleKey struct {
+	policy  *networkingv1.NetworkPolicy
+	ingress bool
+	index   int
 }
 
 type selectorKey struct {
@@ -100,7 +110,7 @@ type selectorKey struct {
 
 // Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset.
 func Compile(in Input) Result {
-	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}}
+	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}, rules: map[ruleKey][]core.PolicyEntry{}}
 	for _, ns := range in.Namespaces {
 		c.nsLabels[ns.Name] = labels.Set(ns.Labels)
 	}
@@ -172,14 +182,14 @@ func Compile(in Input) Result {
 				pp.Ingress.Isolated = true
 				for i := range np.Spec.Ingress {
 					r := &np.Spec.Ingress[i]
-					pp.Ingress.Allow = append(pp.Ingress.Allow, c.rule(np.Namespace, r.From, r.Ports, target, true)...)
+					pp.Ingress.Allow = c.addRule(pp.Ingress.Allow, ruleKey{np, true, i}, r.From, r.Ports, target)
 				}
 			}
 			if egress {
 				pp.Egress.Isolated = true
 				for i := range np.Spec.Egress {
 					r := &np.Spec.Egress[i]
-					pp.Egress.Allow = append(pp.Egress.Allow, c.rule(np.Namespace, r.To, r.Ports, target, false)...)
+					pp.Egress.Allow = c.addRule(pp.Egress.Allow, ruleKey{np, false, i}, r.To, r.Ports, target)
 				}
 			}
 		}
@@ -189,6 +199,27 @@ func Compile(in Input) Result {
 		res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
 	}
 	return res
+}
+
+// addRule appends the entries of one rule of a policy for the local pod target to allow, up to
+// one past core.PolicyMaxAllowEntries: a direction over the limit reaches the kernel side as such
+// and is refused there, and expanding further would be wasted work.
+func (c *compiler) addRule(allow []core.PolicyEntry, key ruleKey, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod) []core.PolicyEntry {
+	room := core.PolicyMaxAllowEntries + 1 - len(allow)
+	if room <= 0 {
+		return allow
+	}
+	if got, ok := c.rules[key]; ok {
+		return append(allow, got[:min(len(got), room)]...)
+	}
+	got := c.rule(key.policy.Namespace, peers, ports, target, key.ingress, room)
+	samePerPod := !key.ingress || !slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool {
+		return p.Port != nil && p.Port.Type == intstr.String
+	})
+	if samePerPod && len(got) < room { // complete: not cut at room
+		c.rules[key] = got
+	}
+	return append(allow, got...)
 }
 
 // policyTypes says which directions np isolates, and whether every type it lists is one the API
@@ -225,8 +256,10 @@ func policySelects(sel *metav1.LabelSelector, l map[string]string) (selected, va
 }
 
 // rule expands one ingress (from) or egress (to) rule of a policy in namespace for the local pod
-// target into entries.
-func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool) []core.PolicyEntry {
+// target into at most room entries (a rule's peers times its ports can be many more than the
+// policy's size: the expansion stops where the direction is over core.PolicyMaxAllowEntries,
+// which refuses it whole).
+func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []core.PolicyEntry {
 	type peerSet struct {
 		ranges []core.PolicyRange // ipBlocks, or everything
 		pods   []*peerPod
@@ -245,11 +278,29 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 	}
 
 	var out []core.PolicyEntry
-	if len(ports) == 0 {
-		out = append(out, entries(ps.ranges, nil)...)
-		for _, pod := range ps.pods {
-			out = append(out, entries(singles(pod.ips), nil)...)
+	// add appends rs on ports, up to room entries in all; false once room is used up.
+	add := func(rs []core.PolicyRange, ports *core.PolicyPorts) bool {
+		if len(out)+len(rs) > room {
+			out = append(out, entries(rs[:room-len(out)], ports)...)
+			return false
 		}
+		out = append(out, entries(rs, ports)...)
+		return true
+	}
+	// addPeers appends every peer on ports.
+	addPeers := func(ports *core.PolicyPorts) bool {
+		if !add(ps.ranges, ports) {
+			return false
+		}
+		for _, pod := range ps.pods {
+			if !add(singles(pod.ips), ports) {
+				return false
+			}
+		}
+		return true
+	}
+	if len(ports) == 0 {
+		addPeers(nil)
 		return out
 	}
 	for i := range ports {
@@ -279,32 +330,31 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 					last = uint16(*pt.EndPort)
 				}
 			}
-			ports := &core.PolicyPorts{Protocol: proto, First: first, Last: last}
-			out = append(out, entries(ps.ranges, ports)...)
-			for _, pod := range ps.pods {
-				out = append(out, entries(singles(pod.ips), ports)...)
+			if !addPeers(&core.PolicyPorts{Protocol: proto, First: first, Last: last}) {
+				return out
 			}
 			continue
 		}
 		// A named port: resolved on the pod that receives the connection.
 		name := pt.Port.StrVal
 		if ingress {
-			if n, ok := namedPort(target.pod, name, pt.Protocol); ok {
-				ports := &core.PolicyPorts{Protocol: proto, First: n, Last: n}
-				out = append(out, entries(ps.ranges, ports)...)
-				for _, pod := range ps.pods {
-					out = append(out, entries(singles(pod.ips), ports)...)
-				}
+			if n, ok := namedPort(target.pod, name, pt.Protocol); ok && !addPeers(&core.PolicyPorts{Protocol: proto, First: n, Last: n}) {
+				return out
 			}
 			continue
 		}
 		// Egress: each destination pod's own port of that name. Address ranges only reach
 		// the pods inside them that have the port: other addresses have no named ports.
-		dests := ps.pods
-		for _, r := range ps.ranges {
+		inRanges := newRangeSet(ps.ranges)
+		selected := make(map[*peerPod]bool, len(ps.pods))
+		dests := slices.Clone(ps.pods)
+		for _, pod := range ps.pods {
+			selected[pod] = true
+		}
+		if len(ps.ranges) > 0 {
 			for i := range c.pods {
-				if slices.ContainsFunc(c.pods[i].ips, func(a netip.Addr) bool { return inRange(a, r) }) {
-					dests = append(dests, &c.pods[i])
+				if pod := &c.pods[i]; !selected[pod] && slices.ContainsFunc(pod.ips, inRanges.contains) {
+					dests = append(dests, pod)
 				}
 			}
 		}
@@ -312,11 +362,13 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 			if n, ok := namedPort(pod.pod, name, pt.Protocol); ok {
 				var ips []netip.Addr
 				for _, a := range pod.ips {
-					if len(ps.ranges) == 0 || slices.Contains(ps.pods, pod) || slices.ContainsFunc(ps.ranges, func(r core.PolicyRange) bool { return inRange(a, r) }) {
+					if len(ps.ranges) == 0 || selected[pod] || inRanges.contains(a) {
 						ips = append(ips, a)
 					}
 				}
-				out = append(out, entries(singles(ips), &core.PolicyPorts{Protocol: proto, First: n, Last: n})...)
+				if !add(singles(ips), &core.PolicyPorts{Protocol: proto, First: n, Last: n}) {
+					return out
+				}
 			}
 		}
 	}
@@ -360,6 +412,34 @@ func (c *compiler) selectPeers(namespace string, p *networkingv1.NetworkPolicyPe
 	}
 	c.selCache[key] = out
 	return out
+}
+
+// rangeSet answers whether an address is in a union of ranges, in O(log n).
+type rangeSet []core.PolicyRange // sorted, disjoint
+
+func newRangeSet(rs []core.PolicyRange) rangeSet {
+	var out rangeSet
+	var v4, v6 []core.PolicyRange
+	for _, r := range rs {
+		if r.First.Is4() {
+			v4 = append(v4, r)
+		} else {
+			v6 = append(v6, r)
+		}
+	}
+	out = append(out, core.PolicyMergeRanges(v4)...)
+	return append(out, core.PolicyMergeRanges(v6)...)
+}
+
+func (s rangeSet) contains(a netip.Addr) bool {
+	// The first range that starts after a; a is in the one before it, or in none.
+	i, _ := slices.BinarySearchFunc(s, a, func(r core.PolicyRange, a netip.Addr) int {
+		if r.First.Compare(a) <= 0 {
+			return -1
+		}
+		return 1
+	})
+	return i > 0 && inRange(a, s[i-1])
 }
 
 func inRange(a netip.Addr, r core.PolicyRange) bool {

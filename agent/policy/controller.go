@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/kubenet-dev/kubenet/core"
 )
@@ -55,7 +57,14 @@ type Config struct {
 	Logger   *slog.Logger
 	// Registry receives the controller's metrics; nil: none.
 	Registry prometheus.Registerer
+	// Events records the Events on policies whose allow lists were refused; nil: Run records
+	// them through the core/v1 client.
+	Events record.EventRecorder
 }
+
+// EventPolicyRefused is the reason of the Event on a NetworkPolicy when the allow list of a pod
+// it selects was not installed on the node (over a limit, or refused by the kernel).
+const EventPolicyRefused = "KubenetPolicyRefused"
 
 // Controller keeps the node's policy table equal to what the cluster's NetworkPolicies say about
 // the node's pods. Every event (a policy, pod or namespace changed in the API; an attachment
@@ -75,6 +84,10 @@ type Controller struct {
 	pods       func() ([]*corev1.Pod, error)
 	// passed, when set, is told of every pass (tests).
 	passed func(Pass)
+	// events records Events on policies; reported are the refusals recorded at the last pass
+	// (each is recorded once, when it appears).
+	events   record.EventRecorder
+	reported map[string]bool
 }
 
 // Pass is what one pass did.
@@ -119,7 +132,8 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 	if err != nil {
 		return nil, fmt.Errorf("network policy metrics: %w", err)
 	}
-	return &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, kick: make(chan struct{}, 1), verify: make(chan struct{}, 1), metrics: m}, nil
+	return &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, kick: make(chan struct{}, 1), verify: make(chan struct{}, 1), metrics: m,
+		events: cfg.Events, reported: map[string]bool{}}, nil
 }
 
 // OnPass registers f to be told of every pass (for tests). Call before Run.
@@ -216,6 +230,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer watcher.close()
 	}
 
+	if c.events == nil {
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.core.Events("")})
+		defer broadcaster.Shutdown()
+		c.events = broadcaster.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: "kubenet-agent", Host: c.cfg.NodeName})
+	}
+
 	c.Wake() // the first pass after a start checks everything
 	resync := time.NewTicker(c.cfg.Resync)
 	defer resync.Stop()
@@ -239,9 +260,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		default:
 		}
 		p := c.pass(verify)
-		if p.Err != nil {
+		if p.Err != nil || kernelRefused(p.Applied.Refused) {
+			// A group the kernel refused may fit later (memory): tried again like a failed pass.
 			backoff = min(max(2*backoff, retryMin), retryMax)
-			c.log.Warn("network policy pass failed, retrying", "err", p.Err, "in", backoff)
+			if p.Err != nil {
+				c.log.Warn("network policy pass failed, retrying", "err", p.Err, "in", backoff)
+			}
 			retry = time.After(backoff)
 			continue
 		}
@@ -311,6 +335,9 @@ func (c *Controller) pass(verify bool) Pass {
 	}
 	p.Took, p.Err = time.Since(start), err
 	c.metrics.pass(p)
+	if err == nil {
+		c.reportRefused(in, p.Applied.Refused)
+	}
 	if p.Guarded > 0 || p.NetfilterCall {
 		c.log.Warn("network policy: put back what somebody removed", "guards", p.Guarded, "bridgeNetfilterCallTurnedOn", p.NetfilterCall)
 	}
@@ -324,6 +351,71 @@ func (c *Controller) pass(verify bool) Pass {
 		c.passed(p)
 	}
 	return p
+}
+
+// kernelRefused tells whether the kernel refused an allow list (a limit's refusal stays until
+// the list changes).
+func kernelRefused(refused []core.PolicyRefusal) bool {
+	return slices.ContainsFunc(refused, func(r core.PolicyRefusal) bool { return !errors.Is(r.Err, core.PolicyErrTooBig) })
+}
+
+// reportRefused logs every refusal that is new since the last pass and records it as an Event
+// on each policy that selects its pods in its direction: the policies' authors see why their
+// pods do not get what they ask for.
+func (c *Controller) reportRefused(in Input, refused []core.PolicyRefusal) {
+	pods := make(map[string]*corev1.Pod, len(in.Pods))
+	for _, p := range in.Pods {
+		pods[p.Namespace+"/"+p.Name] = p
+	}
+	now := map[string]bool{}
+	for _, r := range refused {
+		dir := "egress"
+		if r.Ingress {
+			dir = "ingress"
+		}
+		msg := fmt.Sprintf("the %s allow list of pod %s", dir, r.Pods[0])
+		if len(r.Pods) > 1 {
+			msg += fmt.Sprintf(" and %d more pods", len(r.Pods)-1)
+		}
+		msg += fmt.Sprintf(" is not installed on node %s: %v; they keep what they had in that direction, or are denied", c.cfg.NodeName, r.Err)
+		for _, np := range selecting(in.Policies, pods, r.Pods, r.Ingress) {
+			key := np.Namespace + "/" + np.Name + "\x00" + msg
+			now[key] = true
+			if c.reported[key] {
+				continue
+			}
+			c.log.Warn("network policy: allow list not installed", "policy", np.Namespace+"/"+np.Name, "direction", dir, "pods", r.Pods, "group", r.Group, "cost", r.Cost, "err", r.Err)
+			c.events.Event(&corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1", Namespace: np.Namespace, Name: np.Name, UID: np.UID},
+				corev1.EventTypeWarning, EventPolicyRefused, msg)
+		}
+	}
+	c.reported = now
+}
+
+// selecting lists the policies that select one of the pods (by "namespace/name") and isolate it
+// in the direction.
+func selecting(policies []*networkingv1.NetworkPolicy, pods map[string]*corev1.Pod, names []string, ingress bool) []*networkingv1.NetworkPolicy {
+	var out []*networkingv1.NetworkPolicy
+	for _, np := range policies {
+		in, eg, known := policyTypes(np)
+		if !known {
+			in, eg = true, true // Compile isolates both directions then
+		}
+		if (ingress && !in) || (!ingress && !eg) {
+			continue
+		}
+		if slices.ContainsFunc(names, func(name string) bool {
+			pod, ok := pods[name]
+			if !ok || pod.Namespace != np.Namespace {
+				return false
+			}
+			selected, _ := policySelects(&np.Spec.PodSelector, pod.Labels)
+			return selected
+		}) {
+			out = append(out, np)
+		}
+	}
+	return out
 }
 
 func (c *Controller) input() (Input, error) {

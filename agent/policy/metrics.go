@@ -10,6 +10,7 @@ type metrics struct {
 	isolated prometheus.Gauge
 	unknown  prometheus.Gauge
 	groups   prometheus.Gauge
+	refused  prometheus.Gauge
 	passes   *prometheus.CounterVec
 	passTime prometheus.Histogram
 	released prometheus.Counter
@@ -34,6 +35,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_network_policy_groups",
 			Help: "Distinct allow lists (a chain and its sets each) in the node's policy table.",
 		}),
+		refused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubenet_agent_network_policy_refused_groups",
+			Help: "Allow lists (one direction of one or more pods) the last pass did not install: over a limit, or refused by the kernel. Their pods keep what they had in that direction.",
+		}),
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kubenet_agent_network_policy_passes_total",
 			Help: "Compile-and-apply passes, by result (ok, error).",
@@ -55,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.passes, m.passTime, m.released, m.repairs} {
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -85,6 +90,7 @@ func (m *metrics) pass(p Pass) {
 	}
 	m.passes.WithLabelValues("ok").Inc()
 	m.groups.Set(float64(p.Applied.Groups))
+	m.refused.Set(float64(len(p.Applied.Refused)))
 	m.released.Add(float64(p.Applied.Released))
 	m.repaired(p.Guarded, p.NetfilterCall)
 	m.repairs.WithLabelValues("group").Add(float64(p.Applied.RepairedGroups))
