@@ -81,10 +81,12 @@ bench: deps
 	$(MAKE) bench-netpol
 
 # NetworkPolicy's cost (docs/networkpolicy.md): new connections and throughput between two pods
-# with and without 100 policies, and with kube-network-policies v0.8.0 (built from hack/knp), in
+# with and without 100 policies, and with kube-network-policies v0.8.0 (built from hack/knp), and
+# one policy with 100 to 50000 ipBlock peers (its passes, ADDs meanwhile, new connections), in
 # bench/; and, in test/agent against a real API server (hack/kubernetes), a policy change's way to
-# the node with 1000 pods and 200 policies and the agent's memory. As root, about 5 minutes;
-# both write their tables into docs/networkpolicy.md.
+# the node with 1000 pods and 200 policies and the agent's memory. As root, about 12 minutes;
+# both write their tables into docs/networkpolicy.md. NETPOL_BENCH_ARGS="-bench.netpol-parts big"
+# (or datapath) runs one part of bench/'s.
 NETPOL_BENCH_ARGS ?=
 .PHONY: bench-netpol
 bench-netpol: deps

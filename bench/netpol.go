@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -85,17 +86,78 @@ func npObjects(nPolicies int, nodeName string, client, server netip.Addr) npWork
 }
 
 // applyKubenet compiles w for the node's attachments and applies it, as one agent pass does.
-func applyKubenet(t testing.TB, node ns.NetNS, dataDir string, w npWorkload) {
+func applyKubenet(t testing.TB, node ns.NetNS, dataDir string, w npWorkload) core.PolicyPass {
 	t.Helper()
+	var pass core.PolicyPass
+	nettest.Do(t, node, func() (err error) { pass, err = applyPolicies(dataDir, w); return err })
+	return pass
+}
+
+// applyPolicies is applyKubenet's pass, in the node's netns already.
+func applyPolicies(dataDir string, w npWorkload) (core.PolicyPass, error) {
 	in := policy.Input{Namespaces: w.namespaces, Pods: w.pods, Policies: w.policies}
-	nettest.Do(t, node, func() error {
-		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: "kubenet", Bridge: core.DefaultBridge}, func(locals []core.PolicyLocal) core.PolicyRuleset {
-			in.Local = policy.LocalsOf(locals)
-			res := policy.Compile(in)
-			return res.Ruleset
-		})
-		return err
+	return core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: "kubenet", Bridge: core.DefaultBridge}, func(locals []core.PolicyLocal) core.PolicyRuleset {
+		in.Local = policy.LocalsOf(locals)
+		return policy.Compile(in).Ruleset
 	})
+}
+
+// roundRatio is the ratio of the means of one round's samples x(i) of mode b to those of the
+// other mode, the round's modes being order.
+func roundRatio(order []string, b string, x func(i int) float64) float64 {
+	var sum [2]float64
+	for i, mode := range order {
+		if mode == b {
+			sum[1] += x(i)
+		} else {
+			sum[0] += x(i)
+		}
+	}
+	return sum[1] / sum[0]
+}
+
+// npNode is the node of the NetworkPolicy workloads: the plugin with networkPolicy on, a client
+// and a server pod of namespace npNamespace, the server accepting connections on npServerPort
+// (conns) and on a port no policy allows (denied).
+type npNode struct {
+	node               *nettest.Node
+	list               *libcni.NetworkConfigList
+	client, server     *nettest.Pod
+	clientIP, serverIP netip.Addr
+	conns, denied      netip.AddrPort
+}
+
+func newNPNode(b *testing.B) *npNode {
+	binDir, err := nettest.BuildPlugin(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &npNode{node: nettest.NewNode(b, binDir)}
+	// Every connection of the workload leaves a conntrack entry in the node; short timeouts in
+	// the node's own namespace keep them from piling up (the table is shared by the machine).
+	for _, k := range []string{"nf_conntrack_tcp_timeout_time_wait", "nf_conntrack_tcp_timeout_close", "nf_conntrack_tcp_timeout_fin_wait", "nf_conntrack_tcp_timeout_close_wait", "nf_conntrack_tcp_timeout_last_ack"} {
+		nettest.WriteSysctl(b, n.node.NS, "net/netfilter/"+k, "1")
+	}
+	n.list = n.node.ConfList(b, nettest.NetConf{PodCIDRs: []netip.Prefix{nettest.PodCIDR4}, NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4}, Extra: map[string]any{"networkPolicy": true}})
+	n.client, n.server = n.pod(b, "client"), n.pod(b, "server")
+	n.clientIP, n.serverIP = n.client.IPs()[0], n.server.IPs()[0]
+	n.conns = connServer(b, n.server.NS, netip.AddrPortFrom(n.serverIP, npServerPort))
+	n.denied = connServer(b, n.server.NS, netip.AddrPortFrom(n.serverIP, 9999))
+	return n
+}
+
+// pod adds pod name of namespace npNamespace to the node.
+func (n *npNode) pod(b *testing.B, name string) *nettest.Pod {
+	p := n.newPod(b, name)
+	n.node.MustAdd(b, n.list, p)
+	return p
+}
+
+// newPod is pod name of namespace npNamespace, not added yet.
+func (n *npNode) newPod(b *testing.B, name string) *nettest.Pod {
+	p := n.node.NewPod(b, "np-bench-"+name)
+	p.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", npNamespace}, {"K8S_POD_NAME", name}}
+	return p
 }
 
 // connServer accepts TCP connections and closes each at once: the client sees EOF, so the
