@@ -26,7 +26,7 @@ var (
 	npWindow    = flag.Duration("bench.netpol-window", 2*time.Second, "length of one throughput sample, after its warm-up")
 	npParts     = flag.String("bench.netpol-parts", "datapath,big", "comma-separated parts to run: datapath (two pods, 100 policies), big (one policy with many ipBlock peers)")
 	npBigSizes  = flag.String("bench.netpol-big-sizes", "100,1000,10000,50000", "comma-separated ipBlock peers of the big policy, one row each")
-	npBigRounds = flag.Int("bench.netpol-big-rounds", 6, "rounds of new connections (A B B A) per size of the big policy")
+	npBigRounds = flag.Int("bench.netpol-big-rounds", 10, "rounds of new connections (A B B A) per size of the big policy")
 )
 
 // npWarmup is the start of every throughput sample that is not counted (slow start).
