@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -450,5 +452,47 @@ func TestNetworkPolicyCheckAndStatus(t *testing.T) {
 			}
 			expect(t, "client to server", c.client.NS, srv, true, netip.Addr{})
 		})
+	}
+}
+
+// TestNetworkPolicyWithoutBridgeNetfilter: where br_netfilter is not loaded, traffic between
+// pods of one bridge never meets conntrack, and enforcement would hold every pod; networkPolicy
+// is refused instead: ADD fails with code 7 naming it and changes nothing, STATUS answers 50
+// naming br_netfilter, CHECK of a pod added before fails. The plugin runs in a mount namespace
+// of its own in which /proc/sys/net/bridge is an empty tmpfs, as on a node without the module
+// (this kernel has it built in).
+func TestNetworkPolicyWithoutBridgeNetfilter(t *testing.T) {
+	bare := t.TempDir()
+	wrapper := "#!/bin/sh\nexec unshare --mount --propagation private sh -c 'mount -t tmpfs none /proc/sys/net/bridge && exec \"$0\"' " + filepath.Join(binDir, "kubenet") + "\n"
+	if err := os.WriteFile(filepath.Join(bare, "kubenet"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := nettest.NetConf{PodCIDRs: testkit.DualStack(), Extra: map[string]any{"networkPolicy": true}}
+
+	// A pod added while br_netfilter was there.
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, conf)
+	before := node.NewPod(t, "np-brnf-before")
+	node.MustAdd(t, list, before)
+	if err := node.Check(list, before); err != nil {
+		t.Fatalf("CHECK with br_netfilter: %v", err)
+	}
+
+	without := nettest.NewNode(t, bare)
+	without.NS, without.Dir = node.NS, node.Dir
+	without.CNI = libcni.NewCNIConfigWithCacheDir([]string{bare}, filepath.Join(node.Dir, "cache"), nil)
+	if err := without.Check(list, before); err == nil || !strings.Contains(err.Error(), "br_netfilter") {
+		t.Errorf("CHECK without br_netfilter = %v, want a failure naming br_netfilter", err)
+	}
+	if code, msg := testkit.StatusCode(t, without, list); code != 50 || !strings.Contains(msg, "br_netfilter") || !strings.Contains(msg, "networkPolicy") {
+		t.Errorf("STATUS without br_netfilter = %d %q, want 50 naming networkPolicy and br_netfilter", code, msg)
+	}
+	filesBefore := testkit.DataDirFiles(t, node)
+	err := without.Add(list, without.NewPod(t, "np-brnf-refused"))
+	if code := testkit.CNICode(err); code != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), "networkPolicy") || !strings.Contains(err.Error(), "br_netfilter") {
+		t.Errorf("ADD without br_netfilter = %v, want code 7 naming networkPolicy and br_netfilter", err)
+	}
+	if after := testkit.DataDirFiles(t, node); !slices.Equal(after, filesBefore) {
+		t.Errorf("the refused ADD changed the data dir:\nbefore %v\nafter  %v", filesBefore, after)
 	}
 }
