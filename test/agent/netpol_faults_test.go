@@ -321,7 +321,9 @@ type policyState struct {
 }
 
 var (
-	dispatchMapLine = regexp.MustCompile(`^\s*map (` + netpol.MapEgress + `|` + netpol.MapIngress + `) \{$`)
+	// The dispatch maps and the pods' source sets change as pods come and go (a pod added while
+	// the agent is down, say); the rest of the listing must come back line for line.
+	dispatchMapLine = regexp.MustCompile(`^\s*(?:map (?:` + netpol.MapEgress + `|` + netpol.MapIngress + `)|set (?:` + netpol.SetSourcesIPv4 + `|` + netpol.SetSourcesIPv6 + `)) \{$`)
 	groupName       = regexp.MustCompile(`^` + group + `$`)
 	groupChain      = regexp.MustCompile(`(?m)^\s*chain (` + group + `) \{$`)
 	groupSet        = regexp.MustCompile(`(?m)^\s*set (` + group + `)-(?:any|ports)-ipv[46] \{$`)
