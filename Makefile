@@ -193,3 +193,33 @@ e2e-kubernetes: deps
 	  -kube.specs='$(E2E_SPECS)' -kube.focus='$(E2E_FOCUS)' -kube.procs=$(E2E_PROCS) -kube.checks=$(E2E_CHECKS) \
 	  -kube.parallel=$(E2E_PARALLEL) \
 	  -kube.agent-args='$(E2E_AGENT_ARGS)' -kube.netfilter='$(E2E_NETFILTER)' | grep -v -e '^=== '
+
+# cyclonus (github.com/mattfenwick/cyclonus, built by hack/cyclonus/build.sh), the community's
+# NetworkPolicy test-case generator, against kubenet in the cluster of e2e-kubernetes with
+# policies on nftables (TestCyclonus, docs/e2e.md): its default case set over TCP and UDP, every
+# pod probed from every pod through its Service after each change. Over an hour on 2 cores, so a
+# target of its own, not part of CI. As root.
+#   CYCLONUS_PROXY_MODES  kube-proxy modes, one cluster each (nftables; iptables,nftables for both)
+#   CYCLONUS_PROTOCOLS    the pods' server protocols (TCP,UDP; add SCTP where the kernel has it)
+#   CYCLONUS_INCLUDE      run only the cases with one of these tags, e.g. conflict,peer-ipblock
+#   CYCLONUS_EXCLUDE      leave out the cases with these tags (default: cyclonus's own exclusions)
+#   CYCLONUS_ARGS         more flags of `cyclonus generate`; the default probe timeout is 2 s,
+#                         as cyclonus's own CI runs it (its built-in 10 s triples the run)
+#   CYCLONUS_RESULTS      directory for cyclonus's log and JUnit report (default: a new one in /tmp)
+#   E2E_STACK, E2E_AGENT_ARGS as for e2e-kubernetes
+CYCLONUS_PROXY_MODES ?= nftables
+CYCLONUS_PROTOCOLS ?= TCP,UDP
+CYCLONUS_INCLUDE ?=
+CYCLONUS_EXCLUDE ?=
+CYCLONUS_ARGS ?= --job-timeout-seconds=2
+CYCLONUS_RESULTS ?=
+.PHONY: e2e-cyclonus
+e2e-cyclonus: deps
+	@hack/ensure-deps.sh $(KUBE_DEPS)
+	$(GO) vet -tags e2e ./test/e2e/...
+	@set -o pipefail; dir=$$(hack/kubernetes/build.sh) && cyclonus=$$(hack/cyclonus/build.sh) && \
+	$(GO) test $(E2E_FLAGS) -timeout 6h -run '^TestCyclonus$$' ./test/e2e/ -args \
+	  -kube.bins="$$dir" -kube.proxy-modes='$(CYCLONUS_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
+	  -kube.agent-args='$(E2E_AGENT_ARGS)' -cyclonus.bin="$$cyclonus" -cyclonus.results='$(CYCLONUS_RESULTS)' \
+	  -cyclonus.args='--server-protocol=$(CYCLONUS_PROTOCOLS) $(if $(CYCLONUS_INCLUDE),--include=$(CYCLONUS_INCLUDE)) $(if $(CYCLONUS_EXCLUDE),--exclude=$(CYCLONUS_EXCLUDE)) $(CYCLONUS_ARGS)' \
+	  | grep -v -e '^=== '

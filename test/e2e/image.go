@@ -41,7 +41,9 @@ const fromScript = "#!/bin/sh\necho 'Content-Type: text/plain'\necho\necho \"fro
 // Image is an image to be written into a docker-archive tarball: its layers, bottom first, and
 // the parts of its configuration a runtime reads.
 type Image struct {
-	Ref        string
+	Ref string
+	// Aliases are further names of the same image (more RepoTags of one archive entry).
+	Aliases    []string
 	Entrypoint []string
 	Cmd        []string
 	Env        []string // default: PATH=/bin
@@ -212,7 +214,7 @@ func WriteArchive(file string, images ...Image) error {
 		configSum := sha256.Sum256(config)
 		configName := hex.EncodeToString(configSum[:]) + ".json"
 		entries = append(entries, tarEntry{name: configName, body: config, mode: 0o644})
-		manifest = append(manifest, manifestEntry{Config: configName, RepoTags: []string{img.Ref}, Layers: layerFiles})
+		manifest = append(manifest, manifestEntry{Config: configName, RepoTags: append([]string{img.Ref}, img.Aliases...), Layers: layerFiles})
 	}
 	body, err := json.Marshal(manifest)
 	if err != nil {

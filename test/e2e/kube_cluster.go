@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -247,6 +249,26 @@ func (c *KubeCluster) Kubectl(args ...string) (string, error) {
 	return string(out), nil
 }
 
+// runFromControlPlane runs name with args from the control plane's network namespace, with
+// env added to the test's environment, output to log, in a PID namespace of its own (should the
+// test die, the kernel ends every process it started), and returns how long it ran.
+func (c *KubeCluster) runFromControlPlane(ctx context.Context, log string, env []string, name string, args ...string) (time.Duration, error) {
+	out, err := os.Create(log)
+	if err != nil {
+		return 0, err
+	}
+	defer out.Close()
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{
+		"--net=" + c.cp.NS.Path(), "--", "unshare", "--pid", "--fork", "--kill-child", name}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Dir = c.Dir
+	start := time.Now()
+	err = cmd.Run()
+	return time.Since(start), err
+}
+
 // NetworkNotReady checks that every node is NotReady because the runtime has no network
 // configuration yet: what a node without a network plugin reports, and must report until the
 // agent has written the conflist.
@@ -304,6 +326,27 @@ func (c *KubeCluster) InstallKubenet(t testing.TB) {
 	if err := c.WaitNodesReady(3 * time.Minute); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// networkPolicy says whether the agents enforce NetworkPolicy (policyEnforced of its AgentArgs).
+func (c *KubeCluster) networkPolicy() bool { return policyEnforced(c.cfg.AgentArgs) }
+
+// policyEnforced says whether an agent of deploy/kubenet.yaml given agentArgs after the
+// manifest's own flags enforces NetworkPolicy: the manifest turns it on, the last
+// --network-policy flag among agentArgs decides, as the agent's flag parsing does.
+func policyEnforced(agentArgs []string) bool {
+	on := true
+	for _, a := range agentArgs {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if name != "network-policy" {
+			continue
+		}
+		on = true
+		if hasValue {
+			on, _ = strconv.ParseBool(value) // a bad value stops the agent; false is as good here
+		}
+	}
+	return on
 }
 
 // describeAgents is kubectl's view of the agents' pods, for a failure message.

@@ -15,9 +15,14 @@ import (
 // finds each present and never pulls: no registry is reachable. WriteKubeImages checks the e2e
 // images against the list the e2e binary prints, so a version bump that renames one fails there.
 const (
-	KubePauseImage   = "registry.k8s.io/pause:3.10.1"
-	AgnhostImage     = "registry.k8s.io/e2e-test-images/agnhost:2.56"
-	KubeBusyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+	KubePauseImage = "registry.k8s.io/pause:3.10.1"
+	AgnhostImage   = "registry.k8s.io/e2e-test-images/agnhost:2.56"
+	// CyclonusAgnhostImage is the agnhost cyclonus v0.5.6 runs its servers and probes in (its
+	// pkg/connectivity/probe/pod.go; the tag is fixed there, only the registry is a flag). The
+	// agnhost image above carries this name too: cyclonus runs only `agnhost serve-hostname` and
+	// `agnhost connect`, whose flags 2.56 keeps.
+	CyclonusAgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.43"
+	KubeBusyboxImage     = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
 	// CoreDNSImage's tag is COREDNS of hack/kubernetes/versions.env.
 	coreDNSRepo = "registry.k8s.io/coredns/coredns"
 	// AgentImage is the name the test gives the kubenet-agent image it builds and writes into
@@ -35,7 +40,8 @@ const pauseScript = "#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 3600 &
 //
 //   - pause: busybox-static's shell running /pause;
 //   - busybox: busybox-static's applets, `sh` by default, as upstream's;
-//   - agnhost: the agnhost binary of the release with what its specs run in it besides:
+//   - agnhost: the agnhost binary of the release (also named as cyclonus names it) with what its
+//     specs run in it besides:
 //     busybox applets, curl, OpenBSD netcat (`nc -u`, which the HostPort spec uses) and GNU wget
 //     (Debian busybox's `wget -T` crashes), each with its shared libraries; /bin/sh is dash, not
 //     busybox ash, whose built-in nc would shadow the real one; the porter's TLS pair;
@@ -101,7 +107,7 @@ func WriteKubeImages(ctx context.Context, file string, bins KubeBins, repo, work
 	return WriteArchive(file,
 		Image{Ref: KubePauseImage, Entrypoint: []string{"/pause"}, Layers: []*Layer{pause}},
 		Image{Ref: KubeBusyboxImage, Cmd: []string{"sh"}, Layers: []*Layer{busybox}},
-		Image{Ref: AgnhostImage, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{agnhostPath}, Layers: []*Layer{agnhost}},
+		Image{Ref: AgnhostImage, Aliases: []string{CyclonusAgnhostImage}, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{agnhostPath}, Layers: []*Layer{agnhost}},
 		Image{Ref: coreDNS, Entrypoint: []string{"/coredns"}, Layers: []*Layer{coredns}},
 		agent,
 	)

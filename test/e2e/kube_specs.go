@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -134,38 +132,23 @@ func (c *KubeCluster) RunE2E(ctx context.Context, focus, skip string, procs int,
 	if _, err := regexp.Compile(focus); err != nil {
 		return res, fmt.Errorf("focus %q: %w", focus, err)
 	}
-	out, err := os.Create(log)
-	if err != nil {
-		return res, err
-	}
-	defer out.Close()
 	report := filepath.Join(c.Dir, fmt.Sprintf("ginkgo-%d.json", time.Now().UnixNano()))
-	args := []string{
-		"--net=" + c.cp.NS.Path(), "--",
-		// A PID namespace of its own: should the test die, the kernel ends every spec process.
-		"unshare", "--pid", "--fork", "--kill-child",
-		c.cfg.Bins.Path("ginkgo"),
+	var runErr error
+	res.Duration, runErr = c.runFromControlPlane(ctx, log, nil, c.cfg.Bins.Path("ginkgo"),
 		fmt.Sprintf("--procs=%d", procs),
-		"--focus=" + focus,
-		"--skip=" + skip,
+		"--focus="+focus,
+		"--skip="+skip,
 		"--no-color",
 		"--timeout=2h",
-		"--json-report=" + report,
+		"--json-report="+report,
 		c.cfg.Bins.Path("e2e-network.test"), "--",
 		"--provider=skeleton",
-		"--kubeconfig=" + c.cp.AdminKubeconfig,
-		"--kubectl-path=" + c.cfg.Bins.Path("kubectl"),
+		"--kubeconfig="+c.cp.AdminKubeconfig,
+		"--kubectl-path="+c.cfg.Bins.Path("kubectl"),
 		fmt.Sprintf("--num-nodes=%d", len(c.Nodes)),
 		"--disable-log-dump",
-		"--report-dir=" + filepath.Join(c.Dir, "e2e-report"),
-	}
-	cmd := exec.CommandContext(ctx, "nsenter", args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Dir = c.Dir
-	start := time.Now()
-	runErr := cmd.Run()
-	res.Duration = time.Since(start)
+		"--report-dir="+filepath.Join(c.Dir, "e2e-report"),
+	)
 	b, err := os.ReadFile(report)
 	if err != nil {
 		return res, fmt.Errorf("ginkgo wrote no report (%v): %w", runErr, err)

@@ -48,7 +48,7 @@ func kubeStaleArgs() []string {
 
 // The leaked attachment: a made-up sandbox with a host port and both bandwidth limits, so that
 // it owns every kind of per-pod state (reservations, record, veth, ifb, hostPort index and map
-// elements, isolation and policy elements).
+// elements, isolation elements, the NetworkPolicy port guard).
 const (
 	leakNetNS     = "kubenet-e2e-leak" // in the jail's /run/netns
 	leakNamespace = "kubenet-stale"
@@ -230,12 +230,13 @@ func (s *staleCheck) traces() ([]string, error) {
 		return nil, err
 	}
 	names := core.NamesFor("kubenet", s.att)
+	veth := false
 	err = s.node.NS.Do(func(ns.NetNS) error {
 		for _, l := range []string{names.HostVeth, names.IFB} {
 			if link, err := netlink.LinkByName(l); err == nil {
 				out = append(out, "link "+l)
 				if l == names.HostVeth {
-					s.port = link.Attrs().Index
+					s.port, veth = link.Attrs().Index, true
 				}
 			}
 		}
@@ -243,6 +244,17 @@ func (s *staleCheck) traces() ([]string, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if veth {
+		// The NetworkPolicy port guard ADD puts on the veth (towards the pod): the policy's only
+		// per-pod state before the agent's pass, which holds a pod the API does not have.
+		filters, err := s.node.Jail.Output("tc", "filter", "show", "dev", names.HostVeth, "egress")
+		if err != nil {
+			return nil, err
+		}
+		if strings.Contains(filters, "kubenet-guard-") {
+			out = append(out, "tc guard on link "+names.HostVeth)
+		}
 	}
 	marks := []string{s.att.ContainerID, `"` + names.HostVeth + `"`, fmt.Sprint(leakHostPort), "-i " + names.HostVeth + " "}
 	if s.port > 0 {
@@ -292,7 +304,10 @@ func (s *staleCheck) complete(traces []string) error {
 	if s.c.cfg.Netfilter == "iptables" {
 		want = append(want, "iptables rule of chain KUBENET-HPDNAT-", "ebtables rule of chain KUBENET-PODS-")
 	} else {
-		want = append(want, "nftables inet "+nft.TableName("kubenet"), "nftables bridge "+nft.TableName("kubenet"), "nftables bridge "+netpol.TableName("kubenet"))
+		want = append(want, "nftables inet "+nft.TableName("kubenet"), "nftables bridge "+nft.TableName("kubenet"))
+		if s.c.networkPolicy() {
+			want = append(want, "tc guard on link "+names.HostVeth)
+		}
 	}
 	for _, a := range s.ips {
 		want = append(want, "reservation "+a.String())

@@ -44,6 +44,43 @@ var (
 // kubenet installed with kubectl apply -f deploy/kubenet.yaml, the upstream sig-network e2e
 // specs against it, and kubenet's own checks.
 func TestKubernetes(t *testing.T) {
+	run := prepareKubeRun(t)
+	focus := *kubeFocus
+	if focus == "" {
+		set, err := SpecSetByName(*kubeSpecs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		focus = set.FocusRegexp()
+	}
+	policies := strings.Contains(focus, "Netpol") || strings.Contains(focus, "NetworkPolicy")
+	for _, mode := range strings.Split(*kubeProxyModes, ",") {
+		t.Run(mode, func(t *testing.T) {
+			if *kubeParallel {
+				t.Parallel()
+			}
+			var stale []string
+			if *kubeOwnChecks {
+				// The collector check's timing; the flags of -kube.agent-args come after, and win.
+				stale = kubeStaleArgs()
+			}
+			runCluster(t, run.config(mode, netfilterFor(mode, policies), stale), focus)
+		})
+	}
+}
+
+// kubeRun is what the clusters of one run share: the checkout, the Kubernetes binaries and
+// the archive of the images.
+type kubeRun struct {
+	repo   string
+	bins   KubeBins
+	images string
+}
+
+// prepareKubeRun sweeps what dead runs left, finds the binaries (-kube.bins, or build.sh) and
+// writes the images every cluster imports.
+func prepareKubeRun(t *testing.T) kubeRun {
+	t.Helper()
 	nettest.RequireRoot(t)
 	if removed, err := SweepKubeRuns(); err != nil {
 		t.Fatalf("sweep of dead runs: %v", err)
@@ -63,51 +100,36 @@ func TestKubernetes(t *testing.T) {
 	bins, err := LoadKubeBins(repo, dir)
 	Require(t, err, "the Kubernetes binaries of hack/kubernetes/build.sh are in %s", dir)
 
-	focus := *kubeFocus
-	if focus == "" {
-		set, err := SpecSetByName(*kubeSpecs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		focus = set.FocusRegexp()
-	}
-
 	work := filepath.Join(os.TempDir(), fmt.Sprintf("%s%d-images", KubeRunPrefix, os.Getpid()))
 	t.Cleanup(func() { _ = os.RemoveAll(work) })
 	images := filepath.Join(work, "images.tar")
 	start := time.Now()
 	err = WriteKubeImages(context.Background(), images, bins, repo, work)
 	Require(t, err, "built the images pause, busybox, agnhost, CoreDNS and kubenet-agent (from cmd/kubenet-agent/Dockerfile) in %s", time.Since(start).Round(time.Second))
+	return kubeRun{repo: repo, bins: bins, images: images}
+}
 
-	for _, mode := range strings.Split(*kubeProxyModes, ",") {
-		t.Run(mode, func(t *testing.T) {
-			if *kubeParallel {
-				t.Parallel()
-			}
-			cfg := KubeClusterConfig{Bins: bins, Repo: repo, Images: images, ProxyMode: mode, DualStack: *kubeDualStack, Nodes: 2,
-				Netfilter: netfilterFor(mode, focus)}
-			if *kubeOwnChecks {
-				// The collector check's timing; the flags of -kube.agent-args come after, and win.
-				cfg.AgentArgs = kubeStaleArgs()
-			}
-			cfg.AgentArgs = append(cfg.AgentArgs, "--netfilter-backend="+cfg.Netfilter)
-			if cfg.Netfilter == "iptables" {
-				cfg.AgentArgs = append(cfg.AgentArgs, "--network-policy=false") // policies need nftables
-			}
-			cfg.AgentArgs = append(cfg.AgentArgs, strings.Fields(*kubeAgentArgs)...)
-			runCluster(t, cfg, focus)
-		})
+// config is the cluster of kube-proxy mode with kubenet on netfilter (nftables or iptables):
+// the agent gets agentArgs, the backend's flags and then -kube.agent-args, which win.
+func (r kubeRun) config(mode, netfilter string, agentArgs []string) KubeClusterConfig {
+	cfg := KubeClusterConfig{Bins: r.bins, Repo: r.repo, Images: r.images, ProxyMode: mode, DualStack: *kubeDualStack, Nodes: 2,
+		Netfilter: netfilter}
+	cfg.AgentArgs = append(slices.Clone(agentArgs), "--netfilter-backend="+netfilter)
+	if netfilter == "iptables" {
+		cfg.AgentArgs = append(cfg.AgentArgs, "--network-policy=false") // policies need nftables
 	}
+	cfg.AgentArgs = append(cfg.AgentArgs, strings.Fields(*kubeAgentArgs)...)
+	return cfg
 }
 
 // netfilterFor is kubenet's backend in the cluster of kube-proxy mode (-kube.netfilter).
-// Paired, an operator's iptables node runs both on iptables, except where the specs exercise
-// NetworkPolicy, which kubenet enforces with nftables only.
-func netfilterFor(mode, focus string) string {
+// Paired, an operator's iptables node runs both on iptables, except where the run exercises
+// NetworkPolicy (policies), which kubenet enforces with nftables only.
+func netfilterFor(mode string, policies bool) string {
 	if *kubeNetfilter != "paired" {
 		return *kubeNetfilter
 	}
-	if mode == "iptables" && !strings.Contains(focus, "Netpol") && !strings.Contains(focus, "NetworkPolicy") {
+	if mode == "iptables" && !policies {
 		return "iptables"
 	}
 	return "nftables"

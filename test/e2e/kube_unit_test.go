@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"archive/tar"
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -96,5 +100,106 @@ func TestEditManifest(t *testing.T) {
 	}
 	if _, err := editManifest(string(b)+"\n        image: other\n", "i", "c", nil); err == nil {
 		t.Error("a manifest with two image lines was edited")
+	}
+}
+
+func TestPolicyEnforced(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, true}, // the manifest's --network-policy=true
+		{[]string{"--stale-gc-grace=30s"}, true},
+		{[]string{"--network-policy=false"}, false},
+		{[]string{"-network-policy=0"}, false},
+		{[]string{"--network-policy=false", "--network-policy"}, true},
+		{[]string{"--network-policy=false", "--network-policy=true"}, true},
+		{[]string{"--network-policy=true", "--network-policy=false"}, false},
+		{[]string{"--network-policy-resync=1m"}, true},
+	} {
+		if got := policyEnforced(c.args); got != c.want {
+			t.Errorf("policyEnforced(%q) = %v, want %v", c.args, got, c.want)
+		}
+	}
+}
+
+func TestCyclonusJUnit(t *testing.T) {
+	// As cyclonus v0.5.6 writes it (go-junit-report's formatter): tests="0" always.
+	report := func(failures int, cases ...string) string {
+		s := fmt.Sprintf("<testsuite tests=\"0\" failures=\"%d\" time=\"\" name=\"cyclonus\">\n    <properties></properties>\n", failures)
+		for _, c := range cases {
+			name, failed := strings.CutSuffix(c, "!")
+			s += fmt.Sprintf("    <testcase classname=\"\" name=%q time=\"\">\n", name)
+			if failed {
+				s += "        <failure message=\"\" type=\"\"></failure>\n"
+			}
+			s += "    </testcase>\n"
+		}
+		return s + "</testsuite>"
+	}
+	for _, c := range []struct {
+		name, report   string
+		passed, failed int
+		failedCases    []string
+		wantErr        bool
+	}{
+		{"all passed", report(0, "ingress: deny all", "egress: deny all"), 2, 0, nil, false},
+		{"failures numbered in run order", report(2, "simple ipblock", "ipblock with except!", "simple ipblock!"), 1, 2,
+			[]string{"#2 ipblock with except", "#3 simple ipblock"}, false},
+		{"count disagrees with the cases", report(1, "a", "b"), 0, 0, nil, true},
+		{"no case", report(0), 0, 0, nil, true},
+		{"not a report", "SummaryTable:", 0, 0, nil, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var r CyclonusResult
+			err := r.parseJUnit([]byte(c.report))
+			if c.wantErr {
+				if err == nil {
+					t.Fatalf("no error; parsed %+v", r)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Passed != c.passed || r.Failed != c.failed || !slices.Equal(r.FailedCases, c.failedCases) {
+				t.Errorf("parsed %d passed, %d failed %q; want %d, %d %q", r.Passed, r.Failed, r.FailedCases, c.passed, c.failed, c.failedCases)
+			}
+		})
+	}
+}
+
+func TestWriteArchiveAliases(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "images.tar")
+	l := NewLayer()
+	l.File("f", []byte("x"), 0o644)
+	err := WriteArchive(file, Image{Ref: "registry.example/a:2", Aliases: []string{"registry.example/a:1"}, Layers: []*Layer{l}},
+		Image{Ref: "registry.example/b:1", Layers: []*Layer{l}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("no manifest.json: %v", err)
+		}
+		if h.Name != "manifest.json" {
+			continue
+		}
+		var manifest []struct{ RepoTags []string }
+		if err := json.NewDecoder(tr).Decode(&manifest); err != nil {
+			t.Fatal(err)
+		}
+		if len(manifest) != 2 || !slices.Equal(manifest[0].RepoTags, []string{"registry.example/a:2", "registry.example/a:1"}) ||
+			!slices.Equal(manifest[1].RepoTags, []string{"registry.example/b:1"}) {
+			t.Errorf("RepoTags %+v, want both names of a, then b's one", manifest)
+		}
+		return
 	}
 }
