@@ -50,11 +50,16 @@ fuzz:
 	  echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
+# lint checks the build without tags (which finds code only tagged tests use) and with the tags
+# of the test files behind build tags.
+LINT_TAGS := e2e,kubenet_e2e_agent,kubenet_crashtest
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	@command -v staticcheck >/dev/null 2>&1 || [ -x $(GOBIN)/staticcheck ] || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	PATH=$(GOBIN):$$PATH staticcheck ./...
+	$(GO) vet -tags $(LINT_TAGS) ./...
+	PATH=$(GOBIN):$$PATH staticcheck -tags $(LINT_TAGS) ./...
 
 # The demo is TestDemo (test/cni), filtered to what it prints. pipefail: a failing test fails
 # make, loudly. The test binary first removes test namespaces that dead runs left (only those whose

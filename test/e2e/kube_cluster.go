@@ -328,9 +328,6 @@ func (c *KubeCluster) InstallKubenet(t testing.TB) {
 	}
 }
 
-// networkPolicy says whether the agents enforce NetworkPolicy (policyEnforced of its AgentArgs).
-func (c *KubeCluster) networkPolicy() bool { return policyEnforced(c.cfg.AgentArgs) }
-
 // policyEnforced says whether an agent of deploy/kubenet.yaml given agentArgs after the
 // manifest's own flags enforces NetworkPolicy: the manifest turns it on, the last
 // --network-policy flag among agentArgs decides, as the agent's flag parsing does.

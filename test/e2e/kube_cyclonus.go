@@ -5,11 +5,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
-
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // CyclonusResult is what one `cyclonus generate` run reports: its test cases (numbered from 1
@@ -81,17 +77,4 @@ func (r *CyclonusResult) parseJUnit(report []byte) error {
 		return fmt.Errorf("%d test cases with a failure, the suite says %d", r.Failed, suite.Failures)
 	}
 	return nil
-}
-
-// cyclonusSummary is the part of cyclonus's log from its summary table on (the per-tag and
-// per-protocol tables), or its last lines when there is none.
-func cyclonusSummary(log string) string {
-	b, err := os.ReadFile(log)
-	if err != nil {
-		return err.Error()
-	}
-	if i := strings.LastIndex(string(b), "SummaryTable:"); i >= 0 {
-		return string(b[i:])
-	}
-	return fmt.Sprintf("(no summary) last lines of %s:\n%s", filepath.Base(log), nettest.Tail(log, 40))
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // Flags of TestCyclonus; `make e2e-cyclonus` sets them. The cluster's flags are TestKubernetes's
@@ -82,4 +84,17 @@ func TestCyclonus(t *testing.T) {
 			t.Run("Residue", func(t *testing.T) { checkResidue(t, c) })
 		})
 	}
+}
+
+// cyclonusSummary is the part of cyclonus's log from its summary table on (the per-tag and
+// per-protocol tables), or its last lines when there is none.
+func cyclonusSummary(log string) string {
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return err.Error()
+	}
+	if i := strings.LastIndex(string(b), "SummaryTable:"); i >= 0 {
+		return string(b[i:])
+	}
+	return fmt.Sprintf("(no summary) last lines of %s:\n%s", filepath.Base(log), nettest.Tail(log, 40))
 }

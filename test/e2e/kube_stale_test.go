@@ -414,3 +414,6 @@ func (s *staleCheck) collectedLogLine() (time.Time, string, error) {
 	}
 	return time.Time{}, "", fmt.Errorf("no line about container %s in the log of %s", s.att.ContainerID, pods.Items[0].Name)
 }
+
+// networkPolicy says whether the agents enforce NetworkPolicy (policyEnforced of its AgentArgs).
+func (c *KubeCluster) networkPolicy() bool { return policyEnforced(c.cfg.AgentArgs) }
