@@ -156,11 +156,7 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (
 		return pass, fmt.Errorf("address store: %w", err)
 	}
 	defer store.Close()
-	recs, err := NewRecords(store.Dir()).List()
-	if err != nil {
-		return pass, err
-	}
-	br, ports, err := bridgePorts(n.Bridge)
+	br, locals, err := readLocals(n.Network, n.Bridge, NewRecords(store.Dir()), nil)
 	if err != nil {
 		return pass, err
 	}
@@ -169,18 +165,15 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (
 			return pass, err
 		}
 	}
-	locals := make([]PolicyLocal, 0, len(recs))
-	for _, r := range recs {
-		att := r.attachment()
-		l := PolicyLocal{Record: r, Port: ports[NamesFor(n.Network, att).HostVeth], LinkLocal: isolation.LinkLocal(podMAC(n.Network, att))}
-		if l.Port > 0 {
-			g, err := ensureGuard(netpol.CheckPortGuard, netpol.GuardPort, l.Port)
-			if err != nil {
-				pass.Unguarded = errors.Join(pass.Unguarded, fmt.Errorf("%s: %w", NamesFor(n.Network, att).HostVeth, err))
-			}
-			pass.Guarded += g
+	for _, l := range locals {
+		if l.Port <= 0 {
+			continue
 		}
-		locals = append(locals, l)
+		g, err := ensureGuard(netpol.CheckPortGuard, netpol.GuardPort, l.Port)
+		if err != nil {
+			pass.Unguarded = errors.Join(pass.Unguarded, fmt.Errorf("%s: %w", NamesFor(n.Network, l.attachment()).HostVeth, err))
+		}
+		pass.Guarded += g
 	}
 	rs := compile(locals)
 	rs.PodCIDRs = n.PodCIDRs
@@ -191,6 +184,33 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (
 	}
 	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
 	return pass, err
+}
+
+// readLocals finds the bridge and its ports, then reads the attachment records and pairs each
+// with its port. The links come first: ADD writes a record before it creates the veth and DEL
+// removes it after deleting the veth, so a port listed first belongs to the record read after
+// it, or is gone by then (a gone port's elements match nothing; the new veth stays held). Read
+// the other way round, a container deleted and added again between the two reads would pair
+// its old record's addresses with its new port. afterLinks, when not nil, runs between the
+// two reads (tests).
+func readLocals(network, bridgeName string, records Records, afterLinks func()) (*netlink.Bridge, []PolicyLocal, error) {
+	br, ports, err := bridgePorts(bridgeName)
+	if err != nil {
+		return nil, nil, err
+	}
+	if afterLinks != nil {
+		afterLinks()
+	}
+	recs, err := records.List()
+	if err != nil {
+		return nil, nil, err
+	}
+	locals := make([]PolicyLocal, 0, len(recs))
+	for _, r := range recs {
+		att := r.attachment()
+		locals = append(locals, PolicyLocal{Record: r, Port: ports[NamesFor(network, att).HostVeth], LinkLocal: isolation.LinkLocal(podMAC(network, att))})
+	}
+	return br, locals, nil
 }
 
 // linkAddrs are the addresses of a link, both families.
