@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nft"
@@ -42,6 +44,9 @@ type healer struct {
 	// kick asks for a pass (1-buffered): nftables events, and the agent when the conflist
 	// changed.
 	kick chan struct{}
+	// bridgeChanged (1-buffered) says a bridge changed: a pass follows only when the network's
+	// bridge lost its nf_call options, which no nftables event announces.
+	bridgeChanged chan struct{}
 }
 
 // wake asks for a pass without waiting.
@@ -69,37 +74,24 @@ type healPass struct {
 }
 
 // run heals until ctx ends. All netlink work happens on the calling goroutine, in the caller's
-// network namespace (the agent runs in the host's), the event subscription included; the
-// goroutine that reads events only forwards signals.
+// network namespace (the agent runs in the host's), the event subscriptions included; the
+// goroutines that read events only forward signals.
 func (h *healer) run(ctx context.Context) {
-	ended := make(chan struct{}, 1)
-	var forwarders sync.WaitGroup
-	defer forwarders.Wait()
-	var closers []func()
-	defer func() {
-		for _, c := range closers {
-			c()
-		}
-	}()
-	subscribe := func() {
-		events, closeMonitor, err := h.watch()
-		if err != nil {
+	subs := &subscriptions{ctx: ctx}
+	defer subs.close()
+	tablesEnded, linksEnded := make(chan struct{}, 1), make(chan struct{}, 1)
+	followTables := func() {
+		if err := subs.follow(h.watchTables, tablesEnded); err != nil {
 			h.log.Warn("nftables events unavailable; the node-wide state is only checked periodically", "err", err, "period", h.period)
-			return
 		}
-		closers = append(closers, closeMonitor)
-		forwarders.Add(1)
-		go func() {
-			defer forwarders.Done()
-			if h.forward(ctx, events, h.wake) {
-				select {
-				case ended <- struct{}{}:
-				case <-ctx.Done():
-				}
-			}
-		}()
 	}
-	subscribe()
+	followLinks := func() {
+		if err := subs.follow(h.watchBridges, linksEnded); err != nil {
+			h.log.Warn("link events unavailable; the bridge's nf_call options are only checked periodically", "err", err, "period", h.period)
+		}
+	}
+	followTables()
+	followLinks()
 	ticker := time.NewTicker(h.period)
 	defer ticker.Stop()
 	full := true // the first pass compares everything
@@ -114,19 +106,84 @@ func (h *healer) run(ctx context.Context) {
 		}
 		last = time.Now()
 		h.pass(ctx, full)
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-			full = true
-		case <-h.kick:
-			full = false
-		case <-ended:
-			// Events were lost: subscribe again, then look at what may have changed.
-			subscribe()
-			full = false
+	next:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				full = true
+			case <-h.kick:
+				full = false
+			case <-tablesEnded:
+				// Events were lost: subscribe again, then look at what may have changed.
+				followTables()
+				full = false
+			case <-linksEnded:
+				h.log.Warn("link event subscription ended; subscribing again")
+				followLinks()
+				full = false
+			case <-h.bridgeChanged:
+				if !h.bridgeNeedsHeal() {
+					continue // one of the many changes a port joining or leaving makes
+				}
+				full = false
+			}
+			break next
 		}
 	}
+}
+
+// subscriptions are the healer's event subscriptions and the goroutines that forward them.
+type subscriptions struct {
+	ctx        context.Context
+	forwarders sync.WaitGroup
+	closers    []func()
+}
+
+// follow subscribes with open, on the calling goroutine (in its network namespace), and runs the
+// forwarder it returns on a goroutine of its own; when the forwarder says the subscription ended
+// before ctx (its socket overflowed: events were lost), ended is signalled.
+func (s *subscriptions) follow(open func() (forward func(context.Context) bool, closeFn func(), err error), ended chan<- struct{}) error {
+	forward, closeFn, err := open()
+	if err != nil {
+		return err
+	}
+	s.closers = append(s.closers, closeFn)
+	s.forwarders.Add(1)
+	go func() {
+		defer s.forwarders.Done()
+		if forward(s.ctx) {
+			select {
+			case ended <- struct{}{}:
+			case <-s.ctx.Done():
+			}
+		}
+	}()
+	return nil
+}
+
+// close ends every subscription and waits for the forwarders.
+func (s *subscriptions) close() {
+	for _, c := range s.closers {
+		c()
+	}
+	s.forwarders.Wait()
+}
+
+// bridgeNeedsHeal tells whether the network's bridge lost its nf_call options (asked on the
+// healer's goroutine: in the node's network namespace).
+func (h *healer) bridgeNeedsHeal() bool {
+	cfg, err := h.config()
+	if cfg == nil || err != nil {
+		return false
+	}
+	off, err := core.BridgeNetfilterCallOff(cfg)
+	if err != nil {
+		h.log.Warn("bridge options unreadable", "err", err)
+		return true // a pass reports it properly
+	}
+	return off
 }
 
 // pass runs one HealNode with the current configuration.
@@ -165,6 +222,24 @@ func (p healPass) repaired() bool {
 	return p.found != nil || p.restored > 0 || p.policyGuards > 0 || p.netfilterCall
 }
 
+// watchTables subscribes to nftables change events, forwarded as wake-ups.
+func (h *healer) watchTables() (func(context.Context) bool, func(), error) {
+	events, closeMonitor, err := h.watch()
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(ctx context.Context) bool { return h.forward(ctx, events, h.wake) }, closeMonitor, nil
+}
+
+// watchBridges subscribes to link change events, forwarded as bridge changes.
+func (h *healer) watchBridges() (func(context.Context) bool, func(), error) {
+	updates, closeLinks, err := watchLinks()
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(ctx context.Context) bool { return forwardBridges(ctx, updates, h.bridgeChanged) }, closeLinks, nil
+}
+
 // watch subscribes to nftables change events.
 func (h *healer) watch() (<-chan *nftables.MonitorEvents, func(), error) {
 	c, err := nftables.New()
@@ -179,6 +254,45 @@ func (h *healer) watch() (<-chan *nftables.MonitorEvents, func(), error) {
 		return nil, nil, err
 	}
 	return events, func() { _ = mon.Close() }, nil
+}
+
+// watchLinks subscribes to link change events (RTNLGRP_LINK) in the caller's network namespace.
+// A bridge's nf_call options changed by `ip link set ... type bridge` or through sysfs are
+// announced as a change of the bridge.
+func watchLinks() (<-chan netlink.LinkUpdate, func(), error) {
+	// A generous buffer: the subscription's reader blocks on a full channel, and while it does
+	// the socket may overflow and end the subscription.
+	updates := make(chan netlink.LinkUpdate, 256)
+	done := make(chan struct{})
+	if err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{}); err != nil {
+		return nil, nil, err
+	}
+	return updates, func() { close(done) }, nil
+}
+
+// forwardBridges signals changed for every change of a bridge (the healer then asks whether it
+// is the network's, and whether it needs anything). It returns true when the subscription
+// ended before ctx. It does no netlink work.
+func forwardBridges(ctx context.Context, updates <-chan netlink.LinkUpdate, changed chan<- struct{}) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case u, ok := <-updates:
+			if ctx.Err() != nil {
+				return false
+			}
+			if !ok {
+				return true
+			}
+			if u.Header.Type == unix.RTM_NEWLINK && u.Link != nil && u.Link.Type() == "bridge" {
+				select {
+				case changed <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
 }
 
 // forward signals a pass for every committed transaction that changed a table, chain, rule or
@@ -230,10 +344,11 @@ func concernsKubenet(e *nftables.MonitorEvent) bool {
 // the agent wrote last.
 func (a *Agent) newHealer() *healer {
 	return &healer{
-		kick:   a.healKick,
-		log:    a.log.With("component", "heal"),
-		period: a.cfg.HealPeriod,
-		minGap: 200 * time.Millisecond,
+		kick:          a.healKick,
+		bridgeChanged: make(chan struct{}, 1),
+		log:           a.log.With("component", "heal"),
+		period:        a.cfg.HealPeriod,
+		minGap:        200 * time.Millisecond,
 		config: func() (*core.Config, error) {
 			a.mu.Lock()
 			defer a.mu.Unlock()

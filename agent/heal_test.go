@@ -64,12 +64,13 @@ func (w *healWorld) startHealer(t testing.TB, period, minGap time.Duration) <-ch
 	t.Helper()
 	passes := make(chan healPass, 1000)
 	h := &healer{
-		kick:   make(chan struct{}, 1),
-		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		period: period,
-		minGap: minGap,
-		config: func() (*core.Config, error) { return w.cfg, nil },
-		done:   func(p healPass) { passes <- p },
+		kick:          make(chan struct{}, 1),
+		bridgeChanged: make(chan struct{}, 1),
+		log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+		period:        period,
+		minGap:        minGap,
+		config:        func() (*core.Config, error) { return w.cfg, nil },
+		done:          func(p healPass) { passes <- p },
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -269,6 +270,60 @@ func TestHealerReportsPolicyBridge(t *testing.T) {
 	}
 	if out := nettest.Run(t, w.node.NS, "tc", "filter", "show", "dev", w.cfg.Bridge, "ingress"); !strings.Contains(out, "kubenet-guard") {
 		t.Errorf("the bridge's guard is not back:\n%s", out)
+	}
+}
+
+// TestHealerSeesBridgeNetfilterCallOff: a bridge option turned off is announced by no nftables
+// event, only by the bridge's link change; the healer turns it back on at once instead of at its
+// periodic pass (an hour here). The many link changes of a bridge that a port joining and
+// leaving makes need no pass, nor does a bridge without NetworkPolicy: the healer asks the bridge
+// before it runs one.
+func TestHealerSeesBridgeNetfilterCallOff(t *testing.T) {
+	for _, option := range []string{"nf_call_iptables", "nf_call_ip6tables"} {
+		t.Run(option, func(t *testing.T) {
+			w := newHealWorld(t, 0)
+			needsHeal := func(policy bool) (need bool) {
+				cfg := *w.cfg
+				cfg.NetworkPolicy = policy
+				asker := &healer{log: slog.New(slog.NewTextHandler(io.Discard, nil)), config: func() (*core.Config, error) { return &cfg, nil }}
+				nettest.Do(t, w.node.NS, func() error { need = asker.bridgeNeedsHeal(); return nil })
+				return need
+			}
+			setOption := func(v string) {
+				nettest.Run(t, w.node.NS, "ip", "link", "set", w.cfg.Bridge, "type", "bridge", option, v)
+			}
+			setOption("0")
+			if needsHeal(false) {
+				t.Error("a bridge without NetworkPolicy asks for a heal of its nf_call options")
+			}
+			if !needsHeal(true) {
+				t.Errorf("a bridge with %s off asks for no heal", option)
+			}
+			// Both on, as a pass with NetworkPolicy leaves them (this node's pods were added without).
+			nettest.Run(t, w.node.NS, "ip", "link", "set", w.cfg.Bridge, "type", "bridge", "nf_call_iptables", "1", "nf_call_ip6tables", "1")
+			nettest.Run(t, w.node.NS, "ip", "link", "add", "kt-port0", "type", "veth", "peer", "name", "kt-port1")
+			nettest.Run(t, w.node.NS, "ip", "link", "set", "kt-port0", "master", w.cfg.Bridge, "up")
+			nettest.Run(t, w.node.NS, "ip", "link", "set", "kt-port1", "up")
+			nettest.Run(t, w.node.NS, "ip", "link", "del", "kt-port0")
+			if needsHeal(true) {
+				t.Error("a port joining and leaving the bridge asks for a heal")
+			}
+
+			w.cfg.NetworkPolicy = true
+			passes := w.startHealer(t, time.Hour, 50*time.Millisecond)
+			setOption("0")
+			select {
+			case p := <-passes:
+				if p.err != nil || !p.netfilterCall {
+					t.Errorf("the pass after the bridge changed: %+v, want the one that turned nf_call back on", p)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no pass within 10 s of the bridge's nf_call option turned off")
+			}
+			if out := nettest.Run(t, w.node.NS, "ip", "-d", "link", "show", w.cfg.Bridge); !strings.Contains(out, option+" 1") {
+				t.Errorf("%s is still off:\n%s", option, out)
+			}
+		})
 	}
 }
 

@@ -49,6 +49,24 @@ type NodeRepair struct {
 	NetfilterCall bool
 }
 
+// BridgeNetfilterCallOff tells whether the network enforces NetworkPolicy and its bridge exists
+// with its nf_call options off: what HealNode turns back on, asked on its own so that a watcher of
+// link changes can tell a change that needs a heal from the many a bridge port makes. It only
+// reads one link.
+func BridgeNetfilterCallOff(cfg *Config) (bool, error) {
+	if !cfg.NetworkPolicy {
+		return false, nil
+	}
+	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
+		if errors.As(err, &netlink.LinkNotFoundError{}) {
+			return false, nil // no bridge yet: nothing to keep, the first ADD sets it up
+		}
+		return false, fmt.Errorf("bridge %q: %w", cfg.Bridge, err)
+	}
+	on, err := bridge.NetfilterCallOn(cfg.Bridge)
+	return !on && err == nil, err
+}
+
 // HealNode is EnsureNode for a node agent that re-asserts the node-wide state after somebody
 // else changed it (a firewall reload flushes the ruleset): it also says what it found and how
 // many hostPort map elements it put back. With allElements every reservation of the hostPort
