@@ -229,8 +229,11 @@ func reconcileAddrs(br *netlink.Bridge, gateways, have []netip.Prefix) error {
 	return nil
 }
 
+// ErrNoBridge is NetfilterCallOn's error when there is no bridge of that name.
+var ErrNoBridge = errors.New("no such bridge")
+
 // NetfilterCallOn tells whether the bridge called name has its nf_call_iptables and
-// nf_call_ip6tables options on (CHECK, STATUS, the agent's policy pass).
+// nf_call_ip6tables options on (CHECK, STATUS, the agent's policy pass and healer).
 func NetfilterCallOn(name string) (bool, error) {
 	r, err := openRtnl()
 	if err != nil {
@@ -242,7 +245,7 @@ func NetfilterCallOn(name string) (bool, error) {
 		return false, fmt.Errorf("bridge %q: %w", name, err)
 	}
 	if !found {
-		return false, fmt.Errorf("bridge %q does not exist", name)
+		return false, fmt.Errorf("bridge %q: %w", name, ErrNoBridge)
 	}
 	return br.NetfilterCall, nil
 }

@@ -57,13 +57,10 @@ func BridgeNetfilterCallOff(cfg *Config) (bool, error) {
 	if !cfg.NetworkPolicy {
 		return false, nil
 	}
-	if _, err := netlink.LinkByName(cfg.Bridge); err != nil {
-		if errors.As(err, &netlink.LinkNotFoundError{}) {
-			return false, nil // no bridge yet: nothing to keep, the first ADD sets it up
-		}
-		return false, fmt.Errorf("bridge %q: %w", cfg.Bridge, err)
-	}
 	on, err := bridge.NetfilterCallOn(cfg.Bridge)
+	if errors.Is(err, bridge.ErrNoBridge) {
+		return false, nil // no bridge yet: nothing to keep, the first ADD sets it up
+	}
 	return !on && err == nil, err
 }
 
