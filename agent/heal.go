@@ -143,17 +143,21 @@ type subscriptions struct {
 
 // follow subscribes with open, on the calling goroutine (in its network namespace), and runs the
 // forwarder it returns on a goroutine of its own; when the forwarder says the subscription ended
-// before ctx (its socket overflowed: events were lost), ended is signalled.
+// before ctx (its socket overflowed: events were lost), the subscription is closed at once (the
+// healer subscribes again; a socket kept until it stops would pile up with every overflow) and
+// ended is signalled.
 func (s *subscriptions) follow(open func() (forward func(context.Context) bool, closeFn func(), err error), ended chan<- struct{}) error {
 	forward, closeFn, err := open()
 	if err != nil {
 		return err
 	}
-	s.closers = append(s.closers, closeFn)
+	closeOnce := sync.OnceFunc(closeFn)
+	s.closers = append(s.closers, closeOnce)
 	s.forwarders.Add(1)
 	go func() {
 		defer s.forwarders.Done()
 		if forward(s.ctx) {
+			closeOnce()
 			select {
 			case ended <- struct{}{}:
 			case <-s.ctx.Done():
