@@ -28,7 +28,7 @@ const (
 
 // mechanisms are the mechanism packages. A new top-level package must be added here (and to
 // docs/architecture.md), or TestLayers fails: where it sits is a decision, not an accident.
-var mechanisms = []string{"bridge", "ipam", "hairpin", "masq", "hostport", "shaping", "isolation", "netpol"}
+var mechanisms = []string{"bridge", "ipam", "hairpin", "masq", "hostport", "shaping", "isolation", "netpol", "overlay"}
 
 // classify returns the layer of a package path relative to the module, and its group: packages
 // of one group may import each other (network/cni imports network, agent imports agent/routes).

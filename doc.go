@@ -5,7 +5,7 @@
 //	network/, agent/                                  kubelet's NetworkPlugin layer; the node agent
 //	core/                                             the plugin's verbs over the mechanisms
 //	bridge/ ipam/ hairpin/ masq/ hostport/ shaping/   one kernel mechanism each
-//	isolation/ netpol/
+//	isolation/ netpol/ overlay/
 //	internal/                                         small shared helpers
 //
 // docs/architecture.md says where each kind of change goes.

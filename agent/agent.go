@@ -101,6 +101,12 @@ type Config struct {
 	// --heal-period defaults to DefaultHealPeriod); the healer changes the kernel state of the
 	// namespace the agent runs in, which an embedder or a test may not want.
 	HealPeriod time.Duration
+	// Routing is how other nodes' pods are reached (default RoutingAuto); the overlay's device,
+	// VNI and UDP port default to overlay.DefaultDevice, DefaultVNI and DefaultPort (8472).
+	Routing     Routing
+	VXLANDevice string
+	VXLANVNI    uint32
+	VXLANPort   uint16
 }
 
 // Agent is one node's agent. Create it with New and start it with Run.
@@ -133,6 +139,11 @@ type Agent struct {
 	// again by the informer, needs no sync.
 	patched  Condition
 	healKick chan struct{} // asks the healer for a pass (the conflist changed)
+	// paths is how each peer pod CIDR was reached after the last sync (for /peers); overlayDev
+	// the overlay device's index (0: none), which the overlay watcher follows.
+	paths      []Path
+	overlayDev int
+	watching   bool // the kernel event subscriptions are open (watchKernel)
 }
 
 // New checks cfg and builds the agent.
@@ -166,6 +177,24 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 	}
 	if cfg.StaleGrace < 0 || cfg.StaleInterval < 0 {
 		return nil, fmt.Errorf("agent: stale-attachment grace %s and interval %s must be positive", cfg.StaleGrace, cfg.StaleInterval)
+	}
+	if cfg.Routing == "" {
+		cfg.Routing = RoutingAuto
+	}
+	if _, err := ParseRouting(string(cfg.Routing)); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if cfg.VXLANDevice == "" {
+		cfg.VXLANDevice = core.DefaultOverlayDevice
+	}
+	if cfg.VXLANVNI == 0 {
+		cfg.VXLANVNI = core.DefaultOverlayVNI
+	}
+	if cfg.VXLANVNI >= 1<<24 {
+		return nil, fmt.Errorf("agent: VXLAN VNI %d: must be between 1 and 16777215", cfg.VXLANVNI)
+	}
+	if cfg.VXLANPort == 0 {
+		cfg.VXLANPort = core.DefaultOverlayPort
 	}
 	if cfg.HealPeriod < 0 {
 		return nil, fmt.Errorf("agent: heal period %s: must not be negative", cfg.HealPeriod)
@@ -313,6 +342,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	} else {
 		policyDone <- nil
 	}
+	if a.cfg.ManageRoutes {
+		a.resubscribeKernel(ctx)
+	}
 	for a.processNext(ctx) {
 	}
 	return <-policyDone
@@ -395,13 +427,19 @@ func (a *Agent) sync(ctx context.Context) error {
 		return fmt.Errorf("list nodes from the cache: %w", err)
 	}
 	// The node's own networks, which no pod CIDR may overlap. Without them nothing is decided.
-	kernel, err := a.table.Read(bridgeName(a.cfg))
+	kernel, err := a.table.Read(bridgeName(a.cfg), a.cfg.VXLANDevice)
 	if err != nil {
 		return err
 	}
 	cl := newClaims(nodes, CIDRRules{Cluster: a.cfg.Conflist.NonMasqueradeCIDRs, Services: a.cfg.ServiceCIDRs, Networks: kernel.Networks})
 	var errs []error
-	cidrsReady, err := a.syncConflist(self, cl)
+	var want Want
+	var ov overlayPlan
+	if a.cfg.ManageRoutes {
+		want = cl.routes(a.cfg.NodeName, nodes, pathRules{mode: a.cfg.Routing, underlay: underlayOf(self)})
+		ov = a.planOverlay(&want, underlayOf(self))
+	}
+	cidrsReady, err := a.syncConflist(self, cl, ov.podMTU)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -415,7 +453,8 @@ func (a *Agent) sync(ctx context.Context) error {
 	if !a.cfg.ManageRoutes {
 		return errors.Join(errs...)
 	}
-	want := cl.routes(a.cfg.NodeName, nodes)
+	a.resubscribeKernel(ctx)
+	a.syncOverlay(&want, ov, nodes, cl)
 	a.reportRefusedRoutes(self, want.Unusable)
 	failures := a.syncRoutes(want, kernel.Routes)
 	a.log.Debug("routes synced", "nodes", len(nodes), "peers", len(want.Peers), "wanted", len(want.Routes), "failures", len(failures))
@@ -425,7 +464,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	// The condition speaks for the node's pod network: before the node has one, it is left to
 	// whoever set it (some cloud setups set True at registration and wait for a route owner).
 	if self != nil && cidrsReady {
-		if err := a.syncCondition(ctx, self, RouteCondition(want.Peers, failures)); err != nil {
+		if err := a.syncCondition(ctx, self, RouteCondition(want.Peers, failures, want.Paths)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -435,7 +474,9 @@ func (a *Agent) sync(ctx context.Context) error {
 // syncConflist writes the conflist for the node's pod CIDRs and reports whether it is in place.
 // Refused pod CIDRs write nothing: the conflist already there, if any, stays, so that the pods
 // it attached can still be torn down.
-func (a *Agent) syncConflist(self *corev1.Node, cl *claims) (bool, error) {
+// mtu, when not 0, is the largest the pods may have (the overlay's); the configured MTU is kept
+// when it is smaller.
+func (a *Agent) syncConflist(self *corev1.Node, cl *claims, mtu int) (bool, error) {
 	if self == nil {
 		a.setReady(false, fmt.Sprintf("node %s not found in the API", a.cfg.NodeName))
 		a.log.Warn("own node not found; the conflist and routes stay as they are", "node", a.cfg.NodeName)
@@ -458,6 +499,9 @@ func (a *Agent) syncConflist(self *corev1.Node, cl *claims) (bool, error) {
 	}
 	opts := a.cfg.Conflist
 	opts.PodCIDRs = cidrs
+	if mtu > 0 && (opts.MTU == 0 || mtu < opts.MTU) {
+		opts.MTU = mtu
+	}
 	data, err := cnidir.Render(opts)
 	if err != nil {
 		a.setReady(false, err.Error())
@@ -520,12 +564,18 @@ func (a *Agent) syncRoutes(want Want, current []routes.Existing) []routes.Failur
 		a.metrics.routeFailures.WithLabelValues(f.Route.Node).Inc()
 	}
 	programmed := 0
+	byPath := map[string]int{ViaDirect: 0, ViaVXLAN: 0}
 	for _, r := range slices.Concat(plan.InPlace, plan.Replace, plan.Add) {
 		if !slices.ContainsFunc(failures, func(f routes.Failure) bool { return f.Route.Dst == r.Dst }) {
 			programmed++
+			byPath[want.Paths[r.Dst].Via]++
 		}
 	}
 	a.metrics.routes.Set(float64(programmed))
+	for via, n := range byPath {
+		a.metrics.paths.WithLabelValues(via).Set(float64(n))
+	}
+	a.recordPaths(want, failures)
 	return failures
 }
 

@@ -340,7 +340,7 @@ func TestRouteCondition(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := RouteCondition(tt.peers, tt.failures)
+			c := RouteCondition(tt.peers, tt.failures, nil)
 			if c.Status != tt.status || c.Reason != tt.reason {
 				t.Fatalf("condition %s %s (%s), want %s %s", c.Status, c.Reason, c.Message, tt.status, tt.reason)
 			}
@@ -362,7 +362,7 @@ func TestRouteCondition(t *testing.T) {
 	}
 	far := []routes.Failure{fail("far", "10.244.9.0/24")}
 	for _, failures := range [][]routes.Failure{nil, far} {
-		if a, b := RouteCondition(many[:2], failures), RouteCondition(append(many, "far"), failures); a != b {
+		if a, b := RouteCondition(many[:2], failures, nil), RouteCondition(append(many, "far"), failures, nil); a != b {
 			t.Errorf("the condition depends on the number of peers: %+v and %+v", a, b)
 		}
 	}

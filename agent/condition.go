@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -38,10 +39,19 @@ type Condition struct {
 // the node should reach and the routes that failed. The message depends on the failures only,
 // never on how many peers there are: otherwise every node joining or leaving would make every
 // agent of the cluster write its Node, N writes to the API server for one change.
-func RouteCondition(peers []string, failures []routes.Failure) Condition {
+func RouteCondition(peers []string, failures []routes.Failure, paths map[netip.Prefix]Path) Condition {
 	if len(failures) == 0 {
-		return Condition{corev1.ConditionFalse, ReasonRoutesCreated,
-			"kubenet-agent: the routes to every other node's pod CIDRs are in place"}
+		msg := "kubenet-agent: the routes to every other node's pod CIDRs are in place"
+		overlaid := 0
+		for _, p := range paths {
+			if p.Via == ViaVXLAN {
+				overlaid++
+			}
+		}
+		if overlaid > 0 {
+			msg += fmt.Sprintf(" (%d direct, %d through the VXLAN overlay)", len(paths)-overlaid, overlaid)
+		}
+		return Condition{corev1.ConditionFalse, ReasonRoutesCreated, msg}
 	}
 	failedPeers := map[string]bool{}
 	for _, f := range failures {

@@ -363,6 +363,11 @@ func (a *Agent) newHealer() *healer {
 			// The policy table is node-wide state too, but the policy controller owns it: a
 			// change by somebody else (a flushed ruleset) makes it compare and rewrite at once
 			// instead of at its next resync, while the flushed node forwards unfiltered.
+			if !p.full && a.cfg.ManageRoutes {
+				// The overlay's firewall is a kubenet table too; the sync compares it (and writes
+				// nothing when it is as planned).
+				a.queue.Add(syncKey)
+			}
 			if a.policy != nil {
 				if !p.full {
 					a.policy.Wake()

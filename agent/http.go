@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -10,7 +11,8 @@ import (
 
 // Handler serves /healthz (the sync loop is alive: no sync has been stuck for stuckAfter; an
 // agent still waiting for the API server is healthy, restarting it would not help), /readyz (the conflist for the node's pod CIDRs is written; the body
-// says why not) and /metrics.
+// says why not), /peers (how each other node's pod CIDRs are reached, and why: JSON, what
+// `kubenetctl peers` prints) and /metrics.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -32,6 +34,15 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/peers", func(w http.ResponseWriter, _ *http.Request) {
+		a.mu.Lock()
+		paths := a.paths
+		a.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(paths); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(a.cfg.Registry, promhttp.HandlerOpts{Registry: a.cfg.Registry}))
 	return mux

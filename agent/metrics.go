@@ -8,6 +8,7 @@ import (
 // on the global default one, so tests and embedders can run several agents in one process.
 type metrics struct {
 	routes         prometheus.Gauge
+	paths          *prometheus.GaugeVec
 	routeFailures  *prometheus.GaugeVec
 	syncErrors     prometheus.Counter
 	lastSync       prometheus.Gauge
@@ -27,6 +28,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_routes_programmed",
 			Help: "Routes to other nodes' pod CIDRs that are in place after the last sync.",
 		}),
+		paths: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kubenet_agent_peer_routes",
+			Help: "Routes to other nodes' pod CIDRs in place after the last sync, by path: direct (via the node's InternalIP) or vxlan (through the overlay).",
+		}, []string{"path"}),
 		routeFailures: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kubenet_agent_route_failures",
 			Help: "Routes to a node's pod CIDRs that the last sync could not program, by node (not on this node's L2 segment, no InternalIP, conflicting route, ...).",
@@ -73,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Passes that could not restore the node-wide state of the kubenet network.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.routes, m.routeFailures, m.syncErrors, m.lastSync, m.syncDuration, m.ready, m.confWrites, m.stalePasses, m.staleCollected, m.healRepairs, m.healRestored, m.healErrors} {
+	for _, c := range []prometheus.Collector{m.routes, m.paths, m.routeFailures, m.syncErrors, m.lastSync, m.syncDuration, m.ready, m.confWrites, m.stalePasses, m.staleCollected, m.healRepairs, m.healRestored, m.healErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

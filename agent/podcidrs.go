@@ -87,6 +87,17 @@ func (r CIDRRules) gatewayError(gw netip.Addr) error {
 	return nil
 }
 
+// onLink returns the node's network that holds a (an address of the node's in it, or a connected
+// route): a route via a is accepted without any other router.
+func (r CIDRRules) onLink(a netip.Addr) (routes.Network, bool) {
+	for _, n := range r.Networks {
+		if n.Prefix.Contains(a) {
+			return n, true
+		}
+	}
+	return routes.Network{}, false
+}
+
 func prefixList(ps []netip.Prefix) string {
 	s := make([]string, len(ps))
 	for i, p := range ps {

@@ -3,6 +3,7 @@ package routes
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -26,8 +27,9 @@ type Snapshot struct {
 }
 
 // Read reads the calling thread's namespace: the main table once, for both the routes and the
-// connected networks, and the addresses. exclude names the kubenet bridge (see nodeNetworks).
-func (t Table) Read(exclude string) (Snapshot, error) {
+// connected networks, and the addresses. exclude names the kubenet bridge and the overlay device
+// (see nodeNetworks).
+func (t Table) Read(exclude ...string) (Snapshot, error) {
 	rs, err := mainTable()
 	if err != nil {
 		return Snapshot{}, err
@@ -38,10 +40,11 @@ func (t Table) Read(exclude string) (Snapshot, error) {
 
 // nodeNetworks returns the node's own networks: the network of every address, and every
 // directly connected route of the main table (a unicast route out of a link with no gateway,
-// whatever its scope: IPv6 reports every route as universe), on every link but the one named
-// exclude (the kubenet bridge, whose networks are the pod CIDR itself). The CNI plugin's
-// bridge.Preflight applies the same rule.
-func nodeNetworks(mainRoutes []netlink.Route, exclude string) ([]Network, error) {
+// whatever its scope: IPv6 reports every route as universe), on every link but the ones named in
+// exclude (the kubenet bridge, whose networks are the pod CIDR itself, and the overlay device,
+// whose link-local network reaches no node). The CNI plugin's bridge.Preflight applies the same
+// rule.
+func nodeNetworks(mainRoutes []netlink.Route, exclude []string) ([]Network, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("node networks: list links: %w", err)
@@ -58,14 +61,14 @@ func nodeNetworks(mainRoutes []netlink.Route, exclude string) ([]Network, error)
 	for _, a := range addrs {
 		name := names[a.LinkIndex]
 		p, ok := ipnet.ToPrefix(a.IPNet)
-		if name == exclude || !ok {
+		if slices.Contains(exclude, name) || !ok {
 			continue
 		}
 		out = append(out, Network{Prefix: p.Masked(), Addr: p.Addr(), Source: fmt.Sprintf("address %s on %s", p, name)})
 	}
 	for _, r := range mainRoutes {
 		name := names[r.LinkIndex]
-		if r.Gw != nil || len(r.MultiPath) > 0 || r.Type != unix.RTN_UNICAST || r.LinkIndex == 0 || name == exclude || r.Dst == nil {
+		if r.Gw != nil || len(r.MultiPath) > 0 || r.Type != unix.RTN_UNICAST || r.LinkIndex == 0 || slices.Contains(exclude, name) || r.Dst == nil {
 			continue
 		}
 		p, ok := ipnet.ToPrefix(r.Dst)

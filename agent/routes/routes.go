@@ -19,19 +19,26 @@ import (
 // iproute2's rt_protos (0-18, 42, 99, 186-192); 75 is ASCII 'K'.
 const DefaultProtocol = 75
 
-// Route is a route the agent wants: a peer node's pod CIDR via that node's address.
+// Route is a route the agent wants: a peer node's pod CIDR via that node's address (a direct
+// route), or via the overlay's next hop for that CIDR out of the overlay device (Dev; the next
+// hop is on-link there by the overlay's neighbour entries, not by any address).
 type Route struct {
 	Dst  netip.Prefix
 	Gw   netip.Addr
+	Dev  int    // the output link; 0: the kernel's choice (a direct route)
 	Node string // the peer, for reports
 }
 
 func (r Route) String() string { return fmt.Sprintf("%s via %s (node %s)", r.Dst, r.Gw, r.Node) }
 
+// is reports whether the kernel's route e is r: same gateway, and same link where r names one.
+func (r Route) is(e Existing) bool { return e.Gw == r.Gw && (r.Dev == 0 || e.Dev == r.Dev) }
+
 // Existing is a route found in the kernel's main table.
 type Existing struct {
 	Dst      netip.Prefix
 	Gw       netip.Addr // invalid for routes without a single gateway (device or multipath routes)
+	Dev      int        // the output link's index
 	Protocol int
 	Priority int
 }
@@ -79,7 +86,7 @@ func Diff(current []Existing, want []Route, proto int) Plan {
 		if mine := ours[w.Dst]; len(mine) > 0 {
 			// Keep one of the agent's routes to Dst (the one with the right gateway when there
 			// is one) and delete any others, e.g. left by an older version with another metric.
-			keep := slices.IndexFunc(mine, func(e Existing) bool { return e.Gw == w.Gw })
+			keep := slices.IndexFunc(mine, w.is)
 			if keep < 0 {
 				keep = 0
 				p.Replace = append(p.Replace, w)
@@ -94,7 +101,7 @@ func Diff(current []Existing, want []Route, proto int) Plan {
 			continue
 		}
 		if theirs := foreign[w.Dst]; len(theirs) > 0 {
-			if slices.ContainsFunc(theirs, func(e Existing) bool { return e.Gw == w.Gw }) {
+			if slices.ContainsFunc(theirs, w.is) {
 				p.InPlace = append(p.InPlace, w)
 				continue
 			}

@@ -42,7 +42,7 @@ func mainTable() ([]netlink.Route, error) {
 func existing(rs []netlink.Route) []Existing {
 	out := make([]Existing, 0, len(rs))
 	for _, r := range rs {
-		e := Existing{Protocol: int(r.Protocol), Priority: r.Priority}
+		e := Existing{Protocol: int(r.Protocol), Priority: r.Priority, Dev: r.LinkIndex}
 		if r.Dst != nil {
 			e.Dst, _ = ipnet.ToPrefix(r.Dst)
 		} else if r.Family == unix.AF_INET6 {
@@ -76,7 +76,14 @@ func (t Table) Apply(p Plan) []Failure {
 	}
 	for _, w := range p.Replace {
 		// One request (NLM_F_REPLACE) changes the gateway in place: no moment without a route.
-		if err := netlink.RouteReplace(t.route(w)); err != nil {
+		err := netlink.RouteReplace(t.route(w))
+		if err != nil && w.Dev != 0 && errors.Is(err, unix.EINVAL) {
+			// IPv6 checks an on-link gateway against the table before replacing, and finds the
+			// very route being replaced (the overlay's next hop lies in the peer's CIDR, which
+			// the old route sends elsewhere): the old route goes first, for a moment.
+			err = t.swap(w)
+		}
+		if err != nil {
 			failed = append(failed, Failure{Route: w, Err: explain(err)})
 		}
 	}
@@ -90,13 +97,29 @@ func (t Table) Apply(p Plan) []Failure {
 	return failed
 }
 
+// swap deletes the agent's routes to w.Dst and adds w.
+func (t Table) swap(w Route) error {
+	old := &netlink.Route{Dst: ipnet.FromPrefix(w.Dst), Protocol: netlink.RouteProtocol(t.Protocol), Table: unix.RT_TABLE_MAIN}
+	if err := netlink.RouteDel(old); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("delete the old route: %w", err)
+	}
+	return netlink.RouteAdd(t.route(w))
+}
+
 func (t Table) route(w Route) *netlink.Route {
-	return &netlink.Route{
+	r := &netlink.Route{
 		Dst:      ipnet.FromPrefix(w.Dst),
 		Gw:       w.Gw.AsSlice(),
 		Protocol: netlink.RouteProtocol(t.Protocol),
 		Table:    unix.RT_TABLE_MAIN,
 	}
+	if w.Dev != 0 {
+		// The overlay's next hop is in the peer's pod CIDR, on no network of this node: the
+		// device's neighbour entry is what makes it reachable.
+		r.LinkIndex = w.Dev
+		r.Flags = int(netlink.FLAG_ONLINK)
+	}
+	return r
 }
 
 // explain names the usual cause of the kernel's answer when the gateway is not on-link:

@@ -44,6 +44,9 @@ type options struct {
 	version     bool
 	clusterCIDR string
 	serviceCIDR string
+	routing     string
+	vxlanPort   uint
+	vxlanVNI    uint
 	cfg         agent.Config
 }
 
@@ -68,6 +71,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cfg.ToolRoot, "tool-root", "", "the node's root file system mounted into the agent (deploy/kubenet.yaml: /host/root): with the iptables backend the agent runs the node's own iptables, ip6tables and ebtables from it, chrooted, in the node's legacy or nft mode; empty: the tools on the agent's PATH")
 	fs.StringVar(&o.cfg.Conflist.NetfilterBackend, "netfilter-backend", "", `the conflist's netfilterBackend: "auto" (nftables where the kernel holds kubenet's rules, else iptables), "nftables" or "iptables"; empty leaves the key out (auto)`)
 	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")
+	fs.StringVar(&o.routing, "routing", string(agent.RoutingAuto), "how other nodes' pods are reached: auto (direct via a node's InternalIP where it is on one of this node's networks, else through the VXLAN overlay), direct (always via the InternalIP: every node on one link), vxlan (always through the overlay)")
+	fs.UintVar(&o.vxlanPort, "vxlan-port", core.DefaultOverlayPort, "UDP port of the VXLAN overlay (8472: Linux's and flannel's); open it between the nodes")
+	fs.UintVar(&o.vxlanVNI, "vxlan-vni", core.DefaultOverlayVNI, "VXLAN network identifier of the overlay (1-16777215), the same on every node")
+	fs.StringVar(&o.cfg.VXLANDevice, "vxlan-device", core.DefaultOverlayDevice, "name of the overlay's VXLAN device")
 	fs.IntVar(&o.cfg.RouteProtocol, "route-protocol", routes.DefaultProtocol, "route protocol number that marks the agent's routes (1-255)")
 	fs.DurationVar(&o.cfg.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "full re-sync interval; also repairs routes removed behind the agent's back")
 	fs.StringVar(&o.cfg.RuntimeEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "CRI socket of the runtime that runs the node's pods, asked which sandboxes exist so that attachments of dead sandboxes are collected; empty: collect nothing")
@@ -89,7 +96,18 @@ func parseFlags(args []string) (*options, error) {
 	if o.cfg.NetworkPolicy && o.cfg.Conflist.NetfilterBackend == string(core.NetfilterIPTables) {
 		return nil, fmt.Errorf("--network-policy needs the nftables backend (policies are nftables sets and maps); with --netfilter-backend iptables pass --network-policy=false")
 	}
-	var err error
+	routing, err := agent.ParseRouting(o.routing)
+	if err != nil {
+		return nil, fmt.Errorf("--%w", err)
+	}
+	o.cfg.Routing = routing
+	if o.vxlanPort == 0 || o.vxlanPort > 65535 {
+		return nil, fmt.Errorf("--vxlan-port %d: must be between 1 and 65535", o.vxlanPort)
+	}
+	if o.vxlanVNI == 0 || o.vxlanVNI >= 1<<24 {
+		return nil, fmt.Errorf("--vxlan-vni %d: must be between 1 and 16777215", o.vxlanVNI)
+	}
+	o.cfg.VXLANPort, o.cfg.VXLANVNI = uint16(o.vxlanPort), uint32(o.vxlanVNI)
 	if o.cfg.Conflist.NonMasqueradeCIDRs, err = parseCIDRs("--cluster-cidr", o.clusterCIDR); err != nil {
 		return nil, err
 	}

@@ -77,7 +77,13 @@ type simNode struct {
 
 func newSimNode(t testing.TB, u *nettest.Underlay, cp *controlPlane, name string, i int, bearer string) *simNode {
 	t.Helper()
-	n := &simNode{name: name, addrs: nodeAddrs(i), ns: nettest.NewNS(t), dir: t.TempDir(), admin: cp.admin}
+	return newSimNodeWith(t, u, cp, name, nodeAddrs(i), bearer)
+}
+
+// newSimNodeWith is newSimNode with the node's underlay addresses given.
+func newSimNodeWith(t testing.TB, u *nettest.Underlay, cp *controlPlane, name string, addrs []netip.Prefix, bearer string) *simNode {
+	t.Helper()
+	n := &simNode{name: name, addrs: addrs, ns: nettest.NewNS(t), dir: t.TempDir(), admin: cp.admin}
 	u.Attach(t, n.ns, "eth0", n.addrs...)
 	n.cni = &nettest.Node{NS: n.ns, Dir: n.dir, CNI: libcni.NewCNIConfigWithCacheDir([]string{n.binDir()}, filepath.Join(n.dir, "cache"), nil)}
 	n.kubeconfig = filepath.Join(n.dir, "kubeconfig")
