@@ -133,8 +133,8 @@ func familyWord(a netip.Addr) string {
 	return "IPv6"
 }
 
-// Sync makes the firewall table hold exactly f: it reads the chains and sets and writes, in one
-// transaction, only when something differs (a write wakes every nftables listener on the node,
+// Sync makes the firewall table hold exactly f: it reads the chains and sets and rewrites the
+// table, in one transaction, only when something differs (a write wakes every nftables listener on the node,
 // the agent's healer among them). A new table is complete before its first packet: the sets are
 // filled in the transaction that creates the chains that use them.
 func (f Firewall) Sync() (changed bool, err error) {
@@ -145,23 +145,23 @@ func (f Firewall) Sync() (changed bool, err error) {
 	input, forward := f.chains()
 	inRules, fwdRules := f.rules()
 	v4, v6, els4, els6 := f.sets()
-	same, err := f.inPlace(c, input, forward, inRules, fwdRules, v4, v6, els4, els6)
+	exists, same, err := f.inPlace(c, input, forward, inRules, fwdRules, v4, v6, els4, els6)
 	if err != nil || same {
 		return false, err
+	}
+	if exists {
+		// Rebuilt whole, in the same transaction: a base chain's hook or priority cannot be
+		// changed in place (a chain somebody re-created differently), and nothing is ever
+		// half-written.
+		c.DelTable(FirewallTable)
 	}
 	c.AddTable(FirewallTable)
 	for _, s := range []struct {
 		set *nftables.Set
 		els []nftables.SetElement
 	}{{v4, els4}, {v6, els6}} {
-		if err := c.AddSet(s.set, nil); err != nil {
+		if err := c.AddSet(s.set, s.els); err != nil {
 			return false, fmt.Errorf("overlay firewall: set %s: %w", s.set.Name, err)
-		}
-		c.FlushSet(s.set)
-		if len(s.els) > 0 {
-			if err := c.SetAddElements(s.set, s.els); err != nil {
-				return false, fmt.Errorf("overlay firewall: set %s: %w", s.set.Name, err)
-			}
 		}
 	}
 	nft.ReplaceChain(c, input, inRules)
@@ -172,12 +172,12 @@ func (f Firewall) Sync() (changed bool, err error) {
 	return true, nil
 }
 
-// inPlace reports whether the kernel holds the chains and sets as planned.
+// inPlace reports whether the table exists, and whether it holds the chains and sets as planned.
 func (f Firewall) inPlace(c *nftables.Conn, input, forward *nftables.Chain, inRules, fwdRules []nft.Rule,
-	v4, v6 *nftables.Set, els4, els6 []nftables.SetElement) (bool, error) {
-	exists, err := nft.TableExistsWith(c, FirewallTable)
+	v4, v6 *nftables.Set, els4, els6 []nftables.SetElement) (exists, same bool, err error) {
+	exists, err = nft.TableExistsWith(c, FirewallTable)
 	if err != nil || !exists {
-		return false, err
+		return exists, false, err
 	}
 	for _, ch := range []struct {
 		chain *nftables.Chain
@@ -185,10 +185,10 @@ func (f Firewall) inPlace(c *nftables.Conn, input, forward *nftables.Chain, inRu
 	}{{input, inRules}, {forward, fwdRules}} {
 		err := nft.CheckChainWith(c, ch.chain, ch.rules)
 		if err != nil {
-			return false, nil
+			return true, false, nil
 		}
 		if !f.hookedAsPlanned(c, ch.chain) {
-			return false, nil
+			return true, false, nil
 		}
 	}
 	for _, s := range []struct {
@@ -197,13 +197,13 @@ func (f Firewall) inPlace(c *nftables.Conn, input, forward *nftables.Chain, inRu
 	}{{v4, els4}, {v6, els6}} {
 		have, err := c.GetSetElements(s.set)
 		if err != nil {
-			return false, nil // missing: rewritten
+			return true, false, nil // missing: rewritten
 		}
 		if !sameElements(have, s.els) {
-			return false, nil
+			return true, false, nil
 		}
 	}
-	return true, nil
+	return true, true, nil
 }
 
 // hookedAsPlanned reports whether chain exists as a base chain on its planned hook, priority and

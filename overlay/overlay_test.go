@@ -1,0 +1,279 @@
+package overlay
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
+)
+
+func TestMAC(t *testing.T) {
+	tests := []struct {
+		addr string
+		want string // "" : only the general properties are checked
+	}{
+		{"192.168.77.11", "0e:4b:c0:a8:4d:0b"},
+		{"10.0.0.1", "0e:4b:0a:00:00:01"},
+		{"::ffff:10.0.0.1", "0e:4b:0a:00:00:01"}, // the mapped form is the same node
+		{"fd00:77::11", ""},
+		{"2001:db8::1", ""},
+	}
+	seen := map[string]string{}
+	for _, tt := range tests {
+		mac := MAC(netip.MustParseAddr(tt.addr))
+		if tt.want != "" && mac.String() != tt.want {
+			t.Errorf("MAC(%s) = %s, want %s", tt.addr, mac, tt.want)
+		}
+		// Locally administered (bit 1 set) and unicast (bit 0 clear): never a vendor's, never a
+		// group address the device would flood.
+		if len(mac) != 6 || mac[0]&0x02 == 0 || mac[0]&0x01 != 0 {
+			t.Errorf("MAC(%s) = %s: not a locally administered unicast MAC", tt.addr, mac)
+		}
+		if other, ok := seen[mac.String()]; ok && netip.MustParseAddr(other).Unmap() != netip.MustParseAddr(tt.addr).Unmap() {
+			t.Errorf("MAC(%s) = MAC(%s) = %s", tt.addr, other, mac)
+		}
+		seen[mac.String()] = tt.addr
+		if again := MAC(netip.MustParseAddr(tt.addr)); again.String() != mac.String() {
+			t.Errorf("MAC(%s) is not deterministic: %s then %s", tt.addr, mac, again)
+		}
+	}
+}
+
+func TestOverheadAndNextHop(t *testing.T) {
+	if got := Overhead(netip.MustParseAddr("192.0.2.1")); got != 50 {
+		t.Errorf("IPv4 underlay overhead %d, want 50", got)
+	}
+	if got := Overhead(netip.MustParseAddr("2001:db8::1")); got != 70 {
+		t.Errorf("IPv6 underlay overhead %d, want 70", got)
+	}
+	if got := Overhead(netip.MustParseAddr("::ffff:192.0.2.1")); got != 50 {
+		t.Errorf("IPv4-mapped underlay overhead %d, want 50 (it is IPv4 on the wire)", got)
+	}
+	for cidr, want := range map[string]string{"10.244.3.0/24": "10.244.3.0", "10.244.3.0/23": "10.244.2.0", "fd00:10:244:3::/64": "fd00:10:244:3::"} {
+		if got := NextHop(netip.MustParsePrefix(cidr)); got.String() != want {
+			t.Errorf("NextHop(%s) = %s, want %s", cidr, got, want)
+		}
+	}
+}
+
+// deviceIn makes the overlay device in a node namespace with an underlay address.
+func deviceIn(t *testing.T, n ns.NetNS, d Device) int {
+	t.Helper()
+	var index int
+	nettest.Do(t, n, func() error {
+		var err error
+		index, err = Ensure(d)
+		return err
+	})
+	return index
+}
+
+func entriesIn(t *testing.T, n ns.NetNS, dev int) (fdb, neigh []string) {
+	t.Helper()
+	nettest.Do(t, n, func() error {
+		fs, err := netlink.NeighList(dev, unix.AF_BRIDGE)
+		if err != nil {
+			return err
+		}
+		for _, f := range fs {
+			if f.IP != nil {
+				fdb = append(fdb, f.HardwareAddr.String()+" "+f.IP.String())
+			}
+		}
+		ns, err := netlink.NeighList(dev, netlink.FAMILY_ALL)
+		if err != nil {
+			return err
+		}
+		for _, e := range ns {
+			if e.Family != unix.AF_BRIDGE && e.State&netlink.NUD_PERMANENT != 0 {
+				neigh = append(neigh, e.IP.String()+" "+e.HardwareAddr.String())
+			}
+		}
+		return nil
+	})
+	slices.Sort(fdb)
+	slices.Sort(neigh)
+	return fdb, neigh
+}
+
+// node makes a namespace with an underlay address on a link of MTU 9000 (a veth whose peer
+// stays in the namespace: this kernel has no dummy links).
+func node(t *testing.T, addr string) ns.NetNS {
+	t.Helper()
+	n := nettest.NewNS(t)
+	nettest.Run(t, n, "ip", "link", "add", "eth0", "mtu", "9000", "type", "veth", "peer", "name", "eth0peer", "mtu", "9000")
+	nettest.Run(t, n, "ip", "link", "set", "eth0peer", "up")
+	nettest.Run(t, n, "ip", "link", "set", "eth0", "up")
+	nettest.Run(t, n, "ip", "addr", "add", addr, "dev", "eth0")
+	return n
+}
+
+func TestEnsureAndSync(t *testing.T) {
+	nettest.RequireRoot(t)
+	n := node(t, "192.0.2.1/24")
+	local := netip.MustParseAddr("192.0.2.1")
+	d := Device{Name: DefaultDevice, VNI: 7, Port: 8472, Local: local, MTU: 8950}
+	dev := deviceIn(t, n, d)
+	link := nettest.Run(t, n, "ip", "-d", "link", "show", DefaultDevice)
+	for _, want := range []string{"vxlan id 7", "local 192.0.2.1", "dstport 8472", "nolearning", "mtu 8950", "0e:4b:c0:00:02:01", ",UP"} {
+		if !strings.Contains(link, want) {
+			t.Fatalf("device lacks %q:\n%s", want, link)
+		}
+	}
+	nettest.Do(t, n, func() error {
+		mtu, err := UnderlayMTU(local)
+		if err != nil || mtu != 9000 {
+			t.Errorf("UnderlayMTU = %d, %v; want 9000", mtu, err)
+		}
+		if _, err := UnderlayMTU(netip.MustParseAddr("192.0.2.99")); err == nil {
+			t.Error("UnderlayMTU of an address the node does not have: no error")
+		}
+		return nil
+	})
+
+	peerA := Peer{Node: "a", Underlay: netip.MustParseAddr("198.51.100.1"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:1::/64")}}
+	peerB := Peer{Node: "b", Underlay: netip.MustParseAddr("198.51.100.2"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}
+	// Somebody else's entries on the device: stale ones go.
+	nettest.Run(t, n, "bridge", "fdb", "append", "0e:4b:01:02:03:04", "dev", DefaultDevice, "dst", "203.0.113.9", "self", "permanent")
+	nettest.Run(t, n, "ip", "neigh", "add", "10.244.9.0", "lladdr", "0e:4b:01:02:03:04", "dev", DefaultDevice, "nud", "permanent")
+	// A wrong MAC for a wanted next hop: replaced.
+	nettest.Run(t, n, "ip", "neigh", "add", "10.244.1.0", "lladdr", "0e:00:00:00:00:01", "dev", DefaultDevice, "nud", "permanent")
+	var failed map[string]error
+	nettest.Do(t, n, func() error { failed = Sync(dev, []Peer{peerA, peerB}); return nil })
+	if len(failed) != 0 {
+		t.Fatalf("Sync failed for %v", failed)
+	}
+	fdb, neigh := entriesIn(t, n, dev)
+	wantFDB := []string{"0e:4b:c6:33:64:01 198.51.100.1", "0e:4b:c6:33:64:02 198.51.100.2"}
+	wantNeigh := []string{"10.244.1.0 0e:4b:c6:33:64:01", "10.244.2.0 0e:4b:c6:33:64:02", "fd00:1:: 0e:4b:c6:33:64:01"}
+	if !slices.Equal(fdb, wantFDB) || !slices.Equal(neigh, wantNeigh) {
+		t.Fatalf("entries:\n fdb %q\nwant %q\nneigh %q\n want %q", fdb, wantFDB, neigh, wantNeigh)
+	}
+
+	// A peer whose address collides with another's MAC (two Nodes with one InternalIP) is
+	// refused, both of them: either could be the wrong one.
+	twin := Peer{Node: "twin", Underlay: peerB.Underlay, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24")}}
+	nettest.Do(t, n, func() error { failed = Sync(dev, []Peer{peerA, peerB, twin}); return nil })
+	if failed["twin"] == nil || failed["b"] == nil || failed["a"] != nil {
+		t.Fatalf("Sync with a MAC collision failed for %v, want b and twin", failed)
+	}
+	fdb, neigh = entriesIn(t, n, dev)
+	if !slices.Equal(fdb, wantFDB[:1]) || !slices.Equal(neigh, []string{wantNeigh[0], wantNeigh[2]}) {
+		t.Fatalf("entries after the collision: fdb %q neigh %q: b's and twin's must be gone", fdb, neigh)
+	}
+
+	// The same device again: left as it is (same index); another VNI: replaced.
+	if again := deviceIn(t, n, d); again != dev {
+		t.Fatalf("Ensure of an unchanged device re-created it (index %d -> %d)", dev, again)
+	}
+	d.VNI = 8
+	if again := deviceIn(t, n, d); again == dev {
+		t.Fatal("Ensure kept a device with another VNI")
+	}
+	// A link of another kind with the name (a veth): left alone, and an error.
+	nettest.Run(t, n, "ip", "link", "del", DefaultDevice)
+	nettest.Run(t, n, "ip", "link", "add", DefaultDevice, "type", "veth", "peer", "name", "vxpeer")
+	nettest.Do(t, n, func() error {
+		if _, err := Ensure(d); err == nil || !strings.Contains(err.Error(), "not a VXLAN device") {
+			t.Errorf("Ensure over a veth: %v, want an error naming it", err)
+		}
+		if err := Remove(DefaultDevice); err == nil {
+			t.Error("Remove deleted a veth carrying the overlay's name")
+		}
+		return nil
+	})
+	nettest.Run(t, n, "ip", "link", "show", DefaultDevice) // still there
+}
+
+// listFirewall is what `nft list table` shows of the firewall.
+func listFirewall(t *testing.T, n ns.NetNS) string {
+	t.Helper()
+	return nettest.Run(t, n, "nft", "list", "table", "inet", FirewallTable.Name)
+}
+
+func TestFirewall(t *testing.T) {
+	nettest.RequireRoot(t)
+	n := nettest.NewNS(t)
+	fw := Firewall{Port: 8472, Device: "kubenet-vxlan", Bridge: "cbr0",
+		Nodes:       []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("192.0.2.1")},
+		PodNetworks: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}}
+	sync := func() bool {
+		var changed bool
+		nettest.Do(t, n, func() error {
+			var err error
+			changed, err = fw.Sync()
+			return err
+		})
+		return changed
+	}
+	if !sync() {
+		t.Fatal("the first Sync wrote nothing")
+	}
+	golden := `table inet kubenet-overlay {
+	set nodes4 {
+		type ipv4_addr
+		elements = { 192.0.2.1, 192.0.2.2 }
+	}
+
+	set nodes6 {
+		type ipv6_addr
+		elements = { 2001:db8::1 }
+	}
+
+	chain input {
+		type filter hook input priority filter - 10; policy accept;
+		iifname "cbr0" udp dport 8472 drop comment "pods never send to this node's VXLAN port"
+		iifname "kubenet-vxlan" udp dport 8472 drop comment "the overlay never carries VXLAN to this node"
+		udp dport 8472 ip saddr != @nodes4 drop comment "VXLAN only from the cluster's nodes (IPv4)"
+		udp dport 8472 ip6 saddr != @nodes6 drop comment "VXLAN only from the cluster's nodes (IPv6)"
+	}
+
+	chain forward {
+		type filter hook forward priority filter - 10; policy accept;
+		iifname "cbr0" udp dport 8472 ip daddr != 10.244.0.0/16 drop comment "pods send VXLAN only to pods (IPv4)"
+		iifname "cbr0" udp dport 8472 ip6 daddr != fd00:10:244::/48 drop comment "pods send VXLAN only to pods (IPv6)"
+		iifname "kubenet-vxlan" oifname != "cbr0" drop comment "the overlay carries traffic to this node's pods only"
+	}
+}
+`
+	if got := listFirewall(t, n); strings.TrimSpace(got) != strings.TrimSpace(golden) {
+		t.Fatalf("firewall:\n%s\nwant:\n%s", got, golden)
+	}
+	if sync() {
+		t.Fatal("a Sync of an unchanged firewall wrote it again")
+	}
+	// Whatever another tool changes is put back: a node removed from a set, a rule deleted, a
+	// chain turned into a regular one, the table deleted.
+	tamper := [][]string{
+		{"nft", "delete", "element", "inet", FirewallTable.Name, "nodes4", "{ 192.0.2.2 }"},
+		{"nft", "flush", "chain", "inet", FirewallTable.Name, "input"},
+		{"nft", "add", "element", "inet", FirewallTable.Name, "nodes4", "{ 203.0.113.66 }"},
+		{"nft", "delete", "table", "inet", FirewallTable.Name},
+	}
+	for _, cmd := range tamper {
+		nettest.Run(t, n, cmd[0], cmd[1:]...)
+		if !sync() {
+			t.Fatalf("after %q Sync wrote nothing", cmd)
+		}
+		if got := listFirewall(t, n); strings.TrimSpace(got) != strings.TrimSpace(golden) {
+			t.Fatalf("after %q:\n%s\nwant:\n%s", cmd, got, golden)
+		}
+	}
+	// A chain re-created with another hook priority or policy is replaced too.
+	nettest.Run(t, n, "nft", "delete", "chain", "inet", FirewallTable.Name, "forward")
+	nettest.Run(t, n, "nft", "add", "chain", "inet", FirewallTable.Name, "forward", "{ type filter hook forward priority 100; policy accept; }")
+	if !sync() || !strings.Contains(listFirewall(t, n), "hook forward priority filter - 10") {
+		t.Fatalf("a forward chain at another priority was kept:\n%s", listFirewall(t, n))
+	}
+	nettest.Do(t, n, func() error { return RemoveFirewall() })
+	if out, err := nettest.Output(n, "nft", "list", "table", "inet", FirewallTable.Name); err == nil {
+		t.Fatalf("RemoveFirewall left the table:\n%s", out)
+	}
+	nettest.Do(t, n, func() error { return RemoveFirewall() }) // absent is fine
+}
