@@ -1,15 +1,20 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
 	"github.com/kubenet-dev/kubenet/agent/routes"
@@ -28,6 +33,23 @@ func node(name string, cidrs []string, addrs ...string) *corev1.Node {
 		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: typ, Address: a})
 	}
 	return n
+}
+
+// expectUnusable checks the refused routes, "node dst: error", against prefixes of them.
+func expectUnusable(t *testing.T, got []routes.Failure, want []string) {
+	t.Helper()
+	var lines []string
+	for _, f := range got {
+		lines = append(lines, fmt.Sprintf("%s %s: %v", f.Route.Node, f.Route.Dst, f.Err))
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("unusable = %q, want %q", lines, want)
+	}
+	for i := range lines {
+		if !strings.HasPrefix(lines[i], want[i]) {
+			t.Errorf("unusable[%d] = %q, want %q", i, lines[i], want[i])
+		}
+	}
 }
 
 func TestDesiredRoutes(t *testing.T) {
@@ -275,24 +297,14 @@ func TestDesiredRoutes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			w := DesiredRoutes("a", tt.nodes, tt.rules)
-			var got, unusable []string
+			var got []string
 			for _, r := range w.Routes {
 				got = append(got, fmt.Sprintf("%s via %s (%s)", r.Dst, r.Gw, r.Node))
 			}
 			if !slices.Equal(got, tt.routes) {
 				t.Errorf("routes = %q, want %q", got, tt.routes)
 			}
-			for _, f := range w.Unusable {
-				unusable = append(unusable, fmt.Sprintf("%s %s: %v", f.Route.Node, f.Route.Dst, f.Err))
-			}
-			if len(unusable) != len(tt.unusable) {
-				t.Fatalf("unusable = %q, want %q", unusable, tt.unusable)
-			}
-			for i := range unusable {
-				if !strings.HasPrefix(unusable[i], tt.unusable[i]) {
-					t.Errorf("unusable[%d] = %q, want %q", i, unusable[i], tt.unusable[i])
-				}
-			}
+			expectUnusable(t, w.Unusable, tt.unusable)
 			if !slices.Equal(w.Peers, tt.peers) {
 				t.Errorf("peers = %q, want %q", w.Peers, tt.peers)
 			}
@@ -436,4 +448,32 @@ func TestNewRefusesSettingsThePluginWouldRefuse(t *testing.T) {
 
 func cnidirOptions(hairpin string, mtu int, clusterCIDRs []netip.Prefix) cnidir.Options {
 	return cnidir.Options{HairpinMode: hairpin, MTU: mtu, NonMasqueradeCIDRs: clusterCIDRs}
+}
+
+// TestStopWhileStartingIsNoFailure: an agent told to stop before its informers synced (a rollout
+// replacing a pod that just started, an API server still down) ends without an error; its exit
+// status would otherwise say it failed.
+func TestStopWhileStartingIsNoFailure(t *testing.T) {
+	// Nothing listens there: no list ever succeeds, so no informer syncs.
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cs.CoreV1(), Config{NodeName: "n", ConfDir: t.TempDir(), Conflist: cnidir.Options{DataDir: t.TempDir()},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run stopped while starting: %v, want no error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
 }

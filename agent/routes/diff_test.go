@@ -48,6 +48,28 @@ func TestDiff(t *testing.T) {
 			replace: []Route{r("10.244.2.0/24", "192.168.1.2", "n2")},
 		},
 		{
+			name: "the overlay's device was re-created: a route on the old device index is replaced",
+			current: []Existing{
+				{Dst: p("10.244.3.0/24"), Gw: a("10.244.3.0"), Dev: 7, Protocol: proto},
+				{Dst: p("10.244.4.0/24"), Gw: a("10.244.4.0"), Dev: 9, Protocol: proto},
+			},
+			want:    []Route{{Dst: p("10.244.3.0/24"), Gw: a("10.244.3.0"), Dev: 9, Node: "n3"}, {Dst: p("10.244.4.0/24"), Gw: a("10.244.4.0"), Dev: 9, Node: "n4"}},
+			replace: []Route{{Dst: p("10.244.3.0/24"), Gw: a("10.244.3.0"), Dev: 9, Node: "n3"}},
+			inPlace: []Route{{Dst: p("10.244.4.0/24"), Gw: a("10.244.4.0"), Dev: 9, Node: "n4"}},
+		},
+		{
+			name:    "direct to overlay: the gateway changes, the route is replaced",
+			current: []Existing{{Dst: p("10.244.3.0/24"), Gw: a("192.168.1.3"), Dev: 2, Protocol: proto}},
+			want:    []Route{{Dst: p("10.244.3.0/24"), Gw: a("10.244.3.0"), Dev: 9, Node: "n3"}},
+			replace: []Route{{Dst: p("10.244.3.0/24"), Gw: a("10.244.3.0"), Dev: 9, Node: "n3"}},
+		},
+		{
+			name:    "a direct route names no device: whichever link the kernel chose is right",
+			current: []Existing{{Dst: p("10.244.3.0/24"), Gw: a("192.168.1.3"), Dev: 2, Protocol: proto}},
+			want:    []Route{r("10.244.3.0/24", "192.168.1.3", "n3")},
+			inPlace: []Route{r("10.244.3.0/24", "192.168.1.3", "n3")},
+		},
+		{
 			name:    "node gone: its routes are deleted, others stay",
 			current: []Existing{ours("10.244.2.0/24", "192.168.1.2"), ours("10.244.3.0/24", "192.168.1.3"), ours("fd00:10:244:3::/64", "fd00:1::3")},
 			want:    []Route{r("10.244.2.0/24", "192.168.1.2", "n2")},
