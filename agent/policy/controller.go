@@ -217,7 +217,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	defer func() { stopInformers(); running.Wait() }()
 	if !cache.WaitForCacheSync(ctx.Done(), podInf.HasSynced, nsInf.HasSynced, npInf.HasSynced) {
-		return fmt.Errorf("network policy: informers did not sync: %w", ctx.Err())
+		// Only a stop ends the wait: an agent told to stop while it starts has not failed.
+		return nil
 	}
 	c.log.Info("network policy informers synced")
 
