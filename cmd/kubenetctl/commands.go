@@ -84,6 +84,11 @@ func commands() []command {
 			summary: "print who owns kubenet's node-wide settings, what they are, and which netfilter backend holds the node's rules and why (reads only)",
 			run:     runNode,
 		},
+		{
+			name: "peers", flags: []string{"agent", "json"}, synopsis: "[--agent URL] [--json]",
+			summary: "print how kubenet-agent reaches each other node's pod CIDRs: direct or through the VXLAN overlay, the next hop, and why (asks the agent)",
+			run:     runPeers,
+		},
 	}
 }
 

@@ -47,6 +47,7 @@ type options struct {
 	json        bool
 	valid       validList
 	all         bool
+	agent       string
 }
 
 // newFlagSet registers every flag on a set that reports errors only through Parse's result (so
@@ -74,9 +75,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.id, "id", "", "the pod sandbox ID (default: derived from --netns)")
 	fs.Var(&o.ports, "port", "a host port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP] (setup; repeatable)")
 	fs.Var(&o.annotations, "annotation", "a pod annotation K=V, e.g. kubernetes.io/ingress-bandwidth=10M (setup; repeatable)")
-	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations, node)")
+	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations, node, peers)")
 	fs.Var(&o.valid, "valid", "an attachment to keep, ID or ID/IFNAME, comma-separated or repeated (gc)")
 	fs.BoolVar(&o.all, "all", false, "remove every attachment (gc)")
+	fs.StringVar(&o.agent, "agent", "http://127.0.0.1:9309", "kubenet-agent's HTTP address (its --metrics-bind-address) (peers)")
 	return fs
 }
 

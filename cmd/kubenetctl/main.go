@@ -12,6 +12,7 @@
 //	kubenetctl [flags] allocations [--json]
 //	kubenetctl [flags] gc (--valid ID[/IFNAME]... | --all)
 //	kubenetctl [flags] node [--json]
+//	kubenetctl [flags] peers [--agent URL] [--json]
 //
 // The commands are one table (commands.go); the usage text is made from it. Exit status: 0
 // success, 1 the operation failed (or the plugin is not ready), 2 bad usage (an unknown command

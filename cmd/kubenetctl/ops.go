@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/network"
@@ -142,4 +145,62 @@ func runNode(in *invocation) error {
 		fmt.Fprintf(tw, "%s\t%v\n", row[0], row[1])
 	}
 	return tw.Flush()
+}
+
+// peerPath is one row of the agent's /peers (agent.Path; kubenetctl does not link the agent).
+type peerPath struct {
+	Node     string `json:"node"`
+	PodCIDR  string `json:"podCIDR"`
+	Via      string `json:"via"`
+	NextHop  string `json:"nextHop,omitempty"`
+	Underlay string `json:"underlay,omitempty"`
+	Reason   string `json:"reason"`
+	Error    string `json:"error,omitempty"`
+}
+
+// maxPeersBody bounds what is read from the agent: a thousand nodes' paths are well under it.
+const maxPeersBody = 16 << 20
+
+func runPeers(in *invocation) error {
+	u, err := url.Parse(in.o.agent)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("--agent %q: not an http(s) URL", in.o.agent)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(u.JoinPath("peers").String())
+	if err != nil {
+		return fmt.Errorf("ask kubenet-agent for its peers: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxPeersBody))
+	if err != nil {
+		return fmt.Errorf("read kubenet-agent's peers: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("kubenet-agent's /peers: HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	var paths []peerPath
+	if err := json.Unmarshal(body, &paths); err != nil {
+		return fmt.Errorf("kubenet-agent's /peers: %w", err)
+	}
+	if in.o.json {
+		return json.NewEncoder(in.stdout).Encode(paths)
+	}
+	tw := tabwriter.NewWriter(in.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tPOD CIDR\tVIA\tNEXT HOP\tUNDERLAY\tWHY")
+	for _, p := range paths {
+		via, why := p.Via, p.Reason
+		if p.Error != "" {
+			via, why = "none", p.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Node, p.PodCIDR, via, dash(p.NextHop), dash(p.Underlay), why)
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

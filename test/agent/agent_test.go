@@ -59,8 +59,10 @@ func TestAgentCluster(t *testing.T) {
 	nettest.Do(t, n1.ns, func() error {
 		return netlink.RouteAdd(&netlink.Route{Dst: ipnet.FromPrefix(foreign), Gw: netip.MustParseAddr("192.168.77.250").AsSlice(), Protocol: unix.RTPROT_STATIC})
 	})
+	// --routing=direct: this test is about routes via node addresses (TestAgentOverlay covers
+	// the overlay, which auto would pick for the node off the segment below).
 	for _, n := range nodes {
-		n.startAgent(t)
+		n.startAgent(t, "--routing=direct")
 	}
 
 	routesConverge := func(t *testing.T) {
@@ -450,7 +452,7 @@ func restartWithoutFlap(t, top *testing.T, n, peer, wrong *simNode) {
 		return netlink.RouteReplace(&netlink.Route{Dst: ipnet.FromPrefix(peerCIDR), Gw: wrong.addr(peerCIDR.Addr()).AsSlice(), Protocol: routes.DefaultProtocol})
 	})
 	events := subscribeRoutes(t, n.ns)
-	n.startAgent(top)
+	n.startAgent(top, "--routing=direct")
 	err = nettest.Eventually(converge, func() error {
 		got, err := agentRoutes(n.ns)
 		if err != nil {

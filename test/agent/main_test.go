@@ -26,6 +26,7 @@ import (
 type bins struct {
 	pluginDir string // holds the kubenet CNI binary the agents install
 	agent     string
+	ctl       string // kubenetctl
 	apiserver string
 	etcd      string
 }
@@ -54,6 +55,9 @@ func build(dir string) error {
 		return err
 	}
 	if testBins.agent, err = nettest.BuildCommand(dir, "kubenet-agent"); err != nil {
+		return err
+	}
+	if testBins.ctl, err = nettest.BuildCommand(dir, "kubenetctl"); err != nil {
 		return err
 	}
 	// Cached outside the checkout by the script, with the rest of the cluster's binaries:

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -368,6 +369,17 @@ func TestAgentOverlay(t *testing.T) {
 			want := map[string]string{"10.244.2.0/24": "direct", "fd00:10:244:2::/64": "direct", "10.244.3.0/24": "vxlan", "fd00:10:244:3::/64": "vxlan"}
 			if fmt.Sprint(vias) != fmt.Sprint(want) {
 				t.Fatalf("/peers of node-1: %v, want %v", vias, want)
+			}
+			// kubenetctl shows the same, one line per CIDR.
+			table := nettest.Run(t, n1.ns, testBins.ctl, "peers", "--agent", "http://"+metricsAddr)
+			for _, line := range []string{
+				`node-2\s+10\.244\.2\.0/24\s+direct\s+192\.168\.77\.12\s+-\s+its InternalIP 192\.168\.77\.12 is on this node's network 192\.168\.77\.0/24`,
+				`node-3\s+10\.244\.3\.0/24\s+vxlan\s+10\.244\.3\.0\s+192\.168\.88\.13\s+its InternalIP 192\.168\.88\.13 is on none of this node's networks`,
+				`node-3\s+fd00:10:244:3::/64\s+vxlan\s+fd00:10:244:3::\s+192\.168\.88\.13\s`,
+			} {
+				if !regexp.MustCompile(line).MatchString(table) {
+					t.Errorf("kubenetctl peers does not show %s:\n%s", line, table)
+				}
 			}
 			m := n1.waitSynced(t)
 			if m[`kubenet_agent_peer_routes{path="vxlan"}`] != 2 || m[`kubenet_agent_peer_routes{path="direct"}`] != 2 {
