@@ -135,6 +135,7 @@ type Agent struct {
 	events        record.EventRecorder
 	refusedOwn    string
 	refusedRoutes map[string]bool
+	reportedPaths map[netip.Prefix]string // the path (Via) of each peer CIDR last reported
 	// patched is the NetworkUnavailable condition the agent last wrote: its own write, seen
 	// again by the informer, needs no sync.
 	patched  Condition
@@ -457,6 +458,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.resubscribeKernel(ctx)
 	a.syncOverlay(&want, ov, nodes, cl)
 	a.reportRefusedRoutes(self, want.Unusable)
+	a.reportPaths(self, programmablePaths(want))
 	failures := a.syncRoutes(want, kernel.Routes)
 	a.log.Debug("routes synced", "nodes", len(nodes), "peers", len(want.Peers), "wanted", len(want.Routes), "failures", len(failures))
 	if len(failures) > 0 {

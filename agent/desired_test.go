@@ -82,19 +82,19 @@ func TestPaths(t *testing.T) {
 			paths: []string{"10.244.6.0/24 via 10.244.6.0 (vxlan to fd00:7::6)"},
 		},
 		{
-			name:     "no underlay address of our own: nothing through the overlay",
-			mode:     RoutingAuto,
-			self:     node("a", []string{"10.244.1.0/24"}),
-			peers:    []*corev1.Node{farAway},
+			name:  "no underlay address of our own: nothing through the overlay",
+			mode:  RoutingAuto,
+			self:  node("a", []string{"10.244.1.0/24"}),
+			peers: []*corev1.Node{farAway},
 			unusable: []string{
 				"c 10.244.3.0/24: its InternalIP 192.168.7.3 is on none of this node's networks, and this node has no InternalIP to carry the overlay",
 				"c fd00:10:244:3::/64: its InternalIP fd00:7::3 is on none of this node's networks, and this node has no InternalIP to carry the overlay",
 			},
 		},
 		{
-			name:     "bad Node data gets no path in any mode",
-			mode:     RoutingVXLAN,
-			peers:    []*corev1.Node{noAddress, insidePods, loopback, ownAddr},
+			name:  "bad Node data gets no path in any mode",
+			mode:  RoutingVXLAN,
+			peers: []*corev1.Node{noAddress, insidePods, loopback, ownAddr},
 			unusable: []string{
 				"g 10.244.7.0/24: --routing=vxlan, and the node has no IPv4 InternalIP",
 				"h 10.244.8.0/24: its InternalIP 10.244.1.9 lies inside the pod CIDR 10.244.1.0/24 of node a",

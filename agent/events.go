@@ -1,6 +1,11 @@
 package agent
 
 import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -15,6 +20,9 @@ const (
 	// EventRouteRefused: another Node's pod CIDR gets no route from this node, for what the
 	// Node object says (not for what the kernel answered: that is in the condition).
 	EventRouteRefused = "KubenetRouteRefused"
+	// EventPeerPath: the path to a peer's pod CIDR was chosen or changed (direct or through
+	// the VXLAN overlay), with the reason.
+	EventPeerPath = "KubenetPeerPath"
 )
 
 // nodeRef is how events refer to a Node (as kubelet does: the UID is the name).
@@ -56,4 +64,53 @@ func (a *Agent) reportRefusedRoutes(self *corev1.Node, unusable []routes.Failure
 			a.events.Event(nodeRef(self), corev1.EventTypeWarning, EventRouteRefused, "no "+msg)
 		}
 	}
+}
+
+// maxPathEvents is how many paths the first sync reports one Event each for; more get one summary.
+const maxPathEvents = 16
+
+// reportPaths records an Event for each peer pod CIDR whose path is new or changed: direct or
+// vxlan, and why. The agent's first sync reports every path once; a restarted agent reports them
+// again (Events are not state).
+func (a *Agent) reportPaths(self *corev1.Node, paths map[netip.Prefix]Path) {
+	current := make(map[netip.Prefix]string, len(paths))
+	for p, path := range paths {
+		current[p] = path.Via
+	}
+	a.mu.Lock()
+	last := a.reportedPaths
+	a.reportedPaths = current
+	a.mu.Unlock()
+	if self == nil {
+		return
+	}
+	if last == nil && len(paths) > maxPathEvents {
+		// A large cluster's first sync: one Event, not one per CIDR (the API server would
+		// get thousands; the event library's spam filter would drop most of them anyway).
+		overlaid := 0
+		for _, path := range paths {
+			if path.Via == ViaVXLAN {
+				overlaid++
+			}
+		}
+		a.events.Event(nodeRef(self), corev1.EventTypeNormal, EventPeerPath, fmt.Sprintf(
+			"paths to %d pod CIDRs of other nodes: %d direct, %d through the VXLAN overlay (kubenetctl peers lists each and why)",
+			len(paths), len(paths)-overlaid, overlaid))
+		return
+	}
+	for _, p := range slices.SortedFunc(maps.Keys(paths), comparePrefix) {
+		path := paths[p]
+		if last[p] == path.Via {
+			continue
+		}
+		a.events.Event(nodeRef(self), corev1.EventTypeNormal, EventPeerPath,
+			fmt.Sprintf("node %s's pod CIDR %s: %s (%s)", path.Node, p, describeVia(path), path.Reason))
+	}
+}
+
+func describeVia(p Path) string {
+	if p.Via == ViaVXLAN {
+		return fmt.Sprintf("through the VXLAN overlay to %s", p.Underlay)
+	}
+	return fmt.Sprintf("direct via %s", p.NextHop)
 }

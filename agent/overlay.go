@@ -102,6 +102,15 @@ func (a *Agent) syncOverlay(want *Want, p overlayPlan, nodes []*corev1.Node, cl 
 	}
 }
 
+// programmablePaths are the paths of the routes still wanted after the overlay's refusals.
+func programmablePaths(want Want) map[netip.Prefix]Path {
+	out := make(map[netip.Prefix]Path, len(want.Routes))
+	for _, r := range want.Routes {
+		out[r.Dst] = want.Paths[r.Dst]
+	}
+	return out
+}
+
 func (a *Agent) setOverlayDev(index int) {
 	a.mu.Lock()
 	a.overlayDev = index

@@ -168,3 +168,53 @@ func TestRefusalEvents(t *testing.T) {
 		t.Fatalf("events without the Node: %q", got)
 	}
 }
+
+// TestPathEvents: each peer CIDR's path is announced when it is first seen and when it changes
+// between direct and vxlan; a big cluster's first sync gets one summary.
+func TestPathEvents(t *testing.T) {
+	rec := record.NewFakeRecorder(100)
+	a := &Agent{events: rec}
+	self := node("a", nil)
+	drain := func() []string {
+		var out []string
+		for {
+			select {
+			case e := <-rec.Events:
+				out = append(out, e)
+			default:
+				return out
+			}
+		}
+	}
+	b4, c4 := netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("10.244.3.0/24")
+	direct := Path{Node: "b", PodCIDR: b4, Via: ViaDirect, NextHop: netip.MustParseAddr("192.168.1.2"), Reason: "on-link"}
+	overlaid := Path{Node: "c", PodCIDR: c4, Via: ViaVXLAN, NextHop: c4.Addr(), Underlay: netip.MustParseAddr("192.168.7.3"), Reason: "far"}
+	a.reportPaths(self, map[netip.Prefix]Path{b4: direct, c4: overlaid})
+	want := []string{
+		"Normal KubenetPeerPath node b's pod CIDR 10.244.2.0/24: direct via 192.168.1.2 (on-link)",
+		"Normal KubenetPeerPath node c's pod CIDR 10.244.3.0/24: through the VXLAN overlay to 192.168.7.3 (far)",
+	}
+	if got := drain(); !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+	a.reportPaths(self, map[netip.Prefix]Path{b4: direct, c4: overlaid})
+	if got := drain(); len(got) != 0 {
+		t.Fatalf("unchanged paths: events %q", got)
+	}
+	moved := direct
+	moved.Via, moved.NextHop, moved.Underlay, moved.Reason = ViaVXLAN, b4.Addr(), direct.NextHop, "--routing=vxlan"
+	a.reportPaths(self, map[netip.Prefix]Path{b4: moved, c4: overlaid})
+	if got := drain(); !slices.Equal(got, []string{"Normal KubenetPeerPath node b's pod CIDR 10.244.2.0/24: through the VXLAN overlay to 192.168.1.2 (--routing=vxlan)"}) {
+		t.Fatalf("a changed path: events %q", got)
+	}
+	big := map[netip.Prefix]Path{}
+	for i := range maxPathEvents + 1 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(i), 0}), 24)
+		big[p] = Path{Node: fmt.Sprint(i), PodCIDR: p, Via: ViaVXLAN, NextHop: p.Addr()}
+	}
+	fresh := &Agent{events: rec}
+	fresh.reportPaths(self, big)
+	if got := drain(); len(got) != 1 || !strings.Contains(got[0], "paths to 17 pod CIDRs of other nodes: 0 direct, 17 through the VXLAN overlay") {
+		t.Fatalf("a big first sync: events %q, want one summary", got)
+	}
+}

@@ -386,6 +386,9 @@ func TestAgentOverlay(t *testing.T) {
 			if fmt.Sprint(vias) != fmt.Sprint(want) {
 				t.Fatalf("/peers of node-1: %v, want %v", vias, want)
 			}
+			// Each path is announced once, as an Event on the node, with its reason.
+			expectEvent(t, api, n1.name, agent.EventPeerPath, "node node-3's pod CIDR 10.244.3.0/24: through the VXLAN overlay to 192.168.88.13", "is on none of this node's networks")
+			expectEvent(t, api, n1.name, agent.EventPeerPath, "node node-2's pod CIDR 10.244.2.0/24: direct via 192.168.77.12", "is on this node's network 192.168.77.0/24")
 			// kubenetctl shows the same, one line per CIDR.
 			table := nettest.Run(t, n1.ns, testBins.ctl, "peers", "--agent", "http://"+metricsAddr)
 			for _, line := range []string{
@@ -707,6 +710,7 @@ func TestAgentOverlay(t *testing.T) {
 			}
 			expectRoutes(t, n1, wantPaths(n1, nodes, n2, n3))
 			expectEntries(t, n1, map[*simNode][]netip.Prefix{n2: podCIDRs(2), n3: podCIDRs(3)})
+			expectEvent(t, api, n1.name, agent.EventPeerPath, "node node-2's pod CIDR 10.244.2.0/24: through the VXLAN overlay to 192.168.77.12", "--routing=vxlan")
 			expectTraffic(t, p1, p2)
 			expectTraffic(t, p2, p1)
 			// And back: the flag and a restart are all a switch needs.
