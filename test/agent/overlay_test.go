@@ -568,6 +568,25 @@ func TestAgentOverlay(t *testing.T) {
 			if got := sink.Received("injected"); got != 0 {
 				t.Fatalf("%d datagrams encapsulated by a host that is no node reached the pod", got)
 			}
+			// Even a Node's frames are delivered only to this node's pods: the overlay is no
+			// router into the node's other networks (here: node-1 on the other subnet).
+			beyond := nettest.StartUDPEcho(t, n1.ns, netip.AddrPortFrom(n1.addrs[0].Addr(), 7796))
+			for range 3 {
+				injectVXLAN(t, rc.intruder, intruder[0].Addr(), n3.addrs[0].Addr(), spoofed, n1.addrs[0].Addr(), 7796, "beyond")
+			}
+			injectVXLAN(t, rc.intruder, intruder[0].Addr(), n3.addrs[0].Addr(), spoofed, dst, 7790, "from-a-node-again")
+			err = nettest.Eventually(converge, func() error {
+				if sink.Received("from-a-node-again") == 0 {
+					return fmt.Errorf("the control frame sent after the others did not arrive")
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := beyond.Received("beyond"); got != 0 {
+				t.Fatalf("node-3 forwarded %d datagrams from the overlay to node-1's underlay address", got)
+			}
 			deleteNode(t, api, "intruder")
 			err = nettest.Eventually(converge, func() error {
 				before := sink.Received("after-delete")
