@@ -602,3 +602,24 @@ func TestAdvHeldIPv6Fragments(t *testing.T) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestAdvDuplicateInternalIPCutsOffVictim: a Node whose InternalIP copies another node's (a
+// kubelet may write any address into its own Node's status, NodeRestriction or not) collides
+// with it in the derived VTEP MAC, and Sync refuses both peers: every node drops its overlay path
+// to the victim. With direct routes the same Node only routes its own CIDR to the victim's
+// address, and the victim keeps its routes.
+func TestAdvDuplicateInternalIPCutsOffVictim(t *testing.T) {
+	w := newAdvWorld(t)
+	o := w.spec(w.b, w.a)
+	o.Peers = append(o.Peers, core.OverlayPeer{Node: "copycat", Underlay: w.a.addr, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.9.0/24")}})
+	nettest.Do(t, w.b.ns, func() error {
+		st, err := core.SyncOverlay(o)
+		if err != nil {
+			return err
+		}
+		if err := st.Failed[w.a.name]; err != nil {
+			t.Errorf("node-a lost its overlay path because node copycat copied its InternalIP: %v", err)
+		}
+		return nil
+	})
+}
