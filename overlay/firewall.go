@@ -2,6 +2,7 @@ package overlay
 
 import (
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 
@@ -175,9 +176,18 @@ func (f Firewall) Sync() (changed bool, err error) {
 // inPlace reports whether the kernel holds the chains and sets as planned.
 func (f Firewall) inPlace(c *nftables.Conn, input, forward *nftables.Chain, inRules, fwdRules []nft.Rule,
 	v4, v6 *nftables.Set, els4, els6 []nftables.SetElement) (bool, error) {
-	exists, err := nft.TableExistsWith(c, FirewallTable)
-	if err != nil || !exists {
-		return false, err
+	tables, err := c.ListTablesOfFamily(FirewallTable.Family)
+	if err != nil {
+		return false, fmt.Errorf("overlay firewall: list tables: %w", err)
+	}
+	i := slices.IndexFunc(tables, func(t *nftables.Table) bool { return t.Name == FirewallTable.Name })
+	if i < 0 {
+		return false, nil
+	}
+	// A dormant table keeps its chains, rules and sets but filters nothing: its base chains are
+	// unhooked. AddTable (flags 0) wakes it.
+	if dormant(tables[i]) {
+		return false, nil
 	}
 	for _, ch := range []struct {
 		chain *nftables.Chain
@@ -247,4 +257,12 @@ func RemoveFirewall() error {
 		return fmt.Errorf("overlay firewall: delete table %s: %w", FirewallTable.Name, err)
 	}
 	return nil
+}
+
+// dormant reports whether t has NFT_TABLE_F_DORMANT. google/nftables v0.3.0 decodes
+// NFTA_TABLE_FLAGS in host byte order although the kernel sends it in network order (on a
+// little-endian host dormant, 1, reads as 1<<24): both readings count, so a fixed library changes
+// nothing (no valid flag has bit 24).
+func dormant(t *nftables.Table) bool {
+	return (t.Flags|bits.ReverseBytes32(t.Flags))&unix.NFT_TABLE_F_DORMANT != 0
 }
