@@ -71,7 +71,7 @@ func SyncOverlay(o Overlay) (OverlayState, error) {
 	if !o.Local.IsValid() {
 		return OverlayState{}, errors.New("overlay: this node has no underlay address (no InternalIP)")
 	}
-	fw := overlay.Firewall{Port: o.Port, Device: o.Device, Bridge: o.Bridge, Nodes: o.Nodes, PodNetworks: o.PodNetworks}
+	fw := overlay.Firewall{Port: o.Port, Device: o.Device, Bridge: o.Bridge, Local: o.Local, Nodes: o.Nodes, PodNetworks: o.PodNetworks}
 	written, err := fw.Sync()
 	if err != nil {
 		return OverlayState{}, err

@@ -32,6 +32,9 @@ type Firewall struct {
 	Port   uint16
 	Device string // the overlay device
 	Bridge string // the pods' bridge
+	// Local is this node's underlay address (the device's local end): the only destination
+	// the peers send encapsulated packets to. Invalid: not checked.
+	Local netip.Addr
 	// Nodes are the InternalIPs of the cluster's Nodes: the only sources whose encapsulated
 	// packets are decapsulated.
 	Nodes []netip.Addr
@@ -106,9 +109,28 @@ func (f Firewall) rules() (input, forward []nft.Rule) {
 	input = []nft.Rule{
 		{Comment: "pods never send to this node's VXLAN port", Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, f.Bridge), f.udpPort(), []expr.Any{drop()})},
 		{Comment: "the overlay never carries VXLAN to this node", Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, f.Device), f.udpPort(), []expr.Any{drop()})},
+		// The device's socket listens on every local address, and this node's own address is
+		// a Node's: a process of the node (no capability needed) would get a frame with any
+		// inner source decapsulated, and a pod whose traffic is masqueraded could send to a
+		// peer's bridge address.
+		{Comment: "no VXLAN from this node's own processes", Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, "lo"), f.udpPort(), []expr.Any{drop()})},
+	}
+	if f.Local.IsValid() {
+		local := f.Local.Unmap()
+		off, n := uint32(16), uint32(4)
+		if local.Is6() {
+			off, n = 24, 16
+		}
+		input = append(input, nft.Rule{Comment: "VXLAN only to this node's underlay address", Exprs: slices.Concat(nft.MatchFamily(local), f.udpPort(), []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: local.AsSlice()},
+			drop(),
+		})})
+	}
+	input = append(input, []nft.Rule{
 		{Comment: "VXLAN only from the cluster's nodes (IPv4)", Exprs: notFromNode(zero4, setNodes4)},
 		{Comment: "VXLAN only from the cluster's nodes (IPv6)", Exprs: notFromNode(zero6, setNodes6)},
-	}
+	}...)
 	for _, any := range []netip.Addr{zero4, zero6} {
 		exprs := slices.Concat(ifname(expr.MetaKeyIIFNAME, f.Bridge), nft.MatchFamily(any), f.udpPort())
 		for _, p := range f.PodNetworks {
