@@ -623,3 +623,27 @@ func TestAdvDuplicateInternalIPCutsOffVictim(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAdvHeldNodeFramesPass (holds): the control of every test above, on both underlay families:
+// a frame a Node sends to the peer's underlay address is decapsulated with the firewall in place.
+func TestAdvHeldNodeFramesPass(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ipv6=%v", v6), func(t *testing.T) {
+			u := nettest.NewUnderlay(t, 0)
+			pa, pb := netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24")
+			if v6 {
+				pa, pb = netip.MustParsePrefix("2001:db8::1/64"), netip.MustParsePrefix("2001:db8::2/64")
+			}
+			a := newAdvNode(t, u, "node-a", pa, netip.MustParsePrefix("10.244.1.0/24"))
+			b := newAdvNode(t, u, "node-b", pb, netip.MustParsePrefix("10.244.2.0/24"))
+			sink := nettest.StartUDPEcho(t, b.ns, netip.AddrPortFrom(b.gwPod, sinkPort))
+			mustSync(t, b, core.Overlay{Device: advDevice, VNI: 1, Port: 8472, Local: b.addr, MTU: 1400, Bridge: advBridge,
+				Peers: []core.OverlayPeer{{Node: a.name, Underlay: a.addr, PodCIDRs: []netip.Prefix{a.cidr}}},
+				Nodes: []netip.Addr{a.addr, b.addr}, PodNetworks: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+			injectFrom(t, a.ns, netip.AddrPortFrom(b.addr, 8472), b, 1, netip.MustParseAddr("10.244.1.7"), "from-a-node")
+			if delivered(sink, "from-a-node") == 0 {
+				t.Fatal("a frame node-a sent to node-b's underlay address was not decapsulated")
+			}
+		})
+	}
+}
