@@ -57,6 +57,18 @@ func (f Firewall) chains() (input, forward *nftables.Chain) {
 	return input, forward
 }
 
+// rawChain is the prerouting chain that keeps the overlay's packets out of conntrack, and so out
+// of every NAT: a hostPort on the overlay's port (DNAT in prerouting, before the input filter and
+// the VXLAN socket) would hand the other nodes' encapsulated traffic to a pod.
+func (f Firewall) rawChain() (*nftables.Chain, []nft.Rule) {
+	accept := nftables.ChainPolicyAccept
+	ch := &nftables.Chain{Table: FirewallTable, Name: "prerouting", Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept}
+	rule := nft.Rule{Comment: "VXLAN to this node is never NATed (no hostPort takes it)",
+		Exprs: slices.Concat(f.udpPort(), nft.MatchLocalDestination(false), []expr.Any{&expr.Notrack{}})}
+	return ch, []nft.Rule{rule}
+}
+
 func (f Firewall) sets() (v4, v6 *nftables.Set, els4, els6 []nftables.SetElement) {
 	v4 = &nftables.Set{Table: FirewallTable, Name: setNodes4, KeyType: nftables.TypeIPAddr}
 	v6 = &nftables.Set{Table: FirewallTable, Name: setNodes6, KeyType: nftables.TypeIP6Addr}
@@ -168,7 +180,11 @@ func (f Firewall) Sync() (changed bool, err error) {
 	input, forward := f.chains()
 	inRules, fwdRules := f.rules()
 	v4, v6, els4, els6 := f.sets()
+	raw, rawRules := f.rawChain()
 	same, err := f.inPlace(c, input, forward, inRules, fwdRules, v4, v6, els4, els6)
+	if err == nil && same {
+		same = nft.CheckChainWith(c, raw, rawRules) == nil && f.hookedAsPlanned(c, raw)
+	}
 	if err != nil || same {
 		return false, err
 	}
@@ -189,6 +205,7 @@ func (f Firewall) Sync() (changed bool, err error) {
 	}
 	nft.ReplaceChain(c, input, inRules)
 	nft.ReplaceChain(c, forward, fwdRules)
+	nft.ReplaceChain(c, raw, rawRules)
 	if err := c.Flush(); err != nil {
 		return false, fmt.Errorf("overlay firewall: write table %s: %w", FirewallTable.Name, err)
 	}
