@@ -208,7 +208,8 @@ func (a *Agent) watchKernel(ctx context.Context) error {
 				return
 			case u, ok := <-links:
 				ended = !ok
-				lost = ok && u.Link != nil && u.Link.Attrs().Name == a.cfg.VXLANDevice
+				// By index too: a device renamed away announces its new name.
+				lost = ok && u.Link != nil && (u.Link.Attrs().Name == a.cfg.VXLANDevice || a.isOverlayDev(u.Link.Attrs().Index))
 			case u, ok := <-neighs:
 				ended = !ok
 				lost = ok && a.isOverlayDev(u.LinkIndex) && (u.Type == unix.RTM_DELNEIGH || u.State&netlink.NUD_PERMANENT != 0)

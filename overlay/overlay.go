@@ -81,12 +81,38 @@ type Peer struct {
 	PodCIDRs []netip.Prefix // the CIDRs routed to it through the device
 }
 
+// OwnerAlias is the alias (IFLA_IFALIAS) of the device Ensure makes: a VXLAN link that carries it
+// is the agent's whatever its name (renamed by another tool, or made under another --vxlan-device).
+const OwnerAlias = "kubenet-agent overlay"
+
+// removeStrays deletes every VXLAN link with OwnerAlias but not named name: renamed away, or left
+// by an earlier --vxlan-device, it would keep decapsulating outside the firewall's device rules
+// (and on its own port), and hold its VNI and port against the device Ensure makes.
+func removeStrays(name string) error {
+	ls, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("overlay: list links: %w", err)
+	}
+	for _, l := range ls {
+		if _, ok := l.(*netlink.Vxlan); !ok || l.Attrs().Alias != OwnerAlias || l.Attrs().Name == name {
+			continue
+		}
+		if err := netlink.LinkDel(l); err != nil && !links.IsNotFound(err) {
+			return fmt.Errorf("overlay: delete %s, an earlier overlay device: %w", l.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
 // Ensure makes the device exist as d says, up, with MAC(d.Local), and returns its index. A device
 // of another kind, VNI, port or local address is replaced (its routes, neighbour and forwarding
 // entries go with it and are rebuilt by Sync and the agent's routes); MTU, MAC and state are
 // fixed in place, so a device that is right is never touched.
 func Ensure(d Device) (int, error) {
 	mac := MAC(d.Local)
+	if err := removeStrays(d.Name); err != nil {
+		return 0, err
+	}
 	l, err := links.Find(d.Name)
 	if err != nil {
 		return 0, fmt.Errorf("overlay: %w", err)
@@ -140,6 +166,11 @@ func fixInPlace(l netlink.Link, d Device, mac net.HardwareAddr) error {
 			return fmt.Errorf("overlay: set MAC %s of %s: %w", mac, d.Name, err)
 		}
 	}
+	if a.Alias != OwnerAlias {
+		if err := netlink.LinkSetAlias(l, OwnerAlias); err != nil {
+			return fmt.Errorf("overlay: set alias of %s: %w", d.Name, err)
+		}
+	}
 	if a.Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return fmt.Errorf("overlay: set %s up: %w", d.Name, err)
@@ -150,6 +181,9 @@ func fixInPlace(l netlink.Link, d Device, mac net.HardwareAddr) error {
 
 // Remove deletes the device (with its entries and the routes through it); absent is fine.
 func Remove(name string) error {
+	if err := removeStrays(name); err != nil {
+		return err
+	}
 	l, err := links.Find(name)
 	if err != nil {
 		return fmt.Errorf("overlay: %w", err)
