@@ -125,6 +125,23 @@ func (f Firewall) rules() (input, forward []nft.Rule) {
 		// a Node's: a process of the node (no capability needed) would get a frame with any
 		// inner source decapsulated, and a pod whose traffic is masqueraded could send to a
 		// peer's bridge address.
+		// The node originates the overlay's packets: one ICMP "fragmentation needed" (or
+		// "packet too big") quoting one of them, from a pod, lowers the node's path MTU to a
+		// peer for every pod. Pods never have a path MTU to tell the node.
+		{Comment: "pods never lower this node's path MTU (IPv4)", Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, f.Bridge), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{3, 4}}, // destination unreachable, fragmentation needed
+			drop(),
+		})},
+		{Comment: "pods never lower this node's path MTU (IPv6)", Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, f.Bridge), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{2}}, // packet too big
+			drop(),
+		})},
 		{Comment: "no VXLAN from this node's own processes", Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, "lo"), f.udpPort(), []expr.Any{drop()})},
 	}
 	if f.Local.IsValid() {
