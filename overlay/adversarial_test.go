@@ -208,9 +208,15 @@ func injectFrom(t *testing.T, from ns.NetNS, to netip.AddrPort, victim *advNode,
 func expectInjectionWorksWithoutFirewall(t *testing.T, w *advWorld, sink *nettest.EchoServer, port uint16) {
 	t.Helper()
 	nettest.Run(t, w.b.ns, "nft", "delete", "table", "inet", "kubenet-overlay")
-	injectFrom(t, w.outsider, netip.AddrPortFrom(w.b.addr, port), w.b, 1, netip.MustParseAddr("10.244.1.77"), "control")
-	if delivered(sink, "control") == 0 {
-		t.Fatal("control: the crafted frame is not decapsulated even without the firewall; the injector is broken")
+	err := nettest.Eventually(5*time.Second, func() error {
+		injectFrom(t, w.outsider, netip.AddrPortFrom(w.b.addr, port), w.b, 1, netip.MustParseAddr("10.244.1.77"), "control")
+		if delivered(sink, "control") == 0 {
+			return fmt.Errorf("control: the crafted frame is not decapsulated even without the firewall; the injector is broken")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -653,9 +659,15 @@ func TestAdvHeldNodeFramesPass(t *testing.T) {
 			mustSync(t, b, core.Overlay{Device: advDevice, VNI: 1, Port: 8472, Local: b.addr, MTU: 1400, Bridge: advBridge,
 				Peers: []core.OverlayPeer{{Node: a.name, Underlay: a.addr, PodCIDRs: []netip.Prefix{a.cidr}}},
 				Nodes: []netip.Addr{a.addr, b.addr}, PodNetworks: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
-			injectFrom(t, a.ns, netip.AddrPortFrom(b.addr, 8472), b, 1, netip.MustParseAddr("10.244.1.7"), "from-a-node")
-			if delivered(sink, "from-a-node") == 0 {
-				t.Fatal("a frame node-a sent to node-b's underlay address was not decapsulated")
+			err := nettest.Eventually(5*time.Second, func() error {
+				injectFrom(t, a.ns, netip.AddrPortFrom(b.addr, 8472), b, 1, netip.MustParseAddr("10.244.1.7"), "from-a-node")
+				if delivered(sink, "from-a-node") == 0 {
+					return fmt.Errorf("a frame node-a sent to node-b's underlay address was not decapsulated")
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
