@@ -9,6 +9,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
@@ -190,7 +191,10 @@ func familyWord(a netip.Addr) string {
 // the agent's healer among them). A new table is complete before its first packet: the sets are
 // filled in the transaction that creates the chains that use them.
 func (f Firewall) Sync() (changed bool, err error) {
-	c, err := nftables.New()
+	// The whole table is one transaction, one sendmsg: with every Node's addresses (5000
+	// dual-stack Nodes, or one Node listing thousands of InternalIPs) it outgrows the default
+	// socket buffer ("message too long"), and the overlay would stay down on every node.
+	c, err := nftables.New(nftables.WithSockOptions(largeSendBuffer))
 	if err != nil {
 		return false, fmt.Errorf("overlay firewall: netlink: %w", err)
 	}
@@ -214,8 +218,11 @@ func (f Firewall) Sync() (changed bool, err error) {
 			return false, fmt.Errorf("overlay firewall: set %s: %w", s.set.Name, err)
 		}
 		c.FlushSet(s.set)
-		if len(s.els) > 0 {
-			if err := c.SetAddElements(s.set, s.els); err != nil {
+		// One message per chunk (one transaction still): a message's element list is one
+		// attribute with a 16-bit length, which wraps past some 2300 IPv6 addresses and makes
+		// the kernel keep only what the wrapped length covers (netpol/apply.go does the same).
+		for chunk := range slices.Chunk(s.els, 512) {
+			if err := c.SetAddElements(s.set, chunk); err != nil {
 				return false, fmt.Errorf("overlay firewall: set %s: %w", s.set.Name, err)
 			}
 		}
@@ -321,4 +328,27 @@ func RemoveFirewall() error {
 // nothing (no valid flag has bit 24).
 func dormant(t *nftables.Table) bool {
 	return (t.Flags|bits.ReverseBytes32(t.Flags))&unix.NFT_TABLE_F_DORMANT != 0
+}
+
+// sendBuffer bounds one firewall transaction: some 400,000 addresses, more than a Node object can
+// hold (etcd's request limit) times the Nodes of any cluster that would notice.
+const sendBuffer = 32 << 20
+
+// largeSendBuffer raises the socket's send buffer past net.core.wmem_max (SO_SNDBUFFORCE, which
+// the agent's CAP_NET_ADMIN allows), else as far as wmem_max lets it.
+func largeSendBuffer(c *netlink.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return c.SetWriteBuffer(sendBuffer)
+	}
+	return nil
 }
