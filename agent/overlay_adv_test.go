@@ -37,3 +37,66 @@ func TestOverlayPeerIsWhereThePeerListens(t *testing.T) {
 		})
 	}
 }
+
+// TestOverlayHostileNodesHeld (holds on de614e1): Node objects whose InternalIPs try to get an
+// overlay path where none belongs get none, with a reason; the others get the path they should.
+func TestOverlayHostileNodesHeld(t *testing.T) {
+	self := node("a", []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, "192.0.2.1", "2001:db8::1")
+	good := node("c", []string{"10.244.3.0/24", "fd00:10:244:3::/64"}, "198.51.100.3", "2001:db8:1::3")
+	rules := CIDRRules{
+		Cluster:  []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")},
+		Services: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		Networks: []routes.Network{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Addr: netip.MustParseAddr("192.0.2.1")}},
+	}
+	cases := []struct {
+		name    string
+		addrs   []string
+		refused bool
+		under   string // the underlay the path must use when not refused
+	}{
+		{"another node's overlay next hop", []string{"10.244.3.0"}, true, ""},
+		{"inside its own pod CIDR", []string{"10.244.9.1"}, true, ""},
+		{"a service address", []string{"10.96.0.10"}, true, ""},
+		{"this node's own address", []string{"192.0.2.1"}, true, ""},
+		{"loopback", []string{"127.0.0.1"}, true, ""},
+		{"link-local", []string{"169.254.1.1"}, true, ""},
+		{"multicast", []string{"224.0.0.1"}, true, ""},
+		{"unspecified", []string{"0.0.0.0"}, true, ""},
+		{"broadcast", []string{"255.255.255.255"}, true, ""},
+		{"IPv6 only, this node's underlay IPv4", []string{"2001:db8:1::9"}, true, ""},
+		{"zone only", []string{"fe80::1%eth0"}, true, ""},
+		{"leading zeros", []string{"198.051.100.009"}, true, ""},
+		{"IPv4-mapped IPv6", []string{"::ffff:198.51.100.9"}, false, "198.51.100.9"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hostile := node("z", []string{"10.244.9.0/24"}, c.addrs...)
+			nodes := []*corev1.Node{self, good, hostile}
+			w := newClaims(nodes, rules).routes("a", nodes, pathRules{mode: RoutingAuto, underlay: underlayOf(self)})
+			var got *string
+			for _, p := range w.Overlay {
+				if p.Node == "z" {
+					s := p.Underlay.String()
+					got = &s
+				}
+				if p.Node == "c" && p.Underlay != netip.MustParseAddr("198.51.100.3") {
+					t.Errorf("node c's path changed: %v", p)
+				}
+			}
+			for _, r := range w.Routes {
+				if r.Node == "z" && !r.Dst.Addr().Is4() {
+					continue
+				}
+				if r.Node == "z" && c.refused {
+					t.Errorf("node z got a route %v", r)
+				}
+			}
+			switch {
+			case c.refused && got != nil:
+				t.Errorf("node z got an overlay path via %s", *got)
+			case !c.refused && (got == nil || *got != c.under):
+				t.Errorf("node z's overlay path: %v, want via %s", got, c.under)
+			}
+		})
+	}
+}
