@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -98,5 +100,62 @@ func TestOverlayHostileNodesHeld(t *testing.T) {
 				t.Errorf("node z's overlay path: %v, want via %s", got, c.under)
 			}
 		})
+	}
+}
+
+// TestOverlayRandomNodesHeld (holds on de614e1): random Node sets (addresses of every kind and
+// family, overlapping and odd CIDRs) in every mode: no panic, and what is planned is consistent:
+// one route per destination, overlay routes via their CIDR's first address to a peer listed in
+// Overlay with a usable underlay address of this node's family.
+func TestOverlayRandomNodesHeld(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 25))
+	addrPool := []string{"192.0.2.1", "192.0.2.2", "198.51.100.3", "198.51.100.3", "10.244.3.0", "10.244.3.7", "10.96.0.1", "127.0.0.1",
+		"0.0.0.0", "224.0.0.5", "255.255.255.255", "169.254.0.9", "::ffff:198.51.100.4", "2001:db8::1", "2001:db8::2", "fe80::1", "fe80::1%eth0",
+		"::", "::1", "ff02::1", "fd00:10:244:3::5", "not-an-ip", "010.000.002.002", ""}
+	cidrPool := []string{"10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24", "10.244.0.0/16", "10.244.3.128/25", "10.244.4.4/32", "fd00:10:244:1::/64",
+		"fd00:10:244:3::/64", "fd00:10:244:3::/80", "192.0.2.0/24", "0.0.0.0/0", "::/0", "10.244.5.1/24", "bogus", "fd00:10:244:6::/128"}
+	pick := func(pool []string, max int) []string {
+		var out []string
+		for range r.IntN(max + 1) {
+			out = append(out, pool[r.IntN(len(pool))])
+		}
+		return out
+	}
+	modes := []Routing{RoutingAuto, RoutingDirect, RoutingVXLAN}
+	for i := range 3000 {
+		var nodes []*corev1.Node
+		for j := range 1 + r.IntN(6) {
+			nodes = append(nodes, node(fmt.Sprintf("n%d", j), pick(cidrPool, 3), pick(addrPool, 3)...))
+		}
+		rules := CIDRRules{Networks: []routes.Network{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Addr: netip.MustParseAddr("192.0.2.1")}}}
+		if r.IntN(2) == 0 {
+			rules.Cluster = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}
+		}
+		mode := modes[r.IntN(3)]
+		self := nodes[0]
+		w := newClaims(nodes, rules).routes(self.Name, nodes, pathRules{mode: mode, underlay: underlayOf(self)})
+		seen := map[netip.Prefix]bool{}
+		peers := map[string]netip.Addr{}
+		for _, p := range w.Overlay {
+			peers[p.Node] = p.Underlay
+			if !p.Underlay.IsValid() || p.Underlay.Is4() != underlayOf(self).Is4() || rules.gatewayError(p.Underlay) != nil {
+				t.Fatalf("case %d (%s): overlay peer %s with underlay %s", i, mode, p.Node, p.Underlay)
+			}
+		}
+		for _, rt := range w.Routes {
+			if seen[rt.Dst] {
+				t.Fatalf("case %d: two routes to %s", i, rt.Dst)
+			}
+			seen[rt.Dst] = true
+			path := w.Paths[rt.Dst]
+			if path.Via == ViaVXLAN {
+				if rt.Gw != rt.Dst.Masked().Addr() {
+					t.Fatalf("case %d: overlay route %v not via its first address", i, rt)
+				}
+				if _, ok := peers[rt.Node]; !ok {
+					t.Fatalf("case %d: overlay route %v to a node not in Overlay", i, rt)
+				}
+			}
+		}
 	}
 }
