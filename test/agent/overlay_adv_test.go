@@ -20,6 +20,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
@@ -167,6 +168,24 @@ func TestAgentOverlayAdv(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(sortedCopy(want), ",") {
 			t.Fatalf("node-1's routes 3 s after its own Node was deleted:\n got %q\nwant %q (as before)", got, sortedCopy(want))
 		}
+	})
+
+	t.Run("one Node with 13000 InternalIPs does not take the overlay down", func(t *testing.T) {
+		// The API server bounds neither the count nor the kind of a Node's addresses (only
+		// duplicates are refused), and every address goes into every node's firewall set, in
+		// one message per set and one transaction: on de614e1 the write fails ("message too
+		// long") and every agent refuses every overlay path.
+		fat := nodeObject("fat", nil, nil)
+		a := netip.MustParseAddr("100.64.0.1")
+		for range 13000 {
+			fat.Status.Addresses = append(fat.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a.String()})
+			a = a.Next()
+		}
+		createNode(t, api, fat)
+		defer deleteNode(t, api, "fat")
+		time.Sleep(3 * time.Second)
+		expectRoutes(t, n1, wantPaths(n1, rc.nodes, n3))
+		expectTraffic(t, p1, p3)
 	})
 
 	t.Run("--manage-routes=false: a deleted Node's address stays trusted", func(t *testing.T) {
