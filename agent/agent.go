@@ -145,6 +145,9 @@ type Agent struct {
 	paths      []Path
 	overlayDev int
 	watching   bool // the kernel event subscriptions are open (watchKernel)
+	// lastUnderlay is the node's underlay address as its Node said at the last sync that found
+	// it (sync's goroutine only).
+	lastUnderlay netip.Addr
 }
 
 // New checks cfg and builds the agent.
@@ -438,8 +441,17 @@ func (a *Agent) sync(ctx context.Context) error {
 	var want Want
 	var ov overlayPlan
 	if a.cfg.ManageRoutes {
-		want = cl.routes(a.cfg.NodeName, nodes, pathRules{mode: a.cfg.Routing, underlay: underlayOf(self)})
-		ov = a.planOverlay(&want, underlayOf(self))
+		// Without its own Node (deleted, not registered again yet) the node keeps the
+		// underlay address it had, as it keeps its conflist and direct routes: its pods keep
+		// reaching the peers behind the overlay.
+		underlay := underlayOf(self)
+		if self == nil {
+			underlay = a.lastUnderlay
+		} else {
+			a.lastUnderlay = underlay
+		}
+		want = cl.routes(a.cfg.NodeName, nodes, pathRules{mode: a.cfg.Routing, underlay: underlay})
+		ov = a.planOverlay(&want, underlay)
 	}
 	cidrsReady, err := a.syncConflist(self, cl, ov.podMTU)
 	if err != nil {
@@ -453,6 +465,11 @@ func (a *Agent) sync(ctx context.Context) error {
 		}
 	}
 	if !a.cfg.ManageRoutes {
+		// No routes, so no overlay: one left from a run that managed them would decapsulate
+		// with an allowlist nobody keeps (cheap when there is none).
+		if err := core.RemoveOverlay(a.cfg.VXLANDevice); err != nil {
+			errs = append(errs, err)
+		}
 		return errors.Join(errs...)
 	}
 	a.resubscribeKernel(ctx)

@@ -223,6 +223,12 @@ func (c *claims) path(n *corev1.Node, p netip.Prefix, pr pathRules) (Path, error
 	if err := c.rules.gatewayError(under); err != nil {
 		return Path{}, err
 	}
+	if vtep := underlayOf(n); vtep != under {
+		// The peer's device has its first InternalIP as local address and MAC: sent
+		// anywhere else, every frame is dropped at the peer.
+		return Path{}, fmt.Errorf("%s, and the node's VTEP is its first InternalIP %s, not of this node's underlay family (%s)",
+			reason, vtep, family(pr.underlay))
+	}
 	return Path{Node: n.Name, PodCIDR: p, Via: ViaVXLAN, NextHop: core.OverlayNextHop(p), Underlay: under, Reason: reason}, nil
 }
 

@@ -16,20 +16,24 @@ import (
 
 // overlayPlan is what the sync decided about the overlay before writing anything.
 type overlayPlan struct {
-	use      bool       // the device must exist (a peer needs it, or --routing=vxlan)
-	local    netip.Addr // this node's underlay address
-	mtu      int        // the device's MTU (0: unknown)
-	podMTU   int        // the largest MTU the pods may have (0: no limit from the overlay)
-	planErr  error      // why the overlay cannot be set up (its routes are refused)
-	refusals int
+	// device: the node keeps its overlay device. A peer needs it, --routing=vxlan, or auto mode
+	// with any peer at all: a peer may see this node as off its networks while this node sees
+	// it on-link (a second link on one side), and then only a device here can receive.
+	device  bool
+	sends   bool       // some peer is reached through the overlay: the pods' MTU leaves room
+	local   netip.Addr // this node's underlay address
+	mtu     int        // the device's MTU (0: unknown)
+	podMTU  int        // the largest MTU the pods may have (0: no limit from the overlay)
+	planErr error      // why the overlay cannot be set up (its routes are refused)
 }
 
 // planOverlay decides whether the node needs its overlay device and at which MTU. When the
 // underlay's MTU cannot be read (this node's InternalIP is not one of its addresses) the overlay
 // cannot work: every route through it is refused with the reason.
 func (a *Agent) planOverlay(want *Want, local netip.Addr) overlayPlan {
-	p := overlayPlan{local: local, use: len(want.Overlay) > 0 || a.cfg.Routing == RoutingVXLAN}
-	if !p.use {
+	p := overlayPlan{local: local, sends: len(want.Overlay) > 0 || a.cfg.Routing == RoutingVXLAN}
+	p.device = p.sends || (a.cfg.Routing == RoutingAuto && len(want.Peers) > 0)
+	if !p.device {
 		return p
 	}
 	if !local.IsValid() {
@@ -37,7 +41,10 @@ func (a *Agent) planOverlay(want *Want, local netip.Addr) overlayPlan {
 	} else if mtu, err := core.OverlayMTU(local); err != nil {
 		p.planErr = err
 	} else {
-		p.mtu, p.podMTU = mtu, mtu
+		p.mtu = mtu
+		if p.sends {
+			p.podMTU = mtu
+		}
 	}
 	if p.planErr != nil {
 		refuseOverlay(want, func(string) error { return p.planErr })
@@ -68,20 +75,15 @@ func refuseOverlay(want *Want, errOf func(node string) error) {
 }
 
 // syncOverlay converges the overlay device, its entries and firewall with the plan, and points
-// the overlay routes of want at the device. Without any use for the overlay it is removed (cheap
-// when there is none).
+// the overlay routes of want at the device. The firewall stays on every node that manages
+// routes, with or without a device: its forward rules keep this node's pods (and containers of
+// other bridges) from sending VXLAN to the Nodes that have one.
 func (a *Agent) syncOverlay(want *Want, p overlayPlan, nodes []*corev1.Node, cl *claims) {
-	if !p.use || p.planErr != nil {
-		if err := core.RemoveOverlay(a.cfg.VXLANDevice); err != nil {
-			a.log.Error("overlay not removed", "err", err)
-		}
-		a.setOverlayDev(0)
-		return
-	}
 	spec := core.Overlay{
 		Device: a.cfg.VXLANDevice, VNI: a.cfg.VXLANVNI, Port: a.cfg.VXLANPort, Local: p.local, MTU: p.mtu,
 		Bridge: bridgeName(a.cfg), Peers: want.Overlay, Nodes: nodeAddresses(nodes, cl),
 		PodNetworks: podNetworks(a.cfg.Conflist.NonMasqueradeCIDRs, want, cl.byNode[a.cfg.NodeName]),
+		NoDevice:    !p.device || p.planErr != nil,
 	}
 	st, err := core.SyncOverlay(spec)
 	if err != nil {
@@ -217,7 +219,8 @@ func (a *Agent) watchKernel(ctx context.Context) error {
 				return
 			case u, ok := <-links:
 				ended = !ok
-				lost = ok && u.Link != nil && u.Link.Attrs().Name == a.cfg.VXLANDevice
+				// By index too: a device renamed away announces its new name.
+				lost = ok && u.Link != nil && (u.Link.Attrs().Name == a.cfg.VXLANDevice || a.isOverlayDev(u.Link.Attrs().Index))
 			case u, ok := <-neighs:
 				ended = !ok
 				lost = ok && a.isOverlayDev(u.LinkIndex) && (u.Type == unix.RTM_DELNEIGH || u.State&netlink.NUD_PERMANENT != 0)

@@ -31,6 +31,10 @@ type Overlay struct {
 	// PodNetworks are the cluster's pod CIDRs (overlay.Firewall).
 	Nodes       []netip.Addr
 	PodNetworks []netip.Prefix
+	// NoDevice keeps the firewall without the device (--routing=direct, or no underlay
+	// address): the node then receives no VXLAN, but its forward rules still keep its pods from
+	// sending VXLAN to the Nodes that do.
+	NoDevice bool
 }
 
 // OverlayPeer is another node reached through the overlay.
@@ -63,18 +67,21 @@ func OverlayMTU(local netip.Addr) (int, error) {
 
 // SyncOverlay converges the overlay: the firewall first (the device decapsulates whatever reaches
 // its port, so it never exists without the rules that filter its senders), then the device, then
-// its forwarding and neighbour entries.
+// its forwarding and neighbour entries. With NoDevice only the firewall stays.
 func SyncOverlay(o Overlay) (OverlayState, error) {
 	if o.Device == "" {
 		o.Device = overlay.DefaultDevice
 	}
-	if !o.Local.IsValid() {
+	if !o.Local.IsValid() && !o.NoDevice {
 		return OverlayState{}, errors.New("overlay: this node has no underlay address (no InternalIP)")
 	}
-	fw := overlay.Firewall{Port: o.Port, Device: o.Device, Bridge: o.Bridge, Nodes: o.Nodes, PodNetworks: o.PodNetworks}
+	fw := overlay.Firewall{Port: o.Port, Device: o.Device, Bridge: o.Bridge, Local: o.Local, Nodes: o.Nodes, PodNetworks: o.PodNetworks}
 	written, err := fw.Sync()
 	if err != nil {
 		return OverlayState{}, err
+	}
+	if o.NoDevice {
+		return OverlayState{FirewallWritten: written}, overlay.Remove(o.Device)
 	}
 	dev, err := overlay.Ensure(overlay.Device{Name: o.Device, VNI: o.VNI, Port: o.Port, Local: o.Local, MTU: o.MTU})
 	if err != nil {
@@ -87,7 +94,9 @@ func SyncOverlay(o Overlay) (OverlayState, error) {
 	return OverlayState{Device: dev, Failed: overlay.Sync(dev, peers), FirewallWritten: written}, nil
 }
 
-// RemoveOverlay deletes the overlay device (with the routes through it), then its firewall.
+// RemoveOverlay deletes the overlay device (with the routes through it), then its firewall: for an
+// agent that manages no routes (--manage-routes=false), whose overlay would otherwise decapsulate
+// with an allowlist nobody keeps.
 func RemoveOverlay(device string) error {
 	if device == "" {
 		device = overlay.DefaultDevice

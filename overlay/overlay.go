@@ -81,12 +81,38 @@ type Peer struct {
 	PodCIDRs []netip.Prefix // the CIDRs routed to it through the device
 }
 
+// OwnerAlias is the alias (IFLA_IFALIAS) of the device Ensure makes: a VXLAN link that carries it
+// is the agent's whatever its name (renamed by another tool, or made under another --vxlan-device).
+const OwnerAlias = "kubenet-agent overlay"
+
+// removeStrays deletes every VXLAN link with OwnerAlias but not named name: renamed away, or left
+// by an earlier --vxlan-device, it would keep decapsulating outside the firewall's device rules
+// (and on its own port), and hold its VNI and port against the device Ensure makes.
+func removeStrays(name string) error {
+	ls, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("overlay: list links: %w", err)
+	}
+	for _, l := range ls {
+		if _, ok := l.(*netlink.Vxlan); !ok || l.Attrs().Alias != OwnerAlias || l.Attrs().Name == name {
+			continue
+		}
+		if err := netlink.LinkDel(l); err != nil && !links.IsNotFound(err) {
+			return fmt.Errorf("overlay: delete %s, an earlier overlay device: %w", l.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
 // Ensure makes the device exist as d says, up, with MAC(d.Local), and returns its index. A device
 // of another kind, VNI, port or local address is replaced (its routes, neighbour and forwarding
 // entries go with it and are rebuilt by Sync and the agent's routes); MTU, MAC and state are
 // fixed in place, so a device that is right is never touched.
 func Ensure(d Device) (int, error) {
 	mac := MAC(d.Local)
+	if err := removeStrays(d.Name); err != nil {
+		return 0, err
+	}
 	l, err := links.Find(d.Name)
 	if err != nil {
 		return 0, fmt.Errorf("overlay: %w", err)
@@ -124,8 +150,10 @@ func Ensure(d Device) (int, error) {
 // matches reports whether v is the device d describes in what cannot be changed in place.
 func matches(v *netlink.Vxlan, d Device) bool {
 	local, _ := netip.AddrFromSlice(v.SrcAddr)
+	// TTL and TOS 0: inherited from the inner packet, "auto" (a TTL of 1 set by somebody would
+	// cut off every peer behind a router).
 	return v.VxlanId == int(d.VNI) && v.Port == int(d.Port) && local.Unmap() == d.Local.Unmap() &&
-		!v.Learning && v.Group == nil && !v.FlowBased
+		!v.Learning && v.Group == nil && !v.FlowBased && v.TTL == 0 && v.TOS == 0
 }
 
 func fixInPlace(l netlink.Link, d Device, mac net.HardwareAddr) error {
@@ -140,6 +168,11 @@ func fixInPlace(l netlink.Link, d Device, mac net.HardwareAddr) error {
 			return fmt.Errorf("overlay: set MAC %s of %s: %w", mac, d.Name, err)
 		}
 	}
+	if a.Alias != OwnerAlias {
+		if err := netlink.LinkSetAlias(l, OwnerAlias); err != nil {
+			return fmt.Errorf("overlay: set alias of %s: %w", d.Name, err)
+		}
+	}
 	if a.Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return fmt.Errorf("overlay: set %s up: %w", d.Name, err)
@@ -150,6 +183,9 @@ func fixInPlace(l netlink.Link, d Device, mac net.HardwareAddr) error {
 
 // Remove deletes the device (with its entries and the routes through it); absent is fine.
 func Remove(name string) error {
+	if err := removeStrays(name); err != nil {
+		return err
+	}
 	l, err := links.Find(name)
 	if err != nil {
 		return fmt.Errorf("overlay: %w", err)
@@ -182,22 +218,28 @@ type entry struct {
 func Sync(dev int, peers []Peer) map[string]error {
 	failed := map[string]error{}
 	var fdb, neigh []entry
-	byMAC := map[string]string{}
+	// One MAC, one underlay address. Two peers with one address (a Node that copied another's
+	// InternalIP) share its VTEP, as direct routes via that address would: the copy's traffic
+	// ends at the node that owns the address, which drops it. A MAC derived from two different
+	// addresses (an IPv6 hash collision) cannot say where either is: both are refused.
+	byMAC := map[string]Peer{}
 	for _, p := range peers {
 		mac := MAC(p.Underlay).String()
-		if other, ok := byMAC[mac]; ok && other != p.Node {
-			failed[p.Node] = fmt.Errorf("its VTEP MAC %s (from InternalIP %s) is also node %s's", mac, p.Underlay, other)
-			failed[other] = fmt.Errorf("its VTEP MAC %s is also node %s's", mac, p.Node)
+		if other, ok := byMAC[mac]; ok && other.Underlay.Unmap() != p.Underlay.Unmap() {
+			failed[p.Node] = fmt.Errorf("its VTEP MAC %s (from InternalIP %s) is also node %s's (from %s)", mac, p.Underlay, other.Node, other.Underlay)
+			failed[other.Node] = fmt.Errorf("its VTEP MAC %s is also node %s's", mac, p.Node)
 			continue
 		}
-		byMAC[mac] = p.Node
+		byMAC[mac] = p
 	}
 	for _, p := range peers {
 		if failed[p.Node] != nil {
 			continue
 		}
 		mac := MAC(p.Underlay).String()
-		fdb = append(fdb, entry{p.Underlay.Unmap(), mac})
+		if !slices.ContainsFunc(fdb, func(e entry) bool { return e.ip == p.Underlay.Unmap() }) {
+			fdb = append(fdb, entry{p.Underlay.Unmap(), mac})
+		}
 		for _, c := range p.PodCIDRs {
 			neigh = append(neigh, entry{NextHop(c), mac})
 		}

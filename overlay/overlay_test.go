@@ -156,16 +156,31 @@ func TestEnsureAndSync(t *testing.T) {
 		t.Fatalf("entries:\n fdb %q\nwant %q\nneigh %q\n want %q", fdb, wantFDB, neigh, wantNeigh)
 	}
 
-	// A peer whose address collides with another's MAC (two Nodes with one InternalIP) is
-	// refused, both of them: either could be the wrong one.
+	// A Node that copied another's InternalIP shares its VTEP, as a direct route via that
+	// address would: both CIDRs lead to the address's owner, which keeps its path.
 	twin := Peer{Node: "twin", Underlay: peerB.Underlay, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24")}}
 	nettest.Do(t, n, func() error { failed = Sync(dev, []Peer{peerA, peerB, twin}); return nil })
-	if failed["twin"] == nil || failed["b"] == nil || failed["a"] != nil {
-		t.Fatalf("Sync with a MAC collision failed for %v, want b and twin", failed)
+	if len(failed) != 0 {
+		t.Fatalf("Sync with a copied InternalIP failed for %v", failed)
+	}
+	fdb, neigh = entriesIn(t, n, dev)
+	if !slices.Equal(fdb, wantFDB) || !slices.Equal(neigh, []string{wantNeigh[0], wantNeigh[1], "10.244.3.0 0e:4b:c6:33:64:02", wantNeigh[2]}) {
+		t.Fatalf("entries with a copied InternalIP: fdb %q neigh %q", fdb, neigh)
+	}
+	// Two IPv6 addresses whose derived MACs collide (found by a birthday search: the first 40
+	// bits of their SHA-256 agree): neither can be told from the other, both are refused.
+	c1 := Peer{Node: "c1", Underlay: netip.MustParseAddr("2001:db8::7a74:900:0:0"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.4.0/24")}}
+	c2 := Peer{Node: "c2", Underlay: netip.MustParseAddr("2001:db8::ef39:1b00:0:0"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.5.0/24")}}
+	if MAC(c1.Underlay).String() != MAC(c2.Underlay).String() {
+		t.Fatalf("the collision's addresses no longer collide: %s %s", MAC(c1.Underlay), MAC(c2.Underlay))
+	}
+	nettest.Do(t, n, func() error { failed = Sync(dev, []Peer{peerA, c1, c2}); return nil })
+	if failed["c1"] == nil || failed["c2"] == nil || failed["a"] != nil {
+		t.Fatalf("Sync with a MAC collision failed for %v, want c1 and c2", failed)
 	}
 	fdb, neigh = entriesIn(t, n, dev)
 	if !slices.Equal(fdb, wantFDB[:1]) || !slices.Equal(neigh, []string{wantNeigh[0], wantNeigh[2]}) {
-		t.Fatalf("entries after the collision: fdb %q neigh %q: b's and twin's must be gone", fdb, neigh)
+		t.Fatalf("entries after the collision: fdb %q neigh %q: only a's may stay", fdb, neigh)
 	}
 
 	// The same device again: left as it is (same index); another VNI: replaced.
@@ -218,27 +233,51 @@ func TestFirewall(t *testing.T) {
 	golden := `table inet kubenet-overlay {
 	set nodes4 {
 		type ipv4_addr
+		flags constant
 		elements = { 192.0.2.1, 192.0.2.2 }
 	}
 
 	set nodes6 {
 		type ipv6_addr
+		flags constant
 		elements = { 2001:db8::1 }
+	}
+
+	set pods4 {
+		type ipv4_addr
+		flags constant,interval
+		elements = { 10.244.0.0/16 }
+	}
+
+	set pods6 {
+		type ipv6_addr
+		flags constant,interval
+		elements = { fd00:10:244::/48 }
 	}
 
 	chain input {
 		type filter hook input priority filter - 10; policy accept;
 		iifname "cbr0" udp dport 8472 drop comment "pods never send to this node's VXLAN port"
 		iifname "kubenet-vxlan" udp dport 8472 drop comment "the overlay never carries VXLAN to this node"
+		iifname "cbr0" icmp type destination-unreachable icmp code frag-needed drop comment "pods never lower this node's path MTU (IPv4)"
+		iifname "cbr0" icmpv6 type packet-too-big drop comment "pods never lower this node's path MTU (IPv6)"
+		iifname "lo" udp dport 8472 drop comment "no VXLAN from this node's own processes"
 		udp dport 8472 ip saddr != @nodes4 drop comment "VXLAN only from the cluster's nodes (IPv4)"
 		udp dport 8472 ip6 saddr != @nodes6 drop comment "VXLAN only from the cluster's nodes (IPv6)"
 	}
 
 	chain forward {
 		type filter hook forward priority filter - 10; policy accept;
-		iifname "cbr0" udp dport 8472 ip daddr != 10.244.0.0/16 drop comment "pods send VXLAN only to pods (IPv4)"
-		iifname "cbr0" udp dport 8472 ip6 daddr != fd00:10:244::/48 drop comment "pods send VXLAN only to pods (IPv6)"
+		udp dport 8472 ip daddr @nodes4 drop comment "nothing forwarded is VXLAN for a Node (IPv4)"
+		iifname "cbr0" udp dport 8472 ip daddr != @pods4 drop comment "pods send VXLAN only to pods (IPv4)"
+		udp dport 8472 ip6 daddr @nodes6 drop comment "nothing forwarded is VXLAN for a Node (IPv6)"
+		iifname "cbr0" udp dport 8472 ip6 daddr != @pods6 drop comment "pods send VXLAN only to pods (IPv6)"
 		iifname "kubenet-vxlan" oifname != "cbr0" drop comment "the overlay carries traffic to this node's pods only"
+	}
+
+	chain prerouting {
+		type filter hook prerouting priority raw; policy accept;
+		udp dport 8472 fib daddr type local notrack comment "VXLAN to this node is never NATed (no hostPort takes it)"
 	}
 }
 `
@@ -248,12 +287,22 @@ func TestFirewall(t *testing.T) {
 	if sync() {
 		t.Fatal("a Sync of an unchanged firewall wrote it again")
 	}
-	// Whatever another tool changes is put back: a node removed from a set, a rule deleted, a
-	// chain turned into a regular one, the table deleted.
-	tamper := [][]string{
-		{"nft", "delete", "element", "inet", FirewallTable.Name, "nodes4", "{ 192.0.2.2 }"},
-		{"nft", "flush", "chain", "inet", FirewallTable.Name, "input"},
+	// The sets are constant: no tool adds a sender (or removes one) without replacing the table.
+	for _, cmd := range [][]string{
 		{"nft", "add", "element", "inet", FirewallTable.Name, "nodes4", "{ 203.0.113.66 }"},
+		{"nft", "delete", "element", "inet", FirewallTable.Name, "nodes4", "{ 192.0.2.2 }"},
+	} {
+		if out, err := nettest.Output(n, cmd[0], cmd[1:]...); err == nil {
+			t.Fatalf("%q changed a constant set:\n%s", cmd, out)
+		}
+	}
+	// Whatever another tool changes is put back: a rule deleted, a set replaced with another
+	// sender in it, the table made dormant (its chains unhooked), the table deleted.
+	tamper := [][]string{
+		{"nft", "flush", "chain", "inet", FirewallTable.Name, "input"},
+		{"sh", "-c", "nft delete table inet " + FirewallTable.Name + " && nft add table inet " + FirewallTable.Name +
+			" && nft add set inet " + FirewallTable.Name + " nodes4 '{ type ipv4_addr; elements = { 203.0.113.66 }; }'"},
+		{"nft", "add", "table", "inet", FirewallTable.Name, "{ flags dormant; }"},
 		{"nft", "delete", "table", "inet", FirewallTable.Name},
 	}
 	for _, cmd := range tamper {

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -108,6 +109,12 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--vxlan-vni %d: must be between 1 and 16777215", o.vxlanVNI)
 	}
 	o.cfg.VXLANPort, o.cfg.VXLANVNI = uint16(o.vxlanPort), uint32(o.vxlanVNI)
+	if err := linkName(o.cfg.VXLANDevice); err != nil {
+		return nil, fmt.Errorf("--vxlan-device %q: %w", o.cfg.VXLANDevice, err)
+	}
+	if bridge := cmp.Or(o.cfg.Conflist.Bridge, core.DefaultBridge); bridge == cmp.Or(o.cfg.VXLANDevice, core.DefaultOverlayDevice) {
+		return nil, fmt.Errorf("--vxlan-device and the pods' bridge (--bridge) are both %q", bridge)
+	}
 	if o.cfg.Conflist.NonMasqueradeCIDRs, err = parseCIDRs("--cluster-cidr", o.clusterCIDR); err != nil {
 		return nil, err
 	}
@@ -252,4 +259,20 @@ func clientConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
 	}
 	return c, nil
+}
+
+// linkName says why the kernel would refuse name for a link (dev_valid_name), or nil; empty is
+// the default.
+func linkName(name string) error {
+	switch {
+	case name == "":
+		return nil
+	case len(name) > 15:
+		return fmt.Errorf("longer than 15 bytes")
+	case name == "." || name == "..":
+		return fmt.Errorf("not a link name")
+	case strings.ContainsAny(name, "/: \t\n\v\f\r"):
+		return fmt.Errorf("a link name has no '/', ':' or white space")
+	}
+	return nil
 }

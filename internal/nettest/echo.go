@@ -21,8 +21,34 @@ import (
 type EchoServer struct {
 	Addr netip.AddrPort // the address the server listens on
 
+	ns       ns.NetNS // where it listens
 	mu       sync.Mutex
 	received map[string]int // UDP payload -> times received (duplicate detection)
+	barriers int
+}
+
+// Barrier sends datagrams to the UDP server from its own namespace until one arrives, so that a
+// test asserting that something did NOT arrive knows that what was sent before had its chance,
+// without sleeping.
+func (s *EchoServer) Barrier() error {
+	s.mu.Lock()
+	s.barriers++
+	tag := fmt.Sprintf("kubenet-barrier-%d", s.barriers)
+	s.mu.Unlock()
+	to := s.Addr
+	if to.Addr().IsUnspecified() {
+		to = netip.AddrPortFrom(netip.IPv6Loopback(), to.Port())
+		if s.Addr.Addr().Is4() {
+			to = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), to.Port())
+		}
+	}
+	return Eventually(10*time.Second, func() error {
+		_, _ = UDPRequest(s.ns, to, tag, 100*time.Millisecond)
+		if s.Received(tag) == 0 {
+			return fmt.Errorf("barrier datagram to %s not received", to)
+		}
+		return nil
+	})
 }
 
 // Received returns how often the UDP server has seen payload.
@@ -90,7 +116,7 @@ func StartUDPEcho(t testing.TB, n ns.NetNS, addr netip.AddrPort) *EchoServer {
 	t.Helper()
 	pc := listenIn(t, n, func() (net.PacketConn, error) { return net.ListenPacket("udp", addr.String()) })
 	t.Cleanup(func() { _ = pc.Close() })
-	s := &EchoServer{Addr: netip.MustParseAddrPort(pc.LocalAddr().String()), received: map[string]int{}}
+	s := &EchoServer{Addr: netip.MustParseAddrPort(pc.LocalAddr().String()), ns: n, received: map[string]int{}}
 	go func() {
 		buf := make([]byte, 64<<10)
 		for {

@@ -726,6 +726,7 @@ func TestAgentOverlay(t *testing.T) {
 					t.Fatal(err)
 				}
 				n.startAgent(top, "--mtu=0", "--routing=vxlan")
+				n.waitSynced(t) // stopped before its informers synced, an agent exits 1
 			}
 			expectRoutes(t, n1, wantPaths(n1, nodes, n2, n3))
 			expectEntries(t, n1, map[*simNode][]netip.Prefix{n2: podCIDRs(2), n3: podCIDRs(3)})
@@ -738,6 +739,7 @@ func TestAgentOverlay(t *testing.T) {
 					t.Fatal(err)
 				}
 				n.startAgent(top, "--mtu=0", "--routing=direct")
+				n.waitSynced(t) // stopped before its informers synced, an agent exits 1
 			}
 			expectRoutes(t, n1, []string{
 				fmt.Sprintf("%s via %s", podCIDRs(2)[0], n2.addrs[0].Addr()), fmt.Sprintf("%s via %s", podCIDRs(2)[1], n2.addrs[1].Addr()),
