@@ -140,7 +140,7 @@ func (c *KubeCluster) PodNetNS(pod *corev1.Pod) (ns.NetNS, error) {
 		return nil, fmt.Errorf("pod %s: no node or no container yet", pod.Name)
 	}
 	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	out, err := n.Jail.Output("ctr", "--namespace", "k8s.io", "tasks", "list")
+	out, err := n.Ctr("--namespace", "k8s.io", "tasks", "list")
 	if err != nil {
 		return nil, err
 	}
