@@ -12,8 +12,9 @@
 # thin pool). runc stays Debian's. The directory is $(dirname $(go env GOCACHE))/kubenet-containerd/<stamp>,
 # the stamp a hash of everything that decides the binaries (this script, go.mod, go.sum), as
 # hack/kubernetes/build.sh keys its cache: a second run only finds them. A cold build takes
-# about 3.5 minutes on 2 cores with empty module and build caches (3 min 27 s measured), under
-# a minute when only the binaries are gone; it runs under nice.
+# about 4 minutes on 2 idle cores with empty module and build caches (3 min 27 s and 4 min 10 s
+# measured; far more when the cores are busy), seconds when only the binaries are gone; it runs
+# under nice.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
