@@ -128,12 +128,15 @@ clean:
 .PHONY: e2e-runtimes e2e-cluster
 E2E_FLAGS := -tags e2e -count=1 -v
 
-# Real runtimes drive kubenet: Debian's containerd (through its CRI socket) and podman 4 (CNI
-# backend), each in a jail inside a node netns; installs them with apt-get when missing.
+# Real runtimes drive kubenet: Debian's containerd 1.6 and containerd 2.2 (through their CRI
+# sockets) and podman 4 (CNI backend), each in a jail inside a node netns; installs Debian's with
+# apt-get when missing, and builds containerd 2.2 into a cache outside the checkout
+# (hack/containerd/build.sh: about 4 minutes once on a fresh machine, then nothing). As root.
 e2e-runtimes: deps
 	@test/e2e/install-runtimes.sh
 	$(GO) vet -tags e2e ./test/e2e/...
-	@set -o pipefail; $(GO) test $(E2E_FLAGS) -timeout 15m -run '^TestRuntime' ./test/e2e/ | grep -v -e '^=== '
+	@set -o pipefail; ctrd=$$(hack/containerd/build.sh) && \
+	$(GO) test $(E2E_FLAGS) -timeout 15m -run '^TestRuntime' ./test/e2e/ -args -containerd.bins="$$ctrd" | grep -v -e '^=== '
 
 # A simulated three-node dual-stack cluster: the pod/node/external/hostPort/service traffic
 # matrix, MTU, and zero residue on every node after the pods are deleted.
@@ -177,6 +180,9 @@ bench-agent: deps
 #   E2E_AGENT_ARGS   flags appended to the agent's in deploy/kubenet.yaml (they override its own)
 #   E2E_NETFILTER    kubenet's netfilter backend: paired (iptables in the cluster whose kube-proxy
 #                    runs iptables, unless the specs need NetworkPolicy), nftables or iptables
+#   E2E_CONTAINERD   the nodes' containerd per kube-proxy mode (mode=release,...; release 1.6 is
+#                    Debian's, 2.2 is built by hack/containerd/build.sh; a mode not named runs
+#                    1.6), or one release for every cluster, e.g. E2E_CONTAINERD=2.2
 E2E_PROXY_MODES ?= iptables,nftables
 E2E_STACK ?= ipv4
 E2E_SPECS ?= network
@@ -186,6 +192,7 @@ E2E_PARALLEL ?= true
 E2E_CHECKS ?= true
 E2E_AGENT_ARGS ?=
 E2E_NETFILTER ?= paired
+E2E_CONTAINERD ?= iptables=1.6,nftables=2.2
 KUBE_DEPS := containerd:containerd ctr:containerd containerd-shim-runc-v2:containerd runc:runc \
   busybox-static dash:dash curl:curl wget:wget nc.openbsd:netcat-openbsd nsenter:util-linux unshare:util-linux
 .PHONY: e2e-kubernetes
@@ -193,10 +200,11 @@ e2e-kubernetes: deps
 	@hack/ensure-deps.sh $(KUBE_DEPS)
 	$(GO) vet -tags e2e ./test/e2e/...
 	@set -o pipefail; dir=$$(hack/kubernetes/build.sh) && \
+	ctrd=$$(case '$(E2E_CONTAINERD)' in *2.2*) hack/containerd/build.sh ;; esac) && \
 	$(GO) test $(E2E_FLAGS) -timeout 150m -run '^TestKubernetes$$' ./test/e2e/ -args \
 	  -kube.bins="$$dir" -kube.proxy-modes='$(E2E_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
 	  -kube.specs='$(E2E_SPECS)' -kube.focus='$(E2E_FOCUS)' -kube.procs=$(E2E_PROCS) -kube.checks=$(E2E_CHECKS) \
-	  -kube.parallel=$(E2E_PARALLEL) \
+	  -kube.parallel=$(E2E_PARALLEL) -kube.containerd='$(E2E_CONTAINERD)' -containerd.bins="$$ctrd" \
 	  -kube.agent-args='$(E2E_AGENT_ARGS)' -kube.netfilter='$(E2E_NETFILTER)' | grep -v -e '^=== '
 
 # cyclonus (github.com/mattfenwick/cyclonus, built by hack/cyclonus/build.sh), the community's
@@ -211,7 +219,8 @@ e2e-kubernetes: deps
 #   CYCLONUS_ARGS         more flags of `cyclonus generate`; the default probe timeout is 2 s,
 #                         as cyclonus's own CI runs it (its built-in 10 s triples the run)
 #   CYCLONUS_RESULTS      directory for cyclonus's log and JUnit report (default: a new one in /tmp)
-#   E2E_STACK, E2E_AGENT_ARGS as for e2e-kubernetes
+#   E2E_STACK, E2E_AGENT_ARGS, E2E_CONTAINERD as for e2e-kubernetes (containerd 2.2 is built
+#                         by the test when a cluster needs it)
 CYCLONUS_PROXY_MODES ?= nftables
 CYCLONUS_PROTOCOLS ?= TCP,UDP
 CYCLONUS_INCLUDE ?=
@@ -225,6 +234,6 @@ e2e-cyclonus: deps
 	@set -o pipefail; dir=$$(hack/kubernetes/build.sh) && cyclonus=$$(hack/cyclonus/build.sh) && \
 	$(GO) test $(E2E_FLAGS) -timeout 6h -run '^TestCyclonus$$' ./test/e2e/ -args \
 	  -kube.bins="$$dir" -kube.proxy-modes='$(CYCLONUS_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
-	  -kube.agent-args='$(E2E_AGENT_ARGS)' -cyclonus.bin="$$cyclonus" -cyclonus.results='$(CYCLONUS_RESULTS)' \
+	  -kube.agent-args='$(E2E_AGENT_ARGS)' -kube.containerd='$(E2E_CONTAINERD)' -cyclonus.bin="$$cyclonus" -cyclonus.results='$(CYCLONUS_RESULTS)' \
 	  -cyclonus.args='--server-protocol=$(CYCLONUS_PROTOCOLS) $(if $(CYCLONUS_INCLUDE),--include=$(CYCLONUS_INCLUDE)) $(if $(CYCLONUS_EXCLUDE),--exclude=$(CYCLONUS_EXCLUDE)) $(CYCLONUS_ARGS)' \
 	  | grep -v -e '^=== '

@@ -16,24 +16,26 @@ import (
 )
 
 // logCall appends the call to the configuration's logFile, if it names one: verb, network,
-// container, interface, netns, pod, duration, and the result or the CNI error. A successful
-// STATUS is not logged: runtimes poll it every few seconds, and its lines would push the pods'
-// out of the bounded file. The log keys are read on their own, so a call whose configuration is
-// otherwise invalid is logged with that error. A log that cannot be written is reported on
-// stderr (runtimes keep it as the plugin's debug output) and never fails the call; ctx is the
-// call's, which bounds the wait for the log's lock (verblog.Append).
+// container, interface, netns, pod, the CNI version the runtime called with, duration, and the
+// result or the CNI error. A successful STATUS is not logged: runtimes poll it every few
+// seconds, and its lines would push the pods' out of the bounded file. The log keys are read on
+// their own, so a call whose configuration is otherwise invalid is logged with that error. A log
+// that cannot be written is reported on stderr (runtimes keep it as the plugin's debug output)
+// and never fails the call; ctx is the call's, which bounds the wait for the log's lock
+// (verblog.Append).
 func logCall(ctx context.Context, verb string, args *skel.CmdArgs, start time.Time, result *verblog.Result, err error) {
 	settings, serr := core.ParseLogSettings(args.StdinData)
 	if serr != nil || settings.File == "" || (verb == "STATUS" && err == nil) {
 		return
 	}
 	var conf struct {
-		Name string `json:"name"`
+		CNIVersion string `json:"cniVersion"`
+		Name       string `json:"name"`
 	}
 	_ = json.Unmarshal(args.StdinData, &conf)
 	pod, _ := ParseCNIArgs(args.Args)
 	e := verblog.Entry{
-		Time: start.UTC(), Verb: verb, Network: conf.Name,
+		Time: start.UTC(), Verb: verb, CNIVersion: conf.CNIVersion, Network: conf.Name,
 		Container: args.ContainerID, Interface: args.IfName, NetNS: args.Netns, Pod: pod.Pod(),
 		DurationMs: float64(time.Since(start).Microseconds()) / 1000,
 	}

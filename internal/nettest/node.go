@@ -112,6 +112,9 @@ type NetConf struct {
 	HairpinMode        string
 	NetfilterBackend   string         // "" leaves the key out (auto)
 	Extra              map[string]any // more plugin keys, verbatim
+	// CNIVersions is the conflist's cniVersions (nil leaves it out): libcni 1.2 and later call
+	// with the highest of them they support, older ones with CNIVersion.
+	CNIVersions []string
 }
 
 // ConfList renders c as a conflist for this node (dataDir inside the node's temp dir).
@@ -152,7 +155,11 @@ func (n *Node) ConfList(t testing.TB, c NetConf) *libcni.NetworkConfigList {
 	for k, v := range c.Extra {
 		plugin[k] = v
 	}
-	raw, err := json.Marshal(map[string]any{"cniVersion": c.CNIVersion, "name": c.Name, "plugins": []any{plugin}})
+	conf := map[string]any{"cniVersion": c.CNIVersion, "name": c.Name, "plugins": []any{plugin}}
+	if c.CNIVersions != nil {
+		conf["cniVersions"] = c.CNIVersions
+	}
+	raw, err := json.Marshal(conf)
 	if err != nil {
 		t.Fatal(err)
 	}

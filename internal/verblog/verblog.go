@@ -39,6 +39,9 @@ type Entry struct {
 	Interface string    `json:"interface,omitempty"`
 	NetNS     string    `json:"netns,omitempty"`
 	Pod       string    `json:"pod,omitempty"`
+	// CNIVersion is the version the runtime called the plugin with: the configuration's
+	// cniVersion as libcni passed it (a conflist's cniVersions let newer runtimes pick 1.1.0).
+	CNIVersion string `json:"cniVersion,omitempty"`
 	// DurationMs is the call's wall time in milliseconds.
 	DurationMs float64 `json:"durationMs"`
 	// Result is set when the call succeeded (for ADD, the pod's addresses); Error when it failed.
@@ -144,7 +147,7 @@ func encode(e Entry, limit int) ([]byte, error) {
 		cp.Msg = cut(cp.Msg, maxMsg)
 		e.Error = &cp
 	}
-	fields := []*string{&e.Verb, &e.Network, &e.Container, &e.Interface, &e.NetNS, &e.Pod}
+	fields := []*string{&e.Verb, &e.Network, &e.Container, &e.Interface, &e.NetNS, &e.Pod, &e.CNIVersion}
 	if e.Error != nil {
 		fields = append(fields, &e.Error.Msg)
 	}

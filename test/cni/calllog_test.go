@@ -27,6 +27,7 @@ import (
 // callLine is one line of the call log as an operator's jq would read it.
 type callLine struct {
 	Verb       string   `json:"verb"`
+	CNIVersion string   `json:"cniVersion"`
 	Network    string   `json:"network"`
 	Container  string   `json:"container"`
 	Interface  string   `json:"interface"`
@@ -44,8 +45,8 @@ type callLine struct {
 
 // TestCallLog: with logFile set, every call of the binary (ADD, a failing ADD, CHECK, DEL, GC, a
 // failing STATUS, an ADD whose configuration is otherwise invalid) appends one JSON line with the
-// verb, container, interface, netns, pod, duration and the result or the CNI error; a successful
-// STATUS is not logged. Without logFile nothing is written.
+// verb, the CNI version of the call, container, interface, netns, pod, duration and the result or
+// the CNI error; a successful STATUS is not logged. Without logFile nothing is written.
 func TestCallLog(t *testing.T) {
 	node := nettest.NewNode(t, binDir)
 	logFile := filepath.Join(node.Dir, "log", "kubenet.log")
@@ -71,7 +72,7 @@ func TestCallLog(t *testing.T) {
 	if err := node.Status(noCIDR); testkit.CNICode(err) != core.ErrPluginNotAvailable {
 		t.Fatalf("STATUS without a pod CIDR: %v", err)
 	}
-	bad := node.ConfList(t, nettest.NetConf{Name: "bad", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.5/24")}, Extra: map[string]any{"logFile": logFile}})
+	bad := node.ConfList(t, nettest.NetConf{CNIVersion: "1.0.0", Name: "bad", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.5/24")}, Extra: map[string]any{"logFile": logFile}})
 	broken := node.NewPod(t, "broken")
 	if err := node.Add(bad, broken); testkit.CNICode(err) != 7 {
 		t.Fatalf("ADD with host bits in podCIDRs: %v", err)
@@ -109,6 +110,12 @@ func TestCallLog(t *testing.T) {
 	}
 	if got[6].Container != "broken" || got[6].Network != "bad" {
 		t.Errorf("invalid-configuration ADD logged as %+v", got[6])
+	}
+	// Each line says the version of its call: the 1.0.0 conflist's ADD is not the others' 1.1.0.
+	for i, l := range got {
+		if want := map[bool]string{false: "1.1.0", true: "1.0.0"}[i == 6]; l.CNIVersion != want {
+			t.Errorf("%s line %d: cniVersion %q, want %q (the configuration's)", l.Verb, i, l.CNIVersion, want)
+		}
 	}
 
 	// Default off: a conflist without logFile writes no log anywhere in the node's directory.

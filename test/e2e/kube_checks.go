@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/e2e/criclient"
 )
 
 // Node returns the node called name.
@@ -140,7 +142,7 @@ func (c *KubeCluster) PodNetNS(pod *corev1.Pod) (ns.NetNS, error) {
 		return nil, fmt.Errorf("pod %s: no node or no container yet", pod.Name)
 	}
 	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	out, err := n.Jail.Output("ctr", "--namespace", "k8s.io", "tasks", "list")
+	out, err := n.Ctr("--namespace", "k8s.io", "tasks", "list")
 	if err != nil {
 		return nil, err
 	}
@@ -154,6 +156,66 @@ func (c *KubeCluster) PodNetNS(pod *corev1.Pod) (ns.NetNS, error) {
 		}
 	}
 	return nil, fmt.Errorf("pod %s: containerd on %s lists no task %s:\n%s", pod.Name, n.Name, id, out)
+}
+
+// RuntimeCNIVersion is the cniVersion the node's containerd loaded kubenet's network with: the
+// version its libcni chose from the conflist's cniVersion and cniVersions, as its verbose CRI
+// Status shows it. The CRI socket is reached through the jail's root.
+func (n *KubeNode) RuntimeCNIVersion(ctx context.Context) (string, error) {
+	cri, err := criclient.Dial(fmt.Sprintf("/proc/%d/root%s", n.Jail.Pid(), containerdSock))
+	if err != nil {
+		return "", err
+	}
+	defer cri.Close()
+	versions, err := cri.CNIVersions(ctx)
+	if err != nil {
+		return "", err
+	}
+	v, ok := versions["kubenet"]
+	if !ok {
+		return "", fmt.Errorf("%s: containerd has no network kubenet, only %v", n.Name, versions)
+	}
+	return v, nil
+}
+
+// ResultVersions reads libcni's result cache on the node (/var/lib/cni/results, written by the
+// runtime after each ADD) and returns, per pod ("namespace/name") on kubenet's network, the
+// cniVersion of the result kubenet gave: kubenet answers in the version it was called with.
+func (n *KubeNode) ResultVersions() (map[string]string, error) {
+	dir := n.HostPath("/var/lib/cni/results")
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "kubenet-") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		var cached struct {
+			NetworkName string      `json:"networkName"`
+			CNIArgs     [][2]string `json:"cniArgs"`
+			Result      struct {
+				CNIVersion string `json:"cniVersion"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(b, &cached); err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Name(), err)
+		}
+		if cached.NetworkName != "kubenet" {
+			continue
+		}
+		args := map[string]string{}
+		for _, a := range cached.CNIArgs {
+			args[a[0]] = a[1]
+		}
+		out[args["K8S_POD_NAMESPACE"]+"/"+args["K8S_POD_NAME"]] = cached.Result.CNIVersion
+	}
+	return out, nil
 }
 
 // Prober sends HTTP requests, each on a new connection, from nodes' namespaces to targets

@@ -45,6 +45,8 @@ type KubeClusterConfig struct {
 	// Netfilter is kubenet's netfilterBackend on the nodes (the agent's --netfilter-backend):
 	// nftables or iptables.
 	Netfilter string
+	// Containerd is the nodes' container runtime: Debian's 1.6 or containerd 2.2.
+	Containerd ContainerdRelease
 
 	// Filled in by StartKubeCluster from DualStack.
 	ClusterCIDRs, ServiceCIDRs []netip.Prefix

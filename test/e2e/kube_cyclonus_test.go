@@ -59,7 +59,7 @@ func TestCyclonus(t *testing.T) {
 			if *kubeParallel {
 				t.Parallel()
 			}
-			cfg := run.config(mode, netfilterFor(mode, true), nil)
+			cfg := run.config(t, mode, netfilterFor(mode, true), nil)
 			if cfg.Netfilter != "nftables" {
 				t.Fatalf("kubenet enforces NetworkPolicy only on nftables, not on %s (-kube.netfilter)", cfg.Netfilter)
 			}

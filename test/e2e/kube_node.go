@@ -18,8 +18,8 @@ import (
 )
 
 // KubeNode is a node of the cluster: a network namespace on the underlay, and in it a jail (a
-// private mount, PID and UTS namespace, host name = node name) running Debian's containerd, a
-// kubelet and kube-proxy. The node's disk is a directory of the test: /var/lib, /var/log and
+// private mount, PID and UTS namespace, host name = node name) running containerd (the
+// cluster's release: Debian's 1.6 or 2.2), a kubelet and kube-proxy. The node's disk is a directory of the test: /var/lib, /var/log and
 // the changes to /etc and /opt (where the agent writes the conflist and installs the plugin)
 // live there and survive a Reboot; /run is a tmpfs of the jail and does not.
 type KubeNode struct {
@@ -102,12 +102,15 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	}
 	c := n.cluster
 	// containerd 1.6 runs the reference loopback plugin for the pod's lo: a node image ships it
-	// (kubeadm's kubernetes-cni package); the agent installs only kubenet.
-	if err := copyFile(filepath.Join(c.refPlugins, "loopback"), n.disk("cni-bin", "loopback"), 0o755); err != nil {
-		t.Fatal(err)
+	// (kubeadm's kubernetes-cni package); the agent installs only kubenet. containerd 2 brings
+	// lo up itself here, so its nodes have no CNI binary but kubenet.
+	if c.cfg.Containerd.NeedsLoopback() {
+		if err := copyFile(filepath.Join(c.refPlugins, "loopback"), n.disk("cni-bin", "loopback"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	config := fmt.Sprintf(containerdConfig, "/var/lib/containerd", "/run/containerd", containerdSock, containerdSock+".ttrpc",
-		KubePauseImage, nodeCNIBinDir, nodeCNIConfDir, "/run/containerd/runc")
+	config := c.cfg.Containerd.Config(containerdPaths{Root: "/var/lib/containerd", State: "/run/containerd", Socket: containerdSock,
+		SandboxImage: KubePauseImage, CNIConf: nodeCNIConfDir, CNIBin: nodeCNIBinDir, RuncRoot: "/run/containerd/runc"})
 	write := func(name, body string) {
 		if err := os.WriteFile(n.disk(name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
@@ -189,7 +192,9 @@ func (n *KubeNode) boot(t testing.TB) {
 		Binds: n.binds(),
 	})
 	n.startContainerd(t)
-	n.Jail.Run(t, "ctr", "--namespace", "k8s.io", "images", "import", n.cluster.cfg.Images)
+	if _, err := n.Ctr("--namespace", "k8s.io", "images", "import", n.cluster.cfg.Images); err != nil {
+		t.Fatal(err)
+	}
 	n.startKubelet(t)
 	n.startProxy(t)
 }
@@ -208,14 +213,20 @@ func (n *KubeNode) binds() []Bind {
 
 func (n *KubeNode) startContainerd(t testing.TB) {
 	t.Helper()
-	n.Containerd = n.Jail.StartDaemon(t, n.disk("containerd.log"), "containerd", "--config", n.disk("containerd.toml"))
+	n.Containerd = n.Jail.StartDaemon(t, n.disk("containerd.log"), n.cluster.cfg.Containerd.Bin("containerd"), "--config", n.disk("containerd.toml"))
 	err := n.whileUp(time.Minute, func() error {
-		_, err := n.Jail.Output("ctr", "version")
+		_, err := n.Ctr("version")
 		return err
 	}, n.Containerd)
 	if err != nil {
 		t.Fatalf("%s: containerd did not start: %v", n.Name, err)
 	}
+}
+
+// Ctr runs the ctr of the node's containerd release inside the node (its default socket) and
+// returns its output.
+func (n *KubeNode) Ctr(args ...string) (string, error) {
+	return n.Jail.Output(n.cluster.cfg.Containerd.Bin("ctr"), args...)
 }
 
 func (n *KubeNode) startKubelet(t testing.TB) {

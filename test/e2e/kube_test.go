@@ -37,6 +37,7 @@ var (
 	kubeAgentArgs  = flag.String("kube.agent-args", "", "flags appended to the agent's in deploy/kubenet.yaml (they override its own), space-separated")
 	kubeParallel   = flag.Bool("kube.parallel", true, "run the clusters of the kube-proxy modes at the same time")
 	kubeNetfilter  = flag.String("kube.netfilter", "paired", `kubenet's netfilter backend: "paired" (iptables in the cluster whose kube-proxy runs iptables, unless the specs need NetworkPolicy; nftables otherwise), "nftables" or "iptables"`)
+	kubeContainerd = flag.String("kube.containerd", "iptables=1.6,nftables=2.2", `the nodes' containerd per kube-proxy mode, "mode=release,..." (release: 1.6, Debian's, or 2.2, hack/containerd/build.sh's; modes not named run 1.6), or one release for every cluster`)
 )
 
 // TestKubernetes runs kubenet in a real cluster (docs/e2e.md, "make e2e-kubernetes"): per
@@ -64,7 +65,7 @@ func TestKubernetes(t *testing.T) {
 				// The collector check's timing; the flags of -kube.agent-args come after, and win.
 				stale = kubeStaleArgs()
 			}
-			runCluster(t, run.config(mode, netfilterFor(mode, policies), stale), focus)
+			runCluster(t, run.config(t, mode, netfilterFor(mode, policies), stale), focus)
 		})
 	}
 }
@@ -109,17 +110,41 @@ func prepareKubeRun(t *testing.T) kubeRun {
 	return kubeRun{repo: repo, bins: bins, images: images}
 }
 
-// config is the cluster of kube-proxy mode with kubenet on netfilter (nftables or iptables):
-// the agent gets agentArgs, the backend's flags and then -kube.agent-args, which win.
-func (r kubeRun) config(mode, netfilter string, agentArgs []string) KubeClusterConfig {
+// config is the cluster of kube-proxy mode with kubenet on netfilter (nftables or iptables) and
+// the containerd -kube.containerd names for mode: the agent gets agentArgs, the backend's flags
+// and then -kube.agent-args, which win.
+func (r kubeRun) config(t testing.TB, mode, netfilter string, agentArgs []string) KubeClusterConfig {
+	t.Helper()
+	release, err := containerdFor(*kubeContainerd, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := KubeClusterConfig{Bins: r.bins, Repo: r.repo, Images: r.images, ProxyMode: mode, DualStack: *kubeDualStack, Nodes: 2,
-		Netfilter: netfilter}
+		Netfilter: netfilter, Containerd: containerdRelease(t, release)}
 	cfg.AgentArgs = append(slices.Clone(agentArgs), "--netfilter-backend="+netfilter)
 	if netfilter == "iptables" {
 		cfg.AgentArgs = append(cfg.AgentArgs, "--network-policy=false") // policies need nftables
 	}
 	cfg.AgentArgs = append(cfg.AgentArgs, strings.Fields(*kubeAgentArgs)...)
 	return cfg
+}
+
+// containerdFor is the containerd release spec (-kube.containerd) names for kube-proxy mode:
+// "mode=release,..." (a mode not named runs Debian's) or one release for every mode.
+func containerdFor(spec, mode string) (string, error) {
+	if !strings.Contains(spec, "=") {
+		return strings.TrimSpace(spec), nil
+	}
+	for _, item := range strings.Split(spec, ",") {
+		m, release, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok {
+			return "", fmt.Errorf("-kube.containerd %q: %q is not mode=release", spec, item)
+		}
+		if m == mode {
+			return release, nil
+		}
+	}
+	return debianContainerd.Name, nil
 }
 
 // netfilterFor is kubenet's backend in the cluster of kube-proxy mode (-kube.netfilter).
@@ -142,7 +167,7 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 	if cfg.DualStack {
 		stack = "dual-stack"
 	}
-	t.Logf("cluster %s: %s, kube-proxy %s, kubenet's netfilter backend %s, %d nodes registered in %s", c.Name, stack, cfg.ProxyMode, cfg.Netfilter, len(c.Nodes), time.Since(start).Round(time.Second))
+	t.Logf("cluster %s: %s, kube-proxy %s, kubenet's netfilter backend %s, containerd %s, %d nodes registered in %s", c.Name, stack, cfg.ProxyMode, cfg.Netfilter, cfg.Containerd.Name, len(c.Nodes), time.Since(start).Round(time.Second))
 
 	err := c.eventually(2*time.Minute, c.NetworkNotReady)
 	Check(t, err, "before kubenet is installed every node is NotReady for want of a CNI configuration, and has no conflist")
@@ -160,6 +185,7 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 	t.Logf("cluster ready with CoreDNS %s after start", time.Since(start).Round(time.Second))
 
 	if *kubeOwnChecks {
+		t.Run("CNIVersion", func(t *testing.T) { checkCNIVersion(t, c) })
 		t.Run("Bandwidth", func(t *testing.T) { checkBandwidth(t, c) })
 		t.Run("StaleAttachments", func(t *testing.T) { stale.finish(t) })
 	}
@@ -275,6 +301,32 @@ func (c *KubeCluster) createNamespace(t *testing.T, name string) {
 	t.Cleanup(func() {
 		_ = c.cp.Admin.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
+}
+
+// checkCNIVersion checks on every node which CNI version the runtime speaks with kubenet, given
+// the agent's conflist (cniVersion 1.0.0, cniVersions 1.0.0 and 1.1.0): containerd 2.2 loads the
+// network as 1.1.0 and calls kubenet with it, 1.6 with 1.0.0. The runtime's side is its verbose
+// CRI Status; kubenet's side is the result of a pod's ADD, which kubenet prints in the version
+// it was called with and the runtime's libcni caches.
+func checkCNIVersion(t *testing.T, c *KubeCluster) {
+	const ns = "kubenet-cniversion"
+	c.createNamespace(t, ns)
+	want := c.cfg.Containerd.CNIVersion()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range c.Nodes {
+		got, err := n.RuntimeCNIVersion(ctx)
+		if err == nil && got != want {
+			err = fmt.Errorf("cniVersion %s", got)
+		}
+		Check(t, err, "%s: containerd %s loaded network kubenet with cniVersion %s (CRI verbose Status)", n.Name, c.cfg.Containerd.Name, want)
+		pod := c.createRunning(t, ns, agnhostPod("cniversion-"+n.Name, n.Name, nil))
+		versions, err := n.ResultVersions()
+		if got, ok := versions[ns+"/"+pod.Name]; err == nil && (!ok || got != want) {
+			err = fmt.Errorf("cached results by pod: %v", versions)
+		}
+		Check(t, err, "%s: kubenet answered the ADD of pod %s in cniVersion %s (the runtime's libcni result cache)", n.Name, pod.Name, want)
+	}
 }
 
 // checkBandwidth runs a pod with the bandwidth annotations and one without on node1 and

@@ -4,6 +4,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -11,15 +14,21 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/kubenet-dev/kubenet/agent/cnidir"
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/verblog"
+	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 // network is the CNI network name of the runtime tests' conflist.
@@ -33,12 +42,20 @@ type runtimeWorld struct {
 	node    *nettest.Node
 	dir     string
 	cni     CNIDirs
+	list    *libcni.NetworkConfigList
 	archive string
+	// callLog is kubenet's call log (the conflist's logFile): one line per call, with the CNI
+	// version the runtime called with.
+	callLog string
 }
 
+// agentCNIVersions is the cniVersions list of the conflist kubenet-agent writes.
+var agentCNIVersions = []string{"1.0.0", "1.1.0"}
+
 // newRuntimeWorld prepares a node. plugins are extra CNI binaries for the bin dir (containerd
-// 1.6 runs the reference loopback plugin as a network of its own). The conflist says
-// cniVersion 1.0.0: containerd 1.6 and podman 4.3 reject 1.1.0 results.
+// 1.6 runs the reference loopback plugin as a network of its own). The conflist's versions are
+// the agent's: cniVersion 1.0.0, which containerd 1.6 and podman 4.3 read (they reject 1.1.0
+// results), and cniVersions 1.0.0 and 1.1.0, from which containerd 2 picks 1.1.0.
 func newRuntimeWorld(t *testing.T, plugins ...string) runtimeWorld {
 	t.Helper()
 	node := nettest.NewNode(t, binDir)
@@ -54,13 +71,16 @@ func newRuntimeWorld(t *testing.T, plugins ...string) runtimeWorld {
 			t.Fatal(err)
 		}
 	}
-	list := node.ConfList(t, nettest.NetConf{
-		CNIVersion:         "1.0.0",
+	w.callLog = filepath.Join(w.dir, "log", "calls.log")
+	w.list = node.ConfList(t, nettest.NetConf{
+		CNIVersion:         cnidir.DefaultCNIVersion,
+		CNIVersions:        agentCNIVersions,
 		Name:               network,
 		PodCIDRs:           []netip.Prefix{nettest.PodCIDR4, nettest.PodCIDR6},
 		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
+		Extra:              map[string]any{"logFile": w.callLog},
 	})
-	if err := os.WriteFile(filepath.Join(w.cni.Conf, "10-kubenet.conflist"), list.Bytes, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(w.cni.Conf, "10-kubenet.conflist"), w.list.Bytes, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	w.archive = filepath.Join(w.dir, "images.tar")
@@ -181,15 +201,70 @@ func checkNoResidue(t *testing.T, w runtimeWorld, jail *Jail, netnsDirs ...strin
 	}
 }
 
+// containerdBins is the directory of hack/containerd/build.sh's binaries; `make e2e-runtimes`
+// and `make e2e-kubernetes` pass it.
+var containerdBins = flag.String("containerd.bins", "", "directory of hack/containerd/build.sh's containerd 2 binaries (default: run build.sh when a test needs them)")
+
+var builtContainerd = sync.OnceValues(func() (ContainerdRelease, error) {
+	dir := *containerdBins
+	if dir == "" {
+		cmd := exec.Command("../../hack/containerd/build.sh")
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return ContainerdRelease{}, fmt.Errorf("hack/containerd/build.sh: %w", err)
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	r := ContainerdRelease{Name: "2.2", Dir: dir}
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		if _, err := os.Stat(r.Bin(b)); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+})
+
+// debianContainerd is Debian's containerd, the one install-runtimes.sh and the Makefile install.
+var debianContainerd = ContainerdRelease{Name: "1.6"}
+
+// containerdRelease is the release called name: Debian's 1.6 (installed by `make e2e-runtimes`)
+// or 2.2 (hack/containerd/build.sh's).
+func containerdRelease(t testing.TB, name string) ContainerdRelease {
+	t.Helper()
+	switch name {
+	case debianContainerd.Name:
+		return debianContainerd
+	case "2.2":
+		r, err := builtContainerd()
+		Require(t, err, "containerd 2.2 built by hack/containerd/build.sh in %s", r.Dir)
+		return r
+	}
+	t.Fatalf("no containerd %q: 1.6 (Debian's) or 2.2 (hack/containerd/build.sh)", name)
+	return ContainerdRelease{}
+}
+
 // TestRuntimeContainerd runs a pod with a hostPort and an ingress-bandwidth annotation through
-// containerd's CRI API, the calls kubelet makes, with kubenet as the pod network.
+// containerd's CRI API, the calls kubelet makes, with kubenet as the pod network: on Debian's
+// containerd 1.6 and on containerd 2.2, which also calls STATUS, with cniVersion 1.1.0.
 func TestRuntimeContainerd(t *testing.T) {
 	requireTools(t, "containerd", "ctr", "runc", "containerd-shim-runc-v2", "nsenter")
-	refDir, err := nettest.InstallRefPlugins()
-	Require(t, err, "reference loopback plugin %s available (containerd 1.6 runs it for the pod's lo)", nettest.RefPluginsVersion)
-	w := newRuntimeWorld(t, filepath.Join(refDir, "loopback"))
+	for _, name := range []string{"1.6", "2.2"} {
+		// One after the other: each prints its checks, and interleaved they would not say whose.
+		t.Run(name, func(t *testing.T) { testContainerd(t, containerdRelease(t, name)) })
+	}
+}
+
+func testContainerd(t *testing.T, r ContainerdRelease) {
+	var plugins []string
+	if r.NeedsLoopback() {
+		refDir, err := nettest.InstallRefPlugins()
+		Require(t, err, "reference loopback plugin %s available (containerd 1.6 runs it for the pod's lo)", nettest.RefPluginsVersion)
+		plugins = append(plugins, filepath.Join(refDir, "loopback"))
+	}
+	w := newRuntimeWorld(t, plugins...)
 	jail := NewJail(t, w.node.NS)
-	cd := StartContainerd(t, jail, w.dir, w.cni, w.archive)
+	cd := StartContainerd(t, r, jail, w.dir, w.cni, w.archive)
 	Check(t, nil, "%s running in the node netns (private root, state, sockets; pid %s), CRI reports RuntimeReady and NetworkReady; images imported", cd.Version, pidString(cd.Daemon))
 	// Registered after the daemon, so it runs first at cleanup: pods go away through CNI DEL
 	// even when the test fails midway.
@@ -197,6 +272,12 @@ func TestRuntimeContainerd(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	versions, err := cd.CRI.CNIVersions(ctx)
+	if err == nil && versions[network] != r.CNIVersion() {
+		err = fmt.Errorf("networks and versions: %v", versions)
+	}
+	Check(t, err, "containerd %s loaded network %s with cniVersion %s (verbose Status's cniconfig) from the conflist's cniVersion %s and cniVersions %v",
+		r.Name, network, r.CNIVersion(), cnidir.DefaultCNIVersion, agentCNIVersions)
 	const hostPort, rate = 30080, 10_000_000
 	podCfg := &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: "web", Uid: "e2e-web-uid", Namespace: "default"},
@@ -226,6 +307,7 @@ func TestRuntimeContainerd(t *testing.T) {
 	checkRecord(t, w, podID, ips, hostPort, &core.Bandwidth{IngressRate: rate})
 	checkPodServes(t, w, ips, hostPort)
 	checkIngressShaping(t, w, podID, rate)
+	checkStatusDrivesNetworkReady(t, w, cd, ips, hostPort)
 
 	Require(t, cd.CRI.StopAndRemovePod(ctx, podID), "StopPodSandbox + RemovePodSandbox %s", short(podID))
 	left, err := cd.CRI.PodIDs(ctx)
@@ -233,8 +315,144 @@ func TestRuntimeContainerd(t *testing.T) {
 		err = fmt.Errorf("pods %v remain", left)
 	}
 	Check(t, err, "containerd lists no pod sandbox")
+	checkCallVersions(t, w, podID, r.CNIVersion(), "ADD", "DEL")
 	checkNoResidue(t, w, jail, filepath.Join(cd.StateDir, "io.containerd.grpc.v1.cri", "netns"))
 	Check(t, cd.Daemon.Stop(), "containerd stopped by its pid (SIGTERM)")
+}
+
+// checkStatusDrivesNetworkReady takes the network's node-wide rules away (the table a firewall
+// reload flushes) under the running pod. containerd 2 calls kubenet's STATUS on every CRI
+// Status: NetworkReady turns false with kubenet's answer (code 50, naming the missing rules) as
+// the message, which kubelet would make the Node's NotReady reason; once the agent's repair
+// (core.HealNode, in-process in the node netns) has put the rules back, NetworkReady is true
+// again and the pod serves its hostPort again. containerd 1.6 never calls STATUS: it reports
+// NetworkReady all along, which shows what the check tells apart.
+func checkStatusDrivesNetworkReady(t *testing.T, w runtimeWorld, cd *Containerd, ips []netip.Addr, hostPort uint16) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	table := nft.TableName(network)
+	nettest.Run(t, w.node.NS, "nft", "delete", "table", "inet", table)
+	broken := time.Now()
+	if !cd.Release.V2() {
+		cond, err := cd.CRI.NetworkCondition(ctx)
+		if err == nil && !cond.Status {
+			err = fmt.Errorf("NetworkReady=false: %s %s", cond.Reason, cond.Message)
+		}
+		Check(t, err, "containerd 1.6 reports NetworkReady=true with table inet %s deleted: it never calls STATUS", table)
+	} else {
+		var cond *runtimeapi.RuntimeCondition
+		err := nettest.Eventually(time.Minute, func() error {
+			var err error
+			if cond, err = cd.CRI.NetworkCondition(ctx); err == nil && cond.Status {
+				err = errors.New("NetworkReady=true")
+			}
+			return err
+		})
+		if err == nil && (cond.Reason != "NetworkPluginNotReady" || !strings.Contains(cond.Message, "node-wide rules of network \""+network+"\"") ||
+			!strings.Contains(cond.Message, "missing")) {
+			err = fmt.Errorf("NetworkReady=false, reason %q, message %q", cond.Reason, cond.Message)
+		}
+		Check(t, err, "with table inet %s deleted, CRI Status reports NetworkReady=false within %s, reason %s, message %q",
+			table, time.Since(broken).Round(time.Millisecond), cond.GetReason(), cond.GetMessage())
+		err = logHas(w, func(l verblog.Entry) error {
+			if l.Verb != "STATUS" || l.Time.Before(broken.Add(-time.Second)) {
+				return errSkip
+			}
+			if l.Error == nil || l.Error.Code != core.ErrPluginNotAvailable || l.CNIVersion != "1.1.0" {
+				return fmt.Errorf("STATUS line %+v", l)
+			}
+			return nil
+		})
+		Check(t, err, "kubenet's call log has the failed STATUS: code %d, cniVersion 1.1.0", core.ErrPluginNotAvailable)
+	}
+
+	cfg := testkit.PluginConfig(t, w.list)
+	var rep core.NodeRepair
+	nettest.Do(t, w.node.NS, func() error {
+		var err error
+		rep, err = core.HealNode(ctx, cfg, true)
+		return err
+	})
+	var repErr error
+	if rep.Found == nil || rep.Restored != len(ips) {
+		repErr = fmt.Errorf("repair %+v", rep)
+	}
+	Check(t, repErr, "the agent's repair (core.HealNode) found the node-wide rules missing and put them back, with the pod's %d hostPort map elements", len(ips))
+	repaired := time.Now()
+	err := nettest.Eventually(time.Minute, func() error {
+		cond, err := cd.CRI.NetworkCondition(ctx)
+		if err == nil && !cond.Status {
+			err = fmt.Errorf("NetworkReady=false: %s %s", cond.Reason, cond.Message)
+		}
+		return err
+	})
+	Check(t, err, "CRI Status reports NetworkReady=true again %s after the repair", time.Since(repaired).Round(time.Millisecond))
+	checkPodServes(t, w, ips, hostPort)
+}
+
+// errSkip tells logHas that a line is not the one looked for.
+var errSkip = errors.New("not this line")
+
+// logHas reads kubenet's call log and returns nil once match accepts a line (returns nil), the
+// first error other than errSkip that match returns, or an error when no line matched.
+func logHas(w runtimeWorld, match func(verblog.Entry) error) error {
+	lines, err := readCallLog(w.callLog)
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if err := match(l); !errors.Is(err, errSkip) {
+			return err
+		}
+	}
+	return fmt.Errorf("no such line among %d in %s", len(lines), w.callLog)
+}
+
+// checkCallVersions checks kubenet's call log for the calls the runtime made for the sandbox id:
+// verbs, in this order (a verb repeated in a row counts once: containerd 1.6 sends DEL on
+// StopPodSandbox and again on RemovePodSandbox), each with the CNI version want.
+func checkCallVersions(t *testing.T, w runtimeWorld, id, want string, verbs ...string) {
+	t.Helper()
+	lines, err := readCallLog(w.callLog)
+	var got []string
+	if err == nil {
+		for _, l := range lines {
+			if l.Container != id {
+				continue
+			}
+			got = append(got, l.Verb+" "+l.CNIVersion)
+			got = slices.Compact(got)
+			if l.CNIVersion != want && err == nil {
+				err = fmt.Errorf("%s called with cniVersion %q", l.Verb, l.CNIVersion)
+			}
+		}
+	}
+	var wantCalls []string
+	for _, v := range verbs {
+		wantCalls = append(wantCalls, v+" "+want)
+	}
+	if err == nil && !slices.Equal(got, wantCalls) {
+		err = fmt.Errorf("calls %v, want %v", got, wantCalls)
+	}
+	Check(t, err, "kubenet's call log: the runtime called %v for sandbox %s, each with cniVersion %s", verbs, short(id), want)
+}
+
+// readCallLog parses kubenet's call log.
+func readCallLog(path string) ([]verblog.Entry, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []verblog.Entry
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var e verblog.Entry
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", path, line, err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // TestRuntimePodman runs a container with a published port through podman 4's CNI backend

@@ -42,7 +42,7 @@ func TestRuntimeContainerdStaleAttachments(t *testing.T) {
 	w := newRuntimeWorld(t, filepath.Join(refDir, "loopback"))
 	gate := holdableKubenet(t, w)
 	jail := NewJail(t, w.node.NS)
-	cd := StartContainerd(t, jail, w.dir, w.cni, w.archive)
+	cd := StartContainerd(t, debianContainerd, jail, w.dir, w.cni, w.archive)
 	Check(t, nil, "%s running in the node netns", cd.Version)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -64,18 +64,15 @@ func TestRuntimeContainerdStaleAttachments(t *testing.T) {
 	Require(t, err, "web has addresses %v", webIPs)
 	lostRec := record(t, w, lost)
 
-	ctr := func(args ...string) (string, error) {
-		return jail.Output("ctr", append([]string{"--address", cd.socket, "--namespace", "k8s.io"}, args...)...)
-	}
 	for _, id := range []string{lost, halted} {
-		_, err := ctr("tasks", "kill", "--signal", "SIGKILL", id)
+		_, err := cd.CtrOutput("tasks", "kill", "--signal", "SIGKILL", id)
 		Require(t, err, "sandbox %s killed behind CRI's back (ctr tasks kill), no CNI DEL", short(id))
 	}
 	Require(t, waitNotReady(ctx, cd, lost, halted), "containerd saw both sandboxes die: NOTREADY")
-	_, err = ctr("containers", "delete", lost)
+	_, err = cd.CtrOutput("containers", "delete", lost)
 	Require(t, err, "lost's container metadata deleted behind CRI's back (ctr containers delete)")
 	Require(t, cd.Daemon.Stop(), "containerd stopped")
-	cd = StartContainerd(t, jail, w.dir, w.cni, w.archive)
+	cd = StartContainerd(t, debianContainerd, jail, w.dir, w.cni, w.archive)
 	t.Cleanup(func() { cd.RemoveAllPods(t) })
 	states, err := sandboxStates(ctx, cd)
 	want := map[string]runtimeapi.PodSandboxState{web: runtimeapi.PodSandboxState_SANDBOX_READY, halted: runtimeapi.PodSandboxState_SANDBOX_NOTREADY}

@@ -6,9 +6,11 @@ package criclient
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,7 +39,8 @@ func Dial(socket string) (*Client, error) {
 func (c *Client) Close() error { return c.conn.Close() }
 
 // WaitReady polls Version and Status until the runtime answers and reports both RuntimeReady
-// and NetworkReady (the CRI plugin found a CNI configuration it can use), or ctx ends. It
+// and NetworkReady (the CRI plugin found a CNI configuration it can use, and a runtime that calls
+// CNI STATUS got no error), or ctx ends. It
 // returns the runtime's name and version.
 func (c *Client) WaitReady(ctx context.Context) (string, error) {
 	var last error
@@ -63,16 +66,66 @@ func (c *Client) ready(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The two conditions kubelet requires; others are informational (containerd 2.2 adds
+	// ContainerdHasNoDeprecationWarnings, false on a cgroup v1 machine such as this one).
 	var notReady []error
-	for _, cond := range st.GetStatus().GetConditions() {
-		if !cond.Status {
-			notReady = append(notReady, fmt.Errorf("%s: %s %s", cond.Type, cond.Reason, cond.Message))
+	for _, typ := range []string{runtimeapi.RuntimeReady, runtimeapi.NetworkReady} {
+		i := slices.IndexFunc(st.GetStatus().GetConditions(), func(c *runtimeapi.RuntimeCondition) bool { return c.Type == typ })
+		switch {
+		case i < 0:
+			notReady = append(notReady, fmt.Errorf("no %s condition", typ))
+		case !st.Status.Conditions[i].Status:
+			c := st.Status.Conditions[i]
+			notReady = append(notReady, fmt.Errorf("%s: %s %s", c.Type, c.Reason, c.Message))
 		}
 	}
-	if len(st.GetStatus().GetConditions()) == 0 {
-		return errors.New("runtime reported no conditions")
-	}
 	return errors.Join(notReady...)
+}
+
+// NetworkCondition returns the NetworkReady condition of the runtime's Status: what kubelet
+// turns into the Node's Ready condition. A runtime that calls CNI STATUS (containerd 2) asks the
+// plugin on every Status call.
+func (c *Client) NetworkCondition(ctx context.Context) (*runtimeapi.RuntimeCondition, error) {
+	st, err := c.Runtime.Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("runtime status: %w", err)
+	}
+	for _, cond := range st.GetStatus().GetConditions() {
+		if cond.Type == runtimeapi.NetworkReady {
+			return cond, nil
+		}
+	}
+	return nil, errors.New("the runtime's status has no NetworkReady condition")
+}
+
+// CNIVersions returns the cniVersion of each CNI network the runtime loaded, by name, from its
+// verbose Status (containerd's "cniconfig": the version its libcni chose from the conflist's
+// cniVersion and cniVersions).
+func (c *Client) CNIVersions(ctx context.Context) (map[string]string, error) {
+	st, err := c.Runtime.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		return nil, fmt.Errorf("verbose runtime status: %w", err)
+	}
+	raw, ok := st.GetInfo()["cniconfig"]
+	if !ok {
+		return nil, errors.New("the verbose runtime status has no cniconfig")
+	}
+	var conf struct {
+		Networks []struct {
+			Config struct {
+				Name       string
+				CNIVersion string
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(raw), &conf); err != nil {
+		return nil, fmt.Errorf("the verbose runtime status's cniconfig: %w", err)
+	}
+	out := map[string]string{}
+	for _, n := range conf.Networks {
+		out[n.Config.Name] = n.Config.CNIVersion
+	}
+	return out, nil
 }
 
 // RunPod runs a pod sandbox (its network set up by the CNI plugin) and returns its ID.
