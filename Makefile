@@ -156,12 +156,19 @@ e2e-agent: deps
 
 # The agent at scale: 1000 Nodes (objects only, with a kubelet's status) in a real API server,
 # one agent; reports its RSS, CPU and the time from a Node change to the route in the kernel
-# (BenchmarkAgentScale in test/agent; docs/agent.md has the numbers). As root, about 2 minutes.
+# (BenchmarkAgentScale in test/agent; docs/agent.md has the numbers). Then the VXLAN overlay:
+# 1000 Nodes appearing at once, half of them reached through the overlay, until every route,
+# forwarding and neighbour entry is in the kernel, and the agent's peak memory
+# (BenchmarkAgentScaleOverlay); and pod-to-pod TCP throughput and request/response between two
+# nodes, their agents routing directly and through the overlay in turn
+# (BenchmarkAgentOverlayDatapath). Both write their tables into docs/agent.md. As root, about
+# 5 minutes.
 .PHONY: bench-agent
 bench-agent: deps
 	hack/kubernetes/build.sh kube-apiserver etcd >/dev/null
 	$(GO) vet -tags kubenet_e2e_agent ./test/agent/
-	$(GO) test -count=1 -tags kubenet_e2e_agent -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x -timeout 20m ./test/agent/
+	$(GO) test -count=1 -tags kubenet_e2e_agent -run '^$$' -bench '^BenchmarkAgent(Scale|ScaleOverlay|OverlayDatapath)$$' -benchtime 1x \
+	  -timeout 20m ./test/agent/ -args -agent.out ../../docs/agent.md
 
 # kubenet in a real Kubernetes cluster (test/e2e/kube_*.go, docs/e2e.md): per kube-proxy mode a
 # control plane and two nodes (containerd, kubelet, kube-proxy in jails inside network

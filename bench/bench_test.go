@@ -43,7 +43,7 @@ func sizes() options {
 			scalePods: 30, scaleWindow: 5, scaleRounds: 1, statusSamples: 5, datapathRounds: 1, datapathWindow: 2 * time.Second}
 	}
 	return options{rounds: 10, podsPerRound: 10, parallelPods: 100, parallelism: 8, parallelRuns: 4,
-		scalePods: 500, scaleWindow: 10, scaleRounds: 2, statusSamples: 10, datapathRounds: 5, datapathWindow: 3 * time.Second}
+		scalePods: 500, scaleWindow: 10, scaleRounds: 2, statusSamples: 10, datapathRounds: nettest.DatapathRounds, datapathWindow: nettest.DatapathWindow}
 }
 
 // BenchmarkKubenetVsReference runs the workloads of issue 6 through libcni, in one node netns,

@@ -254,7 +254,7 @@ func npReport(dp dataPath, rounds int, env []string, began time.Time) string {
 		for _, st := range r.stream {
 			bps, cpuGB = append(bps, st.bitsPerSecond), append(cpuGB, float64(st.cpuPerGB))
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.1f µs | %d | %.2f Gbit/s | %.2f s |\n", m, median(rate), median(cpuConn)/1e3, failed, median(bps)/1e9, median(cpuGB)/1e9)
+		fmt.Fprintf(&b, "| %s | %.0f | %.1f µs | %d | %.2f Gbit/s | %.2f s |\n", m, nettest.Median(rate), nettest.Median(cpuConn)/1e3, failed, nettest.Median(bps)/1e9, nettest.Median(cpuGB)/1e9)
 	}
 	// A round's ratio is taken under one load. The goals speak of rates and are judged on the
 	// wall-clock ratios; the inverse ratios of CPU per connection (or per byte) are shown beside
@@ -266,7 +266,7 @@ func npReport(dp dataPath, rounds int, env []string, began time.Time) string {
 	// row judges one goal: met when the median lies in [low, high].
 	row := func(goal string, byWall, byCPU []float64, low, high float64) {
 		m := "**no**"
-		if med := median(byWall); med >= low && med <= high {
+		if med := nettest.Median(byWall); med >= low && med <= high {
 			m = "yes"
 		}
 		ci := "too few rounds"
@@ -276,7 +276,7 @@ func npReport(dp dataPath, rounds int, env []string, began time.Time) string {
 				notes = append(notes, fmt.Sprintf("\"%s\": the interval reaches across the goal's bound, so this run cannot tell the outcome apart from noise; \"met\" follows the median alone, as the goal is written.", goal))
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %.3f (%.3f) | %.3f – %.3f | %s | %s |\n", goal, median(byWall), median(byCPU), slices.Min(byWall), slices.Max(byWall), ci, m)
+		fmt.Fprintf(&b, "| %s | %.3f (%.3f) | %.3f – %.3f | %s | %s |\n", goal, nettest.Median(byWall), nettest.Median(byCPU), slices.Min(byWall), slices.Max(byWall), ci, m)
 	}
 	if len(dp.connWall) > 0 {
 		row(fmt.Sprintf("new connections/s with %d policies ≥ 0.9 × with none", *npPolicies), dp.connWall, dp.connCPU, 0.9, math.Inf(1))

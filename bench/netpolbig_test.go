@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // Goals of issue 24 for one policy with many ipBlock peers.
@@ -30,7 +32,7 @@ func npBigReport(rows []bigRow, rounds int, env []string, began time.Time) strin
 			r.entries, kib(r.policyBytes), r.elements, ms(r.install.wall), ms(r.install.cpu), cpuPerEntry(r), r.install.applied.Transactions,
 			ms(r.install.applied.LongestTransaction), mib(int64(r.install.alloc)), ms(r.unchanged.wall), ms(r.unchanged.cpu),
 			ms(samples(r.addIdle).p50()), ms(samples(r.addDuring).p50()), ms(slices.Max(r.addDuring)), len(r.addDuring), ms(r.duringPass),
-			median(r.connWall), median(r.connCPU))
+			nettest.Median(r.connWall), nettest.Median(r.connCPU))
 	}
 	b.WriteString("\nGoals of issue 24 (same run):\n\n| goal | measured | met |\n|---|---|---|\n")
 	for _, g := range bigGoals(rows) {
@@ -79,8 +81,8 @@ func bigGoals(rows []bigRow) []bigGoal {
 		}
 	}
 	for _, r := range rows {
-		m := median(r.connWall)
-		measured := fmt.Sprintf("%.3f (by CPU %.3f); rounds %.3f – %.3f", m, median(r.connCPU), slices.Min(r.connWall), slices.Max(r.connWall))
+		m := nettest.Median(r.connWall)
+		measured := fmt.Sprintf("%.3f (by CPU %.3f); rounds %.3f – %.3f", m, nettest.Median(r.connCPU), slices.Min(r.connWall), slices.Max(r.connWall))
 		if lo, hi, cov, ok := medianCI(r.connWall, 0.95); ok {
 			measured += fmt.Sprintf("; confidence interval of the median %.3f – %.3f (%.1f%%)", lo, hi, 100*cov)
 			if lo < bigConnsMinRatio && hi >= bigConnsMinRatio {

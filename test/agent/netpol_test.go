@@ -31,7 +31,7 @@ import (
 
 // createPod makes a pod object bound to node, as the scheduler would leave it before the kubelet
 // runs its sandbox (the default ServiceAccount is made first: no controller-manager runs here).
-func createPod(t *testing.T, api kubernetes.Interface, namespace, name, node string, labels map[string]string) {
+func createPod(t testing.TB, api kubernetes.Interface, namespace, name, node string, labels map[string]string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := api.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
