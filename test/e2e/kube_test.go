@@ -166,6 +166,10 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 	if *kubeOwnChecks {
 		t.Run("Bandwidth", func(t *testing.T) { checkBandwidth(t, c) })
 		t.Run("StaleAttachments", func(t *testing.T) { stale.finish(t) })
+		// How the nodes reach each other's pods, directly or through the overlay (the
+		// topology decides), and what pods see of it.
+		t.Run("Paths", func(t *testing.T) { checkPaths(t, c) })
+		t.Run("PodToPod", func(t *testing.T) { checkPodToPod(t, c) })
 	}
 	t.Run("Specs", func(t *testing.T) {
 		ctx := context.Background()
