@@ -102,7 +102,8 @@ func (n *KubeNode) addrOf(like netip.Addr) netip.Addr {
 // checkPaths checks how each node reaches the others' pods, in any topology: a peer on the
 // node's subnet by a route via its InternalIP on eth0, a peer on another subnet by a route
 // through the VXLAN device to the CIDR's first address (the overlay's next hop); the agent's
-// /peers says the same and why, and the Node's NetworkUnavailable condition counts both. A node
+// /peers and its KubenetPeerPath Events on the Node say the same, and the Node's
+// NetworkUnavailable condition counts both. A node
 // with an overlaid peer has the device (its VNI, port, local address = its InternalIP, MTU =
 // the underlay's less 50), the firewall that accepts VXLAN from the Nodes' InternalIPs only, and
 // a conflist whose mtu leaves room for the encapsulation; a node without has neither device nor
@@ -142,6 +143,12 @@ func checkPaths(t *testing.T, c *KubeCluster) {
 				wantPaths = append(wantPaths, fmt.Sprintf("%s %s %s", p.node.Name, cidr, via))
 				err := c.eventually(30*time.Second, func(context.Context) error { return routeVia(n.NS, cidr, gw, dev) })
 				Check(t, err, "%s routes %s's pod CIDR %s via %s dev %s", n.Name, p.node.Name, cidr, gw, dev)
+				event := fmt.Sprintf("node %s's pod CIDR %s: direct via %s (", p.node.Name, cidr, gw)
+				if via == "vxlan" {
+					event = fmt.Sprintf("node %s's pod CIDR %s: through the VXLAN overlay to %s (", p.node.Name, cidr, p.node.Addrs[0].Addr())
+				}
+				err = c.eventually(30*time.Second, func(ctx context.Context) error { return c.nodeEvent(ctx, n.Name, "KubenetPeerPath", event) })
+				Check(t, err, "%s's agent announced the path in an Event KubenetPeerPath: %q...", n.Name, strings.TrimSuffix(event, " ("))
 			}
 		}
 		slices.Sort(wantPaths)
@@ -164,15 +171,15 @@ func checkPaths(t *testing.T, c *KubeCluster) {
 			err := noOverlay(n.NS)
 			Check(t, err, "%s reaches every peer directly: no %s and no table inet %s", n.Name, overlayDevice, overlayTable)
 		}
-		wantMTU := 0
+		wantMTU, why := 0, "every peer direct: the pods get the uplink's, detected"
 		if overlay {
-			wantMTU = c.podMTU(self.index)
+			wantMTU, why = c.podMTU(self.index), fmt.Sprintf("the underlay's %d less %d of VXLAN", kubeUnderlayMTU, overlayOverhead)
 		}
 		mtu, err := conflistMTU(n)
 		if err == nil && mtu != wantMTU {
 			err = fmt.Errorf("mtu %d", mtu)
 		}
-		Check(t, err, "%s's conflist has mtu %d (the underlay's %d less %d where a peer is overlaid; 0 detects the uplink's)", n.Name, wantMTU, kubeUnderlayMTU, kubeUnderlayMTU-c.podMTU(self.index))
+		Check(t, err, "%s's conflist has mtu %d (%s)", n.Name, wantMTU, why)
 	}
 }
 
@@ -338,6 +345,25 @@ func checkRouteCondition(t *testing.T, c *KubeCluster, self kubePeer, paths int)
 		err = fmt.Errorf("condition %+v", cond)
 	}
 	Check(t, err, "%s's NetworkUnavailable is False: %q", self.node.Name, want)
+}
+
+// nodeEvent finds an Event on the Node named node with reason and a message starting with
+// prefix (Node events live in the default namespace).
+func (c *KubeCluster) nodeEvent(ctx context.Context, node, reason, prefix string) error {
+	list, err := c.cp.Admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + reason,
+	})
+	if err != nil {
+		return err
+	}
+	var msgs []string
+	for _, e := range list.Items {
+		if strings.HasPrefix(e.Message, prefix) {
+			return nil
+		}
+		msgs = append(msgs, e.Message)
+	}
+	return fmt.Errorf("events %s of node %s: %q", reason, node, msgs)
 }
 
 // overlayDeviceAs checks the node's overlay device.
