@@ -179,6 +179,9 @@ bench-agent: deps
 # docs/e2e.md); later runs reuse it. As root.
 #   E2E_PROXY_MODES  kube-proxy modes, one cluster each (iptables,nftables)
 #   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
+#   E2E_TOPOLOGY     one-link (every host on one subnet), two-subnets (node2 behind a router
+#                    that has no route to pod CIDRs: pods talk through kubenet's VXLAN overlay),
+#                    or per kube-proxy mode, e.g. nftables=two-subnets (modes not named: one-link)
 #   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, netpol, dual-stack)
 #   E2E_FOCUS        a ginkgo focus regexp instead, e.g. E2E_FOCUS='\[sig-network\] Netpol'
 #   E2E_PROCS        specs run at once, per cluster
@@ -192,6 +195,7 @@ bench-agent: deps
 #                    1.6), or one release for every cluster, e.g. E2E_CONTAINERD=2.2
 E2E_PROXY_MODES ?= iptables,nftables
 E2E_STACK ?= ipv4
+E2E_TOPOLOGY ?= one-link
 E2E_SPECS ?= network
 E2E_FOCUS ?=
 E2E_PROCS ?= 4
@@ -210,6 +214,7 @@ e2e-kubernetes: deps
 	ctrd=$$(case '$(E2E_CONTAINERD)' in *2.2*) hack/containerd/build.sh ;; esac) && \
 	$(GO) test $(E2E_FLAGS) -timeout 150m -run '^TestKubernetes$$' ./test/e2e/ -args \
 	  -kube.bins="$$dir" -kube.proxy-modes='$(E2E_PROXY_MODES)' -kube.dual-stack=$(if $(filter dual,$(E2E_STACK)),true,false) \
+	  -kube.topology='$(E2E_TOPOLOGY)' \
 	  -kube.specs='$(E2E_SPECS)' -kube.focus='$(E2E_FOCUS)' -kube.procs=$(E2E_PROCS) -kube.checks=$(E2E_CHECKS) \
 	  -kube.parallel=$(E2E_PARALLEL) -kube.containerd='$(E2E_CONTAINERD)' -containerd.bins="$$ctrd" \
 	  -kube.agent-args='$(E2E_AGENT_ARGS)' -kube.netfilter='$(E2E_NETFILTER)' | grep -v -e '^=== '

@@ -39,6 +39,8 @@ type KubeClusterConfig struct {
 	DualStack bool
 	// Nodes is the number of worker nodes.
 	Nodes int
+	// Topology is how the hosts are wired (kube_topology.go); empty is one-link.
+	Topology KubeTopology
 	// AgentArgs are flags appended to the agent's in deploy/kubenet.yaml (a user's edit of the
 	// manifest, like the image and --cluster-cidr); they override the manifest's own.
 	AgentArgs []string
@@ -80,8 +82,9 @@ type KubeCluster struct {
 	cfg         KubeClusterConfig
 	Name        string // kubenet-k8s-<pid>-<n>
 	Dir         string
-	underlay    *nettest.Underlay
-	routerAddrs []netip.Prefix
+	segments    []*kubeSegment // the underlay's subnets (buildUnderlay)
+	router      ns.NetNS       // the router between them; nil on one link
+	routerAddrs []netip.Prefix // the router's addresses on the control plane's subnet
 	cp          *ControlPlane
 	Nodes       []*KubeNode
 	refPlugins  string
@@ -126,19 +129,9 @@ func StartKubeCluster(t *testing.T, cfg KubeClusterConfig) *KubeCluster {
 		t.Fatal(err)
 	}
 
-	families := []netip.Prefix{kubeUnderlay4}
-	if cfg.DualStack {
-		families = append(families, kubeUnderlay6)
-	}
-	addrs := func(i int) []netip.Prefix {
-		var a []netip.Prefix
-		for _, p := range families {
-			a = append(a, kubeUnderlayAddr(p, i))
-		}
-		return a
-	}
-	c.routerAddrs = addrs(254)
-	c.underlay = nettest.NewUnderlayIn(t, nettest.NewNamedNS(t, c.Name+"-underlay"), 1500, c.routerAddrs...)
+	c.buildUnderlay(t)
+	// The control plane's subnet is node1's.
+	addrs := func(i int) []netip.Prefix { return kubeHostAddrs(0, i, cfg.DualStack) }
 
 	var names []string
 	for i := 1; i <= cfg.Nodes; i++ {
@@ -154,7 +147,7 @@ func StartKubeCluster(t *testing.T, cfg KubeClusterConfig) *KubeCluster {
 	})
 
 	for i, name := range names {
-		n := &KubeNode{Name: name, Addrs: addrs(11 + i), Dir: filepath.Join(c.Dir, name), cluster: c, nsName: c.Name + "-" + name}
+		n := &KubeNode{Name: name, Addrs: kubeHostAddrs(cfg.Topology.nodeSubnet(i+1), 11+i, cfg.DualStack), Dir: filepath.Join(c.Dir, name), cluster: c, nsName: c.Name + "-" + name}
 		if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -194,14 +187,19 @@ func (l clusterLifetime) Cleanup(f func()) { l.owner.Cleanup(f) }
 // lifetime is t with the cluster's cleanups.
 func (c *KubeCluster) lifetime(t testing.TB) testing.TB { return clusterLifetime{TB: t, owner: c.t} }
 
-// plugNode makes the named network namespace with addrs on the underlay and a default route
-// via the underlay's router (which forwards nothing: no address outside the test exists).
+// plugNode makes the named network namespace with addrs on the subnet that holds them and a
+// default route via that subnet's router (which reaches no address outside the test: one
+// link's forwards nothing, two subnets' only between them).
 func (c *KubeCluster) plugNode(t testing.TB, name string, addrs []netip.Prefix) ns.NetNS {
 	t.Helper()
+	seg, err := c.segment(addrs[0].Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
 	n := nettest.NewNamedNS(t, name)
-	c.underlay.Attach(t, n, "eth0", addrs...)
+	seg.Attach(t, n, "eth0", addrs...)
 	for i, a := range addrs {
-		nettest.AddRoute(t, n, netip.PrefixFrom(a.Addr(), 0).Masked(), c.routerAddrs[i].Addr())
+		nettest.AddRoute(t, n, netip.PrefixFrom(a.Addr(), 0).Masked(), seg.router[i].Addr())
 	}
 	return n
 }

@@ -30,6 +30,7 @@ var (
 	kubeBinsDir    = flag.String("kube.bins", "", "directory of hack/kubernetes/build.sh's binaries (default: run build.sh)")
 	kubeProxyModes = flag.String("kube.proxy-modes", "iptables,nftables", "kube-proxy modes, one cluster each, comma-separated")
 	kubeDualStack  = flag.Bool("kube.dual-stack", false, "dual-stack clusters (IPv4 primary)")
+	kubeTopology   = flag.String("kube.topology", "one-link", `how the hosts are wired (kube_topology.go): "one-link", "two-subnets" (nodes on two subnets behind a router; pod traffic between them through kubenet's overlay), or per kube-proxy mode "mode=topology,..." (modes not named: one-link)`)
 	kubeSpecs      = flag.String("kube.specs", "network", "named spec set (test/e2e/kube_specs.go)")
 	kubeFocus      = flag.String("kube.focus", "", "ginkgo focus regexp; overrides -kube.specs")
 	kubeProcs      = flag.Int("kube.procs", 4, "specs run at once")
@@ -98,6 +99,8 @@ func prepareKubeRun(t *testing.T) kubeRun {
 		Require(t, err, "hack/kubernetes/build.sh built the Kubernetes binaries")
 		dir = strings.TrimSpace(string(out))
 	}
+	_, err = TopologyFor(*kubeTopology, "")
+	Require(t, err, "-kube.topology %q names known topologies", *kubeTopology)
 	bins, err := LoadKubeBins(repo, dir)
 	Require(t, err, "the Kubernetes binaries of hack/kubernetes/build.sh are in %s", dir)
 
@@ -126,6 +129,7 @@ func (r kubeRun) config(t testing.TB, mode, netfilter string, agentArgs []string
 		cfg.AgentArgs = append(cfg.AgentArgs, "--network-policy=false") // policies need nftables
 	}
 	cfg.AgentArgs = append(cfg.AgentArgs, strings.Fields(*kubeAgentArgs)...)
+	cfg.Topology, _ = TopologyFor(*kubeTopology, mode) // checked by prepareKubeRun
 	return cfg
 }
 
@@ -188,6 +192,10 @@ func runCluster(t *testing.T, cfg KubeClusterConfig, focus string) {
 		t.Run("CNIVersion", func(t *testing.T) { checkCNIVersion(t, c) })
 		t.Run("Bandwidth", func(t *testing.T) { checkBandwidth(t, c) })
 		t.Run("StaleAttachments", func(t *testing.T) { stale.finish(t) })
+		// How the nodes reach each other's pods, directly or through the overlay (the
+		// topology decides), and what pods see of it.
+		t.Run("Paths", func(t *testing.T) { checkPaths(t, c) })
+		t.Run("PodToPod", func(t *testing.T) { checkPodToPod(t, c) })
 	}
 	t.Run("Specs", func(t *testing.T) {
 		ctx := context.Background()
