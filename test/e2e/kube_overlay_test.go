@@ -106,8 +106,9 @@ func (n *KubeNode) addrOf(like netip.Addr) netip.Addr {
 // NetworkUnavailable condition counts both. A node
 // with an overlaid peer has the device (its VNI, port, local address = its InternalIP, MTU =
 // the underlay's less 50), the firewall that accepts VXLAN from the Nodes' InternalIPs only, and
-// a conflist whose mtu leaves room for the encapsulation; a node without has neither device nor
-// firewall, and its conflist detects the MTU. On two subnets the router has no route to any pod
+// a conflist whose mtu leaves room for the encapsulation; a node without keeps the device and
+// the firewall too (auto mode: a peer may see it off its networks), and its conflist detects
+// the MTU. On two subnets the router has no route to any pod
 // CIDR, so the overlay is the only way between them.
 func checkPaths(t *testing.T, c *KubeCluster) {
 	peers := c.peers(t)
@@ -159,18 +160,16 @@ func checkPaths(t *testing.T, c *KubeCluster) {
 		Check(t, err, "%s's agent reports its paths (/peers): %s", n.Name, strings.Join(wantPaths, ", "))
 		checkRouteCondition(t, c, self, len(wantPaths))
 
+		// Every node with peers keeps its device and firewall (--routing=auto): a peer that sees
+		// it as off its networks may send through the overlay, and its forward rules keep its
+		// pods from sending VXLAN to the Nodes.
 		overlay := c.usesOverlay(self.index)
-		if overlay {
-			Check(t, overlayDeviceAs(n), "%s has %s: VXLAN, VNI %d, port %d, local %s, MTU %d, up", n.Name, overlayDevice, overlayVNI, overlayPort, n.Addrs[0].Addr(), kubeUnderlayMTU-overlayOverhead)
-			senders, err := overlaySenders(n.NS)
-			if err == nil && !slices.Equal(senders, sortedAddrs(nodeAddrs)) {
-				err = fmt.Errorf("its sets hold %v", senders)
-			}
-			Check(t, err, "%s's firewall (inet %s) accepts VXLAN from the Nodes' InternalIPs %v only", n.Name, overlayTable, sortedAddrs(nodeAddrs))
-		} else {
-			err := noOverlay(n.NS)
-			Check(t, err, "%s reaches every peer directly: no %s and no table inet %s", n.Name, overlayDevice, overlayTable)
+		Check(t, overlayDeviceAs(n), "%s has %s: VXLAN, VNI %d, port %d, local %s, MTU %d, up", n.Name, overlayDevice, overlayVNI, overlayPort, n.Addrs[0].Addr(), kubeUnderlayMTU-overlayOverhead)
+		senders, err := overlaySenders(n.NS)
+		if err == nil && !slices.Equal(senders, sortedAddrs(nodeAddrs)) {
+			err = fmt.Errorf("its sets hold %v", senders)
 		}
+		Check(t, err, "%s's firewall (inet %s) accepts VXLAN from the Nodes' InternalIPs %v only", n.Name, overlayTable, sortedAddrs(nodeAddrs))
 		wantMTU, why := 0, "every peer direct: the pods get the uplink's, detected"
 		if overlay {
 			wantMTU, why = c.podMTU(self.index), fmt.Sprintf("the underlay's %d less %d of VXLAN", kubeUnderlayMTU, overlayOverhead)
@@ -398,8 +397,8 @@ func overlaySenders(n ns.NetNS) ([]netip.Addr, error) {
 	var d struct {
 		Nftables []struct {
 			Set *struct {
-				Name string   `json:"name"`
-				Elem []string `json:"elem"`
+				Name string          `json:"name"`
+				Elem json.RawMessage `json:"elem"`
 			} `json:"set"`
 		} `json:"nftables"`
 	}
@@ -408,10 +407,15 @@ func overlaySenders(n ns.NetNS) ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, o := range d.Nftables {
-		if o.Set == nil {
+		// The senders' sets; the pods' interval sets (pods4, pods6) list prefixes.
+		if o.Set == nil || (o.Set.Name != "nodes4" && o.Set.Name != "nodes6") || len(o.Set.Elem) == 0 {
 			continue
 		}
-		for _, e := range o.Set.Elem {
+		var elems []string
+		if err := json.Unmarshal(o.Set.Elem, &elems); err != nil {
+			return nil, fmt.Errorf("set %s: %w", o.Set.Name, err)
+		}
+		for _, e := range elems {
 			a, err := netip.ParseAddr(e)
 			if err != nil {
 				return nil, fmt.Errorf("set %s: element %q: %w", o.Set.Name, e, err)
@@ -420,28 +424,6 @@ func overlaySenders(n ns.NetNS) ([]netip.Addr, error) {
 		}
 	}
 	return sortedAddrs(out), nil
-}
-
-// noOverlay checks that n has neither the overlay device nor its firewall.
-func noOverlay(n ns.NetNS) error {
-	dump, err := nftListTable(n, "inet", overlayTable)
-	if err != nil {
-		return err
-	}
-	if dump != nil {
-		return fmt.Errorf("table inet %s exists", overlayTable)
-	}
-	return n.Do(func(ns.NetNS) error {
-		_, err := netlink.LinkByName(overlayDevice)
-		if err == nil {
-			return fmt.Errorf("%s exists", overlayDevice)
-		}
-		var notFound netlink.LinkNotFoundError
-		if !errors.As(err, &notFound) {
-			return err
-		}
-		return nil
-	})
 }
 
 // conflistMTU reads the mtu of kubenet's entry in the conflist the agent wrote on the node.
