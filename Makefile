@@ -181,7 +181,8 @@ bench-agent: deps
 #   E2E_STACK        ipv4 or dual (dual-stack, IPv4 primary)
 #   E2E_TOPOLOGY     one-link (every host on one subnet), two-subnets (node2 behind a router
 #                    that has no route to pod CIDRs: pods talk through kubenet's VXLAN overlay),
-#                    or per kube-proxy mode, e.g. nftables=two-subnets (modes not named: one-link)
+#                    or per kube-proxy mode, mode=topology,... (modes not named: one-link); the
+#                    default: the nftables cluster on two subnets, the iptables one on one link
 #   E2E_SPECS        a named spec set of test/e2e/kube_specs.go (network, sig-network, netpol, dual-stack)
 #   E2E_FOCUS        a ginkgo focus regexp instead, e.g. E2E_FOCUS='\[sig-network\] Netpol'
 #   E2E_PROCS        specs run at once, per cluster
@@ -195,7 +196,7 @@ bench-agent: deps
 #                    1.6), or one release for every cluster, e.g. E2E_CONTAINERD=2.2
 E2E_PROXY_MODES ?= iptables,nftables
 E2E_STACK ?= ipv4
-E2E_TOPOLOGY ?= one-link
+E2E_TOPOLOGY ?= nftables=two-subnets
 E2E_SPECS ?= network
 E2E_FOCUS ?=
 E2E_PROCS ?= 4
