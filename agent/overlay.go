@@ -97,9 +97,16 @@ func (a *Agent) syncOverlay(want *Want, p overlayPlan, nodes []*corev1.Node, cl 
 	}
 	a.setOverlayDev(st.Device)
 	refuseOverlay(want, func(node string) error { return st.Failed[node] })
+	own := cl.byNode[a.cfg.NodeName]
 	for i, r := range want.Routes {
-		if want.Paths[r.Dst].Via == ViaVXLAN {
-			want.Routes[i].Dev = st.Device
+		if want.Paths[r.Dst].Via != ViaVXLAN {
+			continue
+		}
+		want.Routes[i].Dev = st.Device
+		// The node's own packets leave from its pod gateway (the bridge's address), so answers
+		// come back through the overlay.
+		if j := slices.IndexFunc(own, func(c netip.Prefix) bool { return c.Addr().Is4() == r.Dst.Addr().Is4() }); j >= 0 {
+			want.Routes[i].Src = own[j].Masked().Addr().Next()
 		}
 	}
 }

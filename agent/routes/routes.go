@@ -23,22 +23,30 @@ const DefaultProtocol = 75
 // route), or via the overlay's next hop for that CIDR out of the overlay device (Dev; the next
 // hop is on-link there by the overlay's neighbour entries, not by any address).
 type Route struct {
-	Dst  netip.Prefix
-	Gw   netip.Addr
-	Dev  int    // the output link; 0: the kernel's choice (a direct route)
+	Dst netip.Prefix
+	Gw  netip.Addr
+	Dev int // the output link; 0: the kernel's choice (a direct route)
+	// Src is the source address of the node's own packets on the route (invalid: the kernel's
+	// choice). The overlay's routes take the node's pod gateway, so that the peer's pods answer
+	// through the overlay, not over the underlay with a pod's address as source (which routers
+	// with reverse-path filtering and cloud networks' source checks drop).
+	Src  netip.Addr
 	Node string // the peer, for reports
 }
 
 func (r Route) String() string { return fmt.Sprintf("%s via %s (node %s)", r.Dst, r.Gw, r.Node) }
 
 // is reports whether the kernel's route e is r: same gateway, and same link where r names one.
-func (r Route) is(e Existing) bool { return e.Gw == r.Gw && (r.Dev == 0 || e.Dev == r.Dev) }
+func (r Route) is(e Existing) bool {
+	return e.Gw == r.Gw && (r.Dev == 0 || e.Dev == r.Dev) && (!r.Src.IsValid() || e.Src == r.Src)
+}
 
 // Existing is a route found in the kernel's main table.
 type Existing struct {
 	Dst      netip.Prefix
 	Gw       netip.Addr // invalid for routes without a single gateway (device or multipath routes)
 	Dev      int        // the output link's index
+	Src      netip.Addr // the preferred source; invalid when none
 	Protocol int
 	Priority int
 }

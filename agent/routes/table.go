@@ -50,6 +50,10 @@ func existing(rs []netlink.Route) []Existing {
 		} else {
 			e.Dst = netip.MustParsePrefix("0.0.0.0/0")
 		}
+		if r.Src != nil {
+			src, _ := netip.AddrFromSlice(r.Src)
+			e.Src = src.Unmap()
+		}
 		if len(r.MultiPath) == 0 && r.Gw != nil {
 			gw, _ := netip.AddrFromSlice(r.Gw)
 			e.Gw = gw.Unmap()
@@ -118,6 +122,9 @@ func (t Table) route(w Route) *netlink.Route {
 		// device's neighbour entry is what makes it reachable.
 		r.LinkIndex = w.Dev
 		r.Flags = int(netlink.FLAG_ONLINK)
+	}
+	if w.Src.IsValid() {
+		r.Src = w.Src.AsSlice()
 	}
 	return r
 }

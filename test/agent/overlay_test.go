@@ -74,6 +74,10 @@ func startRoutedCluster(t *testing.T, ipv6Only bool) *routedCluster {
 	far.Attach(t, rc.router, "far", routerFar...)
 	nettest.WriteSysctl(t, rc.router, "net/ipv4/ip_forward", "1")
 	nettest.WriteSysctl(t, rc.router, "net/ipv6/conf/all/forwarding", "1")
+	// Strict reverse-path filtering, as routers with uRPF and cloud networks' source checks do:
+	// a packet with a pod's address as source has no route back here and is dropped. The
+	// overlay must keep every packet of pods (replies to the nodes' own included) inside it.
+	nettest.WriteSysctl(t, rc.router, "net/ipv4/conf/all/rp_filter", "1")
 	defaultRoutes(t, cp.ns, routerNear[:1]) // the control plane has an IPv4 address only
 	far.Attach(t, rc.intruder, "eth0", intruder...)
 	defaultRoutes(t, rc.intruder, routerFar)
@@ -85,6 +89,9 @@ func startRoutedCluster(t *testing.T, ipv6Only bool) *routedCluster {
 	defaultRoutes(t, rc.nodes[0].ns, routerNear)
 	defaultRoutes(t, rc.nodes[1].ns, routerNear)
 	defaultRoutes(t, rc.nodes[2].ns, routerFar)
+	for _, n := range rc.nodes {
+		nettest.WriteSysctl(t, n.ns, "net/ipv4/conf/all/rp_filter", "1")
+	}
 	for i, n := range rc.nodes {
 		addrs, cidrs := n.addrs, podCIDRs(i+1)
 		if ipv6Only {
@@ -520,9 +527,25 @@ func TestAgentOverlay(t *testing.T) {
 			if err != nil {
 				t.Fatalf("pod on node-1 -> node-3: %v", err)
 			}
-			for _, dst := range p3.IPs() {
-				if _, err := nettest.TCPRequest(n1.ns, netip.AddrPortFrom(dst, 7777), "node-to-pod", 2*time.Second); err != nil {
-					t.Fatalf("node-1 -> pod on node-3 (%s): %v", dst, err)
+			// The node's own packets through the overlay come from its pod gateway (the routes'
+			// src), so the answers come back through the overlay: the router's and the nodes'
+			// strict reverse-path filters see no pod address on the underlay.
+			for _, pair := range []struct {
+				from *simNode
+				to   *nettest.Pod
+				src  netip.Addr
+			}{{n1, p3, netip.MustParseAddr("10.244.1.1")}, {n3, p1, netip.MustParseAddr("10.244.3.1")}} {
+				for _, dst := range pair.to.IPs() {
+					err := nettest.Eventually(10*time.Second, func() error {
+						r, err := nettest.TCPRequest(pair.from.ns, netip.AddrPortFrom(dst, 7777), "node-to-pod", 2*time.Second)
+						if dst.Is4() {
+							return nettest.ExpectFrom(r, err, pair.src)
+						}
+						return err
+					})
+					if err != nil {
+						t.Fatalf("%s -> pod %s across the router: %v", pair.from.name, dst, err)
+					}
 				}
 			}
 		}},
