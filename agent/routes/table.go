@@ -79,14 +79,17 @@ func (t Table) Apply(p Plan) []Failure {
 		}
 	}
 	for _, w := range p.Replace {
-		// One request (NLM_F_REPLACE) changes the gateway in place: no moment without a route.
-		err := netlink.RouteReplace(t.route(w))
-		if err != nil && w.Dev != 0 && errors.Is(err, unix.EINVAL) {
-			// IPv6 checks an on-link gateway against the table before replacing, and finds the
-			// very route being replaced (the overlay's next hop lies in the peer's CIDR, which
-			// the old route sends elsewhere): the old route goes first, for a moment.
-			err = t.swap(w)
-		}
+		err := withSourceOrNot(w, func(w Route) error {
+			// One request (NLM_F_REPLACE) changes the gateway in place: no moment without a route.
+			err := netlink.RouteReplace(t.route(w))
+			if err != nil && w.Dev != 0 && errors.Is(err, unix.EINVAL) {
+				// IPv6 checks an on-link gateway against the table before replacing, and finds
+				// the very route being replaced (the overlay's next hop lies in the peer's CIDR,
+				// which the old route sends elsewhere): the old route goes first, for a moment.
+				err = t.swap(w)
+			}
+			return err
+		})
 		if err != nil {
 			failed = append(failed, Failure{Route: w, Err: explain(err)})
 		}
@@ -94,11 +97,24 @@ func (t Table) Apply(p Plan) []Failure {
 	for _, w := range p.Add {
 		// RouteAdd (NLM_F_EXCL), never replace: if somebody else's route appeared since the
 		// listing it wins and this fails with EEXIST.
-		if err := netlink.RouteAdd(t.route(w)); err != nil {
+		if err := withSourceOrNot(w, func(w Route) error { return netlink.RouteAdd(t.route(w)) }); err != nil {
 			failed = append(failed, Failure{Route: w, Err: explain(err)})
 		}
 	}
 	return failed
+}
+
+// withSourceOrNot applies w with op and, when the kernel refuses its source address (the bridge
+// that holds the pod gateway is not set up yet: a node before its first pod, with the healer
+// off), without it: the route is what pods need; the next sync puts the source in once the
+// address exists.
+func withSourceOrNot(w Route, op func(Route) error) error {
+	err := op(w)
+	if err != nil && w.Src.IsValid() && errors.Is(err, unix.EINVAL) {
+		w.Src = netip.Addr{}
+		err = op(w)
+	}
+	return err
 }
 
 // swap deletes the agent's routes to w.Dst and adds w.

@@ -138,3 +138,61 @@ func hasForeign(t *testing.T, n ns.NetNS, dst string) bool {
 	t.Helper()
 	return slices.ContainsFunc(tableIn(t, n), func(e Existing) bool { return e.Dst.String() == dst && e.Protocol != DefaultProtocol })
 }
+
+// TestSourceComesWhenTheAddressDoes: an onlink route whose source address the node does not have
+// yet (the bridge with the pod gateway comes with the first pod or the healer) is made without the
+// source, and the source is put in once the address exists.
+func TestSourceComesWhenTheAddressDoes(t *testing.T) {
+	node, peer := nettest.NewNS(t), nettest.NewNS(t)
+	nettest.Link(t,
+		nettest.Endpoint{NS: node, IfName: "eth0", Addrs: []netip.Prefix{netip.MustParsePrefix("192.168.1.1/24")}},
+		nettest.Endpoint{NS: peer, IfName: "eth0", Addrs: []netip.Prefix{netip.MustParsePrefix("192.168.1.2/24")}})
+	tbl := Table{Protocol: DefaultProtocol}
+	var dev int
+	nettest.Do(t, node, func() error {
+		l, err := netlink.LinkByName("eth0")
+		dev = l.Attrs().Index
+		return err
+	})
+	w := Route{Dst: netip.MustParsePrefix("10.244.3.0/24"), Gw: netip.MustParseAddr("10.244.3.0"), Dev: dev, Src: netip.MustParseAddr("10.244.1.1"), Node: "n3"}
+	srcOf := func() netip.Addr {
+		var src netip.Addr
+		nettest.Do(t, node, func() error {
+			cur, err := tbl.List()
+			for _, e := range cur {
+				if e.Dst == w.Dst && e.Protocol == DefaultProtocol {
+					src = e.Src
+				}
+			}
+			return err
+		})
+		return src
+	}
+	nettest.Do(t, node, func() error {
+		if f := tbl.Apply(Plan{Add: []Route{w}}); len(f) != 0 {
+			t.Errorf("route with a source the node lacks: %v, want it made without", f)
+		}
+		return nil
+	})
+	if src := srcOf(); src.IsValid() {
+		t.Fatalf("route made with source %s the node does not have", src)
+	}
+	nettest.Run(t, node, "ip", "addr", "add", "10.244.1.1/32", "dev", "eth0")
+	nettest.Do(t, node, func() error {
+		cur, err := tbl.List()
+		if err != nil {
+			return err
+		}
+		p := Diff(cur, []Route{w}, DefaultProtocol)
+		if len(p.Replace) != 1 {
+			t.Errorf("a route without its source is not replaced: %+v", p)
+		}
+		if f := tbl.Apply(p); len(f) != 0 {
+			t.Errorf("replace: %v", f)
+		}
+		return nil
+	})
+	if src := srcOf(); src != w.Src {
+		t.Fatalf("route source %s once the address exists, want %s", src, w.Src)
+	}
+}
