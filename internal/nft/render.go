@@ -580,7 +580,10 @@ func (r *renderer) lookup(e *expr.Lookup) {
 		if set != nil {
 			n = set.DataType.Bytes
 		}
-		text := fmt.Sprintf("%s %smap @%s", k.text, neg, e.SetName)
+		// Shown where it happens (a miss ends the rule there), its value named after the map
+		// where a later expression uses it.
+		r.emit("%s %smap @%s", k.text, neg, e.SetName)
+		text := fmt.Sprintf("@%s value", e.SetName)
 		r.store(e.DestRegister, &load{text: text, len: n, fields: []field{{text, n, kindHex}}})
 	}
 }
@@ -684,6 +687,9 @@ func maskedText(l *load) string {
 
 func bitwiseText(l *load) string {
 	s := l.text
+	if l.mask != nil && l.xor != nil && len(l.mask) == len(l.xor) && !allZero(l.xor) && allOnes(orBytes(l.mask, l.xor)) && allZero(andBytes(l.mask, l.xor)) {
+		return s + " | " + hexValue(l, l.xor) // (x & ^bits) ^ bits sets bits
+	}
 	if l.mask != nil && !allOnes(l.mask) {
 		s += " & " + hexValue(l, l.mask)
 	}
@@ -864,6 +870,22 @@ func ctStateName(v uint32) string {
 		names = append(names, fmt.Sprintf("0x%x", v))
 	}
 	return strings.Join(names, ",")
+}
+
+func orBytes(a, b []byte) []byte {
+	out := slices.Clone(a)
+	for i := range out {
+		out[i] |= b[i]
+	}
+	return out
+}
+
+func andBytes(a, b []byte) []byte {
+	out := slices.Clone(a)
+	for i := range out {
+		out[i] &= b[i]
+	}
+	return out
 }
 
 func allOnes(b []byte) bool { return !slices.ContainsFunc(b, func(x byte) bool { return x != 0xff }) }
