@@ -527,6 +527,9 @@ func (r *renderer) payload(base expr.PayloadBase, offset, length uint32) *load {
 func (r *renderer) cmp(e *expr.Cmp) {
 	l := r.at(e.Register)
 	op := map[expr.CmpOp]string{expr.CmpOpEq: "", expr.CmpOpNeq: "!= ", expr.CmpOpLt: "< ", expr.CmpOpLte: "<= ", expr.CmpOpGt: "> ", expr.CmpOpGte: ">= "}[e.Op]
+	if _, prefix := prefixBits(l); op == "" && !prefix && (l.mask != nil || l.xor != nil) {
+		op = "== " // after "& mask" a bare value would read as another operand
+	}
 	r.emit("%s %s%s", maskedText(l), op, value(l, e.Data))
 	if e.Op == expr.CmpOpEq && len(l.fields) == 1 && l.mask == nil {
 		r.learn(l.fields[0], e.Data)
@@ -539,13 +542,13 @@ func (r *renderer) learn(f field, data []byte) {
 	case kindNFProto:
 		switch {
 		case len(data) == 1 && data[0] == unix.NFPROTO_IPV4:
-			r.ctx = protoContext{nh: "ip"}
+			r.ctx.nh = "ip"
 		case len(data) == 1 && data[0] == unix.NFPROTO_IPV6:
-			r.ctx = protoContext{nh: "ip6"}
+			r.ctx.nh = "ip6"
 		}
 	case kindEtherType:
 		if name := etherTypeName(data); name == "ip" || name == "ip6" || name == "arp" {
-			r.ctx = protoContext{nh: name}
+			r.ctx.nh = name
 		}
 	case kindL4Proto:
 		if len(data) == 1 {
@@ -712,7 +715,10 @@ func prefixBits(l *load) (int, bool) {
 }
 
 func hexValue(l *load, b []byte) string {
-	if len(l.fields) == 1 && (l.fields[0].kind == kindMark || l.fields[0].kind == kindCtState) && len(b) == 4 {
+	if len(l.fields) == 1 && l.fields[0].kind == kindCtState && len(b) == 4 {
+		return ctStateName(binary.NativeEndian.Uint32(b))
+	}
+	if len(l.fields) == 1 && l.fields[0].kind == kindMark && len(b) == 4 {
 		return fmt.Sprintf("0x%08x", binary.NativeEndian.Uint32(b))
 	}
 	return fmt.Sprintf("0x%x", b)

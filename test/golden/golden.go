@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 )
 
@@ -41,13 +39,56 @@ func Check(t testing.TB, name, got string) {
 		t.Fatalf("%v (run the test with -update to write it)", err)
 	}
 	if diff := Diff(string(want), got); diff != "" {
-		t.Errorf("%s differs from what the code renders (-want +got):\n%s", path, diff)
+		t.Errorf("%s differs from what the code renders (-golden +rendered, with line numbers):\n%s", path, diff)
 	}
 }
 
-// Diff is a line diff of want and got (-want +got), "" when they are equal.
+// Diff is a line diff of want and got, "" when they are equal: the lines only want has
+// ("-"), those only got has ("+"), each with the line before it for context. (go-cmp's diff
+// elides long lines, and a rule is one long line.)
 func Diff(want, got string) string {
-	return cmp.Diff(strings.Split(want, "\n"), strings.Split(got, "\n"))
+	a, b := strings.Split(want, "\n"), strings.Split(got, "\n")
+	// lcs[i][j] is the length of the longest common subsequence of a[i:] and b[j:].
+	lcs := make([][]int, len(a)+1)
+	for i := range lcs {
+		lcs[i] = make([]int, len(b)+1)
+	}
+	for i := len(a) - 1; i >= 0; i-- {
+		for j := len(b) - 1; j >= 0; j-- {
+			if a[i] == b[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	var out strings.Builder
+	changed, shown := false, -1
+	context := func(i int) {
+		if i > 0 && shown < i-1 {
+			fmt.Fprintf(&out, "  %d: %s\n", i, a[i-1])
+		}
+		shown = i
+	}
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case i < len(a) && j < len(b) && a[i] == b[j]:
+			i, j = i+1, j+1
+		case i < len(a) && (j == len(b) || lcs[i+1][j] >= lcs[i][j+1]):
+			context(i)
+			fmt.Fprintf(&out, "- %d: %s\n", i+1, a[i])
+			i, changed = i+1, true
+		default:
+			context(i)
+			fmt.Fprintf(&out, "+ %d: %s\n", j+1, b[j])
+			j, changed = j+1, true
+		}
+	}
+	if !changed {
+		return ""
+	}
+	return out.String()
 }
 
 // IPTables renders what a plan keeps in one table of one family, in the -restore syntax it is

@@ -1,0 +1,94 @@
+package netpol
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/test/golden"
+)
+
+// TestGolden renders the policy tables Apply writes for a ruleset (the bridge table's fixed
+// chains, maps, sets and group chains with their elements; the inet table's mark chains) and
+// compares them with testdata/golden, so that a peer matched as the wrong address, a mark bit
+// set or tested the wrong way, or a wrong verdict shows in a diff without a kernel. nftables is
+// the only backend of network policy. `go test ./netpol/ -run TestGolden -update` rewrites the
+// files.
+func TestGolden(t *testing.T) {
+	p, a := netip.MustParsePrefix, netip.MustParseAddr
+	rng := func(first, last string) Range { return Range{a(first), a(last)} }
+	cases := []struct {
+		name string
+		rs   Ruleset
+	}{
+		{"no-pods-ipv4", Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}},
+		{"pods-dual-stack", Ruleset{
+			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24"), p("fd00:10:244:1::/64")},
+			NodeAddrs: []netip.Addr{a("10.244.1.1"), a("fd00:10:244:1::1")},
+			Pods: []Pod{
+				{Port: 5, Name: "ns/web", IPs: []netip.Addr{a("10.244.1.5"), a("fd00:10:244:1::5")},
+					Ingress: Direction{Isolated: true, Allow: []Entry{
+						{Peer: PrefixRange(p("10.244.2.0/24"))},
+						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &Ports{Protocol: TCP, First: 80, Last: 80}},
+						{Peer: PrefixRange(p("fd00:10:244:2::/64")), Ports: &Ports{Protocol: UDP, First: 53, Last: 54}},
+					}}},
+				{Port: 7, Name: "ns/db", IPs: []netip.Addr{a("10.244.1.7")},
+					Ingress: Direction{Isolated: true}, // denies every peer
+					Egress: Direction{Isolated: true, Allow: []Entry{
+						{Peer: PrefixRange(p("0.0.0.0/0")), Ports: &Ports{Protocol: SCTP, First: 3868, Last: 3868}},
+					}}},
+				{Port: 9, Name: "ns/open", IPs: []netip.Addr{a("fd00:10:244:1::9")}},
+			},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			const network = "golden"
+			d := plan(tc.rs)
+			if len(d.refused) > 0 {
+				t.Fatalf("refused: %v", d.refused)
+			}
+			bt, it := BridgeTable(network), InetTable(network)
+			var sets []nft.ListedSet
+			for _, s := range fixedSets(bt) {
+				var els []nftables.SetElement
+				switch s.Name {
+				case MapEgress, MapIngress:
+					for _, port := range slices.Sorted(maps.Keys(d.maps[s.Name])) {
+						els = append(els, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: d.maps[s.Name][port]}})
+					}
+				case SetOnLink:
+					els = onLinkElements(tc.rs.PodCIDRs)
+				case SetLocalPodsIPv4, SetLocalPodsIPv6:
+					els = localPodsElements(tc.rs.PodCIDRs, tc.rs.NodeAddrs, s.Name == SetLocalPodsIPv6)
+				case SetSourcesIPv4, SetSourcesIPv6:
+					els = d.sources[s.Name]
+				}
+				sets = append(sets, nft.ListedSet{Set: s, Elements: els})
+			}
+			rules := BridgeRules()
+			var chains []nft.ListedChain
+			for _, ch := range bridgeChains(bt) {
+				chains = append(chains, nft.ListedChain{Chain: ch, Rules: rules[ch.Name]})
+			}
+			for _, name := range slices.Sorted(maps.Keys(d.groups)) {
+				g := d.groups[name]
+				for _, s := range groupSets(bt, name, g.group, true) {
+					sets = append(sets, nft.ListedSet{Set: s.set, Elements: s.elements})
+				}
+				chains = append(chains, nft.ListedChain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.dir, g.group)})
+			}
+			var inet []nft.ListedChain
+			inetRules := InetRules()
+			for _, ch := range inetChains(it) {
+				inet = append(inet, nft.ListedChain{Chain: ch, Rules: inetRules[ch.Name]})
+			}
+			golden.Check(t, tc.name+".nft", nft.RenderTable(bt, sets, chains)+"\n"+nft.RenderTable(it, nil, inet))
+		})
+	}
+}
