@@ -63,7 +63,7 @@ lint:
 
 # The demo is TestDemo (test/cni), filtered to what it prints. pipefail: a failing test fails
 # make, loudly. The test binary first removes test namespaces that dead runs left (only those whose
-# creating process is gone; see internal/nettest) and removes its own when interrupted.
+# creating process is gone; see test/nettest) and removes its own when interrupted.
 demo: deps build
 	@set -o pipefail; $(GO) test -count=1 -run "^TestDemo$$" -v ./test/cni/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok" \
 	  || { echo "make demo: FAILED (the output above says where)" >&2; exit 1; }

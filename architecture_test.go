@@ -23,7 +23,7 @@ const (
 	layerCore                       // core/: composes the mechanisms
 	layerFace                       // network/ and agent/: reach mechanisms only through core
 	layerCommand                    // cmd/: binaries
-	layerTest                       // test/, bench/ and test helpers: may use anything
+	layerTest                       // test/ (tests and their helpers) and bench/: may use anything
 )
 
 // mechanisms are the mechanism packages. A new top-level package must be added here (and to
@@ -37,7 +37,7 @@ func classify(rel string) (layer, string, bool) {
 	switch {
 	case rel == "":
 		return layerTest, "root", true // the package doc, and this test
-	case rel == "internal/nettest" || top == "test" || top == "bench":
+	case top == "test" || top == "bench":
 		return layerTest, top, true
 	case top == "internal":
 		return layerInternal, "internal", true
@@ -110,6 +110,54 @@ func TestLayers(t *testing.T) {
 	}
 }
 
+// TestInternalServesProduct keeps test support out of internal/: a package there that no product
+// package reaches (directly or through another internal package) is only a test helper, and test
+// helpers live under test/, where TestLayers keeps product code from importing them.
+func TestInternalServesProduct(t *testing.T) {
+	pkgs := modulePackages(t)
+	for _, rel := range internalOnlyTestsUse(pkgs) {
+		t.Errorf("%s is imported only by tests: move it under test/", rel)
+	}
+	// The check must be able to fail: a test-only package added under internal/ is reported.
+	probe := append(slices.Clone(pkgs), listedPackage{ImportPath: module + "/internal/probehelper"},
+		listedPackage{ImportPath: module + "/test/probe", Imports: []string{module + "/internal/probehelper"}})
+	if got := internalOnlyTestsUse(probe); !slices.Contains(got, "internal/probehelper") {
+		t.Errorf("internalOnlyTestsUse did not report a test-only internal package: %v", got)
+	}
+}
+
+// internalOnlyTestsUse returns the internal/ packages (relative to the module) that no product
+// package (mechanism, core, network, agent, cmd) reaches through its imports.
+func internalOnlyTestsUse(pkgs []listedPackage) []string {
+	imports := map[string][]string{}
+	var queue []string
+	for _, p := range pkgs {
+		imports[p.ImportPath] = p.Imports
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if l, _, ok := classify(rel); ok && l != layerTest && l != layerInternal {
+			queue = append(queue, p.ImportPath)
+		}
+	}
+	reached := map[string]bool{}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if reached[p] {
+			continue
+		}
+		reached[p] = true
+		queue = append(queue, imports[p]...)
+	}
+	var unused []string
+	for _, p := range pkgs {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if l, _, ok := classify(rel); ok && l == layerInternal && !reached[p.ImportPath] {
+			unused = append(unused, rel)
+		}
+	}
+	return unused
+}
+
 // forbidden says why a package in (from, fromGroup) may not import one in (to, toGroup), or "".
 func forbidden(from layer, fromGroup string, to layer, toGroup string) string {
 	switch {
@@ -144,7 +192,10 @@ func TestForbiddenCatchesViolations(t *testing.T) {
 		{"core up to network", "core", "network", true},
 		{"mechanism up to core", "bridge", "core", true},
 		{"internal up to mechanism", "internal/nft", "masq", true},
-		{"product to test helper", "core", "internal/nettest", true},
+		{"product to test helper", "core", "test/nettest", true},
+		{"mechanism to test helper", "bridge", "test/testkit", true},
+		{"internal to test helper", "internal/nft", "test/nettest", true},
+		{"command to test helper", "cmd/kubenet-agent", "test/nettest", true},
 		{"network to core", "network/kubenet", "core", false},
 		{"core to mechanism", "core", "hostport", false},
 		{"mechanism to internal", "hostport", "internal/nft", false},

@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 func TestMAC(t *testing.T) {

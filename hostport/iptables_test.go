@@ -10,7 +10,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/internal/ipt"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // iptWorld is a world on the iptables backend. cfg returns the configuration of one operation:

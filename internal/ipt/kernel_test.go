@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestMayHaveTable: a new namespace has no nat table of either family, and MayHaveTable says so;

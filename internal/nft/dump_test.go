@@ -11,7 +11,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestTableRules: one dump returns every chain's rules as GetRules returns them chain by chain,

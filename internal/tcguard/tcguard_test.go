@@ -13,7 +13,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 const testBit = 0x02000000

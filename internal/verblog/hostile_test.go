@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // hungAfter is how long a test waits for an Append before calling it hung: far longer than

@@ -28,7 +28,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 

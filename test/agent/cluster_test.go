@@ -33,7 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // The simulated cluster's addresses; they exist only inside the test's namespaces.

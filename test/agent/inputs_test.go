@@ -18,7 +18,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestAgentHostileNodes treats Node objects as input: Nodes whose pod CIDRs break a rule get no

@@ -21,7 +21,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // ipBlockProbes are addresses of both families checked for every accepted form: each is denied

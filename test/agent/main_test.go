@@ -18,7 +18,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // bins are the binaries of this run; TestMain sets them before any test runs and only reads

@@ -9,8 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/test/netpoldiff"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestNetpolDiffObjectsValid hands every object of the differential NetworkPolicy tester's cases

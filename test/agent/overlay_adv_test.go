@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // sniffVXLAN counts the IPv4 UDP packets to port 8472 that reach n's eth0, as a pod with

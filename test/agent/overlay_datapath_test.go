@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 var agentOut = flag.String("agent.out", "", "markdown file whose generated blocks receive the overlay benchmarks' tables (docs/agent.md)")

@@ -25,7 +25,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Scale of the measurement: Nodes in the API server besides the agent's own, kubelet-style

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/cri/critest"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestAgentStaleAttachments runs the agent binary against a CRI runtime that the test plays

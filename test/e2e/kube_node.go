@@ -14,7 +14,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // KubeNode is a node of the cluster: a network namespace on the underlay, and in it a jail (a
