@@ -40,7 +40,7 @@ test: deps
 # Tests that need no root (pure logic).
 unit:
 	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ ./core/ ./cmd/kubenet/ ./cmd/kubenetctl/ \
-	  ./network/... ./internal/verblog/
+	  ./network/... ./internal/verblog/ ./test/controlplane/
 
 # Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
 FUZZTIME ?= 30s

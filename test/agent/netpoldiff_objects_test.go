@@ -20,8 +20,8 @@ import (
 // of objects no cluster can hold.
 func TestNetpolDiffObjectsValid(t *testing.T) {
 	u := nettest.NewUnderlay(t, 0)
-	cp := startControlPlane(t, u, controlPlaneAddr, []token{{value: "admin-token", user: "admin", groups: []string{"system:masters"}}})
-	api := cp.admin
+	cp := startControlPlane(t, u, controlPlaneAddr)
+	api := cp.Admin
 	ctx := context.Background()
 	topo := netpoldiff.ExampleTopology()
 	for _, name := range topo.NamespaceNames {
