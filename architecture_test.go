@@ -3,9 +3,14 @@ package kubenet
 import (
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -232,4 +237,65 @@ func TestDocsNameEveryMechanism(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestNoEmptyFiles finds Go files that declare nothing: a file is code (a declaration beyond
+// its imports) or the package's documentation, never a leftover of a move.
+func TestNoEmptyFiles(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		empty, err := declaresNothing(path, src)
+		if err != nil {
+			return err
+		}
+		if empty {
+			t.Errorf("%s declares nothing and documents no package: remove it or give it its code", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The check must be able to fail.
+	for src, want := range map[string]bool{
+		"package x\n":                       true,
+		"package x\n\nimport _ \"embed\"\n": true,
+		"// Package x does y.\npackage x\n": false,
+		"package x\n\nfunc f() {}\n":        false,
+		"package x\n\nvar _ = 1\n":          false,
+	} {
+		if got, err := declaresNothing("probe.go", []byte(src)); err != nil || got != want {
+			t.Errorf("declaresNothing(%q) = %v, %v; want %v", src, got, err, want)
+		}
+	}
+}
+
+// declaresNothing reports whether the Go source declares nothing beyond imports and carries no
+// package documentation.
+func declaresNothing(name string, src []byte) (bool, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), name, src, parser.ParseComments)
+	if err != nil {
+		return false, err
+	}
+	if f.Doc != nil {
+		return false, nil
+	}
+	for _, d := range f.Decls {
+		if g, ok := d.(*ast.GenDecl); !ok || g.Tok != token.IMPORT {
+			return false, nil
+		}
+	}
+	return true, nil
 }
