@@ -37,10 +37,10 @@ test: deps
 	@echo "verb fuzzer: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) on nftables and iptables (replay: KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) [KUBENET_FUZZ_BACKEND=nftables|iptables] go test -count=1 -run '^TestVerbFuzz$$' -v ./test/cni/)"
 	KUBENET_FUZZ_SEED=$(KUBENET_FUZZ_SEED) KUBENET_FUZZ_STEPS=$(KUBENET_FUZZ_STEPS) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-# Tests that need no root (pure logic).
+# Tests that need no root (pure logic): every test of the product packages outside their
+# *kernel_test.go files (test/README.md says how kernel tests are named).
 unit:
-	$(GO) test -count=1 ./ipam/ ./masq/ ./hairpin/ ./shaping/ ./hostport/ ./core/ ./cmd/kubenet/ ./cmd/kubenetctl/ \
-	  ./network/... ./internal/verblog/
+	GO=$(GO) hack/unit.sh -count=1
 
 # Each fuzz target for FUZZTIME on top of its corpus in testdata/fuzz.
 FUZZTIME ?= 30s
@@ -63,7 +63,7 @@ lint:
 
 # The demo is TestDemo (test/cni), filtered to what it prints. pipefail: a failing test fails
 # make, loudly. The test binary first removes test namespaces that dead runs left (only those whose
-# creating process is gone; see internal/nettest) and removes its own when interrupted.
+# creating process is gone; see test/nettest) and removes its own when interrupted.
 demo: deps build
 	@set -o pipefail; $(GO) test -count=1 -run "^TestDemo$$" -v ./test/cni/ | grep -v -e "^=== " -e "^--- PASS" -e "^PASS" -e "^ok" \
 	  || { echo "make demo: FAILED (the output above says where)" >&2; exit 1; }

@@ -3,9 +3,14 @@ package kubenet
 import (
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -23,7 +28,7 @@ const (
 	layerCore                       // core/: composes the mechanisms
 	layerFace                       // network/ and agent/: reach mechanisms only through core
 	layerCommand                    // cmd/: binaries
-	layerTest                       // test/, bench/ and test helpers: may use anything
+	layerTest                       // test/ (tests and their helpers) and bench/: may use anything
 )
 
 // mechanisms are the mechanism packages. A new top-level package must be added here (and to
@@ -37,7 +42,7 @@ func classify(rel string) (layer, string, bool) {
 	switch {
 	case rel == "":
 		return layerTest, "root", true // the package doc, and this test
-	case rel == "internal/nettest" || top == "test" || top == "bench":
+	case top == "test" || top == "bench":
 		return layerTest, top, true
 	case top == "internal":
 		return layerInternal, "internal", true
@@ -110,6 +115,54 @@ func TestLayers(t *testing.T) {
 	}
 }
 
+// TestInternalServesProduct keeps test support out of internal/: a package there that no product
+// package reaches (directly or through another internal package) is only a test helper, and test
+// helpers live under test/, where TestLayers keeps product code from importing them.
+func TestInternalServesProduct(t *testing.T) {
+	pkgs := modulePackages(t)
+	for _, rel := range internalOnlyTestsUse(pkgs) {
+		t.Errorf("%s is imported only by tests: move it under test/", rel)
+	}
+	// The check must be able to fail: a test-only package added under internal/ is reported.
+	probe := append(slices.Clone(pkgs), listedPackage{ImportPath: module + "/internal/probehelper"},
+		listedPackage{ImportPath: module + "/test/probe", Imports: []string{module + "/internal/probehelper"}})
+	if got := internalOnlyTestsUse(probe); !slices.Contains(got, "internal/probehelper") {
+		t.Errorf("internalOnlyTestsUse did not report a test-only internal package: %v", got)
+	}
+}
+
+// internalOnlyTestsUse returns the internal/ packages (relative to the module) that no product
+// package (mechanism, core, network, agent, cmd) reaches through its imports.
+func internalOnlyTestsUse(pkgs []listedPackage) []string {
+	imports := map[string][]string{}
+	var queue []string
+	for _, p := range pkgs {
+		imports[p.ImportPath] = p.Imports
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if l, _, ok := classify(rel); ok && l != layerTest && l != layerInternal {
+			queue = append(queue, p.ImportPath)
+		}
+	}
+	reached := map[string]bool{}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if reached[p] {
+			continue
+		}
+		reached[p] = true
+		queue = append(queue, imports[p]...)
+	}
+	var unused []string
+	for _, p := range pkgs {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if l, _, ok := classify(rel); ok && l == layerInternal && !reached[p.ImportPath] {
+			unused = append(unused, rel)
+		}
+	}
+	return unused
+}
+
 // forbidden says why a package in (from, fromGroup) may not import one in (to, toGroup), or "".
 func forbidden(from layer, fromGroup string, to layer, toGroup string) string {
 	switch {
@@ -144,7 +197,10 @@ func TestForbiddenCatchesViolations(t *testing.T) {
 		{"core up to network", "core", "network", true},
 		{"mechanism up to core", "bridge", "core", true},
 		{"internal up to mechanism", "internal/nft", "masq", true},
-		{"product to test helper", "core", "internal/nettest", true},
+		{"product to test helper", "core", "test/nettest", true},
+		{"mechanism to test helper", "bridge", "test/testkit", true},
+		{"internal to test helper", "internal/nft", "test/nettest", true},
+		{"command to test helper", "cmd/kubenet-agent", "test/nettest", true},
 		{"network to core", "network/kubenet", "core", false},
 		{"core to mechanism", "core", "hostport", false},
 		{"mechanism to internal", "hostport", "internal/nft", false},
@@ -181,4 +237,65 @@ func TestDocsNameEveryMechanism(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestNoEmptyFiles finds Go files that declare nothing: a file is code (a declaration beyond
+// its imports) or the package's documentation, never a leftover of a move.
+func TestNoEmptyFiles(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		empty, err := declaresNothing(path, src)
+		if err != nil {
+			return err
+		}
+		if empty {
+			t.Errorf("%s declares nothing and documents no package: remove it or give it its code", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The check must be able to fail.
+	for src, want := range map[string]bool{
+		"package x\n":                       true,
+		"package x\n\nimport _ \"embed\"\n": true,
+		"// Package x does y.\npackage x\n": false,
+		"package x\n\nfunc f() {}\n":        false,
+		"package x\n\nvar _ = 1\n":          false,
+	} {
+		if got, err := declaresNothing("probe.go", []byte(src)); err != nil || got != want {
+			t.Errorf("declaresNothing(%q) = %v, %v; want %v", src, got, err, want)
+		}
+	}
+}
+
+// declaresNothing reports whether the Go source declares nothing beyond imports and carries no
+// package documentation.
+func declaresNothing(name string, src []byte) (bool, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), name, src, parser.ParseComments)
+	if err != nil {
+		return false, err
+	}
+	if f.Doc != nil {
+		return false, nil
+	}
+	for _, d := range f.Decls {
+		if g, ok := d.(*ast.GenDecl); !ok || g.Tok != token.IMPORT {
+			return false, nil
+		}
+	}
+	return true, nil
 }

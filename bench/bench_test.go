@@ -17,7 +17,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"golang.org/x/sys/unix"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 var (

@@ -17,7 +17,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Node configuration both chains get: a kubenet node's defaults, with a pod CIDR large enough for

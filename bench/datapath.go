@@ -11,7 +11,7 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // The datapath workload: what a chain's per-packet work costs pod traffic. Two pods on the node,

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Goals of issue 24 for one policy with many ipBlock peers.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Row identifiers: every measured operation of every workload.

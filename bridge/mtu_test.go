@@ -9,7 +9,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 )
 
 // fakeNode is a node's links and routes as MTU detection reads them.
@@ -248,71 +247,5 @@ func TestDetectMTU(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestDetectMTUKernel runs detection against a real network namespace: the default route's link
-// wins over a smaller unrelated link, the bridge and its port are ignored even when smaller; with
-// the default route gone the smallest up link counts, and a link taken down stops counting.
-func TestDetectMTUKernel(t *testing.T) {
-	node := nettest.NewNS(t)
-	detect := func() int {
-		var mtu int
-		nettest.Do(t, node, func() error { mtu = DetectMTU("cbrmtu"); return nil })
-		return mtu
-	}
-	nettest.Do(t, node, func() error {
-		add := func(l netlink.Link, mtu int) error {
-			l.Attrs().MTU = mtu
-			if err := netlink.LinkAdd(l); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		}
-		// veth pairs (not dummies: not every test kernel has the module), the peers down so that
-		// only the named ends count.
-		veth := func(name string) *netlink.Veth {
-			return &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}
-		}
-		uplink, brPort := veth("uplink"), veth("brport")
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cbrmtu"}}
-		for _, l := range []struct {
-			link netlink.Link
-			mtu  int
-		}{{uplink, 1400}, {veth("small"), 1300}, {br, 1000}, {brPort, 1000}} {
-			if err := add(l.link, l.mtu); err != nil {
-				return err
-			}
-		}
-		if err := netlink.LinkSetMaster(brPort, br); err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(uplink, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.MustParsePrefix("192.0.2.1/24"))}); err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: uplink.Index, Gw: net.ParseIP("192.0.2.254")})
-	})
-	if got := detect(); got != 1400 {
-		t.Errorf("with a default route via uplink (1400): %d", got)
-	}
-	nettest.Do(t, node, func() error {
-		l, err := netlink.LinkByName("uplink")
-		if err != nil {
-			return err
-		}
-		return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("192.0.2.254")})
-	})
-	if got := detect(); got != 1300 {
-		t.Errorf("without a default route, smallest up link is small (1300): %d", got)
-	}
-	nettest.Do(t, node, func() error {
-		l, err := netlink.LinkByName("small")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetDown(l)
-	})
-	if got := detect(); got != 1400 {
-		t.Errorf("with small down, smallest up link is uplink (1400): %d", got)
 	}
 }

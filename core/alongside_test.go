@@ -5,7 +5,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestAlongsideRunsInTheCallersNamespace: work run alongside sees the namespace of the thread

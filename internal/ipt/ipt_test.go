@@ -1,6 +1,8 @@
 package ipt
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -137,5 +139,30 @@ func TestParseList(t *testing.T) {
 	got = parseList(IPv4, &Table{Chains: map[string][]string{}, Policies: map[string]string{}}, "KN-X", []byte(ip))
 	if !slices.Equal(got.Chains["KN-X"], []string{`-s 10.0.0.0/24 -m comment --comment "keep" -j RETURN`}) {
 		t.Errorf("iptables -S: %q", got.Chains["KN-X"])
+	}
+}
+
+// TestListsLine: whole lines only; a missing file lists nothing.
+func TestListsLine(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "names")
+	if err := os.WriteFile(path, []byte("filter\nnatural\nnat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		path, name string
+		want       bool
+	}{
+		{path, "nat", true},
+		{path, "filter", true},
+		{path, "mangle", false},
+		{path, "na", false},
+		{filepath.Join(dir, "missing"), "nat", false},
+	}
+	for _, c := range cases {
+		got, err := listsLine(c.path, c.name)
+		if err != nil || got != c.want {
+			t.Errorf("listsLine(%s, %q) = %v, %v; want %v", filepath.Base(c.path), c.name, got, err, c.want)
+		}
 	}
 }

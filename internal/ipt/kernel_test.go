@@ -1,12 +1,10 @@
 package ipt
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestMayHaveTable: a new namespace has no nat table of either family, and MayHaveTable says so;
@@ -45,30 +43,5 @@ func TestMayHaveTable(t *testing.T) {
 				return nil
 			})
 		})
-	}
-}
-
-// TestListsLine: whole lines only; a missing file lists nothing.
-func TestListsLine(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "names")
-	if err := os.WriteFile(path, []byte("filter\nnatural\nnat\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cases := []struct {
-		path, name string
-		want       bool
-	}{
-		{path, "nat", true},
-		{path, "filter", true},
-		{path, "mangle", false},
-		{path, "na", false},
-		{filepath.Join(dir, "missing"), "nat", false},
-	}
-	for _, c := range cases {
-		got, err := listsLine(c.path, c.name)
-		if err != nil || got != c.want {
-			t.Errorf("listsLine(%s, %q) = %v, %v; want %v", filepath.Base(c.path), c.name, got, err, c.want)
-		}
 	}
 }

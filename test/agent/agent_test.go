@@ -28,7 +28,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -40,13 +40,13 @@ const converge = 30 * time.Second
 // the segment, a node deletion and a pod CIDR change. The steps share the cluster and run in
 // order; the first failing step ends the test.
 func TestAgentCluster(t *testing.T) {
-	u, cp, agentTok := startCluster(t)
-	api := cp.admin
+	u, cp, agentUser := startCluster(t)
+	api := cp.Admin
 
 	nodes := []*simNode{
-		newSimNode(t, u, cp, "node-1", 1, agentTok),
-		newSimNode(t, u, cp, "node-2", 2, agentTok),
-		newSimNode(t, u, cp, "node-3", 3, agentTok),
+		newSimNode(t, u, cp, "node-1", 1, agentUser),
+		newSimNode(t, u, cp, "node-2", 2, agentUser),
+		newSimNode(t, u, cp, "node-3", 3, agentUser),
 	}
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	// What the API says each node's pod CIDRs are; the routes everywhere must follow it.

@@ -33,7 +33,8 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/controlplane"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // The simulated cluster's addresses; they exist only inside the test's namespaces.
@@ -75,19 +76,19 @@ type simNode struct {
 	admin kubernetes.Interface
 }
 
-func newSimNode(t testing.TB, u *nettest.Underlay, cp *controlPlane, name string, i int, bearer string) *simNode {
+func newSimNode(t testing.TB, u *nettest.Underlay, cp *controlplane.ControlPlane, name string, i int, user string) *simNode {
 	t.Helper()
-	return newSimNodeWith(t, u, cp, name, nodeAddrs(i), bearer)
+	return newSimNodeWith(t, u, cp, name, nodeAddrs(i), user)
 }
 
 // newSimNodeWith is newSimNode with the node's underlay addresses given.
-func newSimNodeWith(t testing.TB, u *nettest.Underlay, cp *controlPlane, name string, addrs []netip.Prefix, bearer string) *simNode {
+func newSimNodeWith(t testing.TB, u *nettest.Underlay, cp *controlplane.ControlPlane, name string, addrs []netip.Prefix, user string) *simNode {
 	t.Helper()
-	n := &simNode{name: name, addrs: addrs, ns: nettest.NewNS(t), dir: t.TempDir(), admin: cp.admin}
+	n := &simNode{name: name, addrs: addrs, ns: nettest.NewNS(t), dir: t.TempDir(), admin: cp.Admin}
 	u.Attach(t, n.ns, "eth0", n.addrs...)
 	n.cni = &nettest.Node{NS: n.ns, Dir: n.dir, CNI: libcni.NewCNIConfigWithCacheDir([]string{n.binDir()}, filepath.Join(n.dir, "cache"), nil)}
 	n.kubeconfig = filepath.Join(n.dir, "kubeconfig")
-	if err := cp.writeKubeconfig(n.kubeconfig, bearer); err != nil {
+	if err := cp.WriteKubeconfig(n.kubeconfig, user); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -400,21 +401,20 @@ func applyManifest(t testing.TB, c kubernetes.Interface, objs []runtime.Object) 
 	}
 }
 
-// serviceAccountUser is the user name the manifest's ServiceAccount authenticates as; the
-// agents get a static token for it, so they run with exactly the manifest's RBAC.
-func serviceAccountUser(t testing.TB, objs []runtime.Object) token {
+// serviceAccountUser is the user the manifest's ServiceAccount authenticates as; the agents get
+// a static token for it, so they run with exactly the manifest's RBAC.
+func serviceAccountUser(t testing.TB, objs []runtime.Object) controlplane.User {
 	t.Helper()
 	for _, obj := range objs {
 		if sa, ok := obj.(*corev1.ServiceAccount); ok {
-			return token{
-				value:  "agent-token",
-				user:   fmt.Sprintf("system:serviceaccount:%s:%s", sa.Namespace, sa.Name),
-				groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.Namespace},
+			return controlplane.User{
+				Name:   fmt.Sprintf("system:serviceaccount:%s:%s", sa.Namespace, sa.Name),
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.Namespace},
 			}
 		}
 	}
 	t.Fatal("deploy/kubenet.yaml has no ServiceAccount")
-	return token{}
+	return controlplane.User{}
 }
 
 // logRecord finds a JSON log line of the agent with msg whose attributes include attrs.

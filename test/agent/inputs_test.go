@@ -18,7 +18,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestAgentHostileNodes treats Node objects as input: Nodes whose pod CIDRs break a rule get no
@@ -27,9 +27,9 @@ import (
 // except where two Nodes claim the same addresses: then nobody routes them until the
 // impostor is gone.
 func TestAgentHostileNodes(t *testing.T) {
-	u, cp, agentTok := startCluster(t)
-	api := cp.admin
-	n1, n2 := newSimNode(t, u, cp, "node-1", 1, agentTok), newSimNode(t, u, cp, "node-2", 2, agentTok)
+	u, cp, agentUser := startCluster(t)
+	api := cp.Admin
+	n1, n2 := newSimNode(t, u, cp, "node-1", 1, agentUser), newSimNode(t, u, cp, "node-2", 2, agentUser)
 	honest := []*simNode{n1, n2}
 	cidrs := map[string][]netip.Prefix{n1.name: podCIDRs(1), n2.name: podCIDRs(2)}
 	for _, n := range honest {
@@ -110,7 +110,7 @@ func TestAgentHostileNodes(t *testing.T) {
 	expectTraffic(t, pod2, pod1)
 
 	// A new node whose pod CIDR is outside the cluster CIDR: no conflist at all.
-	n3 := newSimNode(t, u, cp, "node-3", 3, agentTok)
+	n3 := newSimNode(t, u, cp, "node-3", 3, agentUser)
 	createNode(t, api, nodeObject(n3.name, n3.addrs, []netip.Prefix{netip.MustParsePrefix("10.250.3.0/24")}))
 	n3.startAgent(t)
 	expectNotReady(t, n3, "pod CIDR 10.250.3.0/24 of node node-3 is outside the cluster CIDRs")
@@ -191,9 +191,9 @@ func expectEvent(t *testing.T, api kubernetes.Interface, node, reason string, pa
 // around it, or the Node reports a new InternalIP) takes the route the Node had away, and gives
 // it back when the conflict is gone.
 func TestAgentNodeInsidePodCIDR(t *testing.T) {
-	u, cp, agentTok := startCluster(t)
-	api := cp.admin
-	n1, n2 := newSimNode(t, u, cp, "node-1", 1, agentTok), newSimNode(t, u, cp, "node-2", 2, agentTok)
+	u, cp, agentUser := startCluster(t)
+	api := cp.Admin
+	n1, n2 := newSimNode(t, u, cp, "node-1", 1, agentUser), newSimNode(t, u, cp, "node-2", 2, agentUser)
 	honest := []*simNode{n1, n2}
 	cidrs := map[string][]netip.Prefix{n1.name: podCIDRs(1), n2.name: podCIDRs(2)}
 	// A second subnet on the segment, inside the cluster CIDR: a gateway there is on-link, so

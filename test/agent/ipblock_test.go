@@ -21,7 +21,8 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/controlplane"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // ipBlockProbes are addresses of both families checked for every accepted form: each is denied
@@ -83,11 +84,9 @@ func (w *cidrWarnings) take() (map[string]string, []string) {
 // warning names compiles to the same ranges. A form the table calls refused that a future API
 // server takes fails here, until its meaning is decided.
 func TestIPBlockForms(t *testing.T) {
-	admin := token{value: "admin-token", user: "admin", groups: []string{"system:masters"}}
-	cp := startControlPlane(t, nettest.NewUnderlay(t, 0), controlPlaneAddr, []token{admin})
+	cp := startControlPlane(t, nettest.NewUnderlay(t, 0), controlPlaneAddr)
 	warnings := &cidrWarnings{canonical: map[string]string{}}
-	cfg := cp.restConfig(admin.value)
-	cfg.Dial = nettest.DialIn(cp.ns)
+	cfg := cp.RESTConfig(t, controlplane.AdminUser)
 	cfg.WarningHandler = warnings
 	api, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -13,22 +13,20 @@ package agent
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/controlplane"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // bins are the binaries of this run; TestMain sets them before any test runs and only reads
 // them afterwards.
 type bins struct {
-	pluginDir string // holds the kubenet CNI binary the agents install
-	agent     string
-	ctl       string // kubenetctl
-	apiserver string
-	etcd      string
+	pluginDir  string // holds the kubenet CNI binary the agents install
+	agent      string
+	ctl        string // kubenetctl
+	kubernetes string // holds kube-apiserver and etcd (hack/kubernetes/build.sh)
 }
 
 var testBins bins
@@ -60,18 +58,7 @@ func build(dir string) error {
 	if testBins.ctl, err = nettest.BuildCommand(dir, "kubenetctl"); err != nil {
 		return err
 	}
-	// Cached outside the checkout by the script, with the rest of the cluster's binaries:
-	// seconds when warm.
-	out, err := exec.Command(filepath.Join("..", "..", "hack", "kubernetes", "build.sh"), "kube-apiserver", "etcd").Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		return fmt.Errorf("hack/kubernetes/build.sh: %w\n%s", err, stderr)
-	}
-	apiDir := strings.TrimSpace(string(out))
-	testBins.apiserver = filepath.Join(apiDir, "kube-apiserver")
-	testBins.etcd = filepath.Join(apiDir, "etcd")
-	return nil
+	// Cached outside the checkout, with the rest of the cluster's binaries: seconds when warm.
+	testBins.kubernetes, err = controlplane.Build(filepath.Join("..", ".."), "kube-apiserver", "etcd")
+	return err
 }

@@ -25,8 +25,8 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/netpol"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -82,9 +82,9 @@ func (p *faultPod) at() []netip.AddrPort {
 }
 
 func newFaultBed(t *testing.T) *faultBed {
-	u, cp, agentTok := startCluster(t)
-	f := &faultBed{outer: t, api: cp.admin}
-	f.n = newSimNode(t, u, cp, "node-1", 1, agentTok)
+	u, cp, agentUser := startCluster(t)
+	f := &faultBed{outer: t, api: cp.Admin}
+	f.n = newSimNode(t, u, cp, "node-1", 1, agentUser)
 	createNode(t, f.api, nodeObject(f.n.name, f.n.addrs, podCIDRs(1)))
 	f.n.startAgent(t)
 	expectReady(t, f.n)

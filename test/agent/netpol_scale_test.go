@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -68,9 +68,9 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	u, cp, agentTok := startCluster(b)
-	api := cp.admin
-	n := newSimNode(b, u, cp, "node-1", 1, agentTok)
+	u, cp, agentUser := startCluster(b)
+	api := cp.Admin
+	n := newSimNode(b, u, cp, "node-1", 1, agentUser)
 	createNode(b, api, nodeObject(n.name, n.addrs, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}))
 	n.startAgent(b, "--log-level=info")
 	ctx := context.Background()

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/netpol"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -167,11 +167,11 @@ func heldPod(t *testing.T, n *simNode, p *nettest.Pod) bool {
 // gets through, in either direction, while the same hammer does get through once allowed), and
 // that the rules stay while the agent is down and are reconciled when it is back.
 func TestAgentNetworkPolicy(t *testing.T) {
-	u, cp, agentTok := startCluster(t)
-	api := cp.admin
+	u, cp, agentUser := startCluster(t)
+	api := cp.Admin
 	ctx := context.Background()
 
-	n := newSimNode(t, u, cp, "node-1", 1, agentTok)
+	n := newSimNode(t, u, cp, "node-1", 1, agentUser)
 	createNode(t, api, nodeObject(n.name, n.addrs, podCIDRs(1)))
 	n.startAgent(t)
 	if err := nettest.Eventually(converge, func() error {

@@ -9,8 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/test/netpoldiff"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestNetpolDiffObjectsValid hands every object of the differential NetworkPolicy tester's cases
@@ -20,8 +20,8 @@ import (
 // of objects no cluster can hold.
 func TestNetpolDiffObjectsValid(t *testing.T) {
 	u := nettest.NewUnderlay(t, 0)
-	cp := startControlPlane(t, u, controlPlaneAddr, []token{{value: "admin-token", user: "admin", groups: []string{"system:masters"}}})
-	api := cp.admin
+	cp := startControlPlane(t, u, controlPlaneAddr)
+	api := cp.Admin
 	ctx := context.Background()
 	topo := netpoldiff.ExampleTopology()
 	for _, name := range topo.NamespaceNames {

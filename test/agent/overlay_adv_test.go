@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // sniffVXLAN counts the IPv4 UDP packets to port 8472 that reach n's eth0, as a pod with
@@ -70,7 +70,7 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 func TestAgentOverlayAdv(t *testing.T) {
 	rc := startRoutedCluster(t, false)
 	top := t
-	api := rc.cp.admin
+	api := rc.cp.Admin
 	n1, n2, n3 := rc.nodes[0], rc.nodes[1], rc.nodes[2]
 	for _, n := range rc.nodes {
 		n.startAgent(t, "--mtu=0")
@@ -263,18 +263,18 @@ func TestAgentOverlayAdv(t *testing.T) {
 // none of its networks and sends to it through the overlay. Nothing on node-2 decapsulates, and
 // nothing on node-2 keeps its pods from sending VXLAN to the other nodes.
 func TestAgentOverlayAdvAsymmetric(t *testing.T) {
-	near, cp, tok := startCluster(t)
+	near, cp, agentUser := startCluster(t)
 	far := nettest.NewUnderlay(t, 0)
 	router := nettest.NewNS(t)
 	near.Attach(t, router, "near", routerNear...)
 	far.Attach(t, router, "far", routerFar...)
 	nettest.WriteSysctl(t, router, "net/ipv4/ip_forward", "1")
 	nettest.WriteSysctl(t, router, "net/ipv6/conf/all/forwarding", "1")
-	defaultRoutes(t, cp.ns, routerNear[:1])
+	defaultRoutes(t, cp.NS, routerNear[:1])
 	nodes := []*simNode{
-		newSimNode(t, near, cp, "node-1", 1, tok),
-		newSimNode(t, near, cp, "node-2", 2, tok),
-		newSimNodeWith(t, far, cp, "node-3", farAddrs(3), tok),
+		newSimNode(t, near, cp, "node-1", 1, agentUser),
+		newSimNode(t, near, cp, "node-2", 2, agentUser),
+		newSimNodeWith(t, far, cp, "node-3", farAddrs(3), agentUser),
 	}
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	far.Attach(t, n2.ns, "eth1", farAddrs(2)...)
@@ -282,7 +282,7 @@ func TestAgentOverlayAdvAsymmetric(t *testing.T) {
 	defaultRoutes(t, n2.ns, routerNear)
 	defaultRoutes(t, n3.ns, routerFar)
 	for i, n := range nodes {
-		createNode(t, cp.admin, nodeObject(n.name, n.addrs, podCIDRs(i+1)))
+		createNode(t, cp.Admin, nodeObject(n.name, n.addrs, podCIDRs(i+1)))
 	}
 	for _, n := range nodes {
 		n.startAgent(t, "--mtu=0")

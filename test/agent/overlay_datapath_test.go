@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 var agentOut = flag.String("agent.out", "", "markdown file whose generated blocks receive the overlay benchmarks' tables (docs/agent.md)")
@@ -65,10 +65,10 @@ type dpMode struct {
 // is (`make bench-agent`); with -agent.out the table goes into docs/agent.md.
 func BenchmarkAgentOverlayDatapath(b *testing.B) {
 	began, loadStart := time.Now(), loadAverage()
-	u, cp, tok := startCluster(b)
-	nodes := []*simNode{newSimNode(b, u, cp, "node-1", 1, tok), newSimNode(b, u, cp, "node-2", 2, tok)}
+	u, cp, agentUser := startCluster(b)
+	nodes := []*simNode{newSimNode(b, u, cp, "node-1", 1, agentUser), newSimNode(b, u, cp, "node-2", 2, agentUser)}
 	for i, n := range nodes {
-		createNode(b, cp.admin, nodeObject(n.name, n.addrs, podCIDRs(i+1)))
+		createNode(b, cp.Admin, nodeObject(n.name, n.addrs, podCIDRs(i+1)))
 	}
 	modes := []*dpMode{{routing: "direct"}, {routing: "vxlan"}}
 	current := ""

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // scaleFarAddrs are node i's InternalIPs on networks the agent's node has no address in: the

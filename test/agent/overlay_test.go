@@ -23,7 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubenet-dev/kubenet/agent"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/controlplane"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // The far subnet of the overlay test: behind a router that knows no pod CIDR.
@@ -46,7 +47,7 @@ func farAddrs(i int) []netip.Prefix {
 // routedCluster is three nodes, two on the control plane's subnet and one behind a router, with
 // a host on the far subnet that is no node.
 type routedCluster struct {
-	cp       *controlPlane
+	cp       *controlplane.ControlPlane
 	nodes    []*simNode
 	router   ns.NetNS
 	intruder ns.NetNS
@@ -67,7 +68,7 @@ func defaultRoutes(t testing.TB, n ns.NetNS, via []netip.Prefix) {
 // and IPv6 pod CIDRs (the simulated hosts keep IPv4 to reach the test's IPv4-only API server).
 func startRoutedCluster(t *testing.T, ipv6Only bool) *routedCluster {
 	t.Helper()
-	near, cp, tok := startCluster(t)
+	near, cp, agentUser := startCluster(t)
 	far := nettest.NewUnderlay(t, 0)
 	rc := &routedCluster{cp: cp, router: nettest.NewNS(t), intruder: nettest.NewNS(t)}
 	near.Attach(t, rc.router, "near", routerNear...)
@@ -78,13 +79,13 @@ func startRoutedCluster(t *testing.T, ipv6Only bool) *routedCluster {
 	// a packet with a pod's address as source has no route back here and is dropped. The
 	// overlay must keep every packet of pods (replies to the nodes' own included) inside it.
 	nettest.WriteSysctl(t, rc.router, "net/ipv4/conf/all/rp_filter", "1")
-	defaultRoutes(t, cp.ns, routerNear[:1]) // the control plane has an IPv4 address only
+	defaultRoutes(t, cp.NS, routerNear[:1]) // the control plane has an IPv4 address only
 	far.Attach(t, rc.intruder, "eth0", intruder...)
 	defaultRoutes(t, rc.intruder, routerFar)
 	rc.nodes = []*simNode{
-		newSimNode(t, near, cp, "node-1", 1, tok),
-		newSimNode(t, near, cp, "node-2", 2, tok),
-		newSimNodeWith(t, far, cp, "node-3", farAddrs(3), tok),
+		newSimNode(t, near, cp, "node-1", 1, agentUser),
+		newSimNode(t, near, cp, "node-2", 2, agentUser),
+		newSimNodeWith(t, far, cp, "node-3", farAddrs(3), agentUser),
 	}
 	defaultRoutes(t, rc.nodes[0].ns, routerNear)
 	defaultRoutes(t, rc.nodes[1].ns, routerNear)
@@ -97,7 +98,7 @@ func startRoutedCluster(t *testing.T, ipv6Only bool) *routedCluster {
 		if ipv6Only {
 			addrs, cidrs = addrs[1:], cidrs[1:]
 		}
-		createNode(t, cp.admin, nodeObject(n.name, addrs, cidrs))
+		createNode(t, cp.Admin, nodeObject(n.name, addrs, cidrs))
 	}
 	return rc
 }
@@ -349,7 +350,7 @@ func family(a netip.Addr) int {
 // agents choose direct routes on the subnet and the VXLAN overlay across the router.
 func TestAgentOverlay(t *testing.T) {
 	rc := startRoutedCluster(t, false)
-	api := rc.cp.admin
+	api := rc.cp.Admin
 	n1, n2, n3 := rc.nodes[0], rc.nodes[1], rc.nodes[2]
 	nodes := rc.nodes
 	for _, n := range nodes {
@@ -861,7 +862,7 @@ func TestAgentOverlayIPv6(t *testing.T) {
 	for range 3 {
 		injectVXLAN(t, rc.intruder, intruder[1].Addr(), n3.addr(v6), netip.MustParseAddr("fd00:10:244:1::99"), dst, 7795, "injected6")
 	}
-	createNode(t, rc.cp.admin, nodeObject("intruder", intruder[1:], nil))
+	createNode(t, rc.cp.Admin, nodeObject("intruder", intruder[1:], nil))
 	err = nettest.Eventually(converge, func() error {
 		injectVXLAN(t, rc.intruder, intruder[1].Addr(), n3.addr(v6), netip.MustParseAddr("fd00:10:244:1::99"), dst, 7795, "from-a-node6")
 		if sink.Received("from-a-node6") == 0 {

@@ -25,7 +25,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Scale of the measurement: Nodes in the API server besides the agent's own, kubelet-style
@@ -56,8 +56,8 @@ func scaleAddrs(i int) []netip.Prefix {
 // startScaleNode starts the cluster and the agent's node, node-0000, with an address on the
 // segment of scaleAddrs besides its own (the agent is not started).
 func startScaleNode(b *testing.B) (kubernetes.Interface, *simNode) {
-	u, cp, agentTok := startCluster(b)
-	self := newSimNode(b, u, cp, "node-0000", 1, agentTok)
+	u, cp, agentUser := startCluster(b)
+	self := newSimNode(b, u, cp, "node-0000", 1, agentUser)
 	nettest.Do(b, self.ns, func() error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
@@ -65,7 +65,7 @@ func startScaleNode(b *testing.B) (kubernetes.Interface, *simNode) {
 		}
 		return netlink.AddrAdd(l, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.MustParsePrefix("172.20.255.254/16"))})
 	})
-	return cp.admin, self
+	return cp.Admin, self
 }
 
 // BenchmarkAgentScale measures one agent in a cluster of 1000 Nodes (objects only, with the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/cri/critest"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestAgentStaleAttachments runs the agent binary against a CRI runtime that the test plays
@@ -23,9 +23,9 @@ import (
 // period is over, never one the runtime lists (READY or NOTREADY), none younger than the grace
 // period, and nothing at all while the runtime does not answer.
 func TestAgentStaleAttachments(t *testing.T) {
-	u, cp, agentTok := startCluster(t)
-	n := newSimNode(t, u, cp, "node-1", 1, agentTok)
-	createNode(t, cp.admin, nodeObject(n.name, n.addrs, podCIDRs(1)))
+	u, cp, agentUser := startCluster(t)
+	n := newSimNode(t, u, cp, "node-1", 1, agentUser)
+	createNode(t, cp.Admin, nodeObject(n.name, n.addrs, podCIDRs(1)))
 	runtime := critest.Start(t, n.runtimeSocket())
 	runtime.Set(nil, critest.Sandbox("listed", runtimeapi.PodSandboxState_SANDBOX_READY), critest.Sandbox("stopped", runtimeapi.PodSandboxState_SANDBOX_NOTREADY))
 

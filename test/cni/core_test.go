@@ -11,7 +11,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 var familyCases = []struct {

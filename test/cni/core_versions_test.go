@@ -12,7 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestVerbVersionMatrix runs every verb with every CNI version the way a runtime would (direct

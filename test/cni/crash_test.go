@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestCrashSafety kills the plugin with SIGKILL at every crash point of ADD, then cleans up with

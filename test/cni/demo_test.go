@@ -10,7 +10,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestDemo is what `make demo` shows: a node namespace with two pods, their addresses, and

@@ -8,7 +8,7 @@ import (
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/hairpin"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Service addresses the tests' kube-proxy stand-in translates to pods.

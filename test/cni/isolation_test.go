@@ -15,8 +15,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/isolation"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 

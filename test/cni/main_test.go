@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // binDir holds the plugin binary built for this test run; it is set once by TestMain before any

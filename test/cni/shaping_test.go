@@ -18,8 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/shaping"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestShapingConfig checks how the bandwidth capability (both casings) and the pod annotations

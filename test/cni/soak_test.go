@@ -10,7 +10,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // soakDuration bounds the churn; KUBENET_SOAK overrides it (a Go duration) for longer local runs.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/test/e2e/criclient"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // CNIDirs are a runtime's private CNI configuration and plugin directories.

@@ -29,7 +29,7 @@ const ServerPort = 8080
 
 // ServerCommand is the busybox image's server: httpd in the foreground serving /www, whose CGI
 // script /cgi-bin/from answers "from <client address>" so a test learns which source address
-// reached the pod, the way the echo servers of internal/nettest do.
+// reached the pod, the way the echo servers of test/nettest do.
 var ServerCommand = []string{"/bin/httpd", "-f", "-p", fmt.Sprint(ServerPort), "-h", "/www"}
 
 // ServerPath is the URL path of the CGI script that names the client's address.

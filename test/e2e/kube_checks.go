@@ -20,8 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/test/e2e/criclient"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Node returns the node called name.

@@ -22,7 +22,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/controlplane"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // KubeClusterConfig describes a cluster to start.
@@ -85,7 +86,7 @@ type KubeCluster struct {
 	segments    []*kubeSegment // the underlay's subnets (buildUnderlay)
 	router      ns.NetNS       // the router between them; nil on one link
 	routerAddrs []netip.Prefix // the router's addresses on the control plane's subnet
-	cp          *ControlPlane
+	cp          *controlplane.ControlPlane
 	Nodes       []*KubeNode
 	refPlugins  string
 }
@@ -142,8 +143,9 @@ func StartKubeCluster(t *testing.T, cfg KubeClusterConfig) *KubeCluster {
 		t.Fatal(err)
 	}
 	cpNS := c.plugNode(t, c.Name+"-cp", addrs(10))
-	c.cp = startControlPlane(t, cpNS, cpDir, controlPlaneConfig{
-		bins: cfg.Bins, addrs: addrs(10), serviceCIDRs: cfg.ServiceCIDRs, clusterCIDRs: cfg.ClusterCIDRs, nodeNames: names,
+	c.cp = controlplane.Start(t, cpNS, controlplane.Config{
+		Bins: cfg.Bins.Dir, Dir: cpDir, Addrs: addrs(10), ServiceCIDRs: cfg.ServiceCIDRs, ClusterCIDRs: cfg.ClusterCIDRs,
+		Users: []controlplane.User{{Name: "system:kube-proxy"}}, Nodes: names,
 	})
 
 	for i, name := range names {
@@ -205,7 +207,7 @@ func (c *KubeCluster) plugNode(t testing.TB, name string, addrs []netip.Prefix) 
 }
 
 // Admin is a client of system:masters.
-func (c *KubeCluster) Admin() *ControlPlane { return c.cp }
+func (c *KubeCluster) Admin() *controlplane.ControlPlane { return c.cp }
 
 // eventually polls f with a fresh 10 s context until it succeeds or timeout passes, failing
 // early when a control-plane process or a node daemon has exited.
@@ -222,7 +224,7 @@ func (c *KubeCluster) eventually(timeout time.Duration, f func(ctx context.Conte
 
 // dead names a process of the cluster that exited on its own.
 func (c *KubeCluster) dead() error {
-	for _, p := range c.cp.procs {
+	for _, p := range c.cp.Processes() {
 		select {
 		case <-p.Done():
 			return fmt.Errorf("%w: %s:\n%s", nettest.ErrExited, p.Name, nettest.Tail(p.Log, 20))

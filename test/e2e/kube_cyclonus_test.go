@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Flags of TestCyclonus; `make e2e-cyclonus` sets them. The cluster's flags are TestKubernetes's

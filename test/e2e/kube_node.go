@@ -14,7 +14,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // KubeNode is a node of the cluster: a network namespace on the underlay, and in it a jail (a
@@ -120,8 +120,8 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	// Pods with dnsPolicy Default get this; nothing answers on the underlay's router.
 	write("resolv.conf", "nameserver "+c.routerAddrs[0].Addr().String()+"\n")
 	write("kubelet.yaml", fmt.Sprintf(kubeletConfig, c.cp.Dir+"/ca.crt", n.disk("resolv.conf"), c.cfg.ClusterDNS))
-	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.writeKubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
-	n.cluster.cp.writeKubeconfig(t, "system:node:"+n.Name)
+	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.Kubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
+	n.cluster.cp.Kubeconfig(t, "system:node:"+n.Name)
 }
 
 // jailCgroup is the jail's cgroup, removed with it; it carries the run's name so a later run
@@ -238,7 +238,7 @@ func (n *KubeNode) startKubelet(t testing.TB) {
 	c := n.cluster
 	n.Kubelet = n.Jail.StartDaemon(t, n.disk("kubelet.log"), c.cfg.Bins.Path("kubelet"),
 		"--config="+n.disk("kubelet.yaml"),
-		"--kubeconfig="+c.cp.kubeconfigPath("system:node:"+n.Name),
+		"--kubeconfig="+c.cp.KubeconfigPath("system:node:"+n.Name),
 		"--hostname-override="+n.Name,
 		"--node-ip="+strings.Join(ips, ","),
 		"--v=2",

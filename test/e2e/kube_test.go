@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,7 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/controlplane"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // Flags of TestKubernetes; `make e2e-kubernetes` sets them from E2E_* variables.
@@ -95,9 +95,8 @@ func prepareKubeRun(t *testing.T) kubeRun {
 	}
 	dir := *kubeBinsDir
 	if dir == "" {
-		out, err := exec.Command(filepath.Join(repo, "hack/kubernetes/build.sh")).Output()
+		dir, err = controlplane.Build(repo)
 		Require(t, err, "hack/kubernetes/build.sh built the Kubernetes binaries")
-		dir = strings.TrimSpace(string(out))
 	}
 	_, err = TopologyFor(*kubeTopology, "")
 	Require(t, err, "-kube.topology %q names known topologies", *kubeTopology)

@@ -21,7 +21,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/cri"
 	"github.com/kubenet-dev/kubenet/agent/stale"
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // staleGrace is the collector's grace period in this test: long enough that the passes made

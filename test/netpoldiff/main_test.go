@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // binDir holds the plugin binary built for this test run; TestMain sets it before any test runs.

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // BenchmarkNetworkPluginPod measures one SetUpPod + TearDownPod through the PluginManager, per

@@ -9,7 +9,7 @@ import (
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestCNIPluginConfDir: the cni plugin follows its conf dir without a restart. Empty dir: not

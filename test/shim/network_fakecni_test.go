@@ -11,9 +11,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/plugins"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // fakeCNI is test/fakecni installed for one test: the plugin, the conf dir and where the plugin

@@ -21,10 +21,10 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
 	"github.com/kubenet-dev/kubenet/network/cni"
 	knet "github.com/kubenet-dev/kubenet/network/kubenet"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // dualStackCIDRs is the pod-cidr-change detail of a dual-stack test node (nettest.PodCIDR4 and

@@ -12,9 +12,9 @@ import (
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hairpin"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/network"
 	knet "github.com/kubenet-dev/kubenet/network/kubenet"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestKubenetPluginPodCIDR: Status fails with a clear message until a valid pod CIDR arrives;

@@ -9,7 +9,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/test/testkit"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestOperatorFindsAndClearsLeaks is the README's operations recipe: kubenetctl allocations shows

@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/isolation"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // NeighborMAC returns the link-layer address of ip in the neighbour table of ifname inside n,

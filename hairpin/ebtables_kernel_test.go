@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/ipt"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestDedupEbtablesReadsBack writes the dedup plan into a fresh namespace and reads it back: the

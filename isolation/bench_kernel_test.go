@@ -8,8 +8,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // BenchmarkEnsureRemove measures what one pod's ADD (Ensure with its port, chains already in

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/ipt"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestIPTablesPlanReadsBack writes the plan into a fresh namespace's nat tables and reads it

@@ -7,7 +7,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // BenchmarkAddDel measures one pod's ADD and DEL of its host ports on a node that already has 1

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/ipt"
-	"github.com/kubenet-dev/kubenet/internal/nettest"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // TestEbtablesReadsBack writes the node's chains and two pods' chains into a fresh namespace and

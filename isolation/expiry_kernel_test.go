@@ -9,8 +9,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 
-	"github.com/kubenet-dev/kubenet/internal/nettest"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // setsAndElements reads the network's isolation sets as the kernel holds them, and the elements

@@ -16,8 +16,10 @@ import (
 
 // RequireRoot fails the test (it does not skip it) when the process cannot create namespaces:
 // kubenet's behaviour can only be checked against the kernel, so a silent skip would hide gaps.
+// It also fails a product package's test that is not in a *kernel_test.go file (kernelfile.go).
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	requireKernelTestFile(t)
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (network namespaces, netlink, nftables); run `make test` as root")
 	}
