@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Bounds of one netlink message and of one transaction. A set element list is one netlink
@@ -36,46 +37,6 @@ const (
 	minElementsPerTransaction = 64
 	transactionTarget         = 25 * time.Millisecond
 )
-
-// Applied tells what an Apply changed, for logs and metrics.
-type Applied struct {
-	Groups         int // groups in use
-	NewGroups      int // groups created by this Apply
-	RepairedGroups int // groups whose chain or sets differed from their plan and were rewritten
-	RemovedGroups  int
-	MapChanges     int  // map elements added, changed or removed
-	Released       int  // ports that got their first elements: their pods' policies came into force
-	Conntrack      uint // conntrack entries of released pods' addresses removed (flows older than the pods)
-	FixedWritten   bool // a fixed chain, map or set was missing or differed and was rewritten
-	Transactions   int
-	// LongestTransaction is the longest a transaction of this Apply took to send and be
-	// answered: the kernel holds the network namespace's nftables mutex for a transaction, so
-	// another writer of nftables (an ADD's rules) waits at most that long for it.
-	LongestTransaction time.Duration
-	// Refused are the allow lists that were not installed: over a limit, or refused by the
-	// kernel. Their pods keep, in that direction, the group they had (none: denied; a pod that
-	// was not isolated in it is denied too, never left open); everything else is applied.
-	Refused []Refusal
-}
-
-// Changed tells whether the Apply wrote anything.
-func (a Applied) Changed() bool {
-	return a.NewGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
-}
-
-// Refusal is one allow list Apply did not install, and the pods that needed it.
-type Refusal struct {
-	Ingress bool     // the direction
-	Pods    []string // Pod.Name of each pod that needed it
-	Group   string   // the group's name, when the list got as far as one
-	Cost    int      // what its sets would cost the kernel, in IPv4 prefixes (0: not counted)
-	// Err wraps ErrTooBig for a list over a limit (it stays refused until it changes), else it
-	// is the kernel's answer (a later Apply tries again).
-	Err error
-}
-
-// ErrTooBig says an allow list is over one of the limits of MaxAllowEntries.
-var ErrTooBig = errors.New("allow list too big")
 
 // Options tune one Apply.
 type Options struct {
@@ -99,8 +60,8 @@ type Options struct {
 //
 // An allow list over a limit, or whose group the kernel refuses, is left out (Applied.Refused)
 // and everything else is applied: one policy cannot keep the node's other pods from theirs.
-func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
-	var res Applied
+func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
+	var res policyrules.Applied
 	c, err := nftables.New()
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
@@ -235,7 +196,7 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 // writer queues changes on one connection and counts the transactions it sends.
 type writer struct {
 	c                 *nftables.Conn
-	res               *Applied
+	res               *policyrules.Applied
 	network           string
 	maxPerTransaction int
 	perTransaction    int // set elements the next transaction may carry
@@ -400,7 +361,7 @@ func (w *writer) begin(bt *nftables.Table) {
 
 // writeFixed queues the fixed chains, maps and sets of both tables where they are missing or
 // differ from their plan, and reports whether it queued anything.
-func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs Ruleset) (bool, error) {
+func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ruleset) (bool, error) {
 	wrote := false
 	if !cur.inetOK {
 		if cur.inetForeign {
@@ -464,7 +425,7 @@ type desired struct {
 	// keep are the ports whose allow list in a map's direction was refused: they keep the
 	// group they have there (or none).
 	keep    map[string]map[int]bool
-	refused []Refusal
+	refused []policyrules.Refusal
 }
 
 type plannedGroup struct {
@@ -486,7 +447,7 @@ func mapOf(dir string) string {
 // plan computes the groups and map elements of rs, and refuses the allow lists over the limits:
 // a list longer than MaxAllowEntries, a group costlier than maxGroupCost, and, the cheapest
 // first, the groups past maxNodeCost all together. Pure.
-func plan(rs Ruleset) desired {
+func plan(rs policyrules.Ruleset) desired {
 	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}},
 		sources: map[string][]nftables.SetElement{}, keep: map[string]map[int]bool{MapEgress: {}, MapIngress: {}}}
 	groups := newGroupMemo()
@@ -502,7 +463,7 @@ func plan(rs Ruleset) desired {
 		}
 		for _, dir := range []struct {
 			name, open string
-			d          Direction
+			d          policyrules.Direction
 		}{{ingressDir, ChainAllowIngress, p.Ingress}, {egressDir, ChainAllowEgress, p.Egress}} {
 			m := mapOf(dir.name)
 			if !dir.d.Isolated {
@@ -511,15 +472,15 @@ func plan(rs Ruleset) desired {
 			}
 			refuse := func(why error) {
 				d.keep[m][p.Port] = true
-				d.refused = append(d.refused, Refusal{Ingress: dir.name == ingressDir, Pods: []string{p.Name}, Err: why})
+				d.refused = append(d.refused, policyrules.Refusal{Ingress: dir.name == ingressDir, Pods: []string{p.Name}, Err: why})
 			}
-			if n := len(dir.d.Allow); n > MaxAllowEntries {
-				refuse(fmt.Errorf("%w: more than %d entries", ErrTooBig, MaxAllowEntries))
+			if n := len(dir.d.Allow); n > policyrules.MaxAllowEntries {
+				refuse(fmt.Errorf("%w: more than %d entries", policyrules.ErrTooBig, policyrules.MaxAllowEntries))
 				continue
 			}
 			g, ok := groups.of(dir.d.Allow)
 			if !ok {
-				refuse(fmt.Errorf("%w: more than %d set elements", ErrTooBig, maxGroupCost))
+				refuse(fmt.Errorf("%w: more than %d set elements", policyrules.ErrTooBig, maxGroupCost))
 				continue
 			}
 			name := g.named(dir.name)
@@ -536,9 +497,9 @@ func plan(rs Ruleset) desired {
 	for _, name := range d.byCost() {
 		switch cost := d.groups[name].cost; {
 		case cost > maxGroupCost:
-			d.refuse(name, fmt.Errorf("%w: its sets would cost %d prefixes, more than %d", ErrTooBig, cost, maxGroupCost))
+			d.refuse(name, fmt.Errorf("%w: its sets would cost %d prefixes, more than %d", policyrules.ErrTooBig, cost, maxGroupCost))
 		case total+cost > maxNodeCost:
-			d.refuse(name, fmt.Errorf("%w: with it the node's groups would cost more than %d prefixes", ErrTooBig, maxNodeCost))
+			d.refuse(name, fmt.Errorf("%w: with it the node's groups would cost more than %d prefixes", policyrules.ErrTooBig, maxNodeCost))
 		default:
 			total += cost
 		}
@@ -554,7 +515,7 @@ type groupMemo struct {
 }
 
 type memoGroup struct {
-	allow []Entry
+	allow []policyrules.Entry
 	group
 	ok    bool
 	names map[string]string // direction → name
@@ -565,7 +526,7 @@ func newGroupMemo() *groupMemo {
 }
 
 // of is canonical(allow, maxGroupCost), computed once per distinct allow.
-func (m *groupMemo) of(allow []Entry) (*memoGroup, bool) {
+func (m *groupMemo) of(allow []policyrules.Entry) (*memoGroup, bool) {
 	var h maphash.Hash
 	h.SetSeed(m.seed)
 	for _, e := range allow {
@@ -580,7 +541,7 @@ func (m *groupMemo) of(allow []Entry) (*memoGroup, bool) {
 	}
 	key := h.Sum64()
 	for _, g := range m.by[key] {
-		if slices.EqualFunc(g.allow, allow, Entry.equal) {
+		if slices.EqualFunc(g.allow, allow, policyrules.Entry.Equal) {
 			return g, g.ok
 		}
 	}
@@ -616,7 +577,7 @@ func (d *desired) refuse(name string, why error) {
 		delete(d.maps[m], port)
 		d.keep[m][port] = true
 	}
-	d.refused = append(d.refused, Refusal{Ingress: g.dir == ingressDir, Pods: g.pods, Group: name, Cost: g.cost, Err: why})
+	d.refused = append(d.refused, policyrules.Refusal{Ingress: g.dir == ingressDir, Pods: g.pods, Group: name, Cost: g.cost, Err: why})
 }
 
 // groupOfSet returns the group a set belongs to ("in-<hash>-any-ipv4" → "in-<hash>").

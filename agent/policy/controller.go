@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Defaults of Config.
@@ -92,7 +93,7 @@ type Controller struct {
 
 // Pass is what one pass did.
 type Pass struct {
-	Applied core.PolicyApplied
+	Applied policyrules.Applied
 	// Guarded counts guards put back; NetfilterCall says the bridge's nf_call options were off
 	// and were turned on (somebody else changed the node).
 	Guarded       int
@@ -317,7 +318,7 @@ func (c *Controller) pass(verify bool) Pass {
 		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
 		var pass core.PolicyPass
 		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify},
-			func(locals []core.PolicyLocal) core.PolicyRuleset {
+			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = LocalsOf(locals)
 				for _, l := range locals {
 					if l.Port == 0 {
@@ -356,14 +357,14 @@ func (c *Controller) pass(verify bool) Pass {
 
 // kernelRefused tells whether the kernel refused an allow list (a limit's refusal stays until
 // the list changes).
-func kernelRefused(refused []core.PolicyRefusal) bool {
-	return slices.ContainsFunc(refused, func(r core.PolicyRefusal) bool { return !errors.Is(r.Err, core.PolicyErrTooBig) })
+func kernelRefused(refused []policyrules.Refusal) bool {
+	return slices.ContainsFunc(refused, func(r policyrules.Refusal) bool { return !errors.Is(r.Err, policyrules.ErrTooBig) })
 }
 
 // reportRefused logs every refusal that is new since the last pass and records it as an Event
 // on each policy that selects its pods in its direction: the policies' authors see why their
 // pods do not get what they ask for.
-func (c *Controller) reportRefused(in Input, refused []core.PolicyRefusal) {
+func (c *Controller) reportRefused(in Input, refused []policyrules.Refusal) {
 	pods := make(map[string]*corev1.Pod, len(in.Pods))
 	for _, p := range in.Pods {
 		pods[p.Namespace+"/"+p.Name] = p
