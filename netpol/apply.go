@@ -60,6 +60,9 @@ type Options struct {
 //
 // An allow list over a limit, or whose group the kernel refuses, is left out (Applied.Refused)
 // and everything else is applied: one policy cannot keep the node's other pods from theirs.
+//
+// The steps, in order: readState; plan (pure); buildGroups; portChains and releasedPods (pure)
+// with the conntrack flush; switchPorts; removeUnused.
 func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
 	var res policyrules.Applied
 	c, err := nftables.New()
@@ -72,11 +75,7 @@ func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.App
 		return res, err
 	}
 	want := plan(rs)
-	w := &writer{c: c, res: &res, network: network, maxPerTransaction: maxElementsPerTransaction}
-	if opt.transactionElements > 0 {
-		w.maxPerTransaction = opt.transactionElements
-	}
-	w.perTransaction = w.maxPerTransaction
+	w := newWriter(c, &res, network, opt)
 
 	// Groups: build the missing ones, repair the damaged ones.
 	refused, err := w.buildGroups(bt, want, cur, opt.Verify)
@@ -88,109 +87,155 @@ func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.App
 	}
 	res.Groups, res.Refused = len(want.groups), want.refused
 
-	// What every port gets: its planned chain, or what it has where its list was refused.
+	final := portChains(want, cur.maps)
+	released := releasedPods(rs.Pods, cur.maps, final)
+	res.Released = len(released)
+	if res.Conntrack, err = flushConntrack(podAddrs(released)); err != nil {
+		return res, fmt.Errorf("policy: flows of new pods: %w", err)
+	}
+	if err := w.switchPorts(bt, it, cur, rs, want, final); err != nil {
+		return res, err
+	}
+	err = w.removeUnused(bt, cur, final, len(refused) > 0) // counts into res: called before res is read
+	return res, err
+}
+
+// portChains is what every port gets in each dispatch map: its planned chain, or, where its list
+// was refused, the group chain it has (none when it had only an allow chain: a pod that was not
+// isolated is denied, never left open). Pure.
+func portChains(want desired, have map[string]map[int]string) map[string]map[int]string {
 	final := map[string]map[int]string{}
 	for _, m := range []string{MapEgress, MapIngress} {
 		final[m] = maps.Clone(want.maps[m])
 		for port := range want.keep[m] {
-			if chain, ok := cur.maps[m][port]; ok && chain != ChainAllowEgress && chain != ChainAllowIngress {
+			if chain, ok := have[m][port]; ok && chain != ChainAllowEgress && chain != ChainAllowIngress {
 				final[m][port] = chain
 			}
 		}
 	}
+	return final
+}
 
-	// Flows older than the pods that are about to be released.
-	var fresh []netip.Addr
-	for _, p := range rs.Pods {
-		_, e := cur.maps[MapEgress][p.Port]
-		_, i := cur.maps[MapIngress][p.Port]
+// releasedPods are the pods whose ports had no element in either map and get one now: their
+// policies come into force with this Apply. Pure.
+func releasedPods(pods []policyrules.Pod, have, final map[string]map[int]string) []policyrules.Pod {
+	var out []policyrules.Pod
+	for _, p := range pods {
+		_, e := have[MapEgress][p.Port]
+		_, i := have[MapIngress][p.Port]
 		_, fe := final[MapEgress][p.Port]
 		_, fi := final[MapIngress][p.Port]
-		if e || i || !(fe || fi) {
-			continue
+		if !e && !i && (fe || fi) {
+			out = append(out, p)
 		}
-		res.Released++
-		fresh = append(fresh, p.IPs...)
 	}
-	if res.Conntrack, err = flushConntrack(fresh); err != nil {
-		return res, fmt.Errorf("policy: flows of new pods: %w", err)
-	}
+	return out
+}
 
-	// The fixed objects and the switch, in one transaction.
+// podAddrs are the addresses of pods.
+func podAddrs(pods []policyrules.Pod) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range pods {
+		out = append(out, p.IPs...)
+	}
+	return out
+}
+
+// switchPorts writes the fixed objects and switches every port to its final chain and every
+// source element to its planned state, in one transaction: no packet sees half a change.
+func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.Ruleset, want desired, final map[string]map[int]string) error {
 	fixed, err := w.writeFixed(bt, it, cur, rs)
 	if err != nil {
-		return res, err
+		return err
 	}
-	res.FixedWritten = fixed
+	w.res.FixedWritten = fixed
 	for _, m := range []string{MapEgress, MapIngress} {
 		set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
-		var del, add []nftables.SetElement
-		for port, chain := range cur.maps[m] {
-			if final[m][port] != chain {
-				del = append(del, nftables.SetElement{Key: portKey(port)})
-			}
-		}
-		for port, chain := range final[m] {
-			if cur.maps[m][port] != chain {
-				add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
-			}
-		}
-		res.MapChanges += len(add) + len(del)
-		if err := deleteElements(c, set, del); err != nil {
-			return res, err
-		}
-		if err := addElements(c, set, add); err != nil {
-			return res, err
+		del, add := mapDiff(cur.maps[m], final[m])
+		if err := w.replaceElements(set, del, add); err != nil {
+			return err
 		}
 	}
 	for _, is6 := range []bool{false, true} {
 		set := sourcesSet(bt, is6)
 		del, add := elementsDiff(cur.sources[set.Name], want.sources[set.Name])
-		res.MapChanges += len(add) + len(del)
-		if err := deleteElements(c, set, del); err != nil {
-			return res, err
-		}
-		if err := addElements(c, set, add); err != nil {
-			return res, err
+		if err := w.replaceElements(set, del, add); err != nil {
+			return err
 		}
 	}
-	if err := w.flush("policy switch"); err != nil {
-		return res, err
-	}
+	return w.flush("policy switch")
+}
 
-	// The groups nobody refers to any more. The kernel refuses to delete a chain that a map
-	// element still names, so this is a transaction of its own after the switch. A refused group
-	// may have left sets behind (a big one is built over several transactions): the sets are
-	// read again then.
+// replaceElements queues the deletion of del and the addition of add in set, and counts them.
+func (w *writer) replaceElements(set *nftables.Set, del, add []nftables.SetElement) error {
+	w.res.MapChanges += len(add) + len(del)
+	if err := deleteElements(w.c, set, del); err != nil {
+		return err
+	}
+	return addElements(w.c, set, add)
+}
+
+// mapDiff returns the elements of a dispatch map to delete (a port that goes or changes chain)
+// and to add (a port that comes or changes chain) to turn have into want. Pure.
+func mapDiff(have, want map[int]string) (del, add []nftables.SetElement) {
+	for _, port := range slices.Sorted(maps.Keys(have)) {
+		if chain, ok := want[port]; !ok || chain != have[port] {
+			del = append(del, nftables.SetElement{Key: portKey(port)})
+		}
+	}
+	for _, port := range slices.Sorted(maps.Keys(want)) {
+		if chain, ok := have[port]; !ok || chain != want[port] {
+			add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: want[port]}})
+		}
+	}
+	return del, add
+}
+
+// removeUnused deletes the groups nobody refers to any more. The kernel refuses to delete a
+// chain that a map element still names, so this is a transaction of its own after the switch. A
+// refused group may have left sets behind (a big one is built over several transactions): with
+// rereadSets the sets are read again.
+func (w *writer) removeUnused(bt *nftables.Table, cur state, final map[string]map[int]string, rereadSets bool) error {
+	sets := cur.sets
+	if rereadSets {
+		var err error
+		if sets, err = setNames(w.c, bt); err != nil {
+			return err
+		}
+	}
+	chains, sets := unusedGroups(final, cur.groupChains, sets)
+	for _, name := range chains {
+		w.c.DelChain(&nftables.Chain{Table: bt, Name: name})
+		w.dirty = true
+	}
+	for _, s := range sets {
+		w.c.DelSet(&nftables.Set{Table: bt, Name: s})
+		w.dirty = true
+	}
+	w.res.RemovedGroups += len(chains)
+	return w.flush("remove unused policy groups")
+}
+
+// unusedGroups returns the group chains, sorted, and the group sets that no port of final
+// refers to. Pure.
+func unusedGroups(final map[string]map[int]string, chains map[string]bool, sets []string) (unusedChains, unusedSets []string) {
 	used := map[string]bool{}
 	for _, m := range final {
 		for _, chain := range m {
 			used[chain] = true
 		}
 	}
-	sets := cur.sets
-	if len(refused) > 0 {
-		if sets, err = setNames(c, bt); err != nil {
-			return res, err
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(cur.groupChains)) {
+	for _, name := range slices.Sorted(maps.Keys(chains)) {
 		if !used[name] {
-			c.DelChain(&nftables.Chain{Table: bt, Name: name})
-			res.RemovedGroups++
-			w.dirty = true
+			unusedChains = append(unusedChains, name)
 		}
 	}
 	for _, s := range sets {
 		if group, ok := groupOfSet(s); ok && !used[group] {
-			c.DelSet(&nftables.Set{Table: bt, Name: s})
-			w.dirty = true
+			unusedSets = append(unusedSets, s)
 		}
 	}
-	if err := w.flush("remove unused policy groups"); err != nil {
-		return res, err
-	}
-	return res, nil
+	return unusedChains, unusedSets
 }
 
 // writer queues changes on one connection and counts the transactions it sends.
@@ -204,6 +249,17 @@ type writer struct {
 	dirty             bool
 }
 
+func newWriter(c *nftables.Conn, res *policyrules.Applied, network string, opt Options) *writer {
+	w := &writer{c: c, res: res, network: network, maxPerTransaction: maxElementsPerTransaction}
+	if opt.transactionElements > 0 {
+		w.maxPerTransaction = opt.transactionElements
+	}
+	w.perTransaction = w.maxPerTransaction
+	return w
+}
+
+// flush sends what is queued as one transaction, and adapts how many set elements the next one
+// may carry to how long the kernel took.
 func (w *writer) flush(what string) error {
 	if !w.dirty {
 		return nil
