@@ -393,7 +393,7 @@ func TestRouteCondition(t *testing.T) {
 }
 
 func TestRelevantUpdates(t *testing.T) {
-	a := &Agent{cfg: Config{NodeName: "self"}, patched: Condition{corev1.ConditionFalse, ReasonRoutesCreated, "set by us"}}
+	a := &Agent{cfg: Config{NodeName: "self"}, syncState: syncState{patched: Condition{corev1.ConditionFalse, ReasonRoutesCreated, "set by us"}}}
 	base := func(name string) *corev1.Node {
 		n := node(name, []string{"10.244.1.0/24"}, "192.168.1.1")
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
