@@ -38,12 +38,9 @@ type healer struct {
 	config func() (*core.Config, error)
 	// done, when not nil, is told of every pass (tests wait on it).
 	done func(healPass)
-	// minGap is the shortest time between two passes triggered by events: the healer's own
-	// writes are events too, and a rule that kept being changed back (another tool fighting
-	// over it) must not make it spin.
-	minGap time.Duration
 	// loop runs the passes (newHealer): at start and every period a full one, and one on
-	// every trigger below, minGap apart.
+	// every trigger below, minGap apart: the healer's own writes are events too, and a rule
+	// that kept being changed back (another tool fighting over it) must not make it spin.
 	loop *loop.Loop
 	subs *subscriptions // open while run runs
 }
@@ -58,7 +55,7 @@ const (
 
 // newHealer returns a healer; run starts it.
 func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*core.Config, error), done func(healPass)) *healer {
-	h := &healer{log: log, period: period, minGap: minGap, config: config, done: done}
+	h := &healer{log: log, period: period, config: config, done: done}
 	h.loop = loop.New(loop.Config{
 		AtStart: true, // the first pass compares everything
 		Period:  period,
