@@ -1,8 +1,10 @@
 // Package agent is kubenet's node agent (cmd/kubenet-agent): it reads its own Node's pod CIDRs
 // and writes the kubenet conflist, installs the kubenet binary, keeps one route per other node's
 // pod CIDR via that node's InternalIP, and sets the Node's NetworkUnavailable condition the way a
-// cloud route controller would. Everything is driven by a Node informer: events enqueue one
-// sync, which reads the informer's cache and the kernel and converges both files and routes.
+// cloud route controller would. Its controllers each run in a loop of agent/loop: the node sync
+// (Node informer events and kernel events ask for one sync, which reads the informer's cache and
+// the kernel and converges both files and routes), the healer, the stale-attachment collection
+// and the NetworkPolicy controller.
 package agent
 
 import (
@@ -32,9 +34,9 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kubenet-dev/kubenet/agent/cnidir"
+	"github.com/kubenet-dev/kubenet/agent/loop"
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/core"
@@ -50,9 +52,6 @@ const (
 	// RunPodSandbox); kubelet gives RunPodSandbox 2 minutes (--runtime-request-timeout).
 	DefaultStaleGrace    = 5 * time.Minute
 	DefaultStaleInterval = time.Minute
-	// syncKey is the one item of the work queue: every event asks for the same full sync, so a
-	// burst of node events collapses into one.
-	syncKey = "sync"
 	// stuckAfter is how long one sync may run before /healthz fails (a hung netlink call or API
 	// request); the informer keeps working, but nothing converges any more.
 	stuckAfter = 2 * time.Minute
@@ -116,38 +115,63 @@ type Agent struct {
 	log     *slog.Logger
 	metrics *metrics
 	table   routes.Table
-	queue   workqueue.TypedRateLimitingInterface[string]
 	nodes   corelisters.NodeLister
 	synced  cache.InformerSynced
 
+	loops  controllers
 	policy *policy.Controller // nil when NetworkPolicy is off
 
+	syncState
+	reports
+	// lastUnderlay is the node's underlay address as its Node said at the last sync that found
+	// it (the sync loop's goroutine only).
+	lastUnderlay netip.Addr
+}
+
+// controllers are the agent's loops (agent/loop), each one controller's passes.
+type controllers struct {
+	// sync runs the node sync (Agent.sync: conflist, routes, overlay, condition): on Node events,
+	// on kernel events that undo its work, after heal passes, and on failure after a backoff.
+	sync *loop.Loop
+	// heal re-asserts the node-wide state (heal.go); nil when HealPeriod is 0.
+	heal *healer
+}
+
+// The node sync's triggers.
+const (
+	syncNodes  = "nodes"  // a Node event (the informer's resyncs too: the periodic repair)
+	syncKernel = "kernel" // a route, overlay device or entry of the agent's went, or its events were lost
+	syncHealed = "healed" // a heal pass repaired something; the overlay's firewall is compared again
+)
+
+// syncState is what the syncs found and did, for /readyz, /peers and the other loops; mu guards
+// it.
+type syncState struct {
 	mu       sync.Mutex
 	ready    bool      // the conflist for the current pod CIDRs is written
 	notReady string    // why not, for /readyz
 	inSync   time.Time // start of the running sync; zero between syncs
 	lastCIDR []netip.Prefix
 	// network is the plugin's configuration of the conflist last written (nil before): the
-	// network the stale-attachment collection works on.
+	// network the stale-attachment collection and the healer work on.
 	network *core.Config
-	// events records Events on the agent's Node; refusedOwn and refusedRoutes are what was
-	// reported last, so that each reason is recorded once.
-	events        record.EventRecorder
-	refusedOwn    string
-	refusedRoutes map[string]bool
-	reportedPaths map[netip.Prefix]string // the path (Via) of each peer CIDR last reported
 	// patched is the NetworkUnavailable condition the agent last wrote: its own write, seen
 	// again by the informer, needs no sync.
-	patched  Condition
-	healKick chan struct{} // asks the healer for a pass (the conflist changed)
+	patched Condition
 	// paths is how each peer pod CIDR was reached after the last sync (for /peers); overlayDev
 	// the overlay device's index (0: none), which the overlay watcher follows.
 	paths      []Path
 	overlayDev int
 	watching   bool // the kernel event subscriptions are open (watchKernel)
-	// lastUnderlay is the node's underlay address as its Node said at the last sync that found
-	// it (sync's goroutine only).
-	lastUnderlay netip.Addr
+}
+
+// reports are the Events recorded on the agent's Node and what was reported last, so that each
+// reason is recorded once.
+type reports struct {
+	events        record.EventRecorder
+	refusedOwn    string
+	refusedRoutes map[string]bool
+	reportedPaths map[netip.Prefix]string // the path (Via) of each peer CIDR last reported
 }
 
 // New checks cfg and builds the agent.
@@ -230,13 +254,19 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 		log:     cfg.Logger,
 		metrics: m,
 		table:   routes.Table{Protocol: cfg.RouteProtocol},
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			// Retries of a failed sync back off from half a second to two minutes: a peer that is
-			// not on-link keeps failing, and its re-check must not spin.
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 2*time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kubenet-agent"}),
-		notReady: "starting",
-		healKick: make(chan struct{}, 1),
+	}
+	a.notReady = "starting"
+	a.loops.sync = loop.New(loop.Config{
+		Pass: a.syncPass,
+		// Retries of a failed sync back off from half a second to two minutes: a peer that is
+		// not on-link keeps failing, and its re-check must not spin.
+		BackoffMin: 500 * time.Millisecond, BackoffMax: 2 * time.Minute,
+		OnFailure: func(err error, failures int, _ time.Duration) {
+			a.log.Warn("sync incomplete, retrying", "err", err, "retries", failures)
+		},
+	})
+	if cfg.HealPeriod > 0 {
+		a.loops.heal = a.newHealer()
 	}
 	if cfg.NetworkPolicy {
 		a.policy, err = policy.New(client, cfg.Networking, policy.Config{DataDir: dataDir(cfg), Network: networkName(cfg),
@@ -258,9 +288,10 @@ func (a *Agent) podCIDRs() []netip.Prefix {
 	return slices.Clone(a.lastCIDR)
 }
 
-// Run installs the binary, then syncs on every Node event until ctx ends.
+// Run installs the binary, then runs the controllers until ctx ends: the healer and the
+// stale-attachment collection at once, the node sync and the policy controller once the Node
+// informer has synced.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.queue.ShutDown()
 	if a.cfg.BinSource != "" {
 		// Before any conflist: a runtime that finds the conflist must find the plugin too.
 		changed, err := cnidir.InstallBinary(a.cfg.BinSource, a.cfg.BinDir, "kubenet")
@@ -269,22 +300,23 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.log.Info("kubenet binary in place", "dir", a.cfg.BinDir, "installed", changed)
 	}
-	if a.cfg.HealPeriod > 0 {
-		go a.newHealer().run(ctx)
+	// Every controller stops when Run returns: stop, then wait (defers run last first).
+	var running sync.WaitGroup
+	defer running.Wait()
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if a.loops.heal != nil {
+		running.Go(func() { a.loops.heal.run(ctx) })
 	}
 	if a.cfg.RuntimeEndpoint != "" {
 		collector, closeRuntime, err := a.newCollector()
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
-		defer closeRuntime()
-		gcCtx, stopGC := context.WithCancel(ctx)
-		done := make(chan struct{})
-		defer func() { stopGC(); <-done }()
-		go func() {
-			defer close(done)
-			a.collectStale(gcCtx, collector)
-		}()
+		a.log.Info("collecting attachments of pod sandboxes the runtime no longer lists",
+			"endpoint", a.cfg.RuntimeEndpoint, "grace", a.cfg.StaleGrace, "interval", a.cfg.StaleInterval)
+		stale := a.staleLoop(collector)
+		running.Go(func() { defer closeRuntime(); stale.Run(ctx) })
 	}
 	if a.events == nil {
 		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
@@ -292,6 +324,34 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer broadcaster.Shutdown()
 		a.events = broadcaster.NewRecorder(eventScheme(), corev1.EventSource{Component: "kubenet-agent", Host: a.cfg.NodeName})
 	}
+	inf, err := a.nodeInformer()
+	if err != nil {
+		return err
+	}
+	running.Go(func() { inf.RunWithContext(ctx) })
+	if !cache.WaitForCacheSync(ctx.Done(), a.synced) {
+		// Only a stop ends the wait: an agent told to stop while it starts has not failed.
+		return nil
+	}
+	a.log.Info("node informer synced", "node", a.cfg.NodeName)
+	// Receiving every Node is the agent's one burst of allocation; the heap it grew for it would
+	// otherwise stay resident for minutes.
+	debug.FreeOSMemory()
+	policyDone := make(chan error, 1)
+	if a.policy != nil {
+		running.Go(func() { policyDone <- a.policy.Run(ctx) })
+	} else {
+		policyDone <- nil
+	}
+	if a.cfg.ManageRoutes {
+		a.resubscribeKernel(ctx)
+	}
+	a.loops.sync.Run(ctx)
+	return <-policyDone
+}
+
+// nodeInformer builds the informer of Nodes, whose events ask for a sync.
+func (a *Agent) nodeInformer() (cache.SharedIndexInformer, error) {
 	inf := cache.NewSharedIndexInformerWithOptions(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return a.client.Nodes().List(ctx, o)
@@ -304,55 +364,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	// node info (10 KB and more each), which at a thousand Nodes would be most of the agent's
 	// memory.
 	if err := inf.SetTransform(slimNode); err != nil {
-		return fmt.Errorf("agent: node informer: %w", err)
+		return nil, fmt.Errorf("agent: node informer: %w", err)
 	}
 	a.nodes = corelisters.NewNodeLister(inf.GetIndexer())
 	a.synced = inf.HasSynced
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { a.queue.Add(syncKey) },
+		AddFunc: func(any) { a.loops.sync.Fire(syncNodes) },
 		UpdateFunc: func(oldObj, newObj any) {
 			// Resyncs deliver old == new: they are the periodic repair, so they sync too.
 			o, ok1 := oldObj.(*corev1.Node)
 			n, ok2 := newObj.(*corev1.Node)
 			if !ok1 || !ok2 || o.ResourceVersion == n.ResourceVersion || a.relevant(o, n) {
-				a.queue.Add(syncKey)
+				a.loops.sync.Fire(syncNodes)
 			}
 		},
-		DeleteFunc: func(any) { a.queue.Add(syncKey) },
+		DeleteFunc: func(any) { a.loops.sync.Fire(syncNodes) },
 	}); err != nil {
-		return fmt.Errorf("agent: node informer: %w", err)
+		return nil, fmt.Errorf("agent: node informer: %w", err)
 	}
-	informerCtx, stopInformer := context.WithCancel(ctx)
-	informerDone := make(chan struct{})
-	go func() {
-		defer close(informerDone)
-		inf.RunWithContext(informerCtx)
-	}()
-	defer func() { stopInformer(); <-informerDone }()
-	if !cache.WaitForCacheSync(ctx.Done(), a.synced) {
-		// Only a stop ends the wait: an agent told to stop while it starts has not failed.
-		return nil
-	}
-	a.log.Info("node informer synced", "node", a.cfg.NodeName)
-	// Receiving every Node is the agent's one burst of allocation; the heap it grew for it would
-	// otherwise stay resident for minutes.
-	debug.FreeOSMemory()
-	go func() {
-		<-ctx.Done()
-		a.queue.ShutDown()
-	}()
-	policyDone := make(chan error, 1)
-	if a.policy != nil {
-		go func() { policyDone <- a.policy.Run(ctx) }()
-	} else {
-		policyDone <- nil
-	}
-	if a.cfg.ManageRoutes {
-		a.resubscribeKernel(ctx)
-	}
-	for a.processNext(ctx) {
-	}
-	return <-policyDone
+	return inf, nil
 }
 
 func dataDir(cfg Config) string {
@@ -391,20 +421,13 @@ func (a *Agent) relevant(o, n *corev1.Node) bool {
 	return nc == nil || conditionOf(nc) != patched
 }
 
-func (a *Agent) processNext(ctx context.Context) bool {
-	key, quit := a.queue.Get()
-	if quit {
-		return false
-	}
-	defer a.queue.Done(key)
-	if err := a.sync(ctx); err != nil {
+// syncPass is the node sync loop's pass.
+func (a *Agent) syncPass(ctx context.Context, _ loop.Wake) loop.Outcome {
+	err := a.sync(ctx)
+	if err != nil {
 		a.metrics.syncErrors.Inc()
-		a.log.Warn("sync incomplete, retrying", "err", err, "retries", a.queue.NumRequeues(key))
-		a.queue.AddRateLimited(key)
-		return true
 	}
-	a.queue.Forget(key)
-	return true
+	return loop.Outcome{Err: err}
 }
 
 // sync converges the conflist, the routes and the node condition with the informer's view.
@@ -546,9 +569,8 @@ func (a *Agent) syncConflist(self *corev1.Node, cl *claims, mtu int) (bool, erro
 	a.mu.Unlock()
 	if old == nil || changed {
 		// The healer sets the node up for the new configuration at once (bridge, rules).
-		select {
-		case a.healKick <- struct{}{}:
-		default:
+		if a.loops.heal != nil {
+			a.loops.heal.wake()
 		}
 	}
 	if changed {

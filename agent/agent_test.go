@@ -159,19 +159,29 @@ func TestDesiredRoutes(t *testing.T) {
 				node("broadcast", []string{"255.255.255.255/32"}, "192.168.1.6"),
 				node("v6-default", []string{"::/0"}, "fd00:1::7"),
 				node("mapped", []string{"::ffff:10.9.0.0/120"}, "fd00:1::8"),
+				node("compatible", []string{"::a09:0/120"}, "fd00:1::9"),
+				node("translated", []string{"::ffff:0:a09:0/120"}, "fd00:1::a"),
+				node("nat64", []string{"64:ff9b::a09:0/120"}, "fd00:1::b"),
+				node("nat64-local", []string{"64:ff9b:1:9::/64"}, "fd00:1::c"),
+				node("discard", []string{"100::/64"}, "fd00:1::d"),
 			},
 			unusable: []string{
-				"broadcast 255.255.255.255/32: overlaps 255.255.255.255/32 (the broadcast address)",
+				"broadcast 255.255.255.255/32: overlaps 255.255.255.255/32 (the limited broadcast address)",
+				"compatible ::a09:0/120: overlaps ::/96 (the unspecified and loopback addresses and IPv4-compatible addresses)",
 				"default 0.0.0.0/0: overlaps 0.0.0.0/8",
+				"discard 100::/64: overlaps 100::/64 (discard-only addresses)",
 				"link-local 169.254.0.0/24: overlaps 169.254.0.0/16 (link-local)",
 				"link-local fe80::/64: overlaps fe80::/10 (link-local)",
 				"loopback 127.0.0.0/24: overlaps 127.0.0.0/8 (loopback)",
 				"mapped ::ffff:10.9.0.0/120: overlaps ::ffff:0.0.0.0/96 (IPv4-mapped addresses)",
 				"multicast 224.0.0.0/24: overlaps 224.0.0.0/4 (multicast)",
 				"multicast ff02::/64: overlaps ff00::/8 (multicast)",
-				"v6-default ::/0: overlaps ::/128",
+				"nat64 64:ff9b::a09:0/120: overlaps 64:ff9b::/96 (the NAT64 prefix)",
+				"nat64-local 64:ff9b:1:9::/64: overlaps 64:ff9b:1::/48 (the local-use NAT64 prefix)",
+				"translated ::ffff:0:a09:0/120: overlaps ::ffff:0:0:0/96 (IPv4-translated addresses)",
+				"v6-default ::/0: overlaps ::/96",
 			},
-			peers: []string{"broadcast", "default", "link-local", "loopback", "mapped", "multicast", "v6-default"},
+			peers: []string{"broadcast", "compatible", "default", "discard", "link-local", "loopback", "mapped", "multicast", "nat64", "nat64-local", "translated", "v6-default"},
 		},
 		{
 			name: "CIDRs over this node's own networks, and gateways that cannot be a peer's",
@@ -182,6 +192,7 @@ func TestDesiredRoutes(t *testing.T) {
 				node("gw-self", []string{"10.244.4.0/24"}, "192.168.1.1"),
 				node("gw-loopback", []string{"10.244.5.0/24"}, "127.0.0.1"),
 				node("gw-mapped", []string{"fd00:10:244:6::/64"}, "::ffff:192.168.1.6"),
+				node("gw-nat64", []string{"fd00:10:244:7::/64"}, "64:ff9b::c0a8:107"),
 			},
 			rules: CIDRRules{Networks: []routes.Network{
 				{Prefix: netip.MustParsePrefix("192.168.1.0/24"), Addr: netip.MustParseAddr("192.168.1.1"), Source: "address 192.168.1.1/24 on eth0"},
@@ -191,10 +202,11 @@ func TestDesiredRoutes(t *testing.T) {
 				"connected 10.50.3.0/24: overlaps this node's network 10.50.0.0/16 (route 10.50.0.0/16 dev eth1)",
 				"gw-loopback 10.244.5.0/24: its InternalIP 127.0.0.1 is in 127.0.0.0/8 (loopback)",
 				"gw-mapped fd00:10:244:6::/64: node has no IPv6 InternalIP",
+				"gw-nat64 fd00:10:244:7::/64: its InternalIP 64:ff9b::c0a8:107 is in 64:ff9b::/96 (the NAT64 prefix)",
 				"gw-self 10.244.4.0/24: its InternalIP 192.168.1.1 is this node's own address",
 				"lan 192.168.1.128/25: overlaps this node's network 192.168.1.0/24 (address 192.168.1.1/24 on eth0)",
 			},
-			peers: []string{"connected", "gw-loopback", "gw-mapped", "gw-self", "lan"},
+			peers: []string{"connected", "gw-loopback", "gw-mapped", "gw-nat64", "gw-self", "lan"},
 		},
 		{
 			name: "an InternalIP inside a pod CIDR, in every form the API lets a Node write: the whole Node refused",
@@ -381,7 +393,7 @@ func TestRouteCondition(t *testing.T) {
 }
 
 func TestRelevantUpdates(t *testing.T) {
-	a := &Agent{cfg: Config{NodeName: "self"}, patched: Condition{corev1.ConditionFalse, ReasonRoutesCreated, "set by us"}}
+	a := &Agent{cfg: Config{NodeName: "self"}, syncState: syncState{patched: Condition{corev1.ConditionFalse, ReasonRoutesCreated, "set by us"}}}
 	base := func(name string) *corev1.Node {
 		n := node(name, []string{"10.244.1.0/24"}, "192.168.1.1")
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kubenet-dev/kubenet/agent/cri"
+	"github.com/kubenet-dev/kubenet/agent/loop"
 	"github.com/kubenet-dev/kubenet/agent/stale"
 	"github.com/kubenet-dev/kubenet/core"
 )
@@ -27,26 +28,18 @@ func (a *Agent) newCollector() (*stale.Collector, func(), error) {
 	return c, func() { client.Close() }, nil
 }
 
-// collectStale runs a pass every StaleInterval until ctx ends. Passes start once the conflist is
+// staleLoop runs a collection pass every StaleInterval. Passes start once the conflist is
 // written: before that no pod can have been attached through it.
-func (a *Agent) collectStale(ctx context.Context, c *stale.Collector) {
-	a.log.Info("collecting attachments of pod sandboxes the runtime no longer lists",
-		"endpoint", a.cfg.RuntimeEndpoint, "grace", a.cfg.StaleGrace, "interval", a.cfg.StaleInterval)
-	tick := time.NewTicker(a.cfg.StaleInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+func (a *Agent) staleLoop(c *stale.Collector) *loop.Loop {
+	return loop.New(loop.Config{Period: a.cfg.StaleInterval, Pass: func(ctx context.Context, _ loop.Wake) loop.Outcome {
 		a.mu.Lock()
 		network := a.network
 		a.mu.Unlock()
 		if network != nil {
 			a.stalePass(ctx, c, network)
 		}
-	}
+		return loop.Outcome{}
+	}})
 }
 
 func (a *Agent) stalePass(ctx context.Context, c *stale.Collector, network *core.Config) {

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/agent/loop"
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
@@ -37,25 +38,42 @@ type healer struct {
 	config func() (*core.Config, error)
 	// done, when not nil, is told of every pass (tests wait on it).
 	done func(healPass)
-	// minGap is the shortest time between two passes triggered by events: the healer's own
-	// writes are events too, and a rule that kept being changed back (another tool fighting
-	// over it) must not make it spin.
-	minGap time.Duration
-	// kick asks for a pass (1-buffered): nftables events, and the agent when the conflist
-	// changed.
-	kick chan struct{}
-	// bridgeChanged (1-buffered) says a bridge changed: a pass follows only when the network's
-	// bridge lost its nf_call options, which no nftables event announces.
-	bridgeChanged chan struct{}
+	// loop runs the passes (newHealer): at start and every period a full one, and one on
+	// every trigger below, minGap apart: the healer's own writes are events too, and a rule
+	// that kept being changed back (another tool fighting over it) must not make it spin.
+	loop *loop.Loop
+	subs *subscriptions // open while run runs
+}
+
+// The healer's triggers.
+const (
+	healKick          = "kick"           // nftables events, and the agent when the conflist changed
+	healTablesEnded   = "tables-ended"   // the nftables subscription ended: events were lost
+	healLinksEnded    = "links-ended"    // the link subscription ended
+	healBridgeChanged = "bridge-changed" // a bridge changed: a pass only when the network's lost its nf_call options
+)
+
+// newHealer returns a healer; run starts it.
+func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*core.Config, error), done func(healPass)) *healer {
+	h := &healer{log: log, period: period, config: config, done: done}
+	h.loop = loop.New(loop.Config{
+		AtStart: true, // the first pass compares everything
+		Period:  period,
+		MinGap:  minGap,
+		// A bridge change alone (one of the many a port joining or leaving makes) calls for a
+		// pass only when the bridge lost its nf_call options, which no nftables event announces.
+		Wanted: func(w loop.Wake) bool { return !w.OnlyFired(healBridgeChanged) || h.bridgeNeedsHeal() },
+		Pass: func(ctx context.Context, w loop.Wake) loop.Outcome {
+			h.resubscribe(w)
+			h.pass(ctx, w.Start || w.Periodic)
+			return loop.Outcome{}
+		},
+	})
+	return h
 }
 
 // wake asks for a pass without waiting.
-func (h *healer) wake() {
-	select {
-	case h.kick <- struct{}{}:
-	default:
-	}
-}
+func (h *healer) wake() { h.loop.Fire(healKick) }
 
 // healPass is what one pass found and did.
 type healPass struct {
@@ -77,60 +95,34 @@ type healPass struct {
 // network namespace (the agent runs in the host's), the event subscriptions included; the
 // goroutines that read events only forward signals.
 func (h *healer) run(ctx context.Context) {
-	subs := &subscriptions{ctx: ctx}
-	defer subs.close()
-	tablesEnded, linksEnded := make(chan struct{}, 1), make(chan struct{}, 1)
-	followTables := func() {
-		if err := subs.follow(h.watchTables, tablesEnded); err != nil {
-			h.log.Warn("nftables events unavailable; the node-wide state is only checked periodically", "err", err, "period", h.period)
-		}
+	h.subs = &subscriptions{ctx: ctx}
+	defer h.subs.close()
+	h.followTables()
+	h.followLinks()
+	h.loop.Run(ctx)
+}
+
+func (h *healer) followTables() {
+	if err := h.subs.follow(h.watchTables, func() { h.loop.Fire(healTablesEnded) }); err != nil {
+		h.log.Warn("nftables events unavailable; the node-wide state is only checked periodically", "err", err, "period", h.period)
 	}
-	followLinks := func() {
-		if err := subs.follow(h.watchBridges, linksEnded); err != nil {
-			h.log.Warn("link events unavailable; the bridge's nf_call options are only checked periodically", "err", err, "period", h.period)
-		}
+}
+
+func (h *healer) followLinks() {
+	if err := h.subs.follow(h.watchBridges, func() { h.loop.Fire(healLinksEnded) }); err != nil {
+		h.log.Warn("link events unavailable; the bridge's nf_call options are only checked periodically", "err", err, "period", h.period)
 	}
-	followTables()
-	followLinks()
-	ticker := time.NewTicker(h.period)
-	defer ticker.Stop()
-	full := true // the first pass compares everything
-	var last time.Time
-	for {
-		if wait := h.minGap - time.Since(last); !full && wait > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-		}
-		last = time.Now()
-		h.pass(ctx, full)
-	next:
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-				full = true
-			case <-h.kick:
-				full = false
-			case <-tablesEnded:
-				// Events were lost: subscribe again, then look at what may have changed.
-				followTables()
-				full = false
-			case <-linksEnded:
-				h.log.Warn("link event subscription ended; subscribing again")
-				followLinks()
-				full = false
-			case <-h.bridgeChanged:
-				if !h.bridgeNeedsHeal() {
-					continue // one of the many changes a port joining or leaving makes
-				}
-				full = false
-			}
-			break next
-		}
+}
+
+// resubscribe subscribes again to what ended (events were lost: the pass that follows looks at
+// what may have changed).
+func (h *healer) resubscribe(w loop.Wake) {
+	if w.Fired(healTablesEnded) {
+		h.followTables()
+	}
+	if w.Fired(healLinksEnded) {
+		h.log.Warn("link event subscription ended; subscribing again")
+		h.followLinks()
 	}
 }
 
@@ -145,8 +137,8 @@ type subscriptions struct {
 // forwarder it returns on a goroutine of its own; when the forwarder says the subscription ended
 // before ctx (its socket overflowed: events were lost), the subscription is closed at once (the
 // healer subscribes again; a socket kept until it stops would pile up with every overflow) and
-// ended is signalled.
-func (s *subscriptions) follow(open func() (forward func(context.Context) bool, closeFn func(), err error), ended chan<- struct{}) error {
+// ended is called.
+func (s *subscriptions) follow(open func() (forward func(context.Context) bool, closeFn func(), err error), ended func()) error {
 	forward, closeFn, err := open()
 	if err != nil {
 		return err
@@ -158,10 +150,7 @@ func (s *subscriptions) follow(open func() (forward func(context.Context) bool, 
 		defer s.forwarders.Done()
 		if forward(s.ctx) {
 			closeOnce()
-			select {
-			case ended <- struct{}{}:
-			case <-s.ctx.Done():
-			}
+			ended()
 		}
 	}()
 	return nil
@@ -241,7 +230,9 @@ func (h *healer) watchBridges() (func(context.Context) bool, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return func(ctx context.Context) bool { return forwardBridges(ctx, updates, h.bridgeChanged) }, closeLinks, nil
+	return func(ctx context.Context) bool {
+		return forwardBridges(ctx, updates, func() { h.loop.Fire(healBridgeChanged) })
+	}, closeLinks, nil
 }
 
 // watch subscribes to nftables change events.
@@ -277,7 +268,7 @@ func watchLinks() (<-chan netlink.LinkUpdate, func(), error) {
 // forwardBridges signals changed for every change of a bridge (the healer then asks whether it
 // is the network's, and whether it needs anything). It returns true when the subscription
 // ended before ctx. It does no netlink work.
-func forwardBridges(ctx context.Context, updates <-chan netlink.LinkUpdate, changed chan<- struct{}) bool {
+func forwardBridges(ctx context.Context, updates <-chan netlink.LinkUpdate, changed func()) bool {
 	for {
 		select {
 		case <-ctx.Done():
@@ -290,10 +281,7 @@ func forwardBridges(ctx context.Context, updates <-chan netlink.LinkUpdate, chan
 				return true
 			}
 			if u.Header.Type == unix.RTM_NEWLINK && u.Link != nil && u.Link.Type() == "bridge" {
-				select {
-				case changed <- struct{}{}:
-				default:
-				}
+				changed()
 			}
 		}
 	}
@@ -347,35 +335,28 @@ func concernsKubenet(e *nftables.MonitorEvent) bool {
 // newHealer returns the agent's healer, which follows the plugin configuration of the conflist
 // the agent wrote last.
 func (a *Agent) newHealer() *healer {
-	return &healer{
-		kick:          a.healKick,
-		bridgeChanged: make(chan struct{}, 1),
-		log:           a.log.With("component", "heal"),
-		period:        a.cfg.HealPeriod,
-		minGap:        200 * time.Millisecond,
-		config: func() (*core.Config, error) {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			return a.network, nil
-		},
-		done: func(p healPass) {
-			a.metrics.healed(p)
-			// The policy table is node-wide state too, but the policy controller owns it: a
-			// change by somebody else (a flushed ruleset) makes it compare and rewrite at once
-			// instead of at its next resync, while the flushed node forwards unfiltered.
-			if !p.full && a.cfg.ManageRoutes {
-				// The overlay's firewall is a kubenet table too; the sync compares it (and writes
-				// nothing when it is as planned).
-				a.queue.Add(syncKey)
-			}
-			if a.policy != nil {
-				if !p.full {
-					a.policy.Wake()
-				}
-				a.policy.Repaired(p.policyGuards, p.netfilterCall)
-			}
-		},
+	config := func() (*core.Config, error) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.network, nil
 	}
+	return newHealer(a.log.With("component", "heal"), a.cfg.HealPeriod, 200*time.Millisecond, config, func(p healPass) {
+		a.metrics.healed(p)
+		// The policy table is node-wide state too, but the policy controller owns it: a
+		// change by somebody else (a flushed ruleset) makes it compare and rewrite at once
+		// instead of at its next resync, while the flushed node forwards unfiltered.
+		if !p.full && a.cfg.ManageRoutes {
+			// The overlay's firewall is a kubenet table too; the sync compares it (and writes
+			// nothing when it is as planned).
+			a.loops.sync.Fire(syncHealed)
+		}
+		if a.policy != nil {
+			if !p.full {
+				a.policy.Wake()
+			}
+			a.policy.Repaired(p.policyGuards, p.netfilterCall)
+		}
+	})
 }
 
 // healed counts a pass in the metrics.

@@ -63,15 +63,8 @@ func newHealWorld(t testing.TB, extraPods int) *healWorld {
 func (w *healWorld) startHealer(t testing.TB, period, minGap time.Duration) <-chan healPass {
 	t.Helper()
 	passes := make(chan healPass, 1000)
-	h := &healer{
-		kick:          make(chan struct{}, 1),
-		bridgeChanged: make(chan struct{}, 1),
-		log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		period:        period,
-		minGap:        minGap,
-		config:        func() (*core.Config, error) { return w.cfg, nil },
-		done:          func(p healPass) { passes <- p },
-	}
+	h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), period, minGap,
+		func() (*core.Config, error) { return w.cfg, nil }, func(p healPass) { passes <- p })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -395,7 +388,7 @@ func TestSubscriptionClosedWhenItEnds(t *testing.T) {
 	open := func() (func(context.Context) bool, func(), error) {
 		return func(context.Context) bool { return true }, func() { closed <- struct{}{} }, nil
 	}
-	if err := subs.follow(open, ended); err != nil {
+	if err := subs.follow(open, func() { ended <- struct{}{} }); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -241,7 +241,7 @@ func (a *Agent) watchKernel(ctx context.Context) error {
 				a.mu.Unlock()
 			}
 			if lost || ended {
-				a.queue.Add(syncKey)
+				a.loops.sync.Fire(syncKernel)
 			}
 			if ended {
 				return

@@ -12,26 +12,8 @@ import (
 	netutils "k8s.io/utils/net"
 
 	"github.com/kubenet-dev/kubenet/agent/routes"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 )
-
-// specialRanges are the ranges no pod CIDR may touch: the kernel treats their addresses
-// specially (or a route to them would take the node's own traffic), so pods there could not be
-// reached or would capture what is not theirs.
-var specialRanges = []struct {
-	prefix netip.Prefix
-	what   string
-}{
-	{netip.MustParsePrefix("0.0.0.0/8"), "the unspecified address, \"this network\""},
-	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
-	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
-	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
-	{netip.MustParsePrefix("255.255.255.255/32"), "the broadcast address"},
-	{netip.MustParsePrefix("::/128"), "the unspecified address"},
-	{netip.MustParsePrefix("::1/128"), "loopback"},
-	{netip.MustParsePrefix("::ffff:0:0/96"), "IPv4-mapped addresses"},
-	{netip.MustParsePrefix("fe80::/10"), "link-local"},
-	{netip.MustParsePrefix("ff00::/8"), "multicast"},
-}
 
 // CIDRRules are what a Node's pod CIDR must pass before the agent writes a conflist or a route
 // for it. Node objects are input: whoever can write one must not be able to take the node's
@@ -48,10 +30,8 @@ type CIDRRules struct {
 
 // clusterError says why c can be no node's pod CIDR anywhere in the cluster, or nil.
 func (r CIDRRules) clusterError(c netip.Prefix) error {
-	for _, s := range specialRanges {
-		if c.Overlaps(s.prefix) {
-			return fmt.Errorf("overlaps %s (%s)", s.prefix, s.what)
-		}
+	if s, ok := ipnet.OverlappingSpecial(c); ok {
+		return fmt.Errorf("overlaps %s (%s)", s.Prefix, s.What)
 	}
 	if len(r.Cluster) > 0 && !slices.ContainsFunc(r.Cluster, func(cc netip.Prefix) bool { return cc.Bits() <= c.Bits() && cc.Contains(c.Addr()) }) {
 		return fmt.Errorf("is outside the cluster CIDRs %s (--cluster-cidr)", prefixList(r.Cluster))
@@ -74,10 +54,8 @@ func (r CIDRRules) nodeError(c netip.Prefix) error {
 
 // gatewayError says why a peer's address cannot be the gateway of a route to its pods, or nil.
 func (r CIDRRules) gatewayError(gw netip.Addr) error {
-	for _, s := range specialRanges {
-		if s.prefix.Contains(gw) {
-			return fmt.Errorf("its InternalIP %s is in %s (%s)", gw, s.prefix, s.what)
-		}
+	if s, ok := ipnet.SpecialHolding(gw); ok {
+		return fmt.Errorf("its InternalIP %s is in %s (%s)", gw, s.Prefix, s.What)
 	}
 	for _, n := range r.Networks {
 		if n.Addr == gw {

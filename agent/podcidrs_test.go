@@ -129,7 +129,7 @@ func TestSharedClaimsMatchPairwise(t *testing.T) {
 // goes and comes back is recorded again, and nothing is recorded without the Node.
 func TestRefusalEvents(t *testing.T) {
 	rec := record.NewFakeRecorder(100)
-	a := &Agent{events: rec}
+	a := &Agent{reports: reports{events: rec}}
 	self := node("a", nil)
 	drain := func() []string {
 		var out []string
@@ -173,7 +173,7 @@ func TestRefusalEvents(t *testing.T) {
 // between direct and vxlan; a big cluster's first sync gets one summary.
 func TestPathEvents(t *testing.T) {
 	rec := record.NewFakeRecorder(100)
-	a := &Agent{events: rec}
+	a := &Agent{reports: reports{events: rec}}
 	self := node("a", nil)
 	drain := func() []string {
 		var out []string
@@ -212,7 +212,7 @@ func TestPathEvents(t *testing.T) {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(i), 0}), 24)
 		big[p] = Path{Node: fmt.Sprint(i), PodCIDR: p, Via: ViaVXLAN, NextHop: p.Addr()}
 	}
-	fresh := &Agent{events: rec}
+	fresh := &Agent{reports: reports{events: rec}}
 	fresh.reportPaths(self, big)
 	if got := drain(); len(got) != 1 || !strings.Contains(got[0], "paths to 17 pod CIDRs of other nodes: 0 direct, 17 through the VXLAN overlay") {
 		t.Fatalf("a big first sync: events %q, want one summary", got)

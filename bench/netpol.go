@@ -28,6 +28,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -96,7 +97,7 @@ func applyKubenet(t testing.TB, node ns.NetNS, dataDir string, w npWorkload) cor
 // applyPolicies is applyKubenet's pass, in the node's netns already.
 func applyPolicies(dataDir string, w npWorkload) (core.PolicyPass, error) {
 	in := policy.Input{Namespaces: w.namespaces, Pods: w.pods, Policies: w.policies}
-	return core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: "kubenet", Bridge: core.DefaultBridge}, func(locals []core.PolicyLocal) core.PolicyRuleset {
+	return core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: "kubenet", Bridge: core.DefaultBridge}, func(locals []core.PolicyLocal) policyrules.Ruleset {
 		in.Local = policy.LocalsOf(locals)
 		return policy.Compile(in).Ruleset
 	})

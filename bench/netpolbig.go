@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/netpol"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
@@ -33,7 +33,7 @@ import (
 type passMeasure struct {
 	wall, cpu time.Duration
 	alloc     uint64 // bytes the pass allocated (the agent's heap churn)
-	applied   core.PolicyApplied
+	applied   policyrules.Applied
 }
 
 // bigRow is what one size measured.

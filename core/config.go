@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
@@ -478,43 +479,14 @@ func validBridgeName(name string) error {
 	return nil
 }
 
-// specialRange is an address range that no pod network may overlap.
-type specialRange struct {
-	prefix netip.Prefix
-	what   string
-}
-
-// specialRanges: loopback, link-local, multicast, unspecified and broadcast addresses, and the
-// IPv6 ranges that embed or translate IPv4 addresses. (240.0.0.0/4 is not among them: Linux routes
-// it, and clusters short of private space use it for pods.) A pod CIDR that overlaps one of them
-// gives pods addresses the node treats as its own or never routes, or takes the node's
-// link-local neighbours (its gateway, metadata service) away from it.
-var specialRanges = []specialRange{
-	{netip.MustParsePrefix("0.0.0.0/8"), `"this network" (0.0.0.0/8, holds the unspecified address)`},
-	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
-	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
-	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
-	{netip.MustParsePrefix("255.255.255.255/32"), "the limited broadcast address"},
-	{netip.MustParsePrefix("::/96"), "the unspecified and loopback addresses and IPv4-compatible addresses"},
-	{netip.MustParsePrefix("::ffff:0:0/96"), "IPv4-mapped addresses"},
-	{netip.MustParsePrefix("::ffff:0:0:0/96"), "IPv4-translated addresses"},
-	{netip.MustParsePrefix("64:ff9b::/96"), "the NAT64 prefix"},
-	{netip.MustParsePrefix("64:ff9b:1::/48"), "the local-use NAT64 prefix"},
-	{netip.MustParsePrefix("100::/64"), "discard-only addresses"},
-	{netip.MustParsePrefix("fe80::/10"), "link-local"},
-	{netip.MustParsePrefix("ff00::/8"), "multicast"},
-}
-
 // parsePodCIDR is parseCIDR for a pod network: it must not overlap a special range.
 func parsePodCIDR(s string) (netip.Prefix, error) {
 	p, err := parseCIDR(s)
 	if err != nil {
 		return p, err
 	}
-	for _, r := range specialRanges {
-		if p.Overlaps(r.prefix) {
-			return netip.Prefix{}, fmt.Errorf("overlaps %s, which is %s", r.prefix, r.what)
-		}
+	if r, ok := ipnet.OverlappingSpecial(p); ok {
+		return netip.Prefix{}, fmt.Errorf("overlaps %s, which is %s", r.Prefix, r.What)
 	}
 	return p, nil
 }
@@ -523,11 +495,11 @@ func parsePodCIDR(s string) (netip.Prefix, error) {
 // one inside the loopback, multicast, unspecified or IPv4-embedding ranges. Wider ones (0.0.0.0/0
 // turns masquerading off) and link-local ones (a cloud's metadata service) are fine.
 func sensibleNonMasquerade(p netip.Prefix) error {
-	for _, r := range specialRanges {
-		if r.what == "link-local" || r.prefix.Bits() > p.Bits() || !r.prefix.Contains(p.Addr()) {
+	for _, r := range ipnet.SpecialRanges() {
+		if r.PodDestination || r.Prefix.Bits() > p.Bits() || !r.Prefix.Contains(p.Addr()) {
 			continue
 		}
-		return fmt.Errorf("lies in %s, which is %s: no pod traffic goes there", r.prefix, r.what)
+		return fmt.Errorf("lies in %s, which is %s: no pod traffic goes there", r.Prefix, r.What)
 	}
 	return nil
 }

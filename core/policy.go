@@ -10,44 +10,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/netpol"
 )
-
-// The policy vocabulary the node agent compiles NetworkPolicies into: the netpol mechanism's
-// own types, named here so that the agent reaches the mechanism only through the core.
-type (
-	PolicyRuleset   = netpol.Ruleset
-	PolicyPod       = netpol.Pod
-	PolicyDirection = netpol.Direction
-	PolicyEntry     = netpol.Entry
-	PolicyRange     = netpol.Range
-	PolicyPorts     = netpol.Ports
-	PolicyApplied   = netpol.Applied
-	PolicyRefusal   = netpol.Refusal
-)
-
-// PolicyMaxAllowEntries bounds one direction's allow list: a longer one is not installed
-// (PolicyApplied.Refused), and the compiler stops expanding at it.
-const PolicyMaxAllowEntries = netpol.MaxAllowEntries
-
-// PolicyErrTooBig is the error of a refusal for a limit (errors.Is), as opposed to the kernel's.
-var PolicyErrTooBig = netpol.ErrTooBig
-
-// PolicyMergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
-func PolicyMergeRanges(rs []PolicyRange) []PolicyRange { return netpol.MergeRanges(rs) }
-
-// Protocol numbers of PolicyPorts.
-const (
-	PolicyTCP  = netpol.TCP
-	PolicyUDP  = netpol.UDP
-	PolicySCTP = netpol.SCTP
-)
-
-// PolicySingle and PolicyPrefix build a PolicyRange.
-func PolicySingle(a netip.Addr) PolicyRange   { return netpol.Single(a) }
-func PolicyPrefix(p netip.Prefix) PolicyRange { return netpol.PrefixRange(p) }
 
 // IsPolicyTable tells whether an nftables table name is one of the networks' policy tables (the
 // agent's healer watches them, so that a flushed ruleset brings the policies back too).
@@ -132,7 +99,7 @@ type PolicyLocal struct {
 
 // PolicyPass is what ApplyPolicies did besides the rules.
 type PolicyPass struct {
-	Applied PolicyApplied
+	Applied policyrules.Applied
 	// Guarded counts ports and bridges whose missing guard was put back; NetfilterCall says the
 	// bridge's nf_call options were off and were turned on.
 	Guarded       int
@@ -149,7 +116,7 @@ type PolicyPass struct {
 // exists (a recreated veth is a new port, held until a later pass). On the way it puts back what
 // another tool may have removed: the guards of the bridge and of every local port, and the
 // bridge's nf_call options.
-func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) PolicyRuleset) (PolicyPass, error) {
+func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Ruleset) (PolicyPass, error) {
 	var pass PolicyPass
 	store, err := ipam.Open(n.DataDir, n.Network)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Bounds of one netlink message and of one transaction. A set element list is one netlink
@@ -36,46 +37,6 @@ const (
 	minElementsPerTransaction = 64
 	transactionTarget         = 25 * time.Millisecond
 )
-
-// Applied tells what an Apply changed, for logs and metrics.
-type Applied struct {
-	Groups         int // groups in use
-	NewGroups      int // groups created by this Apply
-	RepairedGroups int // groups whose chain or sets differed from their plan and were rewritten
-	RemovedGroups  int
-	MapChanges     int  // map elements added, changed or removed
-	Released       int  // ports that got their first elements: their pods' policies came into force
-	Conntrack      uint // conntrack entries of released pods' addresses removed (flows older than the pods)
-	FixedWritten   bool // a fixed chain, map or set was missing or differed and was rewritten
-	Transactions   int
-	// LongestTransaction is the longest a transaction of this Apply took to send and be
-	// answered: the kernel holds the network namespace's nftables mutex for a transaction, so
-	// another writer of nftables (an ADD's rules) waits at most that long for it.
-	LongestTransaction time.Duration
-	// Refused are the allow lists that were not installed: over a limit, or refused by the
-	// kernel. Their pods keep, in that direction, the group they had (none: denied; a pod that
-	// was not isolated in it is denied too, never left open); everything else is applied.
-	Refused []Refusal
-}
-
-// Changed tells whether the Apply wrote anything.
-func (a Applied) Changed() bool {
-	return a.NewGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
-}
-
-// Refusal is one allow list Apply did not install, and the pods that needed it.
-type Refusal struct {
-	Ingress bool     // the direction
-	Pods    []string // Pod.Name of each pod that needed it
-	Group   string   // the group's name, when the list got as far as one
-	Cost    int      // what its sets would cost the kernel, in IPv4 prefixes (0: not counted)
-	// Err wraps ErrTooBig for a list over a limit (it stays refused until it changes), else it
-	// is the kernel's answer (a later Apply tries again).
-	Err error
-}
-
-// ErrTooBig says an allow list is over one of the limits of MaxAllowEntries.
-var ErrTooBig = errors.New("allow list too big")
 
 // Options tune one Apply.
 type Options struct {
@@ -99,8 +60,11 @@ type Options struct {
 //
 // An allow list over a limit, or whose group the kernel refuses, is left out (Applied.Refused)
 // and everything else is applied: one policy cannot keep the node's other pods from theirs.
-func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
-	var res Applied
+//
+// The steps, in order: readState; plan (pure); buildGroups; portChains and releasedPods (pure)
+// with the conntrack flush; switchPorts; removeUnused.
+func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
+	var res policyrules.Applied
 	c, err := nftables.New()
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
@@ -111,11 +75,7 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 		return res, err
 	}
 	want := plan(rs)
-	w := &writer{c: c, res: &res, network: network, maxPerTransaction: maxElementsPerTransaction}
-	if opt.transactionElements > 0 {
-		w.maxPerTransaction = opt.transactionElements
-	}
-	w.perTransaction = w.maxPerTransaction
+	w := newWriter(c, &res, network, opt)
 
 	// Groups: build the missing ones, repair the damaged ones.
 	refused, err := w.buildGroups(bt, want, cur, opt.Verify)
@@ -127,115 +87,161 @@ func Apply(network string, rs Ruleset, opt Options) (Applied, error) {
 	}
 	res.Groups, res.Refused = len(want.groups), want.refused
 
-	// What every port gets: its planned chain, or what it has where its list was refused.
+	final := portChains(want, cur.maps)
+	released := releasedPods(rs.Pods, cur.maps, final)
+	res.Released = len(released)
+	if res.Conntrack, err = flushConntrack(podAddrs(released)); err != nil {
+		return res, fmt.Errorf("policy: flows of new pods: %w", err)
+	}
+	if err := w.switchPorts(bt, it, cur, rs, want, final); err != nil {
+		return res, err
+	}
+	err = w.removeUnused(bt, cur, final, len(refused) > 0) // counts into res: called before res is read
+	return res, err
+}
+
+// portChains is what every port gets in each dispatch map: its planned chain, or, where its list
+// was refused, the group chain it has (none when it had only an allow chain: a pod that was not
+// isolated is denied, never left open). Pure.
+func portChains(want desired, have map[string]map[int]string) map[string]map[int]string {
 	final := map[string]map[int]string{}
 	for _, m := range []string{MapEgress, MapIngress} {
 		final[m] = maps.Clone(want.maps[m])
 		for port := range want.keep[m] {
-			if chain, ok := cur.maps[m][port]; ok && chain != ChainAllowEgress && chain != ChainAllowIngress {
+			if chain, ok := have[m][port]; ok && chain != ChainAllowEgress && chain != ChainAllowIngress {
 				final[m][port] = chain
 			}
 		}
 	}
+	return final
+}
 
-	// Flows older than the pods that are about to be released.
-	var fresh []netip.Addr
-	for _, p := range rs.Pods {
-		_, e := cur.maps[MapEgress][p.Port]
-		_, i := cur.maps[MapIngress][p.Port]
+// releasedPods are the pods whose ports had no element in either map and get one now: their
+// policies come into force with this Apply. Pure.
+func releasedPods(pods []policyrules.Pod, have, final map[string]map[int]string) []policyrules.Pod {
+	var out []policyrules.Pod
+	for _, p := range pods {
+		_, e := have[MapEgress][p.Port]
+		_, i := have[MapIngress][p.Port]
 		_, fe := final[MapEgress][p.Port]
 		_, fi := final[MapIngress][p.Port]
-		if e || i || !(fe || fi) {
-			continue
+		if !e && !i && (fe || fi) {
+			out = append(out, p)
 		}
-		res.Released++
-		fresh = append(fresh, p.IPs...)
 	}
-	if res.Conntrack, err = flushConntrack(fresh); err != nil {
-		return res, fmt.Errorf("policy: flows of new pods: %w", err)
-	}
+	return out
+}
 
-	// The fixed objects and the switch, in one transaction.
+// podAddrs are the addresses of pods.
+func podAddrs(pods []policyrules.Pod) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range pods {
+		out = append(out, p.IPs...)
+	}
+	return out
+}
+
+// switchPorts writes the fixed objects and switches every port to its final chain and every
+// source element to its planned state, in one transaction: no packet sees half a change.
+func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.Ruleset, want desired, final map[string]map[int]string) error {
 	fixed, err := w.writeFixed(bt, it, cur, rs)
 	if err != nil {
-		return res, err
+		return err
 	}
-	res.FixedWritten = fixed
+	w.res.FixedWritten = fixed
 	for _, m := range []string{MapEgress, MapIngress} {
 		set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
-		var del, add []nftables.SetElement
-		for port, chain := range cur.maps[m] {
-			if final[m][port] != chain {
-				del = append(del, nftables.SetElement{Key: portKey(port)})
-			}
-		}
-		for port, chain := range final[m] {
-			if cur.maps[m][port] != chain {
-				add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
-			}
-		}
-		res.MapChanges += len(add) + len(del)
-		if err := deleteElements(c, set, del); err != nil {
-			return res, err
-		}
-		if err := addElements(c, set, add); err != nil {
-			return res, err
+		del, add := mapDiff(cur.maps[m], final[m])
+		if err := w.replaceElements(set, del, add); err != nil {
+			return err
 		}
 	}
 	for _, is6 := range []bool{false, true} {
 		set := sourcesSet(bt, is6)
 		del, add := elementsDiff(cur.sources[set.Name], want.sources[set.Name])
-		res.MapChanges += len(add) + len(del)
-		if err := deleteElements(c, set, del); err != nil {
-			return res, err
-		}
-		if err := addElements(c, set, add); err != nil {
-			return res, err
+		if err := w.replaceElements(set, del, add); err != nil {
+			return err
 		}
 	}
-	if err := w.flush("policy switch"); err != nil {
-		return res, err
-	}
+	return w.flush("policy switch")
+}
 
-	// The groups nobody refers to any more. The kernel refuses to delete a chain that a map
-	// element still names, so this is a transaction of its own after the switch. A refused group
-	// may have left sets behind (a big one is built over several transactions): the sets are
-	// read again then.
+// replaceElements queues the deletion of del and the addition of add in set, and counts them.
+func (w *writer) replaceElements(set *nftables.Set, del, add []nftables.SetElement) error {
+	w.res.MapChanges += len(add) + len(del)
+	if err := deleteElements(w.c, set, del); err != nil {
+		return err
+	}
+	return addElements(w.c, set, add)
+}
+
+// mapDiff returns the elements of a dispatch map to delete (a port that goes or changes chain)
+// and to add (a port that comes or changes chain) to turn have into want. Pure.
+func mapDiff(have, want map[int]string) (del, add []nftables.SetElement) {
+	for _, port := range slices.Sorted(maps.Keys(have)) {
+		if chain, ok := want[port]; !ok || chain != have[port] {
+			del = append(del, nftables.SetElement{Key: portKey(port)})
+		}
+	}
+	for _, port := range slices.Sorted(maps.Keys(want)) {
+		if chain, ok := have[port]; !ok || chain != want[port] {
+			add = append(add, nftables.SetElement{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: want[port]}})
+		}
+	}
+	return del, add
+}
+
+// removeUnused deletes the groups nobody refers to any more. The kernel refuses to delete a
+// chain that a map element still names, so this is a transaction of its own after the switch. A
+// refused group may have left sets behind (a big one is built over several transactions): with
+// rereadSets the sets are read again.
+func (w *writer) removeUnused(bt *nftables.Table, cur state, final map[string]map[int]string, rereadSets bool) error {
+	sets := cur.sets
+	if rereadSets {
+		var err error
+		if sets, err = setNames(w.c, bt); err != nil {
+			return err
+		}
+	}
+	chains, sets := unusedGroups(final, cur.groupChains, sets)
+	for _, name := range chains {
+		w.c.DelChain(&nftables.Chain{Table: bt, Name: name})
+		w.dirty = true
+	}
+	for _, s := range sets {
+		w.c.DelSet(&nftables.Set{Table: bt, Name: s})
+		w.dirty = true
+	}
+	w.res.RemovedGroups += len(chains)
+	return w.flush("remove unused policy groups")
+}
+
+// unusedGroups returns the group chains, sorted, and the group sets that no port of final
+// refers to. Pure.
+func unusedGroups(final map[string]map[int]string, chains map[string]bool, sets []string) (unusedChains, unusedSets []string) {
 	used := map[string]bool{}
 	for _, m := range final {
 		for _, chain := range m {
 			used[chain] = true
 		}
 	}
-	sets := cur.sets
-	if len(refused) > 0 {
-		if sets, err = setNames(c, bt); err != nil {
-			return res, err
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(cur.groupChains)) {
+	for _, name := range slices.Sorted(maps.Keys(chains)) {
 		if !used[name] {
-			c.DelChain(&nftables.Chain{Table: bt, Name: name})
-			res.RemovedGroups++
-			w.dirty = true
+			unusedChains = append(unusedChains, name)
 		}
 	}
 	for _, s := range sets {
 		if group, ok := groupOfSet(s); ok && !used[group] {
-			c.DelSet(&nftables.Set{Table: bt, Name: s})
-			w.dirty = true
+			unusedSets = append(unusedSets, s)
 		}
 	}
-	if err := w.flush("remove unused policy groups"); err != nil {
-		return res, err
-	}
-	return res, nil
+	return unusedChains, unusedSets
 }
 
 // writer queues changes on one connection and counts the transactions it sends.
 type writer struct {
 	c                 *nftables.Conn
-	res               *Applied
+	res               *policyrules.Applied
 	network           string
 	maxPerTransaction int
 	perTransaction    int // set elements the next transaction may carry
@@ -243,6 +249,17 @@ type writer struct {
 	dirty             bool
 }
 
+func newWriter(c *nftables.Conn, res *policyrules.Applied, network string, opt Options) *writer {
+	w := &writer{c: c, res: res, network: network, maxPerTransaction: maxElementsPerTransaction}
+	if opt.transactionElements > 0 {
+		w.maxPerTransaction = opt.transactionElements
+	}
+	w.perTransaction = w.maxPerTransaction
+	return w
+}
+
+// flush sends what is queued as one transaction, and adapts how many set elements the next one
+// may carry to how long the kernel took.
 func (w *writer) flush(what string) error {
 	if !w.dirty {
 		return nil
@@ -400,7 +417,7 @@ func (w *writer) begin(bt *nftables.Table) {
 
 // writeFixed queues the fixed chains, maps and sets of both tables where they are missing or
 // differ from their plan, and reports whether it queued anything.
-func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs Ruleset) (bool, error) {
+func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ruleset) (bool, error) {
 	wrote := false
 	if !cur.inetOK {
 		if cur.inetForeign {
@@ -464,7 +481,7 @@ type desired struct {
 	// keep are the ports whose allow list in a map's direction was refused: they keep the
 	// group they have there (or none).
 	keep    map[string]map[int]bool
-	refused []Refusal
+	refused []policyrules.Refusal
 }
 
 type plannedGroup struct {
@@ -486,7 +503,7 @@ func mapOf(dir string) string {
 // plan computes the groups and map elements of rs, and refuses the allow lists over the limits:
 // a list longer than MaxAllowEntries, a group costlier than maxGroupCost, and, the cheapest
 // first, the groups past maxNodeCost all together. Pure.
-func plan(rs Ruleset) desired {
+func plan(rs policyrules.Ruleset) desired {
 	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}},
 		sources: map[string][]nftables.SetElement{}, keep: map[string]map[int]bool{MapEgress: {}, MapIngress: {}}}
 	groups := newGroupMemo()
@@ -502,7 +519,7 @@ func plan(rs Ruleset) desired {
 		}
 		for _, dir := range []struct {
 			name, open string
-			d          Direction
+			d          policyrules.Direction
 		}{{ingressDir, ChainAllowIngress, p.Ingress}, {egressDir, ChainAllowEgress, p.Egress}} {
 			m := mapOf(dir.name)
 			if !dir.d.Isolated {
@@ -511,15 +528,15 @@ func plan(rs Ruleset) desired {
 			}
 			refuse := func(why error) {
 				d.keep[m][p.Port] = true
-				d.refused = append(d.refused, Refusal{Ingress: dir.name == ingressDir, Pods: []string{p.Name}, Err: why})
+				d.refused = append(d.refused, policyrules.Refusal{Ingress: dir.name == ingressDir, Pods: []string{p.Name}, Err: why})
 			}
-			if n := len(dir.d.Allow); n > MaxAllowEntries {
-				refuse(fmt.Errorf("%w: more than %d entries", ErrTooBig, MaxAllowEntries))
+			if n := len(dir.d.Allow); n > policyrules.MaxAllowEntries {
+				refuse(fmt.Errorf("%w: more than %d entries", policyrules.ErrTooBig, policyrules.MaxAllowEntries))
 				continue
 			}
 			g, ok := groups.of(dir.d.Allow)
 			if !ok {
-				refuse(fmt.Errorf("%w: more than %d set elements", ErrTooBig, maxGroupCost))
+				refuse(fmt.Errorf("%w: more than %d set elements", policyrules.ErrTooBig, maxGroupCost))
 				continue
 			}
 			name := g.named(dir.name)
@@ -536,9 +553,9 @@ func plan(rs Ruleset) desired {
 	for _, name := range d.byCost() {
 		switch cost := d.groups[name].cost; {
 		case cost > maxGroupCost:
-			d.refuse(name, fmt.Errorf("%w: its sets would cost %d prefixes, more than %d", ErrTooBig, cost, maxGroupCost))
+			d.refuse(name, fmt.Errorf("%w: its sets would cost %d prefixes, more than %d", policyrules.ErrTooBig, cost, maxGroupCost))
 		case total+cost > maxNodeCost:
-			d.refuse(name, fmt.Errorf("%w: with it the node's groups would cost more than %d prefixes", ErrTooBig, maxNodeCost))
+			d.refuse(name, fmt.Errorf("%w: with it the node's groups would cost more than %d prefixes", policyrules.ErrTooBig, maxNodeCost))
 		default:
 			total += cost
 		}
@@ -554,7 +571,7 @@ type groupMemo struct {
 }
 
 type memoGroup struct {
-	allow []Entry
+	allow []policyrules.Entry
 	group
 	ok    bool
 	names map[string]string // direction → name
@@ -565,7 +582,7 @@ func newGroupMemo() *groupMemo {
 }
 
 // of is canonical(allow, maxGroupCost), computed once per distinct allow.
-func (m *groupMemo) of(allow []Entry) (*memoGroup, bool) {
+func (m *groupMemo) of(allow []policyrules.Entry) (*memoGroup, bool) {
 	var h maphash.Hash
 	h.SetSeed(m.seed)
 	for _, e := range allow {
@@ -580,7 +597,7 @@ func (m *groupMemo) of(allow []Entry) (*memoGroup, bool) {
 	}
 	key := h.Sum64()
 	for _, g := range m.by[key] {
-		if slices.EqualFunc(g.allow, allow, Entry.equal) {
+		if slices.EqualFunc(g.allow, allow, policyrules.Entry.Equal) {
 			return g, g.ok
 		}
 	}
@@ -616,7 +633,7 @@ func (d *desired) refuse(name string, why error) {
 		delete(d.maps[m], port)
 		d.keep[m][port] = true
 	}
-	d.refused = append(d.refused, Refusal{Ingress: g.dir == ingressDir, Pods: g.pods, Group: name, Cost: g.cost, Err: why})
+	d.refused = append(d.refused, policyrules.Refusal{Ingress: g.dir == ingressDir, Pods: g.pods, Group: name, Cost: g.cost, Err: why})
 }
 
 // groupOfSet returns the group a set belongs to ("in-<hash>-any-ipv4" → "in-<hash>").

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -47,9 +48,9 @@ func TestAttackHeldPodReceivesNodeTraffic(t *testing.T) {
 	n := newBridgedNode(t)
 	a, c := n.pods["a"], n.pods["c"]
 	// a and b released, c held.
-	rs := Ruleset{}
+	rs := policyrules.Ruleset{}
 	for _, p := range []*testPod{a, n.pods["b"]} {
-		rs.Pods = append(rs.Pods, Pod{Port: p.port, Name: p.name, IPs: p.ips()})
+		rs.Pods = append(rs.Pods, policyrules.Pod{Port: p.port, Name: p.name, IPs: p.ips()})
 	}
 	n.apply(t, rs, Options{})
 	for _, dst := range []netip.Addr{c.v4, c.v6} {
@@ -83,7 +84,7 @@ func TestAttackConntrackMarkThroughTunnel(t *testing.T) {
 		}
 	}
 	// b takes UDP from the tunnel's peer address only on another port: x's datagram is new.
-	n.apply(t, with(n.open(), b.port, allowFrom(&Ports{Protocol: UDP, First: 9999, Last: 9999}, tunnelPeer), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(&policyrules.Ports{Protocol: policyrules.UDP, First: 9999, Last: 9999}, tunnelPeer), policyrules.Direction{}), Options{})
 	if n.arrivesAfterControl(t, n.x, b.v4, b, n.node, b) {
 		t.Error("x's new datagram through the tunnel reached b, whose policy denies it")
 	}
@@ -136,7 +137,7 @@ func TestAttackForgedRelatedICMP(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
 	// b takes everything from a, nothing from c; b's own connections out are open.
-	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4), policyrules.Direction{}), Options{})
 	atB := startICMPReceiver(t, b.ns, false)
 	// b's flow to x's UDP port 5555 (nothing listens there: conntrack has the flow, x answers
 	// with its own port unreachable, which b's raw socket sees without a marker).
@@ -190,7 +191,7 @@ func testTimeout(arrives bool) time.Duration {
 func TestAttackLocalPodAddressFromOutside(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b := n.pods["a"], n.pods["b"]
-	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6, x4), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6, x4), policyrules.Direction{}), Options{})
 	// x takes a's address as an extra address of its own and sends from it through the node (IPv4:
 	// the node forwards it, as a node whose reverse-path filter is off or loose does).
 	nettest.Run(t, n.x, "ip", "addr", "add", netip.PrefixFrom(a.v4, 32).String(), "dev", "eth0")
@@ -216,7 +217,7 @@ func TestAttackLocalPodAddressFromOutside(t *testing.T) {
 func TestAttackSpoofedSource(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6), policyrules.Direction{}), Options{})
 	for _, forged := range []netip.Addr{a.v4, a.v6} {
 		nettest.Run(t, c.ns, "ip", "addr", "add", netip.PrefixFrom(forged, forged.BitLen()).String(), "dev", "eth0", "nodad")
 	}
@@ -275,12 +276,12 @@ func TestMasqueradedFromOutside(t *testing.T) {
 	nettest.Run(t, n.node, "nft", "add rule ip masq-emu post ip saddr "+x4.String()+" oifname br0 masquerade")
 	for _, tc := range []struct {
 		name    string
-		rs      Ruleset
+		rs      policyrules.Ruleset
 		arrives bool
 	}{
 		{"b open", n.open(), true},
-		{"b open to the bridge's address", with(n.open(), b.port, allowFrom(nil, gw4.Addr()), Direction{}), true},
-		{"b open to x only (judged by the address it arrives with)", with(n.open(), b.port, allowFrom(nil, x4), Direction{}), false},
+		{"b open to the bridge's address", with(n.open(), b.port, allowFrom(nil, gw4.Addr()), policyrules.Direction{}), true},
+		{"b open to x only (judged by the address it arrives with)", with(n.open(), b.port, allowFrom(nil, x4), policyrules.Direction{}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n.apply(t, tc.rs, Options{})
@@ -309,7 +310,7 @@ func TestRoutedBetweenPods(t *testing.T) {
 		nettest.Run(t, p.ns, "ip", "route", "add", netip.PrefixFrom(b.v4, 32).String(), "via", gw4.Addr().String())
 		nettest.Run(t, p.ns, "ip", "-6", "route", "add", netip.PrefixFrom(b.v6, 128).String(), "via", gw6.Addr().String())
 	}
-	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(nil, a.v4, a.v6), policyrules.Direction{}), Options{})
 	for _, tc := range []struct {
 		from    *testPod
 		dst     netip.Addr

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // sweepBoxes turns the port entries of one family and protocol into boxes that do not overlap
@@ -16,7 +18,7 @@ import (
 // O(log n) per box it returns, however the entries' ports overlap. The boxes themselves can be
 // many more than the entries (a grid of address bars and port bars needs about the product of
 // the two): past budget boxes it stops and returns false.
-func sweepBoxes(proto uint8, entries []Entry, budget int) ([]box, bool) {
+func sweepBoxes(proto uint8, entries []policyrules.Entry, budget int) ([]box, bool) {
 	if len(entries) == 0 {
 		return nil, true
 	}
@@ -51,10 +53,10 @@ func sweepBoxes(proto uint8, entries []Entry, budget int) ([]box, bool) {
 	// The open piece: ports [first, last] with the union addrs.
 	var open bool
 	var first, last uint16
-	var addrs []Range
+	var addrs []policyrules.Range
 	closePiece := func() {
 		for _, r := range addrs {
-			out = append(out, box{addrs: r, ports: Ports{Protocol: proto, First: first, Last: last}})
+			out = append(out, box{addrs: r, ports: policyrules.Ports{Protocol: proto, First: first, Last: last}})
 		}
 		open = false
 	}
@@ -185,7 +187,7 @@ func (c *coverage) update(node, lo, hi, from, to int, delta int32) {
 }
 
 // ranges returns the covered runs of slots as address ranges, in order, joined where they touch.
-func (c *coverage) ranges(bounds []bound, is6 bool) []Range {
+func (c *coverage) ranges(bounds []bound, is6 bool) []policyrules.Range {
 	var runs [][2]int
 	var walk func(node, lo, hi int)
 	walk = func(node, lo, hi int) {
@@ -205,9 +207,9 @@ func (c *coverage) ranges(bounds []bound, is6 bool) []Range {
 		walk(2*node+1, mid, hi)
 	}
 	walk(1, 0, c.n)
-	out := make([]Range, len(runs))
+	out := make([]policyrules.Range, len(runs))
 	for i, r := range runs {
-		out[i] = Range{First: bounds[r[0]].first(is6), Last: bounds[r[1]].before(is6)}
+		out[i] = policyrules.Range{First: bounds[r[0]].first(is6), Last: bounds[r[1]].before(is6)}
 	}
 	return out
 }

@@ -7,13 +7,15 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // referenceBoxes is the direct construction sweepBoxes must agree with, box for box: cut the
 // port axis at every entry's bounds, give each piece the merged union of the address ranges of
 // the entries covering it, join neighbouring pieces with equal unions. O(cuts × entries): for
 // tests only.
-func referenceBoxes(proto uint8, entries []Entry) []box {
+func referenceBoxes(proto uint8, entries []policyrules.Entry) []box {
 	cuts := []uint32{}
 	for _, e := range entries {
 		cuts = append(cuts, uint32(e.Ports.First), uint32(e.Ports.Last)+1)
@@ -22,12 +24,12 @@ func referenceBoxes(proto uint8, entries []Entry) []box {
 	cuts = slices.Compact(cuts)
 	type piece struct {
 		first, last uint16
-		addrs       []Range
+		addrs       []policyrules.Range
 	}
 	var pieces []piece
 	for i := 0; i+1 < len(cuts); i++ {
 		first, last := uint16(cuts[i]), uint16(cuts[i+1]-1)
-		var covering []Range
+		var covering []policyrules.Range
 		for _, e := range entries {
 			if e.Ports.First <= first && last <= e.Ports.Last {
 				covering = append(covering, e.Peer)
@@ -36,7 +38,7 @@ func referenceBoxes(proto uint8, entries []Entry) []box {
 		if len(covering) == 0 {
 			continue
 		}
-		addrs := MergeRanges(covering)
+		addrs := policyrules.MergeRanges(covering)
 		if n := len(pieces); n > 0 && pieces[n-1].last+1 == first && slices.Equal(pieces[n-1].addrs, addrs) {
 			pieces[n-1].last = last
 			continue
@@ -46,7 +48,7 @@ func referenceBoxes(proto uint8, entries []Entry) []box {
 	var out []box
 	for _, p := range pieces {
 		for _, r := range p.addrs {
-			out = append(out, box{addrs: r, ports: Ports{Protocol: proto, First: p.first, Last: p.last}})
+			out = append(out, box{addrs: r, ports: policyrules.Ports{Protocol: proto, First: p.first, Last: p.last}})
 		}
 	}
 	return out
@@ -54,7 +56,7 @@ func referenceBoxes(proto uint8, entries []Entry) []box {
 
 // randomEntries draws n port entries of one family from a small space, so that they overlap,
 // touch, repeat and reach the ends of both axes.
-func randomEntries(rng *rand.Rand, n int, is6 bool) []Entry {
+func randomEntries(rng *rand.Rand, n int, is6 bool) []policyrules.Entry {
 	addr := func() netip.Addr {
 		v := rng.IntN(40)
 		switch {
@@ -87,7 +89,7 @@ func randomEntries(rng *rand.Rand, n int, is6 bool) []Entry {
 			return uint16(1000 + v)
 		}
 	}
-	out := make([]Entry, 0, n)
+	out := make([]policyrules.Entry, 0, n)
 	for range n {
 		a, b := addr(), addr()
 		if b.Less(a) {
@@ -97,7 +99,7 @@ func randomEntries(rng *rand.Rand, n int, is6 bool) []Entry {
 		if q < p {
 			p, q = q, p
 		}
-		out = append(out, Entry{Peer: Range{a, b}, Ports: &Ports{Protocol: TCP, First: p, Last: q}})
+		out = append(out, policyrules.Entry{Peer: policyrules.Range{First: a, Last: b}, Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: p, Last: q}})
 	}
 	return out
 }
@@ -110,8 +112,8 @@ func TestSweepBoxesAgainstReference(t *testing.T) {
 	for i := range 3000 {
 		is6 := i%2 == 1
 		entries := randomEntries(rng, 1+rng.IntN(1+i%60), is6)
-		want := referenceBoxes(TCP, entries)
-		got, ok := sweepBoxes(TCP, entries, math.MaxInt)
+		want := referenceBoxes(policyrules.TCP, entries)
+		got, ok := sweepBoxes(policyrules.TCP, entries, math.MaxInt)
 		if !ok || !slices.Equal(got, want) {
 			t.Fatalf("case %d, entries %v:\nsweep     %v (%v)\nreference %v", i, entries, got, ok, want)
 		}
@@ -122,31 +124,31 @@ func TestSweepBoxesAgainstReference(t *testing.T) {
 // address on one port) needs about the product of the two in disjoint boxes; past its budget the
 // sweep stops.
 func TestSweepBoxesBudget(t *testing.T) {
-	var entries []Entry
+	var entries []policyrules.Entry
 	for i := range 100 {
 		a := netip.AddrFrom4([4]byte{10, 0, byte(i), 0})
-		entries = append(entries, Entry{Peer: Range{a, a}, Ports: &Ports{Protocol: TCP, First: 1, Last: 60000}})
+		entries = append(entries, policyrules.Entry{Peer: policyrules.Range{First: a, Last: a}, Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 1, Last: 60000}})
 		p := uint16(2 + 2*i)
-		entries = append(entries, Entry{Peer: PrefixRange(netip.MustParsePrefix("0.0.0.0/0")), Ports: &Ports{Protocol: TCP, First: p, Last: p}})
+		entries = append(entries, policyrules.Entry{Peer: policyrules.PrefixRange(netip.MustParsePrefix("0.0.0.0/0")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: p, Last: p}})
 	}
-	all, ok := sweepBoxes(TCP, entries, math.MaxInt)
+	all, ok := sweepBoxes(policyrules.TCP, entries, math.MaxInt)
 	if !ok || len(all) < 100*100 {
 		t.Fatalf("grid of 100 × 100 bars: %d boxes (%v), want at least 10000", len(all), ok)
 	}
-	if !slices.Equal(all, referenceBoxes(TCP, entries)) {
+	if !slices.Equal(all, referenceBoxes(policyrules.TCP, entries)) {
 		t.Error("grid: sweep and reference differ")
 	}
-	if got, ok := sweepBoxes(TCP, entries, len(all)-1); ok || got != nil {
+	if got, ok := sweepBoxes(policyrules.TCP, entries, len(all)-1); ok || got != nil {
 		t.Errorf("budget one short of %d boxes: %d boxes, ok %v; want refused", len(all), len(got), ok)
 	}
-	if _, ok := sweepBoxes(TCP, entries, len(all)); !ok {
+	if _, ok := sweepBoxes(policyrules.TCP, entries, len(all)); !ok {
 		t.Errorf("budget of exactly %d boxes refused", len(all))
 	}
 }
 
 // randomAllow draws n entries of both families, with and without ports, on three protocols, from
 // small spaces so that they overlap, touch and repeat.
-func randomAllow(rng *rand.Rand, n int) []Entry {
+func randomAllow(rng *rand.Rand, n int) []policyrules.Entry {
 	addr := func(is6 bool) netip.Addr {
 		v := byte(rng.IntN(64))
 		if is6 {
@@ -154,17 +156,17 @@ func randomAllow(rng *rand.Rand, n int) []Entry {
 		}
 		return netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(3)), v})
 	}
-	out := make([]Entry, 0, n)
+	out := make([]policyrules.Entry, 0, n)
 	for range n {
 		is6 := rng.IntN(3) == 0
 		a, b := addr(is6), addr(is6)
 		if b.Less(a) {
 			a, b = b, a
 		}
-		e := Entry{Peer: Range{a, b}}
+		e := policyrules.Entry{Peer: policyrules.Range{First: a, Last: b}}
 		if rng.IntN(4) != 0 {
 			first := uint16(rng.IntN(40))
-			e.Ports = &Ports{Protocol: []uint8{TCP, UDP, SCTP}[rng.IntN(3)], First: first, Last: first + uint16(rng.IntN(10))}
+			e.Ports = &policyrules.Ports{Protocol: []uint8{policyrules.TCP, policyrules.UDP, policyrules.SCTP}[rng.IntN(3)], First: first, Last: first + uint16(rng.IntN(10))}
 		}
 		out = append(out, e)
 	}
@@ -240,11 +242,11 @@ func BenchmarkCanonical(b *testing.B) {
 		ownPorts := slices.Clone(twoPorts)
 		for i := range ownPorts {
 			first := uint16(1 + i%60000)
-			ownPorts[i].Ports = &Ports{Protocol: TCP, First: first, Last: first}
+			ownPorts[i].Ports = &policyrules.Ports{Protocol: policyrules.TCP, First: first, Last: first}
 		}
 		for _, shape := range []struct {
 			name  string
-			allow []Entry
+			allow []policyrules.Entry
 		}{{"two ports", twoPorts}, {"own ports", ownPorts}} {
 			b.Run(fmt.Sprintf("%s/%d", shape.name, n), func(b *testing.B) {
 				for b.Loop() {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables/expr"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/golden"
 )
 
@@ -21,26 +22,26 @@ import (
 // files.
 func TestGolden(t *testing.T) {
 	p, a := netip.MustParsePrefix, netip.MustParseAddr
-	rng := func(first, last string) Range { return Range{a(first), a(last)} }
+	rng := func(first, last string) policyrules.Range { return policyrules.Range{First: a(first), Last: a(last)} }
 	cases := []struct {
 		name string
-		rs   Ruleset
+		rs   policyrules.Ruleset
 	}{
-		{"no-pods-ipv4", Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}},
-		{"pods-dual-stack", Ruleset{
+		{"no-pods-ipv4", policyrules.Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}},
+		{"pods-dual-stack", policyrules.Ruleset{
 			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24"), p("fd00:10:244:1::/64")},
 			NodeAddrs: []netip.Addr{a("10.244.1.1"), a("fd00:10:244:1::1")},
-			Pods: []Pod{
+			Pods: []policyrules.Pod{
 				{Port: 5, Name: "ns/web", IPs: []netip.Addr{a("10.244.1.5"), a("fd00:10:244:1::5")},
-					Ingress: Direction{Isolated: true, Allow: []Entry{
-						{Peer: PrefixRange(p("10.244.2.0/24"))},
-						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &Ports{Protocol: TCP, First: 80, Last: 80}},
-						{Peer: PrefixRange(p("fd00:10:244:2::/64")), Ports: &Ports{Protocol: UDP, First: 53, Last: 54}},
+					Ingress: policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{
+						{Peer: policyrules.PrefixRange(p("10.244.2.0/24"))},
+						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}},
+						{Peer: policyrules.PrefixRange(p("fd00:10:244:2::/64")), Ports: &policyrules.Ports{Protocol: policyrules.UDP, First: 53, Last: 54}},
 					}}},
 				{Port: 7, Name: "ns/db", IPs: []netip.Addr{a("10.244.1.7")},
-					Ingress: Direction{Isolated: true}, // denies every peer
-					Egress: Direction{Isolated: true, Allow: []Entry{
-						{Peer: PrefixRange(p("0.0.0.0/0")), Ports: &Ports{Protocol: SCTP, First: 3868, Last: 3868}},
+					Ingress: policyrules.Direction{Isolated: true}, // denies every peer
+					Egress: policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{
+						{Peer: policyrules.PrefixRange(p("0.0.0.0/0")), Ports: &policyrules.Ports{Protocol: policyrules.SCTP, First: 3868, Last: 3868}},
 					}}},
 				{Port: 9, Name: "ns/open", IPs: []netip.Addr{a("fd00:10:244:1::9")}},
 			},

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/bridge"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -113,26 +114,26 @@ func eui64(mac net.HardwareAddr) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-func (n *bridgedNode) apply(t *testing.T, rs Ruleset, opt Options) Applied {
+func (n *bridgedNode) apply(t *testing.T, rs policyrules.Ruleset, opt Options) policyrules.Applied {
 	t.Helper()
-	var res Applied
+	var res policyrules.Applied
 	rs.PodCIDRs, rs.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
 	nettest.Do(t, n.node, func() (err error) { res, err = Apply(n.network, rs, opt); return err })
 	return res
 }
 
 // open is the ruleset in which no pod is isolated.
-func (n *bridgedNode) open() Ruleset {
-	var rs Ruleset
+func (n *bridgedNode) open() policyrules.Ruleset {
+	var rs policyrules.Ruleset
 	for _, p := range n.pods {
-		rs.Pods = append(rs.Pods, Pod{Port: p.port, Name: p.name, IPs: p.ips()})
+		rs.Pods = append(rs.Pods, policyrules.Pod{Port: p.port, Name: p.name, IPs: p.ips()})
 	}
 	return rs
 }
 
 // with returns rs with pod name's directions replaced.
-func with(rs Ruleset, port int, ingress, egress Direction) Ruleset {
-	out := Ruleset{PodCIDRs: rs.PodCIDRs}
+func with(rs policyrules.Ruleset, port int, ingress, egress policyrules.Direction) policyrules.Ruleset {
+	out := policyrules.Ruleset{PodCIDRs: rs.PodCIDRs}
 	for _, p := range rs.Pods {
 		if p.Port == port {
 			p.Ingress, p.Egress = ingress, egress
@@ -301,15 +302,15 @@ func (n *bridgedNode) expectUDP(t *testing.T, what string, src ns.NetNS, dst net
 	}
 }
 
-func allowFrom(ports *Ports, peers ...netip.Addr) Direction {
-	d := Direction{Isolated: true}
+func allowFrom(ports *policyrules.Ports, peers ...netip.Addr) policyrules.Direction {
+	d := policyrules.Direction{Isolated: true}
 	for _, a := range peers {
-		d.Allow = append(d.Allow, Entry{Peer: Single(a), Ports: ports})
+		d.Allow = append(d.Allow, policyrules.Entry{Peer: policyrules.Single(a), Ports: ports})
 	}
 	return d
 }
 
-var tcp8080 = &Ports{Protocol: TCP, First: 8080, Last: 8080}
+var tcp8080 = &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}
 
 // TestHeldUntilApplied: a pod with its guard and no elements gets nothing and sends nothing, on
 // every address, whoever talks; once the ruleset names it (not isolated), everything passes.
@@ -345,10 +346,10 @@ func TestGroups(t *testing.T) {
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
 	// b takes TCP 8080 from a's primary addresses and from x; a sends only to b:8080 (every
 	// address of b) and to the node's port 9000 on the bridge's IPv4 address.
-	rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4, a.v6, x4), Direction{})
-	rs = with(rs, a.port, Direction{}, Direction{Isolated: true, Allow: []Entry{
-		{Peer: Single(b.v4), Ports: tcp8080}, {Peer: Single(b.v6), Ports: tcp8080}, {Peer: Single(b.ll), Ports: tcp8080},
-		{Peer: Single(gw4.Addr()), Ports: &Ports{Protocol: TCP, First: 9000, Last: 9000}},
+	rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4, a.v6, x4), policyrules.Direction{})
+	rs = with(rs, a.port, policyrules.Direction{}, policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{
+		{Peer: policyrules.Single(b.v4), Ports: tcp8080}, {Peer: policyrules.Single(b.v6), Ports: tcp8080}, {Peer: policyrules.Single(b.ll), Ports: tcp8080},
+		{Peer: policyrules.Single(gw4.Addr()), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 9000, Last: 9000}},
 	}})
 	n.apply(t, rs, Options{})
 	n.expectTCP(t, "a → b v4", a.ns, b.v4, 8080, true)
@@ -367,7 +368,7 @@ func TestGroups(t *testing.T) {
 	n.expectTCP(t, "c → a: a's ingress is open, replies pass a's egress", c.ns, a.v4, 8080, true)
 
 	// b's allow list grows by a's link-local address: now that passes too.
-	rs = with(rs, b.port, allowFrom(tcp8080, a.v4, a.v6, a.ll, x4), Direction{})
+	rs = with(rs, b.port, allowFrom(tcp8080, a.v4, a.v6, a.ll, x4), policyrules.Direction{})
 	before := n.groupObjects(t)
 	res := n.apply(t, rs, Options{})
 	if res.NewGroups != 1 || res.RemovedGroups != 1 || res.MapChanges != 2 {
@@ -395,9 +396,9 @@ func TestGroups(t *testing.T) {
 func TestBroadcastAndMulticast(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-	udp := &Ports{Protocol: UDP, First: 5353, Last: 5353}
-	rs := with(n.open(), b.port, allowFrom(udp, a.v4, a.ll), Direction{})
-	rs = with(rs, c.port, Direction{}, Direction{Isolated: true})
+	udp := &policyrules.Ports{Protocol: policyrules.UDP, First: 5353, Last: 5353}
+	rs := with(n.open(), b.port, allowFrom(udp, a.v4, a.ll), policyrules.Direction{})
+	rs = with(rs, c.port, policyrules.Direction{}, policyrules.Direction{Isolated: true})
 	n.apply(t, rs, Options{})
 	bcast, allNodes := netip.MustParseAddr("10.3.0.255"), netip.MustParseAddr("ff02::1")
 	n.expectUDP(t, "a broadcast → b (allowed)", a.ns, bcast, b, true)
@@ -406,7 +407,7 @@ func TestBroadcastAndMulticast(t *testing.T) {
 	n.expectUDP(t, "c broadcast → a (c's egress denies)", c.ns, bcast, a, false)
 	n.expectUDP(t, "c multicast → a (c's egress denies)", c.ns, allNodes, a, false)
 	n.expectUDP(t, "c broadcast → b", c.ns, bcast, b, false)
-	rs = with(rs, c.port, Direction{}, Direction{})
+	rs = with(rs, c.port, policyrules.Direction{}, policyrules.Direction{})
 	n.apply(t, rs, Options{})
 	n.expectUDP(t, "c broadcast → a (open)", c.ns, bcast, a, true)
 	n.expectUDP(t, "c broadcast → b (not an allowed peer)", c.ns, bcast, b, false)
@@ -432,7 +433,7 @@ func nftIn(t *testing.T, n ns.NetNS, args ...string) {
 func TestBrokenRulesFailClosed(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b := n.pods["a"], n.pods["b"]
-	rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4), Direction{})
+	rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4), policyrules.Direction{})
 	// What stops passing: everything, when the bridge table's rules go; the node's packets to a
 	// pod that does not allow the node (b), when the inet table's go (its mark) — connections
 	// the policies allow still pass then, as new ones; a's connections to b when b's group set
@@ -442,13 +443,13 @@ func TestBrokenRulesFailClosed(t *testing.T) {
 		name   string
 		args   []string
 		denied []string
-		want   func(Applied) bool
+		want   func(policyrules.Applied) bool
 	}{
-		{"flush ruleset", []string{"flush", "ruleset"}, everything, func(r Applied) bool { return r.FixedWritten && r.NewGroups == 1 }},
-		{"flush bridge table", []string{"flush", "table", "bridge", TableName(n.network)}, everything, func(r Applied) bool { return r.FixedWritten && r.RepairedGroups == 1 }},
-		{"flush inet table", []string{"flush", "table", "inet", TableName(n.network)}, []string{"node → b"}, func(r Applied) bool { return r.FixedWritten }},
-		{"delete bridge table", []string{"delete", "table", "bridge", TableName(n.network)}, everything, func(r Applied) bool { return r.FixedWritten && r.NewGroups == 1 && r.Released == 3 }},
-		{"flush group set", nil, []string{"a → b"}, func(r Applied) bool { return r.RepairedGroups == 1 }},
+		{"flush ruleset", []string{"flush", "ruleset"}, everything, func(r policyrules.Applied) bool { return r.FixedWritten && r.NewGroups == 1 }},
+		{"flush bridge table", []string{"flush", "table", "bridge", TableName(n.network)}, everything, func(r policyrules.Applied) bool { return r.FixedWritten && r.RepairedGroups == 1 }},
+		{"flush inet table", []string{"flush", "table", "inet", TableName(n.network)}, []string{"node → b"}, func(r policyrules.Applied) bool { return r.FixedWritten }},
+		{"delete bridge table", []string{"delete", "table", "bridge", TableName(n.network)}, everything, func(r policyrules.Applied) bool { return r.FixedWritten && r.NewGroups == 1 && r.Released == 3 }},
+		{"flush group set", nil, []string{"a → b"}, func(r policyrules.Applied) bool { return r.RepairedGroups == 1 }},
 	} {
 		t.Run(breakage.name, func(t *testing.T) {
 			n.apply(t, rs, Options{})
@@ -568,7 +569,7 @@ func TestConntrackOlderThanThePod(t *testing.T) {
 	d := n.addPod(t, "d", 3, 9)
 	send("while held")
 	// Released into a policy that allows nobody in.
-	rs := Ruleset{Pods: []Pod{{Port: a.port, IPs: a.ips()}, {Port: n.pods["c"].port, IPs: n.pods["c"].ips()}, {Port: d.port, IPs: d.ips(), Ingress: Direction{Isolated: true}}}}
+	rs := policyrules.Ruleset{Pods: []policyrules.Pod{{Port: a.port, IPs: a.ips()}, {Port: n.pods["c"].port, IPs: n.pods["c"].ips()}, {Port: d.port, IPs: d.ips(), Ingress: policyrules.Direction{Isolated: true}}}}
 	res := n.apply(t, rs, Options{})
 	if res.Released != 1 || res.Conntrack == 0 {
 		t.Errorf("Apply: %+v, want d released and the old flow's entries removed", res)
@@ -584,7 +585,7 @@ func TestConntrackOlderThanThePod(t *testing.T) {
 
 // bigAllow is a as a peer on TCP 8080 and n more prefixes of mixed sizes on TCP 8080 and 443
 // (one in five IPv6), none of them covering the node's pods.
-func bigAllow(a netip.Addr, n int) Direction {
+func bigAllow(a netip.Addr, n int) policyrules.Direction {
 	d := allowFrom(tcp8080, a)
 	rng := rand.New(rand.NewPCG(uint64(n), 1))
 	for i := range n {
@@ -596,9 +597,9 @@ func bigAllow(a netip.Addr, n int) Direction {
 		}
 		ports := tcp8080
 		if i%2 == 1 {
-			ports = &Ports{Protocol: TCP, First: 443, Last: 443}
+			ports = &policyrules.Ports{Protocol: policyrules.TCP, First: 443, Last: 443}
 		}
-		d.Allow = append(d.Allow, Entry{Peer: PrefixRange(p), Ports: ports})
+		d.Allow = append(d.Allow, policyrules.Entry{Peer: policyrules.PrefixRange(p), Ports: ports})
 	}
 	return d
 }
@@ -611,7 +612,7 @@ func TestBigGroup(t *testing.T) {
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
 	big := bigAllow(a.v4, 50000)
 	g, _ := canonical(big.Allow, maxGroupCost)
-	rs := with(with(n.open(), b.port, big, Direction{}), c.port, allowFrom(tcp8080, a.v4), Direction{})
+	rs := with(with(n.open(), b.port, big, policyrules.Direction{}), c.port, allowFrom(tcp8080, a.v4), policyrules.Direction{})
 	res := n.apply(t, rs, Options{})
 	if len(res.Refused) > 0 || res.NewGroups != 2 || res.Transactions < g.elements()/maxElementsPerTransaction {
 		t.Errorf("Apply of a group of %d elements: %+v, want it built over at least %d transactions", g.elements(), res, g.elements()/maxElementsPerTransaction)
@@ -627,21 +628,21 @@ func TestBigGroup(t *testing.T) {
 }
 
 // withAny adds peers allowed on every protocol and port to d.
-func withAny(d Direction, peers ...netip.Addr) Direction {
+func withAny(d policyrules.Direction, peers ...netip.Addr) policyrules.Direction {
 	for _, p := range peers {
-		d.Allow = append(d.Allow, Entry{Peer: Single(p)})
+		d.Allow = append(d.Allow, policyrules.Entry{Peer: policyrules.Single(p)})
 	}
 	return d
 }
 
 // tooBig is an allow list whose group would cost the kernel more than maxGroupCost: IPv6 ranges
 // that split into many prefixes each, and a on TCP 8080.
-func tooBig(t *testing.T, a netip.Addr) Direction {
+func tooBig(t *testing.T, a netip.Addr) policyrules.Direction {
 	d := allowFrom(tcp8080, a)
 	for i := range 600 {
 		first := netip.AddrFrom16([16]byte{0x20, 0x01, 0, 0, byte(i >> 8), byte(i), 15: 1})
 		last := netip.AddrFrom16([16]byte{0x20, 0x01, 0, 0, byte(i >> 8), byte(i), 6: 0xff, 7: 0xff, 8: 0xff, 9: 0xff, 10: 0xff, 11: 0xff, 12: 0xff, 13: 0xff, 14: 0xff, 15: 0xfe})
-		d.Allow = append(d.Allow, Entry{Peer: Range{first, last}, Ports: tcp8080})
+		d.Allow = append(d.Allow, policyrules.Entry{Peer: policyrules.Range{First: first, Last: last}, Ports: tcp8080})
 	}
 	if g, ok := canonical(d.Allow, maxGroupCost); ok && g.cost() <= maxGroupCost {
 		t.Fatalf("tooBig costs %d, within the limit %d", g.cost(), maxGroupCost)
@@ -656,18 +657,18 @@ func tooBig(t *testing.T, a netip.Addr) Direction {
 func TestRefusedAllowList(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-	n.apply(t, with(n.open(), b.port, allowFrom(tcp8080, a.v4), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(tcp8080, a.v4), policyrules.Direction{}), Options{})
 	d := n.addPod(t, "d", 5, 5)
 
 	rs := n.open()
-	rs = with(rs, b.port, tooBig(t, a.v4), Direction{})                         // had a group: keeps it
-	rs = with(rs, c.port, tooBig(t, b.v4), Direction{})                         // was open: denied
-	rs = with(rs, d.port, tooBig(t, c.v4), Direction{})                         // new: held for ingress
-	rs = with(rs, a.port, withAny(allowFrom(tcp8080, b.v4), d.v4), Direction{}) // a new group: installed
+	rs = with(rs, b.port, tooBig(t, a.v4), policyrules.Direction{})                         // had a group: keeps it
+	rs = with(rs, c.port, tooBig(t, b.v4), policyrules.Direction{})                         // was open: denied
+	rs = with(rs, d.port, tooBig(t, c.v4), policyrules.Direction{})                         // new: held for ingress
+	rs = with(rs, a.port, withAny(allowFrom(tcp8080, b.v4), d.v4), policyrules.Direction{}) // a new group: installed
 	res := n.apply(t, rs, Options{})
 	refused := map[string]bool{}
 	for _, r := range res.Refused {
-		if !errors.Is(r.Err, ErrTooBig) || !r.Ingress || len(r.Pods) != 1 {
+		if !errors.Is(r.Err, policyrules.ErrTooBig) || !r.Ingress || len(r.Pods) != 1 {
 			t.Errorf("refusal %+v, want one pod's ingress, too big", r)
 		}
 		refused[r.Pods[0]] = true
@@ -687,9 +688,9 @@ func TestRefusedAllowList(t *testing.T) {
 		t.Errorf("group objects no port uses: %v", left)
 	}
 
-	rs = with(rs, b.port, allowFrom(tcp8080, c.v4), Direction{})
-	rs = with(rs, c.port, allowFrom(tcp8080, b.v4), Direction{})
-	rs = with(rs, d.port, allowFrom(tcp8080, c.v4), Direction{})
+	rs = with(rs, b.port, allowFrom(tcp8080, c.v4), policyrules.Direction{})
+	rs = with(rs, c.port, allowFrom(tcp8080, b.v4), policyrules.Direction{})
+	rs = with(rs, d.port, allowFrom(tcp8080, c.v4), policyrules.Direction{})
 	if res := n.apply(t, rs, Options{}); len(res.Refused) != 0 {
 		t.Errorf("lists within the limits again: refused %v", res.Refused)
 	}
@@ -709,7 +710,7 @@ func TestKernelRefusedGroup(t *testing.T) {
 	n.apply(t, n.open(), Options{})
 	for _, tc := range []struct {
 		name     string
-		forB     Direction
+		forB     policyrules.Direction
 		conflict string // the suffix of b's group set made to clash
 		capped   int
 	}{
@@ -719,7 +720,7 @@ func TestKernelRefusedGroup(t *testing.T) {
 		g, _ := canonical(tc.forB.Allow, maxGroupCost)
 		group := g.name(ingressDir)
 		nftIn(t, n.node, "add", "set", "bridge", TableName(n.network), group+tc.conflict, "{ type ipv4_addr; }")
-		rs := with(with(n.open(), b.port, tc.forB, Direction{}), c.port, allowFrom(tcp8080, c.v6, a.v4), Direction{})
+		rs := with(with(n.open(), b.port, tc.forB, policyrules.Direction{}), c.port, allowFrom(tcp8080, c.v6, a.v4), policyrules.Direction{})
 		res := n.apply(t, rs, Options{transactionElements: tc.capped})
 		if len(res.Refused) != 1 || res.Refused[0].Group != group || !errors.Is(res.Refused[0].Err, unix.EEXIST) || res.Refused[0].Pods[0] != "b" {
 			t.Fatalf("%s: refused %+v, want b's group %s, by the kernel", tc.name, res.Refused, group)
@@ -912,12 +913,12 @@ func TestRoutedNeighbourDiscovery(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b := n.pods["a"], n.pods["b"]
 	atB, atX := startICMP6Receiver(t, b.ns), startICMP6Receiver(t, n.x)
-	deny := Direction{Isolated: true}
+	deny := policyrules.Direction{Isolated: true}
 	// x6 is the outside host's address.
 	x6 := netip.MustParseAddr("fd00:4::2")
 	for _, c := range []struct {
 		name     string
-		rs       Ruleset
+		rs       policyrules.Ruleset
 		from     ns.NetNS
 		to       netip.Addr
 		at       icmp6Receiver
@@ -925,14 +926,14 @@ func TestRoutedNeighbourDiscovery(t *testing.T) {
 		received bool
 	}{
 		{"x → b, b open (control)", n.open(), n.x, b.v6, atB, 135, true},
-		{"x → b, b denies ingress", with(n.open(), b.port, deny, Direction{}), n.x, b.v6, atB, 135, false},
-		{"x → b: router advertisement", with(n.open(), b.port, deny, Direction{}), n.x, b.v6, atB, 134, false},
-		{"x → b: redirect", with(n.open(), b.port, deny, Direction{}), n.x, b.v6, atB, 137, false},
+		{"x → b, b denies ingress", with(n.open(), b.port, deny, policyrules.Direction{}), n.x, b.v6, atB, 135, false},
+		{"x → b: router advertisement", with(n.open(), b.port, deny, policyrules.Direction{}), n.x, b.v6, atB, 134, false},
+		{"x → b: redirect", with(n.open(), b.port, deny, policyrules.Direction{}), n.x, b.v6, atB, 137, false},
 		{"a → x, a open (control)", n.open(), a.ns, x6, atX, 135, true},
-		{"a → x, a denies egress", with(n.open(), a.port, Direction{}, deny), a.ns, x6, atX, 135, false},
-		{"a → x: neighbour advertisement", with(n.open(), a.port, Direction{}, deny), a.ns, x6, atX, 136, false},
-		{"a → b on the link: exempt", with(with(n.open(), a.port, Direction{}, deny), b.port, deny, Direction{}), a.ns, b.v6, atB, 135, true},
-		{"a → b link-local: exempt", with(with(n.open(), a.port, Direction{}, deny), b.port, deny, Direction{}), a.ns, b.ll, atB, 136, true},
+		{"a → x, a denies egress", with(n.open(), a.port, policyrules.Direction{}, deny), a.ns, x6, atX, 135, false},
+		{"a → x: neighbour advertisement", with(n.open(), a.port, policyrules.Direction{}, deny), a.ns, x6, atX, 136, false},
+		{"a → b on the link: exempt", with(with(n.open(), a.port, policyrules.Direction{}, deny), b.port, deny, policyrules.Direction{}), a.ns, b.v6, atB, 135, true},
+		{"a → b link-local: exempt", with(with(n.open(), a.port, policyrules.Direction{}, deny), b.port, deny, policyrules.Direction{}), a.ns, b.ll, atB, 136, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n.apply(t, c.rs, Options{})
@@ -976,9 +977,9 @@ func TestRoutedNeighbourDiscovery(t *testing.T) {
 func TestRoutedFragments(t *testing.T) {
 	n := newBridgedNode(t)
 	b := n.pods["b"]
-	udp := &Ports{Protocol: UDP, First: 5353, Last: 5353}
+	udp := &policyrules.Ports{Protocol: policyrules.UDP, First: 5353, Last: 5353}
 	// x may reach b on UDP 5353 on IPv4 only.
-	n.apply(t, with(n.open(), b.port, allowFrom(udp, x4), Direction{}), Options{})
+	n.apply(t, with(n.open(), b.port, allowFrom(udp, x4), policyrules.Direction{}), Options{})
 	big := strings.Repeat("f", 3000) // more than the bridge's MTU: fragmented on the way to b
 	for _, c := range []struct {
 		name string

@@ -1,6 +1,7 @@
 // Package netpol is the kernel side of NetworkPolicy on a kubenet node. It knows nothing of
 // Kubernetes objects: its input is, per local pod, the addresses, protocols and ports each
-// direction allows (Ruleset), and it never reads the API.
+// direction allows (policyrules.Ruleset, the compiled form the agent hands over), and it never
+// reads the API.
 //
 // Enforcement grants, guards deny. Two tc guards (guard.go) drop every frame that reaches them
 // without a packet-mark bit: one on each pod's port towards the pod (MarkIngress), one where the
@@ -40,141 +41,33 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kubenet-dev/kubenet/internal/ipnet"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
-
-// Protocol numbers a port rule can name (NetworkPolicyPort.protocol).
-const (
-	TCP  uint8 = 6
-	UDP  uint8 = 17
-	SCTP uint8 = 132
-)
-
-// Range is an inclusive range of addresses of one family: a pod's address (First == Last) or
-// what is left of an ipBlock after its exceptions.
-type Range struct{ First, Last netip.Addr }
-
-// Single is the range of one address.
-func Single(a netip.Addr) Range { return Range{a, a} }
-
-// PrefixRange is the range of a prefix.
-func PrefixRange(p netip.Prefix) Range {
-	p = p.Masked()
-	return Range{p.Addr(), ipnet.Last(p)}
-}
-
-func (r Range) String() string {
-	if r.First == r.Last {
-		return r.First.String()
-	}
-	return r.First.String() + "-" + r.Last.String()
-}
-
-// Valid tells whether r is a non-empty range of one family.
-func (r Range) Valid() bool {
-	return r.First.IsValid() && r.Last.IsValid() && r.First.Is4() == r.Last.Is4() && !r.First.Is4In6() && !r.Last.Is4In6() && r.First.Compare(r.Last) <= 0
-}
-
-// Ports is one protocol and an inclusive port range of it.
-type Ports struct {
-	Protocol    uint8
-	First, Last uint16
-}
-
-func (p Ports) String() string {
-	if p.First == p.Last {
-		return fmt.Sprintf("%s/%d", protoName(p.Protocol), p.First)
-	}
-	return fmt.Sprintf("%s/%d-%d", protoName(p.Protocol), p.First, p.Last)
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case TCP:
-		return "tcp"
-	case UDP:
-		return "udp"
-	case SCTP:
-		return "sctp"
-	}
-	return fmt.Sprint(p)
-}
-
-// Entry allows one peer range: on every protocol and port (Ports nil), or on Ports.
-type Entry struct {
-	Peer  Range
-	Ports *Ports
-}
-
-// equal compares two entries by value (their ports too).
-func (e Entry) equal(o Entry) bool {
-	if e.Peer != o.Peer || (e.Ports == nil) != (o.Ports == nil) {
-		return false
-	}
-	return e.Ports == nil || *e.Ports == *o.Ports
-}
-
-// Direction is what one direction of a pod allows. A pod that is not Isolated in a direction
-// (no policy of that type selects it) is not filtered in it; an isolated pod is allowed exactly
-// the union of Allow.
-type Direction struct {
-	Isolated bool
-	Allow    []Entry
-}
-
-// Pod is one local pod whose policies are known.
-type Pod struct {
-	// Port is the interface index of the pod's bridge port (its host veth): the maps dispatch by
-	// it, so every frame of the pod is judged, whatever address it carries. An index is never
-	// given to another interface before the counter wraps, so a deleted pod's element can never
-	// speak for a new pod.
-	Port int
-	// Name says who the pod is in logs ("namespace/name" or the attachment).
-	Name string
-	// IPs are the pod's addresses, its IPv6 link-local one included: before a pod's first
-	// release, conntrack's entries of these addresses go (flows older than the pod).
-	IPs     []netip.Addr
-	Ingress Direction
-	Egress  Direction
-}
-
-// Ruleset is the whole policy state of the node's pods. Pods not in it have no map elements:
-// their guards drop everything they send and everything sent to them.
-type Ruleset struct {
-	Pods []Pod
-	// PodCIDRs are the node's pod CIDRs: IPv6 neighbour discovery within them (and link-local)
-	// is on the pods' own link and passes without a policy; a packet routed in from one of their
-	// addresses but NodeAddrs must come from its pod's port.
-	PodCIDRs []netip.Prefix
-	// NodeAddrs are the node's own addresses in PodCIDRs (the bridge's): a packet routed into
-	// the bridge from them is the node's (kube-proxy masquerades to them).
-	NodeAddrs []netip.Addr
-}
 
 // box is a disjoint element of a ports set: addresses × one protocol × a port range.
 type box struct {
-	addrs Range
-	ports Ports
+	addrs policyrules.Range
+	ports policyrules.Ports
 }
 
 // group is the canonical form of one direction's allow list: disjoint, sorted elements of the
 // any-port set and of the ports set, per family. Equal allow lists give equal groups, whatever
 // the order or the overlaps in which the compiler produced them.
 type group struct {
-	any4, any6     []Range
+	any4, any6     []policyrules.Range
 	ports4, ports6 []box
 }
 
 // canonical builds the group of allow; false when its ports sets would need more than budget
 // elements (overlapping port ranges of many peers multiply).
-func canonical(allow []Entry, budget int) (group, bool) {
+func canonical(allow []policyrules.Entry, budget int) (group, bool) {
 	var g group
-	var any4, any6 []Range
+	var any4, any6 []policyrules.Range
 	type portsKey struct {
 		is6   bool
 		proto uint8
 	}
-	byProto := map[portsKey][]Entry{}
+	byProto := map[portsKey][]policyrules.Entry{}
 	for _, e := range allow {
 		if !e.Peer.Valid() {
 			continue
@@ -194,7 +87,7 @@ func canonical(allow []Entry, budget int) (group, bool) {
 		k := portsKey{is6, e.Ports.Protocol}
 		byProto[k] = append(byProto[k], e)
 	}
-	g.any4, g.any6 = MergeRanges(any4), MergeRanges(any6)
+	g.any4, g.any6 = policyrules.MergeRanges(any4), policyrules.MergeRanges(any6)
 	keys := make([]portsKey, 0, len(byProto))
 	for k := range byProto {
 		keys = append(keys, k)
@@ -215,40 +108,19 @@ func canonical(allow []Entry, budget int) (group, bool) {
 }
 
 // withoutAddr cuts a out of the ranges that hold it.
-func withoutAddr(rs []Range, a netip.Addr) []Range {
-	var out []Range
+func withoutAddr(rs []policyrules.Range, a netip.Addr) []policyrules.Range {
+	var out []policyrules.Range
 	for _, r := range rs {
 		if a.Is4() != r.First.Is4() || a.Compare(r.First) < 0 || a.Compare(r.Last) > 0 {
 			out = append(out, r)
 			continue
 		}
 		if a != r.First {
-			out = append(out, Range{r.First, a.Prev()})
+			out = append(out, policyrules.Range{First: r.First, Last: a.Prev()})
 		}
 		if a != r.Last {
-			out = append(out, Range{a.Next(), r.Last})
+			out = append(out, policyrules.Range{First: a.Next(), Last: r.Last})
 		}
-	}
-	return out
-}
-
-// MergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
-func MergeRanges(in []Range) []Range {
-	if len(in) == 0 {
-		return nil
-	}
-	rs := slices.Clone(in)
-	slices.SortFunc(rs, func(a, b Range) int { return a.First.Compare(b.First) })
-	out := []Range{rs[0]}
-	for _, r := range rs[1:] {
-		last := &out[len(out)-1]
-		if next := last.Last.Next(); r.First.Compare(last.Last) <= 0 || (next.IsValid() && next == r.First) {
-			if r.Last.Compare(last.Last) > 0 {
-				last.Last = r.Last
-			}
-			continue
-		}
-		out = append(out, r)
 	}
 	return out
 }
@@ -260,9 +132,6 @@ func MergeRanges(in []Range) []Range {
 // with the square of its size: about 1 s at the group limit on a 2-core machine. A direction
 // whose allow list is over a limit is refused (Refusal): its pods keep what they had.
 const (
-	// MaxAllowEntries bounds a direction's allow list as the compiler hands it over, before
-	// anything is merged: the compiler stops expanding a pod's policies past it.
-	MaxAllowEntries = 1 << 19
 	// maxGroupCost bounds one group's sets, in IPv4 prefixes (groupCost).
 	maxGroupCost = 1 << 18
 	// maxNodeCost bounds all the groups of the node together; past it the costliest groups are
@@ -274,7 +143,7 @@ const (
 // range in prefixes, an IPv6 prefix four times an IPv4 one.
 func (g group) cost() int {
 	n := 0
-	for _, rs := range [][]Range{g.any4, g.any6} {
+	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
 		for _, r := range rs {
 			n += rangeCost(r)
 		}
@@ -292,7 +161,7 @@ func (g group) elements() int {
 	return len(g.any4) + len(g.any6) + len(g.ports4) + len(g.ports6)
 }
 
-func rangeCost(r Range) int {
+func rangeCost(r policyrules.Range) int {
 	if r.First.Is4() {
 		return prefixCount(r)
 	}
@@ -300,7 +169,7 @@ func rangeCost(r Range) int {
 }
 
 // prefixCount is the number of prefixes r splits into (the fewest: what the kernel makes of it).
-func prefixCount(r Range) int {
+func prefixCount(r policyrules.Range) int {
 	width := 128
 	if r.First.Is4() {
 		width = 32
@@ -394,7 +263,7 @@ func lowBits(k int) u128 {
 // so equal allow lists share them and a changed list is a new name, swapped in atomically.
 func (g group) name(dir string) string {
 	var b strings.Builder
-	for _, rs := range [][]Range{g.any4, g.any6} {
+	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
 		for _, r := range rs {
 			fmt.Fprintf(&b, "a%s;", r)
 		}
@@ -411,7 +280,7 @@ func (g group) name(dir string) string {
 // String describes the group for logs and tests.
 func (g group) String() string {
 	var parts []string
-	for _, rs := range [][]Range{g.any4, g.any6} {
+	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
 		for _, r := range rs {
 			parts = append(parts, r.String())
 		}

@@ -8,17 +8,18 @@ import (
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
-func r(s string) Range {
+func r(s string) policyrules.Range {
 	if p, err := netip.ParsePrefix(s); err == nil {
-		return PrefixRange(p)
+		return policyrules.PrefixRange(p)
 	}
-	return Single(netip.MustParseAddr(s))
+	return policyrules.Single(netip.MustParseAddr(s))
 }
 
 // canon is the group of allow, which must be within the limits.
-func canon(t *testing.T, allow []Entry) group {
+func canon(t *testing.T, allow []policyrules.Entry) group {
 	t.Helper()
 	g, ok := canonical(allow, maxGroupCost)
 	if !ok {
@@ -27,39 +28,41 @@ func canon(t *testing.T, allow []Entry) group {
 	return g
 }
 
-func tcp(first, last uint16) *Ports { return &Ports{Protocol: TCP, First: first, Last: last} }
+func tcp(first, last uint16) *policyrules.Ports {
+	return &policyrules.Ports{Protocol: policyrules.TCP, First: first, Last: last}
+}
 
 func TestCanonical(t *testing.T) {
 	cases := []struct {
 		name  string
-		allow []Entry
+		allow []policyrules.Entry
 		want  string
 	}{
 		{"nothing", nil, "nothing"},
-		{"one pod any port", []Entry{{Peer: r("10.0.0.5")}}, "10.0.0.5"},
-		{"adjacent addresses join", []Entry{{Peer: r("10.0.0.5")}, {Peer: r("10.0.0.6")}, {Peer: r("10.0.0.4")}}, "10.0.0.4-10.0.0.6"},
-		{"overlapping prefixes join", []Entry{{Peer: r("10.0.0.0/24")}, {Peer: r("10.0.0.128/25")}, {Peer: r("10.0.1.0/24")}}, "10.0.0.0-10.0.1.255"},
-		{"families apart", []Entry{{Peer: r("fd00::1")}, {Peer: r("10.0.0.1")}}, "10.0.0.1, fd00::1"},
-		{"duplicate rule", []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}}, "10.0.0.1 tcp/80"},
-		{"same port, peers join", []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2"), Ports: tcp(80, 80)}}, "10.0.0.1-10.0.0.2 tcp/80"},
-		{"overlapping port ranges cut into disjoint boxes", []Entry{
+		{"one pod any port", []policyrules.Entry{{Peer: r("10.0.0.5")}}, "10.0.0.5"},
+		{"adjacent addresses join", []policyrules.Entry{{Peer: r("10.0.0.5")}, {Peer: r("10.0.0.6")}, {Peer: r("10.0.0.4")}}, "10.0.0.4-10.0.0.6"},
+		{"overlapping prefixes join", []policyrules.Entry{{Peer: r("10.0.0.0/24")}, {Peer: r("10.0.0.128/25")}, {Peer: r("10.0.1.0/24")}}, "10.0.0.0-10.0.1.255"},
+		{"families apart", []policyrules.Entry{{Peer: r("fd00::1")}, {Peer: r("10.0.0.1")}}, "10.0.0.1, fd00::1"},
+		{"duplicate rule", []policyrules.Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}}, "10.0.0.1 tcp/80"},
+		{"same port, peers join", []policyrules.Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2"), Ports: tcp(80, 80)}}, "10.0.0.1-10.0.0.2 tcp/80"},
+		{"overlapping port ranges cut into disjoint boxes", []policyrules.Entry{
 			{Peer: r("10.0.0.1"), Ports: tcp(80, 90)},
 			{Peer: r("10.0.0.2"), Ports: tcp(85, 95)},
 		}, "10.0.0.1 tcp/80-84, 10.0.0.1-10.0.0.2 tcp/85-90, 10.0.0.2 tcp/91-95"},
-		{"contained range", []Entry{
+		{"contained range", []policyrules.Entry{
 			{Peer: r("10.0.0.1"), Ports: tcp(1, 65535)},
 			{Peer: r("10.0.0.1"), Ports: tcp(443, 443)},
 		}, "10.0.0.1 tcp/1-65535"},
-		{"protocols apart", []Entry{
-			{Peer: r("10.0.0.1"), Ports: &Ports{Protocol: UDP, First: 53, Last: 53}},
+		{"protocols apart", []policyrules.Entry{
+			{Peer: r("10.0.0.1"), Ports: &policyrules.Ports{Protocol: policyrules.UDP, First: 53, Last: 53}},
 			{Peer: r("10.0.0.1"), Ports: tcp(53, 53)},
 		}, "10.0.0.1 tcp/53, 10.0.0.1 udp/53"},
-		{"invalid peer and inverted ports dropped", []Entry{
-			{Peer: Range{netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("10.0.0.1")}},
-			{Peer: Range{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}},
+		{"invalid peer and inverted ports dropped", []policyrules.Entry{
+			{Peer: policyrules.Range{First: netip.MustParseAddr("10.0.0.9"), Last: netip.MustParseAddr("10.0.0.1")}},
+			{Peer: policyrules.Range{First: netip.MustParseAddr("10.0.0.1"), Last: netip.MustParseAddr("fd00::1")}},
 			{Peer: r("10.0.0.1"), Ports: tcp(90, 80)},
 		}, "nothing"},
-		{"whole address space", []Entry{{Peer: r("0.0.0.0/0")}, {Peer: r("::/0")}}, "0.0.0.0-255.255.255.255, ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
+		{"whole address space", []policyrules.Entry{{Peer: r("0.0.0.0/0")}, {Peer: r("::/0")}}, "0.0.0.0-255.255.255.255, ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,26 +76,26 @@ func TestCanonical(t *testing.T) {
 // TestGroupNames shows that equal allow lists share a group whatever their order, and that any
 // difference is a new group.
 func TestGroupNames(t *testing.T) {
-	a := []Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
-	b := []Entry{{Peer: r("10.0.0.2")}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
+	a := []policyrules.Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
+	b := []policyrules.Entry{{Peer: r("10.0.0.2")}, {Peer: r("10.0.0.1"), Ports: tcp(80, 80)}, {Peer: r("10.0.0.2")}}
 	if canon(t, a).name(ingressDir) != canon(t, b).name(ingressDir) {
 		t.Error("equal allow lists got different groups")
 	}
 	if canon(t, a).name(ingressDir) == canon(t, a).name(egressDir) {
 		t.Error("ingress and egress share a group name")
 	}
-	c := []Entry{{Peer: r("10.0.0.1"), Ports: tcp(81, 81)}, {Peer: r("10.0.0.2")}}
+	c := []policyrules.Entry{{Peer: r("10.0.0.1"), Ports: tcp(81, 81)}, {Peer: r("10.0.0.2")}}
 	if canon(t, a).name(ingressDir) == canon(t, c).name(ingressDir) {
 		t.Error("different allow lists share a group")
 	}
-	if canon(t, nil).name(ingressDir) == canon(t, []Entry{{Peer: r("10.0.0.1")}}).name(ingressDir) {
+	if canon(t, nil).name(ingressDir) == canon(t, []policyrules.Entry{{Peer: r("10.0.0.1")}}).name(ingressDir) {
 		t.Error("deny-all shares a group with an allow")
 	}
 }
 
 func TestPlan(t *testing.T) {
-	deny := Direction{Isolated: true}
-	rs := Ruleset{Pods: []Pod{
+	deny := policyrules.Direction{Isolated: true}
+	rs := policyrules.Ruleset{Pods: []policyrules.Pod{
 		{Port: 11, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}, Ingress: deny},
 		{Port: 12, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, Ingress: deny, Egress: deny},
 		{Port: 13, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}},
@@ -124,16 +127,16 @@ func TestPlan(t *testing.T) {
 func TestWithoutAddr(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		in   []Range
+		in   []policyrules.Range
 		cut  string
 		want string
 	}{
-		{"the gateway out of a pod CIDR", []Range{r("10.3.0.0/24")}, "10.3.0.1", "[10.3.0.0 10.3.0.2-10.3.0.255]"},
-		{"the first address", []Range{r("10.3.0.0/24")}, "10.3.0.0", "[10.3.0.1-10.3.0.255]"},
-		{"the last address", []Range{r("fd00:3::/127")}, "fd00:3::1", "[fd00:3::]"},
-		{"the only address", []Range{r("10.3.0.9")}, "10.3.0.9", "[]"},
-		{"outside", []Range{r("10.3.0.0/24")}, "10.4.0.1", "[10.3.0.0-10.3.0.255]"},
-		{"the other family", []Range{r("10.3.0.0/24")}, "fd00::1", "[10.3.0.0-10.3.0.255]"},
+		{"the gateway out of a pod CIDR", []policyrules.Range{r("10.3.0.0/24")}, "10.3.0.1", "[10.3.0.0 10.3.0.2-10.3.0.255]"},
+		{"the first address", []policyrules.Range{r("10.3.0.0/24")}, "10.3.0.0", "[10.3.0.1-10.3.0.255]"},
+		{"the last address", []policyrules.Range{r("fd00:3::/127")}, "fd00:3::1", "[fd00:3::]"},
+		{"the only address", []policyrules.Range{r("10.3.0.9")}, "10.3.0.9", "[]"},
+		{"outside", []policyrules.Range{r("10.3.0.0/24")}, "10.4.0.1", "[10.3.0.0-10.3.0.255]"},
+		{"the other family", []policyrules.Range{r("10.3.0.0/24")}, "fd00::1", "[10.3.0.0-10.3.0.255]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := fmt.Sprint(withoutAddr(tc.in, netip.MustParseAddr(tc.cut))); got != tc.want {
@@ -146,11 +149,11 @@ func TestWithoutAddr(t *testing.T) {
 // BenchmarkCanonicalWide: one allow list of 1000 peers on 200 ports, each peer on every port (a
 // podSelector of many pods with a long ports list): 200 000 entries.
 func BenchmarkCanonicalWide(b *testing.B) {
-	var allow []Entry
+	var allow []policyrules.Entry
 	for i := range 1000 {
 		a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
 		for j := range 200 {
-			allow = append(allow, Entry{Peer: Single(a), Ports: tcp(uint16(1000+2*j), uint16(1000+2*j))})
+			allow = append(allow, policyrules.Entry{Peer: policyrules.Single(a), Ports: tcp(uint16(1000+2*j), uint16(1000+2*j))})
 		}
 	}
 	for b.Loop() {
@@ -163,21 +166,21 @@ func BenchmarkCanonicalWide(b *testing.B) {
 // TestPlanEqualLists: allow lists equal by value (their ports apart in memory) share a group,
 // lists that differ in one port do not, whichever the plan meets first.
 func TestPlanEqualLists(t *testing.T) {
-	list := func(port uint16) Direction {
-		d := Direction{Isolated: true}
+	list := func(port uint16) policyrules.Direction {
+		d := policyrules.Direction{Isolated: true}
 		for i := range 1000 {
-			d.Allow = append(d.Allow, Entry{Peer: Single(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})), Ports: tcp(80, 80)})
+			d.Allow = append(d.Allow, policyrules.Entry{Peer: policyrules.Single(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})), Ports: tcp(80, 80)})
 		}
 		d.Allow[999].Ports = tcp(port, port)
 		return d
 	}
-	d := plan(Ruleset{Pods: []Pod{{Port: 1, Ingress: list(80)}, {Port: 2, Ingress: list(81)}, {Port: 3, Ingress: list(80)}, {Port: 4, Egress: list(81)}}})
+	d := plan(policyrules.Ruleset{Pods: []policyrules.Pod{{Port: 1, Ingress: list(80)}, {Port: 2, Ingress: list(81)}, {Port: 3, Ingress: list(80)}, {Port: 4, Egress: list(81)}}})
 	in := d.maps[MapIngress]
 	if in[1] != in[3] || in[1] == in[2] || len(d.groups) != 3 {
 		t.Errorf("ingress chains %v and %d groups: want ports 1 and 3 in one group, 2 in another, 4's egress a third", in, len(d.groups))
 	}
 	for name, g := range d.groups {
-		if want, _ := canonical(map[string][]Entry{in[1]: list(80).Allow, in[2]: list(81).Allow, d.maps[MapEgress][4]: list(81).Allow}[name], maxGroupCost); g.group.String() != want.String() {
+		if want, _ := canonical(map[string][]policyrules.Entry{in[1]: list(80).Allow, in[2]: list(81).Allow, d.maps[MapEgress][4]: list(81).Allow}[name], maxGroupCost); g.group.String() != want.String() {
 			t.Errorf("group %s is not the canonical form of its list", name)
 		}
 	}
@@ -185,7 +188,7 @@ func TestPlanEqualLists(t *testing.T) {
 
 // prefixesBrute splits r into prefixes the slow way: from its first address, the shortest prefix
 // that starts there and ends within r, again and again.
-func prefixesBrute(r Range) int {
+func prefixesBrute(r policyrules.Range) int {
 	n := 0
 	for a := r.First; ; {
 		var p netip.Prefix
@@ -205,17 +208,17 @@ func prefixesBrute(r Range) int {
 
 func TestPrefixCount(t *testing.T) {
 	cases := []struct {
-		r    Range
+		r    policyrules.Range
 		want int
 	}{
 		{r("10.0.0.1"), 1},
 		{r("10.0.0.0/8"), 1},
 		{r("0.0.0.0/0"), 1},
 		{r("::/0"), 1},
-		{Range{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.6")}, 4}, // .1, .2/31, .4/31, .6
-		{Range{netip.MustParseAddr("0.0.0.1"), netip.MustParseAddr("255.255.255.254")}, 62},
-		{Range{netip.MustParseAddr("::1"), netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe")}, 254},
-		{Range{netip.MustParseAddr("::1"), netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}, 128},
+		{policyrules.Range{First: netip.MustParseAddr("10.0.0.1"), Last: netip.MustParseAddr("10.0.0.6")}, 4}, // .1, .2/31, .4/31, .6
+		{policyrules.Range{First: netip.MustParseAddr("0.0.0.1"), Last: netip.MustParseAddr("255.255.255.254")}, 62},
+		{policyrules.Range{First: netip.MustParseAddr("::1"), Last: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe")}, 254},
+		{policyrules.Range{First: netip.MustParseAddr("::1"), Last: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}, 128},
 	}
 	for _, tc := range cases {
 		if got := prefixCount(tc.r); got != tc.want {
@@ -241,7 +244,7 @@ func TestPrefixCount(t *testing.T) {
 		if b.Less(a) {
 			a, b = b, a
 		}
-		if got, want := prefixCount(Range{a, b}), prefixesBrute(Range{a, b}); got != want {
+		if got, want := prefixCount(policyrules.Range{First: a, Last: b}), prefixesBrute(policyrules.Range{First: a, Last: b}); got != want {
 			t.Fatalf("prefixCount(%s-%s) = %d, brute force %d", a, b, got, want)
 		}
 	}
@@ -253,43 +256,45 @@ func TestPrefixCount(t *testing.T) {
 // every other pod is planned as usual.
 func TestPlanLimits(t *testing.T) {
 	// A /48 without its first and last address splits into many prefixes.
-	wide := func(i, j int) Entry {
+	wide := func(i, j int) policyrules.Entry {
 		first := netip.AddrFrom16([16]byte{0x20, 0x01, byte(i), byte(i >> 8), byte(j), byte(j >> 8), 15: 1})
 		last := netip.AddrFrom16([16]byte{0x20, 0x01, byte(i), byte(i >> 8), byte(j), byte(j >> 8), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe})
-		return Entry{Peer: Range{first, last}, Ports: tcp(80, 80)}
+		return policyrules.Entry{Peer: policyrules.Range{First: first, Last: last}, Ports: tcp(80, 80)}
 	}
 	perRange := rangeCost(wide(0, 0).Peer)
-	isolated := func(allow []Entry) Direction { return Direction{Isolated: true, Allow: allow} }
-	long := make([]Entry, MaxAllowEntries+1)
-	for i := range long {
-		long[i] = Entry{Peer: Single(netip.MustParseAddr("10.0.0.1")), Ports: tcp(80, 80)}
+	isolated := func(allow []policyrules.Entry) policyrules.Direction {
+		return policyrules.Direction{Isolated: true, Allow: allow}
 	}
-	var costly, grid []Entry
+	long := make([]policyrules.Entry, policyrules.MaxAllowEntries+1)
+	for i := range long {
+		long[i] = policyrules.Entry{Peer: policyrules.Single(netip.MustParseAddr("10.0.0.1")), Ports: tcp(80, 80)}
+	}
+	var costly, grid []policyrules.Entry
 	for j := range maxGroupCost/perRange + 1 {
 		costly = append(costly, wide(1, j))
 	}
 	for i := range 600 { // address bars on every port, every address on 600 single ports
-		grid = append(grid, Entry{Peer: Single(netip.AddrFrom4([4]byte{10, 1, byte(i >> 7), byte(2 * (i & 127))})), Ports: tcp(1, 60000)},
-			Entry{Peer: r("0.0.0.0/0"), Ports: tcp(uint16(2+2*i), uint16(2+2*i))})
+		grid = append(grid, policyrules.Entry{Peer: policyrules.Single(netip.AddrFrom4([4]byte{10, 1, byte(i >> 7), byte(2 * (i & 127))})), Ports: tcp(1, 60000)},
+			policyrules.Entry{Peer: r("0.0.0.0/0"), Ports: tcp(uint16(2+2*i), uint16(2+2*i))})
 	}
-	rs := Ruleset{Pods: []Pod{
+	rs := policyrules.Ruleset{Pods: []policyrules.Pod{
 		{Port: 1, Name: "long", Ingress: isolated(long)},
 		{Port: 2, Name: "costly", Ingress: isolated(costly)},
 		{Port: 3, Name: "grid", Egress: isolated(grid)},
-		{Port: 4, Name: "small", Ingress: isolated([]Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}})},
+		{Port: 4, Name: "small", Ingress: isolated([]policyrules.Entry{{Peer: r("10.0.0.1"), Ports: tcp(80, 80)}})},
 	}}
 	// Five groups just under the limit each: four fit the node, the costliest does not.
 	for g := range 5 {
-		var allow []Entry
+		var allow []policyrules.Entry
 		for j := range maxGroupCost*15/16/perRange + g {
 			allow = append(allow, wide(10+g, j))
 		}
-		rs.Pods = append(rs.Pods, Pod{Port: 10 + g, Name: fmt.Sprint("big", g), Ingress: isolated(allow)})
+		rs.Pods = append(rs.Pods, policyrules.Pod{Port: 10 + g, Name: fmt.Sprint("big", g), Ingress: isolated(allow)})
 	}
 	d := plan(rs)
-	refused := map[string]Refusal{}
+	refused := map[string]policyrules.Refusal{}
 	for _, r := range d.refused {
-		if !errors.Is(r.Err, ErrTooBig) || len(r.Pods) != 1 {
+		if !errors.Is(r.Err, policyrules.ErrTooBig) || len(r.Pods) != 1 {
 			t.Errorf("refusal %+v, want one pod's, too big", r)
 		}
 		refused[r.Pods[0]] = r

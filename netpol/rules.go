@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // The packet-mark bits of the policy rules. A rule grants a packet passage by setting a bit; the
@@ -211,12 +212,12 @@ func onLinkElements(podCIDRs []netip.Prefix) []nftables.SetElement {
 	return out
 }
 
-func mergePrefixes(ps []netip.Prefix) []Range {
-	rs := make([]Range, 0, len(ps))
+func mergePrefixes(ps []netip.Prefix) []policyrules.Range {
+	rs := make([]policyrules.Range, 0, len(ps))
 	for _, p := range ps {
-		rs = append(rs, PrefixRange(p))
+		rs = append(rs, policyrules.PrefixRange(p))
 	}
-	return MergeRanges(rs)
+	return policyrules.MergeRanges(rs)
 }
 
 // isFamily matches IPv4 or IPv6 frames by their ether type (the bridge family has no nfproto).

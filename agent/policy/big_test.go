@@ -11,27 +11,27 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
 // subtractOneByOne removes the cuts from r one after the other, splitting every piece each cut
 // touches: the obvious construction, in the number of cuts squared, which subtract must agree
 // with piece for piece.
-func subtractOneByOne(r core.PolicyRange, cuts []core.PolicyRange) []core.PolicyRange {
-	out := []core.PolicyRange{r}
+func subtractOneByOne(r policyrules.Range, cuts []policyrules.Range) []policyrules.Range {
+	out := []policyrules.Range{r}
 	for _, cut := range cuts {
-		var next []core.PolicyRange
+		var next []policyrules.Range
 		for _, r := range out {
 			if cut.Last.Compare(r.First) < 0 || cut.First.Compare(r.Last) > 0 {
 				next = append(next, r)
 				continue
 			}
 			if cut.First.Compare(r.First) > 0 {
-				next = append(next, core.PolicyRange{First: r.First, Last: cut.First.Prev()})
+				next = append(next, policyrules.Range{First: r.First, Last: cut.First.Prev()})
 			}
 			if cut.Last.Compare(r.Last) < 0 {
-				next = append(next, core.PolicyRange{First: cut.Last.Next(), Last: r.Last})
+				next = append(next, policyrules.Range{First: cut.Last.Next(), Last: r.Last})
 			}
 		}
 		out = next
@@ -57,19 +57,19 @@ func TestSubtractAgainstOneByOne(t *testing.T) {
 	}
 	for i := range 3000 {
 		is6 := i%2 == 1
-		block := core.PolicyPrefix(prefix(is6, 0))
+		block := policyrules.PrefixRange(prefix(is6, 0))
 		if i%7 == 0 {
 			block = allIPv4
 			if is6 {
 				block = allIPv6
 			}
 		}
-		var cuts []core.PolicyRange
+		var cuts []policyrules.Range
 		for range rng.IntN(12) {
-			cuts = append(cuts, core.PolicyPrefix(prefix(is6, 0)))
+			cuts = append(cuts, policyrules.PrefixRange(prefix(is6, 0)))
 		}
 		want := subtractOneByOne(block, cuts)
-		if got := subtract([]core.PolicyRange{block}, cuts); !slices.Equal(got, want) {
+		if got := subtract([]policyrules.Range{block}, cuts); !slices.Equal(got, want) {
 			t.Fatalf("%s minus %v:\nsubtract    %v\none by one  %v", block, cuts, got, want)
 		}
 	}
@@ -84,8 +84,8 @@ func TestBlockWithManyExceptions(t *testing.T) {
 		block.Except = append(block.Except, fmt.Sprintf("20.%d.%d.%d/26", j/256, j%256, 128*(i%2)))
 	}
 	got := blockRanges(block)
-	if len(got) != 100000 || got[0] != core.PolicyPrefix(netip.MustParsePrefix("20.0.0.64/26")) ||
-		got[len(got)-1] != (core.PolicyRange{First: netip.MustParseAddr("20.195.79.192"), Last: netip.MustParseAddr("20.255.255.255")}) {
+	if len(got) != 100000 || got[0] != policyrules.PrefixRange(netip.MustParsePrefix("20.0.0.64/26")) ||
+		got[len(got)-1] != (policyrules.Range{First: netip.MustParseAddr("20.195.79.192"), Last: netip.MustParseAddr("20.255.255.255")}) {
 		t.Errorf("%d pieces, from %s to %s; want the second and fourth /26 of each /24 cut, then the rest of the /8", len(got), got[0], got[len(got)-1])
 	}
 }
@@ -102,7 +102,7 @@ func bigPolicyInput(n int) Input {
 }
 
 // TestCompileStopsPastTheLimit: a rule whose peers times ports are far more entries than
-// core.PolicyMaxAllowEntries yields exactly one more than it (so that the kernel side refuses
+// policyrules.MaxAllowEntries yields exactly one more than it (so that the kernel side refuses
 // the direction whole) and stops there, instead of expanding them all.
 func TestCompileStopsPastTheLimit(t *testing.T) {
 	in := bigPolicyInput(4000)
@@ -115,8 +115,8 @@ func TestCompileStopsPastTheLimit(t *testing.T) {
 	in.Policies[0].Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
 	res := Compile(in)
 	server := res.Ruleset.Pods[0]
-	if n := len(server.Ingress.Allow); n != core.PolicyMaxAllowEntries+1 {
-		t.Errorf("ingress of a/server: %d entries, want %d", n, core.PolicyMaxAllowEntries+1)
+	if n := len(server.Ingress.Allow); n != policyrules.MaxAllowEntries+1 {
+		t.Errorf("ingress of a/server: %d entries, want %d", n, policyrules.MaxAllowEntries+1)
 	}
 	if n := len(server.Egress.Allow); n == 0 || n > 20 {
 		t.Errorf("egress of a/server: %d entries, want its ten blocks' pieces", n)
@@ -160,8 +160,8 @@ func TestCompileSharesRules(t *testing.T) {
 		t.Fatalf("%d local pods, want 2", len(pods))
 	}
 	server, client := pods[0], pods[1]
-	named := func(allow []core.PolicyEntry) int {
-		return len(slices.DeleteFunc(slices.Clone(allow), func(e core.PolicyEntry) bool { return e.Ports == nil || e.Ports.First != 8080 }))
+	named := func(allow []policyrules.Entry) int {
+		return len(slices.DeleteFunc(slices.Clone(allow), func(e policyrules.Entry) bool { return e.Ports == nil || e.Ports.First != 8080 }))
 	}
 	if n := named(server.Ingress.Allow); n == 0 {
 		t.Error("a/server's ingress lacks its named port http (8080)")

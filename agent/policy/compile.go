@@ -1,6 +1,6 @@
 // Package policy turns the cluster's NetworkPolicies (networking.k8s.io/v1) into what the node's
 // kernel enforces: for every pod on this node, whether each direction is isolated and which peer
-// addresses, protocols and ports it allows (core.PolicyRuleset). Compile is pure: the controller
+// addresses, protocols and ports it allows (policyrules.Ruleset). Compile is pure: the controller
 // (controller.go) feeds it from informers and the node's attachment records, and the core
 // installs the result (netpol).
 //
@@ -33,7 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Local is one attachment on this node, from its record.
@@ -66,7 +66,7 @@ type Input struct {
 
 // Result is the ruleset and what Compile noticed on the way.
 type Result struct {
-	Ruleset core.PolicyRuleset
+	Ruleset policyrules.Ruleset
 	// Unknown are local attachments that name a pod the API does not have (yet): they are left
 	// out of the ruleset, so their addresses stay pending (denied).
 	Unknown []Local
@@ -75,8 +75,8 @@ type Result struct {
 }
 
 var (
-	allIPv4 = core.PolicyPrefix(netip.MustParsePrefix("0.0.0.0/0"))
-	allIPv6 = core.PolicyPrefix(netip.MustParsePrefix("::/0"))
+	allIPv4 = policyrules.PrefixRange(netip.MustParsePrefix("0.0.0.0/0"))
+	allIPv6 = policyrules.PrefixRange(netip.MustParsePrefix("::/0"))
 )
 
 // peerPod is a pod that can be a peer: its labels, addresses and named ports.
@@ -94,7 +94,7 @@ type compiler struct {
 	// rules holds the expansions of rules that are the same for every pod the policy selects
 	// (all but ingress rules with named ports): a policy with thousands of peers is expanded
 	// once per pass, not once per local pod.
-	rules map[ruleKey][]core.PolicyEntry
+	rules map[ruleKey][]policyrules.Entry
 }
 
 type ruleKey struct {
@@ -110,7 +110,7 @@ type selectorKey struct {
 
 // Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset.
 func Compile(in Input) Result {
-	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}, rules: map[ruleKey][]core.PolicyEntry{}}
+	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}, rules: map[ruleKey][]policyrules.Entry{}}
 	for _, ns := range in.Namespaces {
 		c.nsLabels[ns.Name] = labels.Set(ns.Labels)
 	}
@@ -147,7 +147,7 @@ func Compile(in Input) Result {
 		if l.Port <= 0 {
 			continue // not on the bridge (yet, or any more): held
 		}
-		pp := core.PolicyPod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
+		pp := policyrules.Pod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
 		if l.Name == "" {
 			// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
 			// can select it.
@@ -202,10 +202,10 @@ func Compile(in Input) Result {
 }
 
 // addRule appends the entries of one rule of a policy for the local pod target to allow, up to
-// one past core.PolicyMaxAllowEntries: a direction over the limit reaches the kernel side as such
+// one past policyrules.MaxAllowEntries: a direction over the limit reaches the kernel side as such
 // and is refused there, and expanding further would be wasted work.
-func (c *compiler) addRule(allow []core.PolicyEntry, key ruleKey, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod) []core.PolicyEntry {
-	room := core.PolicyMaxAllowEntries + 1 - len(allow)
+func (c *compiler) addRule(allow []policyrules.Entry, key ruleKey, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod) []policyrules.Entry {
+	room := policyrules.MaxAllowEntries + 1 - len(allow)
 	if room <= 0 {
 		return allow
 	}
@@ -257,16 +257,16 @@ func policySelects(sel *metav1.LabelSelector, l map[string]string) (selected, va
 
 // rule expands one ingress (from) or egress (to) rule of a policy in namespace for the local pod
 // target into at most room entries (a rule's peers times its ports can be many more than the
-// policy's size: the expansion stops where the direction is over core.PolicyMaxAllowEntries,
+// policy's size: the expansion stops where the direction is over policyrules.MaxAllowEntries,
 // which refuses it whole).
-func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []core.PolicyEntry {
+func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []policyrules.Entry {
 	type peerSet struct {
-		ranges []core.PolicyRange // ipBlocks, or everything
+		ranges []policyrules.Range // ipBlocks, or everything
 		pods   []*peerPod
 	}
 	var ps peerSet
 	if len(peers) == 0 {
-		ps.ranges = []core.PolicyRange{allIPv4, allIPv6}
+		ps.ranges = []policyrules.Range{allIPv4, allIPv6}
 	}
 	for i := range peers {
 		p := &peers[i]
@@ -277,9 +277,9 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 		ps.pods = append(ps.pods, c.selectPeers(namespace, p)...)
 	}
 
-	var out []core.PolicyEntry
+	var out []policyrules.Entry
 	// add appends rs on ports, up to room entries in all; false once room is used up.
-	add := func(rs []core.PolicyRange, ports *core.PolicyPorts) bool {
+	add := func(rs []policyrules.Range, ports *policyrules.Ports) bool {
 		if len(out)+len(rs) > room {
 			out = append(out, entries(rs[:room-len(out)], ports)...)
 			return false
@@ -288,7 +288,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 		return true
 	}
 	// addPeers appends every peer on ports.
-	addPeers := func(ports *core.PolicyPorts) bool {
+	addPeers := func(ports *policyrules.Ports) bool {
 		if !add(ps.ranges, ports) {
 			return false
 		}
@@ -330,7 +330,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 					last = uint16(*pt.EndPort)
 				}
 			}
-			if !addPeers(&core.PolicyPorts{Protocol: proto, First: first, Last: last}) {
+			if !addPeers(&policyrules.Ports{Protocol: proto, First: first, Last: last}) {
 				return out
 			}
 			continue
@@ -338,7 +338,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 		// A named port: resolved on the pod that receives the connection.
 		name := pt.Port.StrVal
 		if ingress {
-			if n, ok := namedPort(target.pod, name, pt.Protocol); ok && !addPeers(&core.PolicyPorts{Protocol: proto, First: n, Last: n}) {
+			if n, ok := namedPort(target.pod, name, pt.Protocol); ok && !addPeers(&policyrules.Ports{Protocol: proto, First: n, Last: n}) {
 				return out
 			}
 			continue
@@ -366,7 +366,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 						ips = append(ips, a)
 					}
 				}
-				if !add(singles(ips), &core.PolicyPorts{Protocol: proto, First: n, Last: n}) {
+				if !add(singles(ips), &policyrules.Ports{Protocol: proto, First: n, Last: n}) {
 					return out
 				}
 			}
@@ -415,11 +415,11 @@ func (c *compiler) selectPeers(namespace string, p *networkingv1.NetworkPolicyPe
 }
 
 // rangeSet answers whether an address is in a union of ranges, in O(log n).
-type rangeSet []core.PolicyRange // sorted, disjoint
+type rangeSet []policyrules.Range // sorted, disjoint
 
-func newRangeSet(rs []core.PolicyRange) rangeSet {
+func newRangeSet(rs []policyrules.Range) rangeSet {
 	var out rangeSet
-	var v4, v6 []core.PolicyRange
+	var v4, v6 []policyrules.Range
 	for _, r := range rs {
 		if r.First.Is4() {
 			v4 = append(v4, r)
@@ -427,13 +427,13 @@ func newRangeSet(rs []core.PolicyRange) rangeSet {
 			v6 = append(v6, r)
 		}
 	}
-	out = append(out, core.PolicyMergeRanges(v4)...)
-	return append(out, core.PolicyMergeRanges(v6)...)
+	out = append(out, policyrules.MergeRanges(v4)...)
+	return append(out, policyrules.MergeRanges(v6)...)
 }
 
 func (s rangeSet) contains(a netip.Addr) bool {
 	// The first range that starts after a; a is in the one before it, or in none.
-	i, _ := slices.BinarySearchFunc(s, a, func(r core.PolicyRange, a netip.Addr) int {
+	i, _ := slices.BinarySearchFunc(s, a, func(r policyrules.Range, a netip.Addr) int {
 		if r.First.Compare(a) <= 0 {
 			return -1
 		}
@@ -442,22 +442,22 @@ func (s rangeSet) contains(a netip.Addr) bool {
 	return i > 0 && inRange(a, s[i-1])
 }
 
-func inRange(a netip.Addr, r core.PolicyRange) bool {
+func inRange(a netip.Addr, r policyrules.Range) bool {
 	return a.Is4() == r.First.Is4() && a.Compare(r.First) >= 0 && a.Compare(r.Last) <= 0
 }
 
-func singles(ips []netip.Addr) []core.PolicyRange {
-	out := make([]core.PolicyRange, 0, len(ips))
+func singles(ips []netip.Addr) []policyrules.Range {
+	out := make([]policyrules.Range, 0, len(ips))
 	for _, a := range ips {
-		out = append(out, core.PolicySingle(a))
+		out = append(out, policyrules.Single(a))
 	}
 	return out
 }
 
-func entries(rs []core.PolicyRange, ports *core.PolicyPorts) []core.PolicyEntry {
-	out := make([]core.PolicyEntry, 0, len(rs))
+func entries(rs []policyrules.Range, ports *policyrules.Ports) []policyrules.Entry {
+	out := make([]policyrules.Entry, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, core.PolicyEntry{Peer: r, Ports: ports})
+		out = append(out, policyrules.Entry{Peer: r, Ports: ports})
 	}
 	return out
 }
@@ -466,15 +466,15 @@ func entries(rs []core.PolicyRange, ports *core.PolicyPorts) []core.PolicyEntry 
 // does not know.
 func protocol(p *corev1.Protocol) uint8 {
 	if p == nil {
-		return core.PolicyTCP
+		return policyrules.TCP
 	}
 	switch *p {
 	case corev1.ProtocolTCP:
-		return core.PolicyTCP
+		return policyrules.TCP
 	case corev1.ProtocolUDP:
-		return core.PolicyUDP
+		return policyrules.UDP
 	case corev1.ProtocolSCTP:
-		return core.PolicySCTP
+		return policyrules.SCTP
 	}
 	return 0
 }

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // The test cluster: namespaces "a" (team=x) and "b" (team=y); pods, with their addresses:
@@ -89,7 +89,7 @@ var (
 
 // render describes a direction: "-" when not isolated, "deny" when nothing is allowed, else the
 // sorted, de-duplicated entries.
-func render(d core.PolicyDirection) string {
+func render(d policyrules.Direction) string {
 	if !d.Isolated {
 		return "-"
 	}
@@ -269,7 +269,7 @@ func TestCompileLocalPods(t *testing.T) {
 	)
 	in.Policies = []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{PolicyTypes: both})}
 	res := Compile(in)
-	byPort := map[int]core.PolicyPod{}
+	byPort := map[int]policyrules.Pod{}
 	for _, p := range res.Ruleset.Pods {
 		byPort[p.Port] = p
 	}
@@ -450,7 +450,7 @@ func TestBlockRangesManyExcepts(t *testing.T) {
 		rs := blockRanges(b)
 		for a := block.Addr(); block.Contains(a); a = a.Next() {
 			want := !slices.ContainsFunc(excepts, func(p netip.Prefix) bool { return p.Contains(a) })
-			if got := slices.ContainsFunc(rs, func(r core.PolicyRange) bool { return inRange(a, r) }); got != want {
+			if got := slices.ContainsFunc(rs, func(r policyrules.Range) bool { return inRange(a, r) }); got != want {
 				t.Fatalf("%s: %s allowed = %v, want %v", cidr, a, got, want)
 			}
 		}

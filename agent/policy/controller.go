@@ -27,7 +27,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/kubenet-dev/kubenet/agent/loop"
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Defaults of Config.
@@ -75,8 +77,7 @@ type Controller struct {
 	core       typedcorev1.CoreV1Interface
 	networking typednetworkingv1.NetworkingV1Interface
 	log        *slog.Logger
-	kick       chan struct{}
-	verify     chan struct{} // the next pass reads every set back (a repair)
+	loop       *loop.Loop // the passes: on every trigger, every Resync, after failures, for unplugged ports
 	metrics    *metrics
 
 	policies   func() ([]*networkingv1.NetworkPolicy, error)
@@ -92,7 +93,7 @@ type Controller struct {
 
 // Pass is what one pass did.
 type Pass struct {
-	Applied core.PolicyApplied
+	Applied policyrules.Applied
 	// Guarded counts guards put back; NetfilterCall says the bridge's nf_call options were off
 	// and were turned on (somebody else changed the node).
 	Guarded       int
@@ -132,29 +133,26 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 	if err != nil {
 		return nil, fmt.Errorf("network policy metrics: %w", err)
 	}
-	return &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, kick: make(chan struct{}, 1), verify: make(chan struct{}, 1), metrics: m,
-		events: cfg.Events, reported: map[string]bool{}}, nil
+	c := &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, metrics: m,
+		events: cfg.Events, reported: map[string]bool{}}
+	c.loop = loop.New(c.loopConfig())
+	return c, nil
 }
+
+// The controller's triggers.
+const (
+	triggerChange = "change" // a policy, pod or namespace changed, or an attachment record
+	triggerVerify = "verify" // somebody else changed the ruleset: read every set back (Wake)
+)
 
 // OnPass registers f to be told of every pass (for tests). Call before Run.
 func (c *Controller) OnPass(f func(Pass)) { c.passed = f }
 
 // Wake asks for a pass that reads everything back and repairs it, without waiting (the agent's
 // healer, after somebody else changed the ruleset).
-func (c *Controller) Wake() {
-	select {
-	case c.verify <- struct{}{}:
-	default:
-	}
-	c.wake()
-}
+func (c *Controller) Wake() { c.loop.Fire(triggerVerify) }
 
-func (c *Controller) wake() {
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
-}
+func (c *Controller) wake() { c.loop.Fire(triggerChange) }
 
 // Repaired counts what the agent's healer put back of the policy's node-wide state (the bridge's
 // guard and nf_call options, which the healer's node setup and the passes both look at) with the
@@ -238,49 +236,38 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.events = broadcaster.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: "kubenet-agent", Host: c.cfg.NodeName})
 	}
 
-	c.Wake() // the first pass after a start checks everything
-	resync := time.NewTicker(c.cfg.Resync)
-	defer resync.Stop()
-	backoff, unplugged := time.Duration(0), time.Duration(0)
-	var retry, replug <-chan time.Time
-	for {
-		verify := false
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-c.kick:
-		case <-replug:
-		case <-resync.C:
-			verify = true
-		case <-retry:
-			verify = true
-		}
-		select {
-		case <-c.verify:
-			verify = true
-		default:
-		}
-		p := c.pass(verify)
-		if p.Err != nil || kernelRefused(p.Applied.Refused) {
-			// A group the kernel refused may fit later (memory): tried again like a failed pass.
-			backoff = min(max(2*backoff, retryMin), retryMax)
-			if p.Err != nil {
-				c.log.Warn("network policy pass failed, retrying", "err", p.Err, "in", backoff)
+	c.loop.Run(ctx)
+	return nil
+}
+
+// loopConfig is the controller's loop. Passes that read every set back (verify): the first
+// after a start, the periodic resync, retries and Wake; a change alone only compiles and applies.
+// A pass that failed, or whose group the kernel refused (it may fit later: memory), is retried
+// with a backoff. ADD writes the record (which wakes the controller) before it plugs the pod's
+// veth into the bridge, and nothing announces the port: a pass that found unplugged attachments
+// asks for another soon, and later the longer it takes (a crashed ADD's record stays until DEL
+// or GC).
+func (c *Controller) loopConfig() loop.Config {
+	unplugged := time.Duration(0)
+	return loop.Config{
+		AtStart:    true,
+		Period:     c.cfg.Resync,
+		BackoffMin: retryMin, BackoffMax: retryMax,
+		OnFailure: func(err error, _ int, retryIn time.Duration) {
+			c.log.Warn("network policy pass failed, retrying", "err", err, "in", retryIn)
+		},
+		Pass: func(_ context.Context, w loop.Wake) loop.Outcome {
+			p := c.pass(w.Start || w.Periodic || w.Retry || w.Fired(triggerVerify))
+			if p.Err != nil || kernelRefused(p.Applied.Refused) {
+				return loop.Outcome{Err: p.Err, Retry: true}
 			}
-			retry = time.After(backoff)
-			continue
-		}
-		backoff, retry = 0, nil
-		// ADD writes the record (which wakes the controller) before it plugs the pod's veth into
-		// the bridge, and nothing announces the port: look again soon, and less often the longer
-		// it takes (a crashed ADD's record stays until DEL or GC).
-		replug = nil
-		if p.Unplugged == 0 {
-			unplugged = 0
-		} else {
-			unplugged = min(max(2*unplugged, unpluggedMin), retryMax)
-			replug = time.After(unplugged)
-		}
+			if p.Unplugged == 0 {
+				unplugged = 0
+			} else {
+				unplugged = min(max(2*unplugged, unpluggedMin), retryMax)
+			}
+			return loop.Outcome{After: unplugged}
+		},
 	}
 }
 
@@ -317,7 +304,7 @@ func (c *Controller) pass(verify bool) Pass {
 		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
 		var pass core.PolicyPass
 		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify},
-			func(locals []core.PolicyLocal) core.PolicyRuleset {
+			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = LocalsOf(locals)
 				for _, l := range locals {
 					if l.Port == 0 {
@@ -356,14 +343,14 @@ func (c *Controller) pass(verify bool) Pass {
 
 // kernelRefused tells whether the kernel refused an allow list (a limit's refusal stays until
 // the list changes).
-func kernelRefused(refused []core.PolicyRefusal) bool {
-	return slices.ContainsFunc(refused, func(r core.PolicyRefusal) bool { return !errors.Is(r.Err, core.PolicyErrTooBig) })
+func kernelRefused(refused []policyrules.Refusal) bool {
+	return slices.ContainsFunc(refused, func(r policyrules.Refusal) bool { return !errors.Is(r.Err, policyrules.ErrTooBig) })
 }
 
 // reportRefused logs every refusal that is new since the last pass and records it as an Event
 // on each policy that selects its pods in its direction: the policies' authors see why their
 // pods do not get what they ask for.
-func (c *Controller) reportRefused(in Input, refused []core.PolicyRefusal) {
+func (c *Controller) reportRefused(in Input, refused []policyrules.Refusal) {
 	pods := make(map[string]*corev1.Pod, len(in.Pods))
 	for _, p := range in.Pods {
 		pods[p.Namespace+"/"+p.Name] = p

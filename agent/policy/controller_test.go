@@ -11,7 +11,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // TestReportRefused: a refused allow list becomes one Event on each policy that selects its pods
@@ -28,8 +28,8 @@ func TestReportRefused(t *testing.T) {
 	for i, p := range in.Policies {
 		p.Name = fmt.Sprint("p", i)
 	}
-	tooBig := core.PolicyRefusal{Ingress: true, Pods: []string{"a/server"}, Group: "in-x", Cost: 300000, Err: fmt.Errorf("%w: its sets would cost too much", core.PolicyErrTooBig)}
-	byKernel := core.PolicyRefusal{Ingress: false, Pods: []string{"a/server"}, Group: "out-y", Err: errors.New("netlink receive: cannot allocate memory")}
+	tooBig := policyrules.Refusal{Ingress: true, Pods: []string{"a/server"}, Group: "in-x", Cost: 300000, Err: fmt.Errorf("%w: its sets would cost too much", policyrules.ErrTooBig)}
+	byKernel := policyrules.Refusal{Ingress: false, Pods: []string{"a/server"}, Group: "out-y", Err: errors.New("netlink receive: cannot allocate memory")}
 
 	events := record.NewFakeRecorder(10)
 	c := &Controller{cfg: Config{NodeName: "n1"}, log: slog.New(slog.DiscardHandler), events: events, reported: map[string]bool{}}
@@ -44,25 +44,25 @@ func TestReportRefused(t *testing.T) {
 			}
 		}
 	}
-	c.reportRefused(in, []core.PolicyRefusal{tooBig})
+	c.reportRefused(in, []policyrules.Refusal{tooBig})
 	got := recorded()
 	if len(got) != 1 || !strings.Contains(got[0], EventPolicyRefused) || !strings.Contains(got[0], "ingress allow list of pod a/server") || !strings.Contains(got[0], "n1") {
 		t.Fatalf("events %q, want one on p0 for a/server's ingress", got)
 	}
-	c.reportRefused(in, []core.PolicyRefusal{tooBig})
+	c.reportRefused(in, []policyrules.Refusal{tooBig})
 	if got := recorded(); len(got) != 0 {
 		t.Errorf("the same refusal again: events %q, want none", got)
 	}
-	c.reportRefused(in, []core.PolicyRefusal{tooBig, byKernel})
+	c.reportRefused(in, []policyrules.Refusal{tooBig, byKernel})
 	if got := recorded(); len(got) != 1 || !strings.Contains(got[0], "egress allow list") || !strings.Contains(got[0], "cannot allocate memory") {
 		t.Errorf("the kernel's refusal of the egress list: events %q, want one (on p1)", got)
 	}
 	c.reportRefused(in, nil)
-	c.reportRefused(in, []core.PolicyRefusal{tooBig})
+	c.reportRefused(in, []policyrules.Refusal{tooBig})
 	if got := recorded(); len(got) != 1 {
 		t.Errorf("a refusal that came back: events %q, want one", got)
 	}
-	if kernelRefused([]core.PolicyRefusal{tooBig}) || !kernelRefused([]core.PolicyRefusal{tooBig, byKernel}) {
+	if kernelRefused([]policyrules.Refusal{tooBig}) || !kernelRefused([]policyrules.Refusal{tooBig, byKernel}) {
 		t.Error("kernelRefused: only the kernel's refusals ask for a retry")
 	}
 	if got := selecting(in.Policies, map[string]*corev1.Pod{}, []string{"a/server"}, true); len(got) != 0 {

@@ -8,14 +8,14 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	netutils "k8s.io/utils/net"
 
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // mappedIPv4 are the IPv4-mapped IPv6 addresses. Kubernetes parses addresses into Go's net.IP,
 // where ::ffff:a.b.c.d IS the IPv4 address a.b.c.d: net.IPNet.Contains (the API server's own
 // except-inside-cidr check) never finds one of them in an IPv6 network, so no IPv6 ipBlock
 // covers them.
-var mappedIPv4 = core.PolicyPrefix(netip.MustParsePrefix("::ffff:0:0/96"))
+var mappedIPv4 = policyrules.PrefixRange(netip.MustParsePrefix("::ffff:0:0/96"))
 
 // blockCIDR is one value of ipBlock.cidr or ipBlock.except: the network the API server checks
 // it as, and the range of addresses it means.
@@ -68,10 +68,10 @@ func (v blockCIDR) strictlyInside(cidr blockCIDR) bool {
 }
 
 // ranges are the addresses the value means.
-func (v blockCIDR) ranges() []core.PolicyRange {
-	rs := []core.PolicyRange{core.PolicyPrefix(v.meaning)}
+func (v blockCIDR) ranges() []policyrules.Range {
+	rs := []policyrules.Range{policyrules.PrefixRange(v.meaning)}
 	if v.meaning.Addr().Is6() {
-		rs = subtract(rs, []core.PolicyRange{mappedIPv4})
+		rs = subtract(rs, []policyrules.Range{mappedIPv4})
 	}
 	return rs
 }
@@ -82,18 +82,18 @@ func (v blockCIDR) ranges() []core.PolicyRange {
 // other family, say). Such values reach the node only past the API server's validation (an etcd
 // written around it, a stored object it would no longer take), and an except that is not
 // understood must never leave its range allowed.
-func blockRanges(b *networkingv1.IPBlock) []core.PolicyRange {
+func blockRanges(b *networkingv1.IPBlock) []policyrules.Range {
 	cidr, ok := parseBlockCIDR(b.CIDR)
 	if !ok {
 		return nil
 	}
-	cuts := make([]core.PolicyRange, 0, len(b.Except))
+	cuts := make([]policyrules.Range, 0, len(b.Except))
 	for _, e := range b.Except {
 		ex, ok := parseBlockCIDR(e)
 		if !ok || !ex.strictlyInside(cidr) {
 			return nil
 		}
-		cuts = append(cuts, core.PolicyPrefix(ex.meaning))
+		cuts = append(cuts, policyrules.PrefixRange(ex.meaning))
 	}
 	return subtract(cidr.ranges(), cuts)
 }
@@ -104,10 +104,10 @@ func blockRanges(b *networkingv1.IPBlock) []core.PolicyRange {
 // way 10 000 took 21 s, 50 000 over ten minutes; this way 50 000 take well under a second).
 // Cuts of the other family remove nothing: netip orders every IPv4 address before every IPv6
 // one.
-func subtract(rs, cuts []core.PolicyRange) []core.PolicyRange {
+func subtract(rs, cuts []policyrules.Range) []policyrules.Range {
 	cuts = slices.Clone(cuts)
-	slices.SortFunc(cuts, func(a, b core.PolicyRange) int { return a.First.Compare(b.First) })
-	var out []core.PolicyRange
+	slices.SortFunc(cuts, func(a, b policyrules.Range) int { return a.First.Compare(b.First) })
+	var out []policyrules.Range
 	for _, r := range rs {
 		next, covered := r.First, false // next: the first address of r no cut has removed yet
 		for _, c := range cuts {
@@ -118,7 +118,7 @@ func subtract(rs, cuts []core.PolicyRange) []core.PolicyRange {
 				break
 			}
 			if next.Less(c.First) {
-				out = append(out, core.PolicyRange{First: next, Last: c.First.Prev()})
+				out = append(out, policyrules.Range{First: next, Last: c.First.Prev()})
 			}
 			if !c.Last.Less(r.Last) {
 				covered = true
@@ -127,7 +127,7 @@ func subtract(rs, cuts []core.PolicyRange) []core.PolicyRange {
 			next = c.Last.Next()
 		}
 		if !covered {
-			out = append(out, core.PolicyRange{First: next, Last: r.Last})
+			out = append(out, policyrules.Range{First: next, Last: r.Last})
 		}
 	}
 	return out

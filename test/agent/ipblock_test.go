@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
-	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/controlplane"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
@@ -194,7 +194,7 @@ func TestIPBlockForms(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			compiled := func(np *networkingv1.NetworkPolicy) core.PolicyPod {
+			compiled := func(np *networkingv1.NetworkPolicy) policyrules.Pod {
 				t.Helper()
 				res := policy.Compile(policy.Input{Policies: []*networkingv1.NetworkPolicy{np}, Namespaces: []*corev1.Namespace{ns},
 					Pods: []*corev1.Pod{target}, Local: []policy.Local{local}})
@@ -206,13 +206,13 @@ func TestIPBlockForms(t *testing.T) {
 			p := compiled(stored)
 			for _, d := range []struct {
 				name string
-				dir  core.PolicyDirection
+				dir  policyrules.Direction
 			}{{"ingress", p.Ingress}, {"egress", p.Egress}} {
 				if !d.dir.Isolated {
 					t.Fatalf("%s not isolated", d.name)
 				}
 				allowed := func(a netip.Addr) bool {
-					return slices.ContainsFunc(d.dir.Allow, func(e core.PolicyEntry) bool {
+					return slices.ContainsFunc(d.dir.Allow, func(e policyrules.Entry) bool {
 						return e.Ports == nil && a.Is4() == e.Peer.First.Is4() && a.Compare(e.Peer.First) >= 0 && a.Compare(e.Peer.Last) <= 0
 					})
 				}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/internal/tcguard"
 	"github.com/kubenet-dev/kubenet/netpol"
 	"github.com/kubenet-dev/kubenet/test/nettest"
@@ -120,7 +121,7 @@ func (c *npCluster) apply(t *testing.T, policies ...*networkingv1.NetworkPolicy)
 	}
 	nettest.Do(t, c.node.NS, func() error {
 		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: c.node.DataDir(), Network: "kubenet", Bridge: core.DefaultBridge, PodCIDRs: testkit.DualStack()},
-			func(locals []core.PolicyLocal) core.PolicyRuleset {
+			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = policy.LocalsOf(locals)
 				return policy.Compile(in).Ruleset
 			})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -18,7 +19,7 @@ func install(node ns.NetNS, dataDir string, w World) error {
 	in := policy.Input{Policies: w.Policies, Namespaces: w.Namespaces, Pods: w.Pods, LocalCIDRs: cidrs}
 	return node.Do(func(ns.NetNS) error {
 		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: Network, Bridge: core.DefaultBridge, PodCIDRs: cidrs},
-			func(locals []core.PolicyLocal) core.PolicyRuleset {
+			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = policy.LocalsOf(locals)
 				return policy.Compile(in).Ruleset
 			})

@@ -1,0 +1,254 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+const deadline = 5 * time.Second
+
+// run starts l until the test ends and returns the wakes of its passes as they happen.
+func run(t *testing.T, cfg Config, passes chan Wake) *Loop {
+	t.Helper()
+	pass := cfg.Pass
+	cfg.Pass = func(ctx context.Context, w Wake) Outcome {
+		out := Outcome{}
+		if pass != nil {
+			out = pass(ctx, w)
+		}
+		passes <- w
+		return out
+	}
+	l := New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
+}
+
+func next(t *testing.T, passes <-chan Wake) Wake {
+	t.Helper()
+	select {
+	case w := <-passes:
+		return w
+	case <-time.After(deadline):
+		t.Fatal("no pass")
+		return Wake{}
+	}
+}
+
+func fired(w Wake) []string {
+	return slices.Sorted(func(yield func(string) bool) {
+		for k := range w.fired {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+}
+
+// TestTriggersCoalesce: triggers fired while a pass runs make one pass after it, which sees each
+// of them; nothing runs before the first trigger when there is no start pass.
+func TestTriggersCoalesce(t *testing.T) {
+	passes := make(chan Wake, 10)
+	release := make(chan struct{})
+	started := make(chan struct{}, 10)
+	l := run(t, Config{Pass: func(ctx context.Context, w Wake) Outcome {
+		started <- struct{}{}
+		if w.Fired("first") {
+			<-release
+		}
+		return Outcome{}
+	}}, passes)
+	l.Fire("first")
+	select {
+	case <-started:
+	case <-time.After(deadline):
+		t.Fatal("no pass for the first trigger")
+	}
+	for range 3 {
+		l.Fire("a")
+	}
+	l.Fire("b")
+	close(release)
+	if w := next(t, passes); !slices.Equal(fired(w), []string{"first"}) || w.Start {
+		t.Fatalf("first pass %+v, want only the trigger first", w)
+	}
+	if w := next(t, passes); !slices.Equal(fired(w), []string{"a", "b"}) || w.Periodic || w.Retry {
+		t.Fatalf("second pass fired %v (%+v), want a and b in one pass", fired(w), w)
+	}
+	// Had the four fires made more than one pass, the next would not be c's alone.
+	l.Fire("c")
+	if w := next(t, passes); !slices.Equal(fired(w), []string{"c"}) || !w.OnlyFired("c") {
+		t.Fatalf("third pass fired %v, want c only", fired(w))
+	}
+}
+
+// TestStartAndPeriod: a start pass at once, then periodic passes without any trigger.
+func TestStartAndPeriod(t *testing.T) {
+	passes := make(chan Wake, 10)
+	run(t, Config{AtStart: true, Period: 20 * time.Millisecond}, passes)
+	if w := next(t, passes); !w.Start || w.Periodic {
+		t.Fatalf("first pass %+v, want the start pass", w)
+	}
+	for range 2 {
+		if w := next(t, passes); !w.Periodic || w.Start || len(w.fired) > 0 {
+			t.Fatalf("pass %+v, want a periodic one", w)
+		}
+	}
+}
+
+// TestBackoff: failed passes are retried after a wait that doubles up to the maximum, and a
+// pass that succeeds starts the next failure's wait from the minimum again.
+func TestBackoff(t *testing.T) {
+	passes := make(chan Wake, 1000)
+	var mu sync.Mutex
+	var waits []time.Duration
+	var befores []int
+	failing, successes := true, 0
+	l := run(t, Config{
+		AtStart:    true,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+		Pass: func(context.Context, Wake) Outcome {
+			mu.Lock()
+			defer mu.Unlock()
+			if failing {
+				return Outcome{Err: errors.New("broken")}
+			}
+			successes++
+			return Outcome{}
+		},
+		OnFailure: func(err error, before int, in time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			waits, befores = append(waits, in), append(befores, before)
+		},
+	}, passes)
+	var last time.Time
+	for i := range 5 {
+		w := next(t, passes)
+		if i > 0 && (!w.Retry || w.Failures != i) {
+			t.Fatalf("pass %d: %+v, want a retry after %d failures", i, w, i)
+		}
+		if i > 0 {
+			mu.Lock()
+			want := waits[i-1]
+			mu.Unlock()
+			if took := time.Since(last); took < want {
+				t.Fatalf("retry %d after %s, before its backoff %s", i, took, want)
+			}
+		}
+		last = time.Now()
+	}
+	mu.Lock()
+	if got := waits[:4]; !slices.Equal(got, []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}) {
+		t.Errorf("backoffs %v, want 5ms 10ms 20ms 20ms", got)
+	}
+	if !slices.Equal(befores[:4], []int{0, 1, 2, 3}) {
+		t.Errorf("failures before %v", befores[:4])
+	}
+	failing = false
+	mu.Unlock()
+	// The retry pending succeeds; a failure after it waits the minimum again.
+	poll(t, func() bool { mu.Lock(); defer mu.Unlock(); return successes > 0 })
+	mu.Lock()
+	failing, waits = true, nil
+	mu.Unlock()
+	l.Fire("x")
+	poll(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(waits) > 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if waits[0] != 5*time.Millisecond {
+		t.Fatalf("backoff after a success %v, want 5ms first", waits)
+	}
+}
+
+// poll waits until cond holds, or fails the test at the deadline.
+func poll(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(deadline); !cond(); {
+		if time.Now().After(end) {
+			t.Fatal("condition not met by the deadline")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestAgainAndMinGap: a pass that asks for another gets it; passes that only triggers ask for
+// keep the minimum gap from the previous one.
+func TestAgainAndMinGap(t *testing.T) {
+	passes := make(chan Wake, 10)
+	asked := false
+	l := run(t, Config{AtStart: true, MinGap: 50 * time.Millisecond, Pass: func(_ context.Context, w Wake) Outcome {
+		if !asked {
+			asked = true
+			return Outcome{After: 10 * time.Millisecond}
+		}
+		return Outcome{}
+	}}, passes)
+	next(t, passes)
+	if w := next(t, passes); !w.Again {
+		t.Fatalf("second pass %+v, want the one asked for", w)
+	}
+	start := time.Now()
+	l.Fire("event")
+	w := next(t, passes)
+	if !w.OnlyFired("event") {
+		t.Fatalf("third pass %+v, want the event's", w)
+	}
+	if took := time.Since(start); took < 40*time.Millisecond {
+		t.Fatalf("a triggered pass %s after the previous one, want the minimum gap of 50ms", took)
+	}
+}
+
+// TestWantedDeclines: a wake the controller declines makes no pass.
+func TestWantedDeclines(t *testing.T) {
+	passes := make(chan Wake, 10)
+	l := run(t, Config{Wanted: func(w Wake) bool { return !w.OnlyFired("noise") }}, passes)
+	l.Fire("noise")
+	l.Fire("noise")
+	// Fired after the noise was declined, or together with it: either way the pass is for real.
+	l.Fire("real")
+	w := next(t, passes)
+	if !w.Fired("real") {
+		t.Fatalf("pass %+v, want the real trigger's", w)
+	}
+	select {
+	case w := <-passes:
+		t.Fatalf("a second pass %+v for declined noise", w)
+	default:
+	}
+}
+
+// TestStopsOnCancel: Run returns once ctx ends, after the pass that runs, and starts no other.
+func TestStopsOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	inPass := make(chan struct{})
+	passes := 0
+	l := New(Config{Period: time.Millisecond, AtStart: true, Pass: func(ctx context.Context, w Wake) Outcome {
+		passes++
+		if passes == 1 {
+			close(inPass)
+			<-ctx.Done()
+		}
+		return Outcome{}
+	}})
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	<-inPass
+	cancel()
+	l.Fire("late")
+	select {
+	case <-done:
+	case <-time.After(deadline):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if passes != 1 {
+		t.Fatalf("%d passes, want only the one that ran when ctx ended", passes)
+	}
+}

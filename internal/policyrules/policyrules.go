@@ -1,0 +1,191 @@
+// Package policyrules is the compiled form of NetworkPolicy on a node, the vocabulary between
+// the agent's compiler (agent/policy), the core and the kernel side (netpol): per local pod, the
+// addresses, protocols and ports each direction allows (Ruleset), the limit on what one allow
+// list may hold, and what installing a Ruleset did (Applied). It is data only: it knows neither
+// Kubernetes objects nor nftables.
+package policyrules
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
+)
+
+// Protocol numbers a port rule can name (NetworkPolicyPort.protocol).
+const (
+	TCP  uint8 = 6
+	UDP  uint8 = 17
+	SCTP uint8 = 132
+)
+
+// Range is an inclusive range of addresses of one family: a pod's address (First == Last) or
+// what is left of an ipBlock after its exceptions.
+type Range struct{ First, Last netip.Addr }
+
+// Single is the range of one address.
+func Single(a netip.Addr) Range { return Range{a, a} }
+
+// PrefixRange is the range of a prefix.
+func PrefixRange(p netip.Prefix) Range {
+	p = p.Masked()
+	return Range{p.Addr(), ipnet.Last(p)}
+}
+
+func (r Range) String() string {
+	if r.First == r.Last {
+		return r.First.String()
+	}
+	return r.First.String() + "-" + r.Last.String()
+}
+
+// Valid tells whether r is a non-empty range of one family.
+func (r Range) Valid() bool {
+	return r.First.IsValid() && r.Last.IsValid() && r.First.Is4() == r.Last.Is4() && !r.First.Is4In6() && !r.Last.Is4In6() && r.First.Compare(r.Last) <= 0
+}
+
+// Ports is one protocol and an inclusive port range of it.
+type Ports struct {
+	Protocol    uint8
+	First, Last uint16
+}
+
+func (p Ports) String() string {
+	if p.First == p.Last {
+		return fmt.Sprintf("%s/%d", protoName(p.Protocol), p.First)
+	}
+	return fmt.Sprintf("%s/%d-%d", protoName(p.Protocol), p.First, p.Last)
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	case SCTP:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}
+
+// Entry allows one peer range: on every protocol and port (Ports nil), or on Ports.
+type Entry struct {
+	Peer  Range
+	Ports *Ports
+}
+
+// Equal compares two entries by value (their ports too, not the pointers).
+func (e Entry) Equal(o Entry) bool {
+	if e.Peer != o.Peer || (e.Ports == nil) != (o.Ports == nil) {
+		return false
+	}
+	return e.Ports == nil || *e.Ports == *o.Ports
+}
+
+// Direction is what one direction of a pod allows. A pod that is not Isolated in a direction
+// (no policy of that type selects it) is not filtered in it; an isolated pod is allowed exactly
+// the union of Allow.
+type Direction struct {
+	Isolated bool
+	Allow    []Entry
+}
+
+// Pod is one local pod whose policies are known.
+type Pod struct {
+	// Port is the interface index of the pod's bridge port (its host veth): the maps dispatch by
+	// it, so every frame of the pod is judged, whatever address it carries. An index is never
+	// given to another interface before the counter wraps, so a deleted pod's element can never
+	// speak for a new pod.
+	Port int
+	// Name says who the pod is in logs ("namespace/name" or the attachment).
+	Name string
+	// IPs are the pod's addresses, its IPv6 link-local one included: before a pod's first
+	// release, conntrack's entries of these addresses go (flows older than the pod).
+	IPs     []netip.Addr
+	Ingress Direction
+	Egress  Direction
+}
+
+// Ruleset is the whole policy state of the node's pods. Pods not in it have no map elements:
+// their guards drop everything they send and everything sent to them.
+type Ruleset struct {
+	Pods []Pod
+	// PodCIDRs are the node's pod CIDRs: IPv6 neighbour discovery within them (and link-local)
+	// is on the pods' own link and passes without a policy; a packet routed in from one of their
+	// addresses but NodeAddrs must come from its pod's port.
+	PodCIDRs []netip.Prefix
+	// NodeAddrs are the node's own addresses in PodCIDRs (the bridge's): a packet routed into
+	// the bridge from them is the node's (kube-proxy masquerades to them).
+	NodeAddrs []netip.Addr
+}
+
+// MergeRanges sorts ranges of one family and joins overlapping and adjacent ones.
+func MergeRanges(in []Range) []Range {
+	if len(in) == 0 {
+		return nil
+	}
+	rs := slices.Clone(in)
+	slices.SortFunc(rs, func(a, b Range) int { return a.First.Compare(b.First) })
+	out := []Range{rs[0]}
+	for _, r := range rs[1:] {
+		last := &out[len(out)-1]
+		if next := last.Last.Next(); r.First.Compare(last.Last) <= 0 || (next.IsValid() && next == r.First) {
+			if r.Last.Compare(last.Last) > 0 {
+				last.Last = r.Last
+			}
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// MaxAllowEntries bounds a direction's allow list as the compiler hands it over, before anything
+// is merged: the compiler stops expanding a pod's policies past it, and a longer list is not
+// installed (a Refusal wrapping ErrTooBig).
+const MaxAllowEntries = 1 << 19
+
+// ErrTooBig says an allow list is over one of the limits on what it may cost the node
+// (MaxAllowEntries, or the kernel side's limits on its sets).
+var ErrTooBig = errors.New("allow list too big")
+
+// Applied tells what installing a Ruleset (netpol.Apply) changed, for logs and metrics.
+type Applied struct {
+	Groups         int // groups in use
+	NewGroups      int // groups created by this Apply
+	RepairedGroups int // groups whose chain or sets differed from their plan and were rewritten
+	RemovedGroups  int
+	MapChanges     int  // map elements added, changed or removed
+	Released       int  // ports that got their first elements: their pods' policies came into force
+	Conntrack      uint // conntrack entries of released pods' addresses removed (flows older than the pods)
+	FixedWritten   bool // a fixed chain, map or set was missing or differed and was rewritten
+	Transactions   int
+	// LongestTransaction is the longest a transaction of this Apply took to send and be
+	// answered: the kernel holds the network namespace's nftables mutex for a transaction, so
+	// another writer of nftables (an ADD's rules) waits at most that long for it.
+	LongestTransaction time.Duration
+	// Refused are the allow lists that were not installed: over a limit, or refused by the
+	// kernel. Their pods keep, in that direction, the group they had (none: denied; a pod that
+	// was not isolated in it is denied too, never left open); everything else is applied.
+	Refused []Refusal
+}
+
+// Changed tells whether the apply wrote anything.
+func (a Applied) Changed() bool {
+	return a.NewGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
+}
+
+// Refusal is one allow list an apply did not install, and the pods that needed it.
+type Refusal struct {
+	Ingress bool     // the direction
+	Pods    []string // Pod.Name of each pod that needed it
+	Group   string   // the group's name, when the list got as far as one
+	Cost    int      // what its sets would cost the kernel, in IPv4 prefixes (0: not counted)
+	// Err wraps ErrTooBig for a list over a limit (it stays refused until it changes), else it
+	// is the kernel's answer (a later apply tries again).
+	Err error
+}

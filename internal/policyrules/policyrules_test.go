@@ -1,0 +1,89 @@
+package policyrules
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+)
+
+func rng(first, last string) Range {
+	return Range{First: netip.MustParseAddr(first), Last: netip.MustParseAddr(last)}
+}
+
+func TestMergeRanges(t *testing.T) {
+	tests := []struct {
+		name string
+		in   []Range
+		want string
+	}{
+		{"none", nil, "[]"},
+		{"one", []Range{rng("10.0.0.1", "10.0.0.9")}, "[10.0.0.1-10.0.0.9]"},
+		{"unsorted, disjoint", []Range{rng("10.0.0.20", "10.0.0.29"), rng("10.0.0.1", "10.0.0.9")}, "[10.0.0.1-10.0.0.9 10.0.0.20-10.0.0.29]"},
+		{"overlapping", []Range{rng("10.0.0.1", "10.0.0.9"), rng("10.0.0.5", "10.0.0.20")}, "[10.0.0.1-10.0.0.20]"},
+		{"adjacent", []Range{rng("10.0.0.10", "10.0.0.19"), rng("10.0.0.1", "10.0.0.9")}, "[10.0.0.1-10.0.0.19]"},
+		{"one address apart", []Range{rng("10.0.0.1", "10.0.0.9"), rng("10.0.0.11", "10.0.0.19")}, "[10.0.0.1-10.0.0.9 10.0.0.11-10.0.0.19]"},
+		{"nested", []Range{rng("10.0.0.0", "10.0.0.255"), rng("10.0.0.5", "10.0.0.6")}, "[10.0.0.0-10.0.0.255]"},
+		{"up to the last address", []Range{rng("255.255.255.0", "255.255.255.255"), rng("255.255.255.255", "255.255.255.255")}, "[255.255.255.0-255.255.255.255]"},
+		{"IPv6 adjacent", []Range{Single(netip.MustParseAddr("fd00::1")), Single(netip.MustParseAddr("fd00::2"))}, "[fd00::1-fd00::2]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := append([]Range(nil), tt.in...)
+			if got := fmt.Sprint(MergeRanges(tt.in)); got != tt.want {
+				t.Errorf("MergeRanges = %s, want %s", got, tt.want)
+			}
+			if fmt.Sprint(in) != fmt.Sprint(tt.in) {
+				t.Errorf("MergeRanges changed its input: %v", tt.in)
+			}
+		})
+	}
+}
+
+func TestRangeValid(t *testing.T) {
+	tests := []struct {
+		r    Range
+		want bool
+	}{
+		{rng("10.0.0.1", "10.0.0.1"), true},
+		{rng("10.0.0.1", "10.0.0.2"), true},
+		{rng("10.0.0.2", "10.0.0.1"), false},
+		{rng("10.0.0.1", "fd00::1"), false},
+		{rng("::ffff:10.0.0.1", "::ffff:10.0.0.2"), false},
+		{Range{}, false},
+		{PrefixRange(netip.MustParsePrefix("10.1.2.3/24")), true},
+	}
+	for _, tt := range tests {
+		if got := tt.r.Valid(); got != tt.want {
+			t.Errorf("%v.Valid() = %v, want %v", tt.r, got, tt.want)
+		}
+	}
+	if got := PrefixRange(netip.MustParsePrefix("10.1.2.3/24")); got != rng("10.1.2.0", "10.1.2.255") {
+		t.Errorf("PrefixRange = %v, want the masked network", got)
+	}
+}
+
+func TestEntryEqual(t *testing.T) {
+	p1 := &Ports{Protocol: TCP, First: 80, Last: 80}
+	p2 := &Ports{Protocol: TCP, First: 80, Last: 80}
+	udp := &Ports{Protocol: UDP, First: 80, Last: 80}
+	a, b := Single(netip.MustParseAddr("10.0.0.1")), Single(netip.MustParseAddr("10.0.0.2"))
+	tests := []struct {
+		name string
+		x, y Entry
+		want bool
+	}{
+		{"same peer, any port", Entry{Peer: a}, Entry{Peer: a}, true},
+		{"equal ports behind other pointers", Entry{Peer: a, Ports: p1}, Entry{Peer: a, Ports: p2}, true},
+		{"other peer", Entry{Peer: a}, Entry{Peer: b}, false},
+		{"any port against one port", Entry{Peer: a}, Entry{Peer: a, Ports: p1}, false},
+		{"other protocol", Entry{Peer: a, Ports: p1}, Entry{Peer: a, Ports: udp}, false},
+	}
+	for _, tt := range tests {
+		if got := tt.x.Equal(tt.y); got != tt.want {
+			t.Errorf("%s: Equal = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	if got := fmt.Sprint(Ports{Protocol: SCTP, First: 1, Last: 9}, " ", *p1, " ", Ports{Protocol: 99, First: 7, Last: 7}); got != "sctp/1-9 tcp/80 99/7" {
+		t.Errorf("Ports.String = %q", got)
+	}
+}

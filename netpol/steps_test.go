@@ -1,0 +1,129 @@
+package netpol
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
+)
+
+// The pure steps of Apply, each on its own: what every port gets, which pods are released, what
+// a dispatch map's switch deletes and adds, and which groups go afterwards.
+
+// ports builds a dispatch map (port → chain) from port, chain pairs.
+func ports(pairs ...any) map[int]string {
+	m := map[int]string{}
+	for i := 0; i < len(pairs); i += 2 {
+		m[pairs[i].(int)] = pairs[i+1].(string)
+	}
+	return m
+}
+
+func TestPortChains(t *testing.T) {
+	tests := []struct {
+		name       string
+		want, keep map[int]string // planned ingress map; keep: ports refused (chain ignored)
+		have       map[int]string
+		final      map[int]string
+	}{
+		{name: "planned chains as planned", want: ports(3, "in-a", 4, ChainAllowIngress), have: ports(3, "in-old"), final: ports(3, "in-a", 4, ChainAllowIngress)},
+		{name: "a refused port keeps its group", want: ports(4, "in-a"), keep: ports(3, ""), have: ports(3, "in-old"), final: ports(3, "in-old", 4, "in-a")},
+		{name: "a refused port that was open is denied, not left open", keep: ports(3, ""), have: ports(3, ChainAllowIngress), final: ports()},
+		{name: "a refused new port gets nothing", keep: ports(3, ""), final: ports()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := desired{maps: map[string]map[int]string{MapIngress: tt.want, MapEgress: {}}, keep: map[string]map[int]bool{MapIngress: {}, MapEgress: {}}}
+			for port := range tt.keep {
+				want.keep[MapIngress][port] = true
+			}
+			have := map[string]map[int]string{MapIngress: tt.have, MapEgress: {}}
+			got := portChains(want, have)
+			if fmt.Sprint(got[MapIngress]) != fmt.Sprint(tt.final) || len(got[MapEgress]) != 0 {
+				t.Fatalf("portChains = %v, want ingress %v", got, tt.final)
+			}
+			if len(tt.want) > 0 {
+				got[MapIngress][-1] = "x"
+				if _, leaked := tt.want[-1]; leaked {
+					t.Fatal("portChains returned the plan's own map")
+				}
+			}
+		})
+	}
+}
+
+func TestReleasedPods(t *testing.T) {
+	pod := func(port int) policyrules.Pod {
+		return policyrules.Pod{Port: port, Name: fmt.Sprint("p", port), IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 0, 0, byte(port)})}}
+	}
+	have := map[string]map[int]string{MapEgress: ports(1, "out-a"), MapIngress: ports(2, "in-a")}
+	final := map[string]map[int]string{MapEgress: ports(1, "out-a", 3, "out-b"), MapIngress: ports(2, "in-a", 4, "in-b")}
+	got := releasedPods([]policyrules.Pod{pod(1), pod(2), pod(3), pod(4), pod(5)}, have, final)
+	var names []string
+	for _, p := range got {
+		names = append(names, p.Name)
+	}
+	// 1 and 2 had elements already; 5 gets none (refused in both directions): still held.
+	if !slices.Equal(names, []string{"p3", "p4"}) {
+		t.Fatalf("releasedPods = %v, want [p3 p4]", names)
+	}
+	if addrs := fmt.Sprint(podAddrs(got)); addrs != "[10.0.0.3 10.0.0.4]" {
+		t.Fatalf("podAddrs = %s", addrs)
+	}
+}
+
+func TestMapDiff(t *testing.T) {
+	key := func(e nftables.SetElement) string {
+		s := fmt.Sprint(binary.NativeEndian.Uint32(e.Key))
+		if e.VerdictData != nil {
+			s += ":" + e.VerdictData.Chain
+		}
+		return s
+	}
+	keys := func(els []nftables.SetElement) []string {
+		out := []string{}
+		for _, e := range els {
+			out = append(out, key(e))
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		have     map[int]string
+		want     map[int]string
+		del, add []string
+	}{
+		{name: "nothing to do", have: ports(1, "in-a"), want: ports(1, "in-a"), del: []string{}, add: []string{}},
+		{name: "a port comes", have: ports(1, "in-a"), want: ports(1, "in-a", 2, "in-b"), del: []string{}, add: []string{"2:in-b"}},
+		{name: "a port goes", have: ports(1, "in-a", 2, "in-b"), want: ports(1, "in-a"), del: []string{"2"}, add: []string{}},
+		{name: "a port changes chain: deleted and added", have: ports(1, "in-a"), want: ports(1, "in-b"), del: []string{"1"}, add: []string{"1:in-b"}},
+		{name: "sorted by port", have: ports(9, "a", 3, "a"), want: ports(8, "b", 2, "b"), del: []string{"3", "9"}, add: []string{"2:b", "8:b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			del, add := mapDiff(tt.have, tt.want)
+			if !slices.Equal(keys(del), tt.del) || !slices.Equal(keys(add), tt.add) {
+				t.Fatalf("mapDiff = del %v add %v, want del %v add %v", keys(del), keys(add), tt.del, tt.add)
+			}
+		})
+	}
+}
+
+func TestUnusedGroups(t *testing.T) {
+	final := map[string]map[int]string{MapIngress: ports(1, "in-a", 2, ChainAllowIngress), MapEgress: ports(1, "out-a")}
+	chains := map[string]bool{"in-a": true, "in-b": true, "out-a": true, "out-c": true}
+	sets := []string{"in-a-any-ipv4", "in-b-any-ipv4", "in-b-ports-ipv6", "out-c-any-ipv6", "in-d-ports-ipv4", SetOnLink, "sources-ipv4"}
+	gotChains, gotSets := unusedGroups(final, chains, sets)
+	if !slices.Equal(gotChains, []string{"in-b", "out-c"}) {
+		t.Errorf("unused chains = %v, want [in-b out-c]", gotChains)
+	}
+	// in-d has sets left by a refused build and no chain: they go too; fixed sets never do.
+	if !slices.Equal(gotSets, []string{"in-b-any-ipv4", "in-b-ports-ipv6", "out-c-any-ipv6", "in-d-ports-ipv4"}) {
+		t.Errorf("unused sets = %v", gotSets)
+	}
+}
