@@ -1,0 +1,377 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/isolation"
+	"github.com/kubenet-dev/kubenet/test/nettest"
+	"github.com/kubenet-dev/kubenet/test/testkit"
+)
+
+// healWorld is a dual-stack node with pods attached by the core in-process: one holder with a
+// TCP and a UDP host port and servers behind them, and an attacker aimed at the node's
+// 127.0.0.1.
+type healWorld struct {
+	node   *nettest.Node
+	cfg    *core.Config
+	holder *nettest.Pod
+	attack func(time.Duration) error
+}
+
+func newHealWorld(t testing.TB, extraPods int) *healWorld {
+	t.Helper()
+	node := nettest.NewNode(t, t.TempDir()) // pods are attached in-process: no plugin binary
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6}})
+	w := &healWorld{node: node, cfg: testkit.PluginConfig(t, list)}
+	attach := func(id string, ports ...core.PortMapping) *nettest.Pod {
+		pod := node.NewPod(t, id)
+		cfg := *w.cfg
+		cfg.Runtime.PortMappings = ports
+		att := testkit.AttachmentOf(pod)
+		nettest.Do(t, node.NS, func() (err error) {
+			pod.Result, err = core.Add(context.Background(), &cfg, att)
+			return err
+		})
+		t.Cleanup(func() { _ = node.NS.Do(func(ns.NetNS) error { return core.Del(context.Background(), &cfg, att) }) })
+		return pod
+	}
+	w.holder = attach("holder", core.PortMapping{HostPort: 30280, ContainerPort: 8080, Protocol: "tcp"}, core.PortMapping{HostPort: 30281, ContainerPort: 8081, Protocol: "udp"})
+	nettest.StartTCPEcho(t, w.holder.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8080))
+	nettest.StartUDPEcho(t, w.holder.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
+	for i := range extraPods {
+		attach(fmt.Sprintf("extra-%d", i), core.PortMapping{HostPort: int32(31000 + i), ContainerPort: 80, Protocol: "tcp"}, core.PortMapping{HostPort: int32(32000 + i), ContainerPort: 80, Protocol: "udp"})
+	}
+	w.attack = testkit.LocalnetAttack(t, node, attach("attacker"), 9999)
+	return w
+}
+
+// startHealer runs a healer in the node's namespace until the test ends and returns the passes
+// it makes.
+func (w *healWorld) startHealer(t testing.TB, period, minGap time.Duration) <-chan healPass {
+	t.Helper()
+	passes := make(chan healPass, 1000)
+	h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), period, minGap,
+		func() (*core.Config, error) { return w.cfg, nil }, func(p healPass) { passes <- p })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Do locks the goroutine's thread into the node's namespace: every netlink socket the
+		// healer opens is the node's.
+		_ = w.node.NS.Do(func(ns.NetNS) error { h.run(ctx); return nil })
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	select {
+	case p := <-passes:
+		if p.err != nil || !p.full {
+			t.Fatalf("first pass: %+v, want a full pass without error", p)
+		}
+	case <-time.After(testkit.TrafficTimeout):
+		t.Fatal("the healer made no first pass")
+	}
+	return passes
+}
+
+// podElements are the running pods' elements a heal must put back: the hostPort map elements
+// (from the plugin's ownership index) and the bridge's isolation elements (from the attachment
+// records), as the nft tool shows them.
+type podElements struct {
+	hostPorts []testkit.HostPortElement
+	isolation []string // sorted
+}
+
+func (w *healWorld) elements(t testing.TB) podElements {
+	t.Helper()
+	return podElements{hostPorts: testkit.HostPortElements(t, w.node), isolation: testkit.SortedIsolationElements(t, w.node)}
+}
+
+// healed waits for the node to be as kubenet set it up: node-wide rules as planned and the
+// running pods' elements as before.
+func (w *healWorld) healed(t testing.TB, want podElements) error {
+	t.Helper()
+	return nettest.Eventually(10*time.Second, func() error {
+		if err := testkit.NodeRulesOK(t, w.node, w.cfg); err != nil {
+			return err
+		}
+		got := w.elements(t)
+		if !slices.Equal(got.hostPorts, want.hostPorts) {
+			return fmt.Errorf("map elements %v, want %v", got.hostPorts, want.hostPorts)
+		}
+		if !slices.Equal(got.isolation, want.isolation) {
+			return fmt.Errorf("isolation elements %q, want %q", got.isolation, want.isolation)
+		}
+		return nil
+	})
+}
+
+// expectWorking checks the attack fails and the holder's host ports answer.
+func (w *healWorld) expectWorking(t *testing.T, when string) {
+	t.Helper()
+	testkit.ExpectAttackFails(t, w.attack, when)
+	for _, dst := range []struct {
+		proto string
+		addr  netip.AddrPort
+		from  netip.Addr
+	}{
+		{"tcp", netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 30280), nettest.External4.Addr()},
+		{"tcp", netip.AddrPortFrom(nettest.NodeUplink6.Addr(), 30280), nettest.External6.Addr()},
+		{"udp", netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 30281), nettest.External4.Addr()},
+	} {
+		err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+			var r nettest.Reply
+			var err error
+			if dst.proto == "udp" {
+				r, err = nettest.UDPRequest(w.node.External, dst.addr, "heal", time.Second)
+			} else {
+				r, err = nettest.TCPRequest(w.node.External, dst.addr, "heal", time.Second)
+			}
+			return nettest.ExpectFrom(r, err, dst.from)
+		})
+		if err != nil {
+			t.Errorf("%s: %s host port %s: %v", when, dst.proto, dst.addr, err)
+		}
+	}
+	var status error
+	nettest.Do(t, w.node.NS, func() error { status = core.Status(context.Background(), w.cfg); return nil })
+	if status != nil {
+		t.Errorf("%s: STATUS = %v", when, status)
+	}
+}
+
+// TestHealerRestoresFlushedRuleset: with the healer running, `nft flush ruleset` in the node is
+// undone without any ADD: the localhost attack fails again and the running pod's host ports
+// answer again, from the nftables change events alone (the periodic pass is an hour away).
+func TestHealerRestoresFlushedRuleset(t *testing.T) {
+	w := newHealWorld(t, 0)
+	passes := w.startHealer(t, time.Hour, 50*time.Millisecond)
+	elements := w.elements(t)
+	if len(elements.hostPorts) != 4 {
+		t.Fatalf("map elements %v, want the holder's 4", elements.hostPorts)
+	}
+	// Per pod: its port twice (pod-ports, anti-spoof-ports), its MAC, its link-local address and
+	// its two addresses.
+	if len(elements.isolation) != 12 {
+		t.Fatalf("isolation elements %q, want the holder's and the attacker's 6 each", elements.isolation)
+	}
+	w.expectWorking(t, "before the flush")
+
+	for round := range 2 {
+		nettest.Run(t, w.node.NS, "nft", "flush", "ruleset")
+		if err := w.healed(t, elements); err != nil {
+			t.Fatalf("round %d: not healed after the flush: %v", round, err)
+		}
+		w.expectWorking(t, fmt.Sprintf("round %d, after the healer's reaction", round))
+	}
+	var repaired int
+	for len(passes) > 0 {
+		p := <-passes
+		if p.full {
+			t.Errorf("a periodic pass ran (%+v); the test meant to see the event path alone", p)
+		}
+		if p.err != nil {
+			t.Errorf("pass failed: %v", p.err)
+		}
+		if p.found != nil {
+			repaired++
+		}
+	}
+	if repaired < 2 {
+		t.Errorf("%d passes found something to repair, want one per flush", repaired)
+	}
+}
+
+// TestHealerPeriodicPass: elements deleted behind kubenet's back (element events are not
+// watched: every pod's ADD and DEL makes them), a hostPort one and an isolation one, and a sysctl
+// turned off come back with the periodic pass.
+func TestHealerPeriodicPass(t *testing.T) {
+	w := newHealWorld(t, 0)
+	elements := w.elements(t)
+	passes := w.startHealer(t, 300*time.Millisecond, 50*time.Millisecond)
+	nettest.Run(t, w.node.NS, "nft", "delete", "element", "inet", testkit.HostPortTable, "hostports-ipv4", "{ tcp . 30280 }")
+	holderPort := testkit.KubenetNames(w.holder).HostVeth
+	nettest.Run(t, w.node.NS, "nft", "delete", "element", "bridge", testkit.HostPortTable, isolation.SetIPv4, fmt.Sprintf(`{ "%s" . %s }`, holderPort, w.holder.IP(nettest.PodCIDR4.Addr())))
+	nettest.WriteSysctl(t, w.node.NS, "net/ipv4/ip_forward", "0")
+	if err := w.healed(t, elements); err != nil {
+		t.Fatal(err)
+	}
+	if err := nettest.Eventually(5*time.Second, func() error {
+		if v := testkit.Sysctl(t, w.node.NS, "net/ipv4/ip_forward"); v != "1" {
+			return fmt.Errorf("ip_forward = %s", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.expectWorking(t, "after the periodic pass")
+	var restored int
+	for len(passes) > 0 {
+		p := <-passes
+		if p.full {
+			restored += p.restored
+		}
+	}
+	if restored != 1 {
+		t.Errorf("periodic passes restored %d elements, want 1", restored)
+	}
+}
+
+// TestHealerReportsPolicyBridge: with NetworkPolicy on, the bridge's nf_call options turned off
+// and its policy guard removed come back with the periodic pass, which says so: the agent counts
+// it with the policy passes' repairs, and a healer that got there first must not hide it.
+func TestHealerReportsPolicyBridge(t *testing.T) {
+	w := newHealWorld(t, 0)
+	w.cfg.NetworkPolicy = true
+	passes := w.startHealer(t, 300*time.Millisecond, 50*time.Millisecond)
+	nettest.Run(t, w.node.NS, "ip", "link", "set", w.cfg.Bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0")
+	nettest.Run(t, w.node.NS, "tc", "filter", "del", "dev", w.cfg.Bridge, "ingress")
+	// The two changes may fall on either side of a pass: what the passes report adds up.
+	guards, netfilterCall := 0, false
+	deadline := time.After(10 * time.Second)
+	for guards == 0 || !netfilterCall {
+		select {
+		case p := <-passes:
+			if p.err != nil {
+				t.Fatal(p.err)
+			}
+			if (p.netfilterCall || p.policyGuards > 0) && !p.repaired() {
+				t.Errorf("pass %+v reports a repair but does not count as one", p)
+			}
+			guards, netfilterCall = guards+p.policyGuards, netfilterCall || p.netfilterCall
+		case <-deadline:
+			t.Fatalf("the passes reported %d guards put back and nf_call options turned on: %v; want 1 and true", guards, netfilterCall)
+		}
+	}
+	if guards != 1 {
+		t.Errorf("the passes reported %d guards put back, want 1", guards)
+	}
+	if out := nettest.Run(t, w.node.NS, "ip", "-d", "link", "show", w.cfg.Bridge); !strings.Contains(out, "nf_call_iptables 1") || !strings.Contains(out, "nf_call_ip6tables 1") {
+		t.Errorf("the bridge's nf_call options are still off:\n%s", out)
+	}
+	if out := nettest.Run(t, w.node.NS, "tc", "filter", "show", "dev", w.cfg.Bridge, "ingress"); !strings.Contains(out, "kubenet-guard") {
+		t.Errorf("the bridge's guard is not back:\n%s", out)
+	}
+}
+
+// TestHealerSeesBridgeNetfilterCallOff: a bridge option turned off is announced by no nftables
+// event, only by the bridge's link change; the healer turns it back on at once instead of at its
+// periodic pass (an hour here). The many link changes of a bridge that a port joining and
+// leaving makes need no pass, nor does a bridge without NetworkPolicy: the healer asks the bridge
+// before it runs one.
+func TestHealerSeesBridgeNetfilterCallOff(t *testing.T) {
+	for _, option := range []string{"nf_call_iptables", "nf_call_ip6tables"} {
+		t.Run(option, func(t *testing.T) {
+			w := newHealWorld(t, 0)
+			needsHeal := func(policy bool) (need bool) {
+				cfg := *w.cfg
+				cfg.NetworkPolicy = policy
+				asker := &healer{log: slog.New(slog.NewTextHandler(io.Discard, nil)), config: func() (*core.Config, error) { return &cfg, nil }}
+				nettest.Do(t, w.node.NS, func() error { need = asker.bridgeNeedsHeal(); return nil })
+				return need
+			}
+			setOption := func(v string) {
+				nettest.Run(t, w.node.NS, "ip", "link", "set", w.cfg.Bridge, "type", "bridge", option, v)
+			}
+			setOption("0")
+			if needsHeal(false) {
+				t.Error("a bridge without NetworkPolicy asks for a heal of its nf_call options")
+			}
+			if !needsHeal(true) {
+				t.Errorf("a bridge with %s off asks for no heal", option)
+			}
+			// Both on, as a pass with NetworkPolicy leaves them (this node's pods were added without).
+			nettest.Run(t, w.node.NS, "ip", "link", "set", w.cfg.Bridge, "type", "bridge", "nf_call_iptables", "1", "nf_call_ip6tables", "1")
+			nettest.Run(t, w.node.NS, "ip", "link", "add", "kt-port0", "type", "veth", "peer", "name", "kt-port1")
+			nettest.Run(t, w.node.NS, "ip", "link", "set", "kt-port0", "master", w.cfg.Bridge, "up")
+			nettest.Run(t, w.node.NS, "ip", "link", "set", "kt-port1", "up")
+			nettest.Run(t, w.node.NS, "ip", "link", "del", "kt-port0")
+			if needsHeal(true) {
+				t.Error("a port joining and leaving the bridge asks for a heal")
+			}
+
+			w.cfg.NetworkPolicy = true
+			passes := w.startHealer(t, time.Hour, 50*time.Millisecond)
+			setOption("0")
+			select {
+			case p := <-passes:
+				if p.err != nil || !p.netfilterCall {
+					t.Errorf("the pass after the bridge changed: %+v, want the one that turned nf_call back on", p)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no pass within 10 s of the bridge's nf_call option turned off")
+			}
+			if out := nettest.Run(t, w.node.NS, "ip", "-d", "link", "show", w.cfg.Bridge); !strings.Contains(out, option+" 1") {
+				t.Errorf("%s is still off:\n%s", option, out)
+			}
+		})
+	}
+}
+
+// BenchmarkHealAfterFlush measures how long the node stays open after `nft flush ruleset` with
+// the healer running: from the flush's commit (over netlink, so no process start is counted) to
+// the end of the healer's pass that restored every node-wide rule and the map elements of 50
+// pods with two host ports each (200 elements). The state is verified after every round.
+//
+//	go test ./agent -run '^$' -bench HealAfterFlush -benchtime 20x
+func BenchmarkHealAfterFlush(b *testing.B) {
+	w := newHealWorld(b, 49)
+	passes := w.startHealer(b, time.Hour, 50*time.Millisecond)
+	elements := w.elements(b)
+	if len(elements.hostPorts) != 200 {
+		b.Fatalf("%d map elements, want 200", len(elements.hostPorts))
+	}
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		var start time.Time
+		nettest.Do(b, w.node.NS, func() error {
+			c, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			c.FlushRuleset()
+			start = time.Now()
+			return c.Flush()
+		})
+		var end time.Time
+		for end.IsZero() {
+			select {
+			case p := <-passes:
+				if p.err != nil {
+					b.Fatal(p.err)
+				}
+				if p.found != nil && p.restored == len(elements.hostPorts) {
+					end = time.Now()
+				}
+			case <-time.After(10 * time.Second):
+				b.Fatal("not healed within 10 s")
+			}
+		}
+		total += end.Sub(start)
+		b.StopTimer()
+		if err := w.healed(b, elements); err != nil {
+			b.Fatal(err)
+		}
+		// The healer's own writes make one more pass; let it pass before the next flush.
+		select {
+		case <-passes:
+		case <-time.After(10 * time.Second):
+			b.Fatal("no pass after the repair")
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/heal")
+}
