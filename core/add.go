@@ -237,7 +237,7 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 	return err
 }
 
-// bringUpBridge brings the forwarding sysctls and the bridge up to date (network.ensureBridge).
+// bringUpBridge brings the forwarding sysctls and the bridge up to date (handle.ensureBridge).
 func (a *addition) bringUpBridge(*undoStack) (err error) {
 	a.bridge, a.mtu, err = a.handle.ensureBridge(a.seen)
 	return err
@@ -305,7 +305,7 @@ func (a *addition) masquerade(*undoStack) error {
 
 // guardPort gives the new pod's bridge port its policy guard before the pod's interface comes
 // up, when the node enforces NetworkPolicy: the pod receives nothing the policy rules did not
-// grant, and the bridge guard (ensureBridge) holds what it sends, until the agent has installed
+// grant, and the bridge guard (handle.ensureBridge) holds what it sends, until the agent has installed
 // its policies. Nothing is written into the policy tables: a port without elements is denied.
 func (a *addition) guardPort(*undoStack) error {
 	if !a.cfg.NetworkPolicy {

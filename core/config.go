@@ -71,7 +71,7 @@ type Config struct {
 	Log        LogSettings
 	// Owner names who applies the node-wide settings (OwnerCNI for a CNI configuration; the
 	// in-process plugin sets its own). TakeOverNode lets it replace another owner's different
-	// settings instead of failing (see claimNode).
+	// settings instead of failing (see claimNodeSettings).
 	Owner        string
 	TakeOverNode bool
 	// fromIPRanges: the ranges came from the runtime's ipRanges, not from podCIDRs.
