@@ -7,6 +7,7 @@ import (
 	"io/fs"
 
 	"github.com/kubenet-dev/kubenet/internal/safedir"
+	"github.com/kubenet-dev/kubenet/internal/statedir"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -30,6 +31,7 @@ const VerifiedRulesFile = "kubenet-verified-rules.json"
 // attachment records, and the node's own files (NodeSettingsFile, NetfilterFile,
 // VerifiedRulesFile).
 type networkDir struct {
+	state   *statedir.Dir
 	store   *ipam.Store
 	records Records
 }
@@ -49,22 +51,22 @@ func openNetworkDir(cfg *Config) (*networkDir, error) {
 }
 
 // openDir opens the network's directory in dataDir, creating it when needed; its errors are
-// the store's own (operators' reads and STATUS word them themselves).
+// statedir's own (operators' reads and STATUS word them themselves).
 func openDir(dataDir, network string) (*networkDir, error) {
-	store, err := ipam.Open(dataDir, network)
+	state, err := statedir.Open(dataDir, network)
 	if err != nil {
 		return nil, err
 	}
-	return &networkDir{store: store, records: NewRecords(store.Dir())}, nil
+	return &networkDir{state: state, store: ipam.New(state.Root()), records: NewRecords(state.Path())}, nil
 }
 
-func (d *networkDir) Close() error { return d.store.Close() }
+func (d *networkDir) Close() error { return d.state.Close() }
 
 // path is the directory's path.
-func (d *networkDir) path() string { return d.store.Dir() }
+func (d *networkDir) path() string { return d.state.Path() }
 
 // root is the directory, open and checked once: the node's files are read and written through it.
-func (d *networkDir) root() *safedir.Dir { return d.store.Root() }
+func (d *networkDir) root() *safedir.Dir { return d.state.Root() }
 
 // withLock runs f holding the network lock and returns f's error (or the unlock's).
 //
@@ -76,27 +78,27 @@ func (d *networkDir) root() *safedir.Dir { return d.store.Root() }
 // them runs inside one call of this function. Kernel work that does not decide ownership (links,
 // qdiscs, the conntrack walk) stays outside, so the lock is held only briefly.
 func (d *networkDir) withLock(f func() error) error {
-	if err := d.store.Lock(); err != nil {
+	if err := d.state.Lock(); err != nil {
 		return fmt.Errorf("take the network lock: %w", err)
 	}
 	err := f()
-	return errors.Join(err, d.store.Unlock())
+	return errors.Join(err, d.state.Unlock())
 }
 
 // lockAttachment takes the attachment lock of k, waiting for its holder, and returns its release.
 func (d *networkDir) lockAttachment(k attachmentKey) (func() error, error) {
-	return d.store.LockAttachment(k.ContainerID, k.IfName)
+	return d.state.LockAttachment(k.ContainerID, k.IfName)
 }
 
 // tryLockAttachment takes the attachment lock of k if nobody holds it, without waiting.
 func (d *networkDir) tryLockAttachment(k attachmentKey) (unlock func() error, ok bool, err error) {
-	return d.store.TryLockAttachment(k.ContainerID, k.IfName)
+	return d.state.TryLockAttachment(k.ContainerID, k.IfName)
 }
 
 // serializeNetfilter runs f under the network's netfilter lock: what keeps plugin processes
 // from writing node-wide iptables and ebtables rules at once.
 func (d *networkDir) serializeNetfilter(f func() error) error {
-	unlock, err := d.store.LockNetfilter()
+	unlock, err := d.state.LockNetfilter()
 	if err != nil {
 		return err
 	}
