@@ -16,8 +16,11 @@ import (
 
 	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/hairpin"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/netpol"
+	"github.com/kubenet-dev/kubenet/shaping"
 )
 
 // undoStack collects the undo of each per-attachment step of ADD, run in reverse on failure.
@@ -35,28 +38,21 @@ func (u undoStack) run() error {
 
 // addition holds what ADD has learned so far, step by step.
 type addition struct {
-	cfg     *Config
-	att     Attachment
-	names   Names
-	podNS   ns.NetNS
-	store   *ipam.Store
-	records Records
-	ips     []netip.Prefix // pod addresses, one per family, with the pod CIDR's prefix length
-	mtu     int
-	bridge  *netlink.Bridge
-	seen    bridge.Seen // what preflight read of the bridge
-	host    netlink.Link
-	podMAC  net.HardwareAddr
+	*handle
+	att    Attachment
+	key    attachmentKey
+	podNS  ns.NetNS
+	ips    []netip.Prefix // pod addresses, one per family, with the pod CIDR's prefix length
+	mtu    int
+	bridge *netlink.Bridge
+	host   netlink.Link
+	podMAC net.HardwareAddr
 	// keepReservation is set by a step that failed in a way that may leave kernel state
 	// leading to the pod's addresses: the rollback then keeps the record and the reservations,
 	// so that DEL or GC removes that state before the addresses go to another pod.
 	keepReservation bool
 	// isolated is the isolation step, which runs alongside the steps after it
 	isolated *pending
-	// settingsChanged: the node-wide settings were written by this call (first pod, a new
-	// configuration), or the caller sets the node up (EnsureNode, HealNode): what only a change
-	// can leave behind is looked for too.
-	settingsChanged bool
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
@@ -77,33 +73,14 @@ func Add(ctx context.Context, cfg *Config, att Attachment) (result *current.Resu
 		return nil, err
 	}
 	defer podNS.Close()
-	// Before anything changes: a configuration that would break the node is refused.
-	seen, err := preflight(cfg, false)
+	h, err := openToApply(cfg, &att)
 	if err != nil {
 		return nil, err
 	}
-	store, err := openStore(cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
-	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, unlock()) }()
-	// The node-wide settings are claimed first: a caller they do not belong to is refused before
-	// anything node-wide changes, a switch of netfilter backend included.
-	settingsChanged, err := claimNodeSettings(cfg, store)
-	if err != nil {
-		return nil, err
-	}
-	if cfg, err = prepareBackend(cfg, store); err != nil {
-		return nil, err
-	}
-	cfg = cfg.withKnown(store)
+	defer func() { err = errors.Join(err, h.Close()) }()
 
-	a := &addition{cfg: cfg, att: att, names: NamesFor(cfg.Network, att), podNS: podNS, store: store, records: NewRecords(store.Dir()), settingsChanged: settingsChanged, seen: seen}
+	k := att.key()
+	a := &addition{handle: h, att: att, key: k, podNS: podNS}
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -135,7 +112,7 @@ func (a *addition) steps() []step {
 	return []step{
 		{"reserve addresses", a.reserve},
 		{"isolation", a.isolate},
-		{"bridge", a.ensureBridge},
+		{"bridge", a.bringUpBridge},
 		{"veth", a.addVeth},
 		{"policy guard", a.guardPort},
 		{"pod interface", a.configurePod},
@@ -160,6 +137,19 @@ func CrashPoints() []string {
 	}
 	return append(out, "before result")
 }
+
+// checkMappingCount refuses more port mappings than hostport.MaxMappings before ADD changes
+// anything: their index files and map elements are written under the network lock, which every
+// other ADD and DEL of the node waits for.
+func checkMappingCount(rc RuntimeConfig) error {
+	if n := len(rc.PortMappings); n > hostport.MaxMappings {
+		return configError("runtimeConfig.portMappings", n, "a pod may have at most %d port mappings (hostPorts); this one has %d", hostport.MaxMappings, n)
+	}
+	return nil
+}
+
+// names are the attachment's link names.
+func (a *addition) names() Names { return a.key.names(a.cfg.Network) }
 
 // openPodNS opens CNI_NETNS and refuses the plugin's own namespace: configuring "the pod" there
 // would move the node's addresses and routes around.
@@ -192,11 +182,11 @@ func openPodNS(path string) (ns.NetNS, error) {
 // reserve reserves one address per family and writes the attachment record, under the network's
 // lock (the same lock file host-local uses).
 func (a *addition) reserve(undo *undoStack) error {
-	return withNetworkLock(a.store, func() error { return a.reserveLocked(undo) })
+	return a.dir.withLock(func() error { return a.reserveLocked(undo) })
 }
 
 func (a *addition) reserveLocked(undo *undoStack) error {
-	existing, err := a.records.Load(a.att)
+	existing, err := a.dir.records.Load(a.att)
 	var corrupt *CorruptRecordError
 	if errors.As(err, &corrupt) {
 		return types.NewError(ErrAttachmentExists,
@@ -213,15 +203,15 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 		if a.keepReservation {
 			return nil
 		}
-		return withNetworkLock(a.store, func() error {
-			if _, err := a.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
+		return a.dir.withLock(func() error {
+			if _, err := a.dir.store.Release(a.att.ContainerID, a.att.IfName, prefixAddrs(a.ips)); err != nil {
 				return err
 			}
-			return a.records.Remove(a.att)
+			return a.dir.records.Remove(a.att)
 		})
 	})
 	for i, set := range a.cfg.Ranges {
-		addr, r, err := a.store.Allocate(i, set, a.att.ContainerID, a.att.IfName)
+		addr, r, err := a.dir.store.Allocate(i, set, a.att.ContainerID, a.att.IfName)
 		if err != nil {
 			if errors.Is(err, ipam.ErrExhausted) {
 				return types.NewError(ErrNoAddresses, err.Error(), "")
@@ -234,7 +224,7 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 	// The record follows the reservations: the reservation files already name the container, so
 	// a crash before this line leaves nothing DEL or GC cannot find. From here on every object
 	// ADD creates is findable from the record or from names derived from the attachment.
-	err = a.records.Save(&Record{
+	err = a.dir.records.Save(&Record{
 		ContainerID:  a.att.ContainerID,
 		IfName:       a.att.IfName,
 		NetNS:        a.att.NetNS,
@@ -247,41 +237,17 @@ func (a *addition) reserveLocked(undo *undoStack) error {
 	return err
 }
 
-func prefixAddrs(ps []netip.Prefix) []netip.Addr {
-	out := make([]netip.Addr, len(ps))
-	for i, p := range ps {
-		out[i] = p.Addr()
-	}
-	return out
-}
-
-// ensureBridge brings the node-wide state up to date: forwarding sysctls and the bridge. The
-// node-wide settings were claimed before (claimNodeSettings), so they are the caller's to apply.
-func (a *addition) ensureBridge(*undoStack) error {
-	a.mtu = a.cfg.MTU
-	if a.mtu == 0 {
-		a.mtu = bridge.DetectMTU(a.cfg.Bridge)
-	}
-	var v4, v6 bool
-	for _, p := range a.cfg.PodCIDRs() {
-		v4, v6 = v4 || p.Addr().Is4(), v6 || p.Addr().Is6()
-	}
-	if err := bridge.EnsureNodeSysctls(v4, v6); err != nil {
-		return err
-	}
-	br, err := bridge.Ensure(bridgeConfig(a.cfg, a.mtu), a.seen)
-	if err != nil {
-		return err
-	}
-	a.bridge = br
-	return guardBridge(a.cfg, br)
+// bringUpBridge brings the forwarding sysctls and the bridge up to date (handle.ensureBridge).
+func (a *addition) bringUpBridge(*undoStack) (err error) {
+	a.bridge, a.mtu, err = a.handle.ensureBridge(a.seen)
+	return err
 }
 
 func (a *addition) addVeth(undo *undoStack) error {
 	host, err := bridge.AddVeth(bridge.Veth{
-		HostName:  a.names.HostVeth,
+		HostName:  a.names().HostVeth,
 		PodIfName: a.att.IfName,
-		PodMAC:    podMAC(a.cfg.Network, a.att),
+		PodMAC:    a.key.podMAC(a.cfg.Network),
 		MTU:       a.mtu,
 		Bridge:    a.bridge,
 	}, a.podNS)
@@ -293,7 +259,7 @@ func (a *addition) addVeth(undo *undoStack) error {
 	}
 	undo.push(func() error {
 		// The agent may have released the port meanwhile: its elements go with it.
-		return errors.Join(forgetPolicies(a.cfg, host.Attrs().Index), delLinks(a.names))
+		return errors.Join(a.forgetPolicies(host.Attrs().Index), delLinks(a.names()))
 	})
 	a.host = host
 	return nil
@@ -310,14 +276,14 @@ func (a *addition) configurePod(*undoStack) error {
 // names and addresses, so its kernel round trips run alongside the steps that follow instead of
 // adding to every ADD; awaitIsolation collects the outcome before the result.
 func (a *addition) isolate(undo *undoStack) error {
-	port := portOf(a.cfg, a.att, a.ips)
+	port := a.portOf(a.key, a.ips)
 	a.isolated = &pending{done: alongside(func() error {
-		_, err := ensureIsolation(a.cfg, a.store, false, &a.att, port)
+		_, err := a.handle.ensureIsolation(false, &a.key, port)
 		return err
 	})}
 	undo.push(func() error {
 		_ = a.isolated.wait() // whatever it did, remove the port's elements after it
-		return a.cfg.filter().removeIsolation(a.cfg.Network, port)
+		return a.nf.removeIsolation(a.cfg.Network, port)
 	})
 	return nil
 }
@@ -330,15 +296,76 @@ func (a *addition) hairpin(*undoStack) error {
 	if err := hairpin.SetPort(a.cfg.Hairpin, a.host); err != nil {
 		return err
 	}
-	return a.hairpinDedup()
-}
-
-func (a *addition) hairpinDedup() error {
-	return a.cfg.filter().ensureDedup(a.cfg.Hairpin, dedupFor(a.cfg), a.settingsChanged)
+	return a.ensureDedup()
 }
 
 func (a *addition) masquerade(*undoStack) error {
-	return a.cfg.filter().ensureMasquerade(masqConfig(a.cfg))
+	return a.ensureMasquerade()
+}
+
+// guardPort gives the new pod's bridge port its policy guard before the pod's interface comes
+// up, when the node enforces NetworkPolicy: the pod receives nothing the policy rules did not
+// grant, and the bridge guard (handle.ensureBridge) holds what it sends, until the agent has installed
+// its policies. Nothing is written into the policy tables: a port without elements is denied.
+func (a *addition) guardPort(*undoStack) error {
+	if !a.cfg.NetworkPolicy {
+		return nil
+	}
+	return netpol.GuardPort(a.host.Attrs().Index)
+}
+
+// hostPorts brings the node-wide host-port rules and maps up to date (every ADD, with or without
+// mappings: the localnet guard among them protects the node from every pod), then programs the
+// attachment's port mappings (a.cfg.Runtime.PortMappings) for its addresses (a.ips) and pushes
+// their removal onto undo. The conflict check, the reservation and the nftables transaction
+// happen under the network lock, so two pods racing for one hostPort cannot both get it.
+func (a *addition) hostPorts(undo *undoStack) error {
+	if _, err := a.ensureHostPortNode(false); err != nil {
+		return err
+	}
+	hp := a.hostportConfig()
+	if len(a.cfg.Runtime.PortMappings) == 0 {
+		return nil
+	}
+	entries, err := hostport.Plan(toMappings(a.cfg.Runtime.PortMappings), prefixAddrs(a.ips))
+	var dup *hostport.DuplicateError
+	if errors.As(err, &dup) {
+		return configError("runtimeConfig.portMappings", dup.Key.String(), "mapped twice, to %s and to %s", dup.First, dup.Second)
+	}
+	if err != nil {
+		return configError("runtimeConfig.portMappings", fmt.Sprint(a.cfg.Runtime.PortMappings), "%v", err)
+	}
+	owner := a.key.owner()
+	err = a.dir.withLock(func() error { return hostport.Add(hp, owner, entries) })
+	var conflict *hostport.ConflictError
+	if errors.As(err, &conflict) {
+		return types.NewError(ErrPortConflict, conflict.Error(), "")
+	}
+	var leftover *hostport.LeftoverError
+	if errors.As(err, &leftover) {
+		// Elements that may lead to the pod's addresses are still in the kernel: the record and
+		// the reservations stay, so the runtime's DEL (or GC) removes them before the addresses
+		// can go to another pod.
+		a.keepReservation = true
+	}
+	if err != nil {
+		return fmt.Errorf("host ports: %w", err)
+	}
+	undo.push(func() error {
+		return a.dir.withLock(func() error { return hostport.Remove(hp, owner, hostport.KeysOf(entries)) })
+	})
+	return nil
+}
+
+// shaping applies the attachment's bandwidth limits.
+func (a *addition) shaping(*undoStack) error {
+	l := a.cfg.Runtime.Bandwidth.limits()
+	if l.IsZero() {
+		return nil
+	}
+	// No undo of its own: shaping is the last step, Apply cleans up after itself, and the veth's
+	// undo (delLinks) takes a leftover ifb with it.
+	return shaping.Apply(a.host, a.names().IFB, l)
 }
 
 // result is the CNI result: interfaces [bridge, host veth, pod interface], every address on the

@@ -8,42 +8,8 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/internal/safedir"
-	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/masq"
 )
-
-// NetfilterBackend is a value of the netfilterBackend key, and (nftables, iptables) the backend
-// that holds a network's rules on a node.
-type NetfilterBackend string
-
-const (
-	// NetfilterAuto, the default, is nftables where the kernel holds everything kubenet uses
-	// in nftables (nft.Probe), else iptables.
-	NetfilterAuto     NetfilterBackend = "auto"
-	NetfilterNFTables NetfilterBackend = "nftables"
-	NetfilterIPTables NetfilterBackend = "iptables"
-)
-
-// NetfilterBackends lists the values of the netfilterBackend key.
-func NetfilterBackends() []NetfilterBackend {
-	return []NetfilterBackend{NetfilterAuto, NetfilterNFTables, NetfilterIPTables}
-}
-
-func parseNetfilterBackend(s string) (NetfilterBackend, error) {
-	if s == "" {
-		return NetfilterAuto, nil
-	}
-	for _, b := range NetfilterBackends() {
-		if NetfilterBackend(s) == b {
-			return b, nil
-		}
-	}
-	return "", configError("netfilterBackend", s, "valid values are %q, %q and %q", NetfilterAuto, NetfilterNFTables, NetfilterIPTables)
-}
-
-// NetfilterFile, in the network's directory of the data dir, records which backend holds the
-// network's rules on this node, and why. host-local ignores it (no container ID in it).
-const NetfilterFile = "kubenet-netfilter.json"
 
 // BackendChoice is the backend of a network on a node and the reason for it.
 type BackendChoice struct {
@@ -149,60 +115,51 @@ func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known 
 	return cfg.Netfilter, true
 }
 
-// prepareBackend is what ADD and the node's setup (EnsureNode, HealNode) do first: choose cfg's
-// backend and, when the node's rules are in the other one, switch under the network lock: the
-// other backend's rules of the network are removed altogether, and the record names the new one.
-// The new backend's node-wide objects are then missing, so the steps that follow put back every
-// running pod's host ports and isolation from the index and the records, as after a flushed
-// ruleset. It returns cfg with the chosen backend.
-func prepareBackend(cfg *Config, store *ipam.Store) (*Config, error) {
-	rec, err := readChoice(store.Root())
+// prepareBackend is the backend of a verb that applies the node's settings (ADD, EnsureNode,
+// HealNode), chosen once when its handle opens: cfg's backend and, when the node's rules are in
+// the other one, the switch under the network lock: the other backend's rules of the network are
+// removed altogether, and the record names the new one. The new backend's node-wide objects are
+// then missing, so the steps that follow put back every running pod's host ports and isolation
+// from the index and the records, as after a flushed ruleset.
+func prepareBackend(cfg *Config, dir *networkDir) (netfilter, error) {
+	rec, err := readChoice(dir.root())
 	if err != nil {
-		return nil, err
+		return netfilter{}, err
 	}
 	want, err := choose(cfg, rec)
 	if err != nil {
-		return nil, err
+		return netfilter{}, err
 	}
 	if cfg.NetworkPolicy && want.Backend != NetfilterNFTables {
-		return nil, configError("networkPolicy", true, "NetworkPolicy is enforced with nftables only, and this node's backend is %s", want)
+		return netfilter{}, configError("networkPolicy", true, "NetworkPolicy is enforced with nftables only, and this node's backend is %s", want)
 	}
 	if rec == nil || *rec != want {
-		err := withNetworkLock(store, func() error {
+		err := dir.withLock(func() error {
 			// Without a record (nothing set up yet, a kubenet from before there were backends,
 			// a damaged record) the rules are found where they are.
-			rec, inUse, err := inUseBackend(cfg, store)
+			rec, err := readChoice(dir.root())
 			if err != nil {
 				return err
 			}
-			if inUse != want.Backend {
-				err := filterFor(cfg, inUse, store).removeAll(cfg.Network)
+			if inUse := backendOf(cfg, rec); inUse != want.Backend {
+				err := backendFor(cfg, inUse, dir).removeAll(cfg.Network)
 				if err != nil && rec != nil {
 					return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
 				}
 			}
-			return writeChoice(store.Root(), want)
+			return writeChoice(dir.root(), want)
 		})
 		if err != nil {
-			return nil, err
+			return netfilter{}, err
 		}
 	}
-	return cfg.withFilter(filterFor(cfg, want.Backend, store)), nil
+	return backendFor(cfg, want.Backend, dir), nil
 }
 
-// inUseBackend is the backend that holds the network's rules now, for the verbs that work on
-// what is there (DEL, CHECK, GC, STATUS): the recorded one. Without a record (none yet, or a
+// backendOf is the backend that holds the network's rules now, for the verbs that work on what
+// is there (DEL, CHECK, GC, STATUS): the recorded one, rec. Without a record (none yet, or a
 // damaged one) it is found in the kernel: nftables when the network's nftables table exists,
 // iptables when its SNAT chain does; else the configured one (nftables for auto).
-func inUseBackend(cfg *Config, store *ipam.Store) (*BackendChoice, NetfilterBackend, error) {
-	rec, err := readChoice(store.Root())
-	if err != nil {
-		return nil, "", err
-	}
-	return rec, backendOf(cfg, rec), nil
-}
-
-// backendOf is inUseBackend for the record rec, read already.
 func backendOf(cfg *Config, rec *BackendChoice) NetfilterBackend {
 	if rec != nil {
 		return rec.Backend
@@ -219,77 +176,17 @@ func backendOf(cfg *Config, rec *BackendChoice) NetfilterBackend {
 	return NetfilterNFTables
 }
 
-// inUse returns cfg with the backend that holds the network's rules now.
-func inUse(cfg *Config, store *ipam.Store) (*Config, error) {
-	_, b, err := inUseBackend(cfg, store)
-	if err != nil {
-		return nil, err
+// backendFor returns backend b for the network of dir. Each call gets its own: the iptables one
+// reads each table once per verb, and writes node-wide rules under the network's netfilter lock.
+func backendFor(cfg *Config, b NetfilterBackend, dir *networkDir) netfilter {
+	if b == NetfilterIPTables {
+		return iptablesRules(cfg.ToolRoot, dir.serializeNetfilter)
 	}
-	return cfg.withFilter(filterFor(cfg, b, store)), nil
+	return nftablesRules()
 }
 
-// withFilter returns a copy of cfg whose verbs use nf. A copy, because the in-process plugin
-// shares one Config among concurrent verbs.
-func (c *Config) withFilter(nf packetFilter) *Config {
-	out := *c
-	out.nf = nf
-	return &out
-}
-
-// withKnown returns a copy of c whose nftables checks recognise the node-wide chains from the
-// pairs remembered in the network's directory (VerifiedRulesFile).
-func (c *Config) withKnown(store *ipam.Store) *Config {
-	out := *c
-	out.known = newVerifiedRules(store.Root())
-	return &out
-}
-
-// filter is the backend the verb resolved; a Config no verb resolved (built by hand) uses
-// nftables, the only backend of kubenets before the key existed.
-func (c *Config) filter() packetFilter {
-	if c.nf == nil {
-		return nftablesFilter{}
-	}
-	return c.nf
-}
-
-// NetfilterStatus says which backend holds the network's rules on this node and why, for STATUS
-// and operators. Before the first ADD with auto nothing is decided yet: the first ADD probes the
-// kernel (STATUS never does: it is polled, and a probe costs a transaction).
-func NetfilterStatus(cfg *Config) (BackendChoice, error) {
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
-	if err != nil {
-		return BackendChoice{}, err
-	}
-	defer store.Close()
-	rec, b, err := inUseBackend(cfg, store)
-	if err != nil || rec != nil {
-		if rec == nil {
-			return BackendChoice{}, err
-		}
-		return *rec, err
-	}
-	reason := "netfilterBackend is " + string(cfg.Netfilter) + "; no pod yet"
-	if cfg.Netfilter == NetfilterAuto {
-		reason = "auto: not decided yet; the first ADD probes the kernel"
-	}
-	return BackendChoice{Backend: b, Configured: cfg.Netfilter, Reason: reason}, nil
-}
-
-// IsNodeFile tells whether name, in a network's directory of the data dir, is one of the files
-// that belong to the node rather than to an attachment: the node-wide settings, the backend
-// record and the verified rules. Audits of what a pod left behind skip them.
-func IsNodeFile(name string) bool {
-	return name == NodeSettingsFile || name == NetfilterFile || name == VerifiedRulesFile
-}
-
-// ReadNetfilterRecord returns the backend record of the network in dataDir: which backend holds
-// its rules on this node and why; nil before any ADD recorded one.
-func ReadNetfilterRecord(dataDir, network string) (*BackendChoice, error) {
-	store, err := ipam.Open(dataDir, network)
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
-	return readChoice(store.Root())
+// inUse is the backend of the verbs that work on what is there: the one that holds the
+// network's rules now (backendOf), rec being the network's record.
+func inUse(cfg *Config, rec *BackendChoice, dir *networkDir) netfilter {
+	return backendFor(cfg, backendOf(cfg, rec), dir)
 }

@@ -37,35 +37,29 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 		return err
 	}
 	defer podNS.Close()
-	store, err := openStore(cfg)
+	// The attachment lock: an ADD or DEL of the attachment in progress would make the comparison
+	// meaningless.
+	h, err := openAsFound(cfg, &att)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	if cfg, err = inUse(cfg, store); err != nil {
-		return err
-	}
-	// An ADD or DEL of the attachment in progress would make the comparison meaningless.
-	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, unlock()) }()
-	rec, err := NewRecords(store.Dir()).Load(att)
+	defer func() { err = errors.Join(err, h.Close()) }()
+	k := att.key()
+	rec, err := h.dir.records.Load(att)
 	if err != nil {
 		return err
 	}
 	if rec == nil {
 		return fmt.Errorf("kubenet has no attachment of container %q interface %q on network %q", att.ContainerID, att.IfName, cfg.Network)
 	}
-	if err := checkReservation(store, fromPrev, att, rec); err != nil {
+	if err := checkReservation(h.dir.store, fromPrev, att, rec); err != nil {
 		return err
 	}
 	br, err := bridge.CheckBridge(bridgeConfig(cfg, cfg.MTU))
 	if err != nil {
 		return err
 	}
-	names := NamesFor(cfg.Network, att)
+	names := k.names(cfg.Network)
 	// With mtu 0 the MTU was detected at ADD time; the bridge holds it, and every end must agree.
 	host, err := bridge.CheckVeth(bridge.Veth{HostName: names.HostVeth, Bridge: br, MTU: br.MTU})
 	if err != nil {
@@ -76,10 +70,10 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 	} else if flag != cfg.Hairpin.PortFlag() {
 		return fmt.Errorf("host veth %q hairpin flag is %v, want %v in mode %s", names.HostVeth, flag, cfg.Hairpin.PortFlag(), cfg.Hairpin)
 	}
-	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways()), MAC: podMAC(cfg.Network, att)}, host, br.MTU); err != nil {
+	if err := bridge.CheckPod(podNS, bridge.Pod{IfName: att.IfName, Addrs: rec.IPs, Gateways: prefixAddrs(cfg.Gateways()), MAC: k.podMAC(cfg.Network)}, host, br.MTU); err != nil {
 		return err
 	}
-	if err := cfg.filter().checkIsolation(isolationConfig(cfg), portOf(cfg, att, rec.IPs)); err != nil {
+	if err := h.nf.checkIsolation(h.isolationConfig(), h.portOf(k, rec.IPs)); err != nil {
 		return err
 	}
 	if err := checkPolicy(cfg, br, host); err != nil {
@@ -87,13 +81,13 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 	}
 	// The node-wide rules by their expressions, not only their comments: a rule changed in
 	// place keeps its comment.
-	if err := cfg.filter().checkNode(cfg); err != nil {
+	if err := h.checkNode(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := checkHostPorts(cfg, att, rec, store.Dir()); err != nil {
+	if err := h.checkHostPorts(k, rec); err != nil {
 		return err
 	}
 	// Against the limits the record holds: those are what ADD applied, after resolving the

@@ -15,7 +15,6 @@ import (
 
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
-	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/ipam"
 )
 
@@ -48,42 +47,9 @@ type Keys struct {
 	NetfilterBackend   string   `json:"netfilterBackend,omitempty"`
 }
 
-// RuntimeConfig carries the capability arguments a runtime passes. encoding/json matches keys
-// case-insensitively, which is what lets containerd's capitalised keys (HostPort, IngressRate)
-// and CRI-O's and podman's lower-case ones (hostPort, ingressRate) both arrive.
-type RuntimeConfig struct {
-	PortMappings   []PortMapping     `json:"portMappings,omitempty"`
-	Bandwidth      *Bandwidth        `json:"bandwidth,omitempty"`
-	IPRanges       [][]IPRange       `json:"ipRanges,omitempty"`
-	PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
-}
-
-// PortMapping is one host port of a pod: an entry of the portMappings capability, and (as
-// network.PortMapping) what a runtime shim's Host returns. The field widths are kubelet's and
-// CRI's. Protocol is tcp, udp or sctp in any case, empty meaning TCP; HostIP empty means every
-// local address of each family the pod has. NormalizePortMappings checks and normalises them.
-type PortMapping struct {
-	HostPort      int32  `json:"hostPort"`
-	ContainerPort int32  `json:"containerPort"`
-	Protocol      string `json:"protocol,omitempty"`
-	HostIP        string `json:"hostIP,omitempty"`
-}
-
-// Bandwidth is the bandwidth capability: rates in bit/s, bursts in bits.
-type Bandwidth struct {
-	IngressRate  uint64 `json:"ingressRate,omitempty"`
-	IngressBurst uint64 `json:"ingressBurst,omitempty"`
-	EgressRate   uint64 `json:"egressRate,omitempty"`
-	EgressBurst  uint64 `json:"egressBurst,omitempty"`
-}
-
-// IPRange is one range of the ipRanges capability (host-local's range shape).
-type IPRange struct {
-	Subnet     string `json:"subnet"`
-	RangeStart string `json:"rangeStart,omitempty"`
-	RangeEnd   string `json:"rangeEnd,omitempty"`
-	Gateway    string `json:"gateway,omitempty"`
-}
+// OwnerCNI is the owner of node-wide settings that come from a CNI configuration (the CNI
+// binary, run by a runtime with a conflist). ParseConfig sets it.
+const OwnerCNI = "cni"
 
 // Config is a validated NetConf.
 type Config struct {
@@ -106,7 +72,7 @@ type Config struct {
 	Log        LogSettings
 	// Owner names who applies the node-wide settings (OwnerCNI for a CNI configuration; the
 	// in-process plugin sets its own). TakeOverNode lets it replace another owner's different
-	// settings instead of failing (see claimNode).
+	// settings instead of failing (see claimNodeSettings).
 	Owner        string
 	TakeOverNode bool
 	// fromIPRanges: the ranges came from the runtime's ipRanges, not from podCIDRs.
@@ -116,11 +82,6 @@ type Config struct {
 	// sets the node's root file system, mounted into it, and runs the node's tools chrooted.
 	// Not a configuration key: it says where the caller runs.
 	ToolRoot string
-	// nf is the packet-filter backend a verb resolved for this copy (withFilter).
-	nf packetFilter
-	// known remembers the node-wide chains' dumps found as planned (withKnown; nil: every
-	// check decodes and compares in full).
-	known nft.Verified
 }
 
 // rangesKey is the configuration key the pod CIDRs came from, for messages.
@@ -300,7 +261,7 @@ func (nc *NetConf) Validate() (*Config, error) {
 		}
 		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, p)
 	}
-	if c.Log, err = nc.logSettings(); err != nil {
+	if c.Log, err = newLogSettings(nc.LogFile, nc.LogMaxBytes); err != nil {
 		return nil, err
 	}
 	if err := validateRuntime(&c.Runtime); err != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/links"
-	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/shaping"
 )
 
@@ -21,35 +20,22 @@ import (
 // netns nor prevResult, and succeeds when repeated. It tries every step and reports all failures.
 // It holds the attachment lock throughout, so it never interleaves with an ADD of the same
 // attachment.
-func Del(ctx context.Context, cfg *Config, att Attachment) error {
+func Del(ctx context.Context, cfg *Config, att Attachment) (err error) {
 	if err := att.Validate(); err != nil {
 		return err
 	}
-	store, err := openStore(cfg)
+	h, err := openAsFound(cfg, &att)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	return teardown(ctx, cfg, store, att)
-}
-
-// teardown is Del on an open store: under the attachment lock, it reads the record and removes
-// everything of the attachment.
-func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment) (err error) {
-	if cfg, err = inUse(cfg, store); err != nil {
-		return err
-	}
-	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, unlock()) }()
-	rec, err := NewRecords(store.Dir()).Load(att)
+	defer func() { err = errors.Join(err, h.Close()) }()
+	k := att.key()
+	rec, err := h.dir.records.Load(att)
 	var corrupt *CorruptRecordError
 	if err != nil && !errors.As(err, &corrupt) {
 		return err
 	}
-	_, err = del(ctx, cfg, store, att, rec, corrupt != nil)
+	_, err = h.del(ctx, k, rec, corrupt != nil)
 	return err
 }
 
@@ -62,13 +48,12 @@ func teardown(ctx context.Context, cfg *Config, store *ipam.Store, att Attachmen
 // a retried DEL (or GC) needs to find the rest.
 //
 // It returns the addresses it released.
-func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, rec *Record, unknown bool) ([]netip.Addr, error) {
-	records := NewRecords(store.Dir())
+func (h *handle) del(ctx context.Context, k attachmentKey, rec *Record, unknown bool) ([]netip.Addr, error) {
 	var hint []netip.Addr
 	if rec != nil {
 		hint = prefixAddrs(rec.IPs)
 	}
-	names := NamesFor(cfg.Network, att)
+	names := k.names(h.cfg.Network)
 	// The port's index, while the veth is there: its policy elements are keyed by it.
 	port := 0
 	if l, err := links.Find(names.HostVeth); err == nil && l != nil {
@@ -79,13 +64,13 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 	// A transaction that removes set or map elements waits for an RCU grace period, and two of
 	// them (isolation elements, host ports) wait one after the other: both run alongside the
 	// link deletion instead of before it.
-	isolated := alongside(func() error { return delIsolation(cfg, att, rec) })
+	isolated := alongside(func() error { return h.delIsolation(k, rec) })
 	var unmapped []hostport.Entry
 	hostPortsGone := alongside(func() (err error) {
-		unmapped, err = delHostPorts(cfg, att, rec, unknown, store)
+		unmapped, err = h.delHostPorts(k, rec, unknown)
 		return err
 	})
-	errs = append(errs, delLinks(names), forgetPolicies(cfg, port))
+	errs = append(errs, delLinks(names), h.forgetPolicies(port))
 	// The host ports are gone before the conntrack walk, so no new flow to the pod can appear
 	// behind it.
 	errs = append(errs, <-hostPortsGone)
@@ -105,8 +90,8 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 		return nil, fmt.Errorf("%w (the addresses stay reserved and the record stays until a DEL gets everything)", err)
 	}
 	var released []netip.Addr
-	err := withNetworkLock(store, func() (err error) {
-		released, err = releaseLocked(cfg, store, records, att, hint, unmapped)
+	err := h.dir.withLock(func() (err error) {
+		released, err = h.dir.releaseLocked(k, hint, unmapped)
 		return err
 	})
 	return released, err
@@ -115,12 +100,12 @@ func del(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, re
 // releaseLocked is DEL's part under the network lock: release the reservations, forget the flows
 // of addresses only the release revealed and of host ports that led elsewhere, and remove the
 // record once all of that succeeded.
-func releaseLocked(cfg *Config, store *ipam.Store, records Records, att Attachment, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
-	released, err := store.Release(att.ContainerID, att.IfName, hint)
+func (d *networkDir) releaseLocked(k attachmentKey, hint []netip.Addr, unmapped []hostport.Entry) ([]netip.Addr, error) {
+	released, err := d.store.Release(k.ContainerID, k.IfName, hint)
 	if err != nil {
 		return released, err
 	}
-	damaged, err := releaseDamaged(store, records, att, hint)
+	damaged, err := d.releaseDamaged(k, hint)
 	released = append(released, damaged...)
 	if err != nil {
 		return released, err
@@ -137,18 +122,18 @@ func releaseLocked(cfg *Config, store *ipam.Store, records Records, att Attachme
 	if err := errors.Join(errs...); err != nil {
 		return released, err
 	}
-	return released, records.Remove(att)
+	return released, d.records.Remove(k.attachment())
 }
 
 // releaseDamaged releases the addresses of hint (the attachment's record) whose reservation
 // file is damaged or torn (ipam.Store.Torn): while a record lists an address, no other attachment
 // can have been given it, so it is this attachment's. Should another record list it too, it
 // stays for GC to sort out.
-func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []netip.Addr) ([]netip.Addr, error) {
+func (d *networkDir) releaseDamaged(k attachmentKey, hint []netip.Addr) ([]netip.Addr, error) {
 	var scan *RecordScan
 	var released []netip.Addr
 	for _, a := range hint {
-		damaged, err := store.Torn(a, att.ContainerID, att.IfName)
+		damaged, err := d.store.Torn(a, k.ContainerID, k.IfName)
 		if err != nil {
 			return released, err
 		}
@@ -156,16 +141,16 @@ func releaseDamaged(store *ipam.Store, records Records, att Attachment, hint []n
 			continue
 		}
 		if scan == nil {
-			s, err := records.Scan()
+			s, err := d.records.Scan()
 			if err != nil {
 				return released, err
 			}
 			scan = &s
 		}
-		if claimant, ok := scan.claimant(a); ok && claimant != (attachmentKey{att.ContainerID, att.IfName}) {
+		if claimant, ok := scan.claimant(a); ok && claimant != k {
 			continue
 		}
-		if err := store.ReleaseAddr(a); err != nil {
+		if err := d.store.ReleaseAddr(a); err != nil {
 			return released, err
 		}
 		released = append(released, a)
@@ -181,12 +166,13 @@ func DelCrashPoints() []string {
 // delIsolation removes the pod's elements from the bridge's isolation sets. They are keyed by
 // the host veth's name, the MAC derived from the attachment and the recorded addresses; without
 // a record the sets are searched for the port (only then does DEL cost what the node holds).
-func delIsolation(cfg *Config, att Attachment, rec *Record) error {
+func (h *handle) delIsolation(k attachmentKey, rec *Record) error {
 	if rec != nil {
-		return cfg.filter().removeIsolation(cfg.Network, portOf(cfg, att, rec.IPs))
+		return h.nf.removeIsolation(h.cfg.Network, h.portOf(k, rec.IPs))
 	}
-	port := NamesFor(cfg.Network, att).HostVeth
-	return cfg.filter().gcIsolation(cfg.Network, func(p, _ string) bool { return p != port })
+	port := k.names(h.cfg.Network).HostVeth
+	_, err := h.nf.gcIsolation(h.cfg.Network, func(p, _ string) bool { return p != port })
+	return err
 }
 
 // delLinks deletes the attachment's interfaces: the host veth (with it the pod end and the

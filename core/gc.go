@@ -7,14 +7,10 @@ import (
 	"io/fs"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kubenet-dev/kubenet/hostport"
-	"github.com/kubenet-dev/kubenet/ipam"
 )
-
-type attachmentKey struct{ id, ifname string }
 
 // Keeper tells GC which attachments to leave alone.
 type Keeper struct {
@@ -67,7 +63,7 @@ func GC(ctx context.Context, cfg *Config, valid []ValidAttachment) error {
 	}
 	k := Keeper{InUse: validAttachments(valid)}
 	for _, v := range valid {
-		k.listed = append(k.listed, attachmentKey{v.ContainerID, v.IfName})
+		k.listed = append(k.listed, v.key())
 	}
 	_, err := Collect(ctx, cfg, k)
 	return err
@@ -79,7 +75,7 @@ func validAttachments(valid []ValidAttachment) func(id, ifName string) bool {
 	keep := map[attachmentKey]bool{}
 	keepID := map[string]bool{}
 	for _, v := range valid {
-		keep[attachmentKey{v.ContainerID, v.IfName}] = true
+		keep[v.key()] = true
 		keepID[v.ContainerID] = true
 	}
 	return func(id, ifName string) bool {
@@ -99,29 +95,25 @@ func validAttachments(valid []ValidAttachment) func(id, ifName string) bool {
 // whose teardown failed keeps its addresses. Lock and cursor files and other networks are never
 // touched. One broken file or failed attachment never stops the rest: Collect tries everything
 // and reports all errors together, with what it removed.
-func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
-	var report GCReport
+func Collect(ctx context.Context, cfg *Config, k Keeper) (report GCReport, err error) {
 	// The runtime's capability arguments would be taken for every attachment's host ports.
 	gcCfg := *cfg
 	gcCfg.Runtime = RuntimeConfig{}
 	cfg = &gcCfg
-	store, err := openStore(cfg)
+	h, err := openAsFound(cfg, nil)
 	if err != nil {
 		return report, err
 	}
-	defer store.Close()
-	if cfg, err = inUse(cfg, store); err != nil {
-		return report, err
-	}
-	records := NewRecords(store.Dir())
+	defer func() { err = errors.Join(err, h.Close()) }()
+	records := h.dir.records
 
-	errs := []error{gcHostPorts(cfg, store, records, k)}
+	errs := []error{h.gcHostPorts(k)}
 	scan, err := records.Scan()
 	errs = append(errs, err)
 	failed := map[attachmentKey]bool{}
 	collect := func(atts []Attachment) {
 		for _, att := range atts {
-			key := attachmentKey{att.ContainerID, att.IfName}
+			key := att.key()
 			if k.InUse(att.ContainerID, att.IfName) || failed[key] {
 				continue
 			}
@@ -129,7 +121,7 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 				errs = append(errs, err)
 				return
 			}
-			rec, released, err := collectOne(ctx, cfg, store, att, k)
+			rec, released, err := h.collectOne(ctx, att, k)
 			if err != nil {
 				failed[key] = true
 				errs = append(errs, fmt.Errorf("collect container %q interface %q: %w", att.ContainerID, att.IfName, err))
@@ -143,33 +135,32 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (GCReport, error) {
 		}
 	}
 	collect(append(scan.attachments(), scan.Corrupt...))
-	orphans, released, err := gcReservations(store, scan, unrecorded(scan, k), k, failed)
+	orphans, released, err := h.dir.gcReservations(scan, unrecorded(scan, k), k, failed)
 	report.Addresses = append(report.Addresses, released...)
 	errs = append(errs, err)
 	collect(orphans)
-	errs = append(errs, withNetworkLock(store, func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), gcIsolation(cfg, records, k))
+	errs = append(errs, h.dir.withLock(func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), h.gcIsolation(k))
 	return report, errors.Join(errs...)
 }
 
 // collectOne tears att down (Del's teardown) unless k spares it, and returns its record when it
 // had a readable one, and the addresses it released. The attachment lock comes first: an ADD of
 // att still running finishes before GC decides, and the age of what it wrote then spares it.
-func collectOne(ctx context.Context, cfg *Config, store *ipam.Store, att Attachment, k Keeper) (rec *Record, released []netip.Addr, err error) {
-	unlock, err := store.LockAttachment(att.ContainerID, att.IfName)
+func (h *handle) collectOne(ctx context.Context, att Attachment, k Keeper) (rec *Record, released []netip.Addr, err error) {
+	unlock, err := h.dir.lockAttachment(att.key())
 	if err != nil {
 		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
-	records := NewRecords(store.Dir())
-	if spared, err := recordSpared(store, records, att, k); err != nil || spared {
+	if spared, err := h.dir.recordSpared(att, k); err != nil || spared {
 		return nil, nil, err
 	}
-	rec, err = records.Load(att)
+	rec, err = h.dir.records.Load(att)
 	var corrupt *CorruptRecordError
 	if err != nil && !errors.As(err, &corrupt) {
 		return nil, nil, err
 	}
-	released, err = del(ctx, cfg, store, att, rec, corrupt != nil)
+	released, err = h.del(ctx, att.key(), rec, corrupt != nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -179,13 +170,13 @@ func collectOne(ctx context.Context, cfg *Config, store *ipam.Store, att Attachm
 // recordSpared reports, under the network lock, whether att's record is too young to collect.
 // Without a cutoff nothing is spared; without a record there is no age to judge (orphan
 // reservations are judged by their own age in gcReservations).
-func recordSpared(store *ipam.Store, records Records, att Attachment, k Keeper) (bool, error) {
+func (d *networkDir) recordSpared(att Attachment, k Keeper) (bool, error) {
 	if k.WrittenBefore.IsZero() {
 		return false, nil
 	}
 	spared := false
-	err := withNetworkLock(store, func() error {
-		written, err := records.Written(att)
+	err := d.withLock(func() error {
+		written, err := d.records.Written(att)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
@@ -208,11 +199,11 @@ func recordSpared(store *ipam.Store, records Records, att Attachment, k Keeper) 
 // for: a file torn from one of theirs ("id\r\ne" of "id\r\neth0") is repaired for it, and damaged
 // files that name nobody stay while there are such attachments. Releasing one could hand a live
 // pod's address to the next pod; a leaked address until the next GC is the price.
-func gcReservations(store *ipam.Store, scan RecordScan, unknown []attachmentKey, k Keeper, failed map[attachmentKey]bool) ([]Attachment, []netip.Addr, error) {
+func (d *networkDir) gcReservations(scan RecordScan, unknown []attachmentKey, k Keeper, failed map[attachmentKey]bool) ([]Attachment, []netip.Addr, error) {
 	var orphans []Attachment
 	var released []netip.Addr
-	err := withNetworkLock(store, func() error {
-		allocs, err := store.List()
+	err := d.withLock(func() error {
+		allocs, err := d.store.List()
 		if err != nil {
 			return err
 		}
@@ -223,24 +214,24 @@ func gcReservations(store *ipam.Store, scan RecordScan, unknown []attachmentKey,
 			if a.ContainerID != "" && k.InUse(a.ContainerID, a.IfName) || failed[key] {
 				continue
 			}
-			if claimant, ok := scan.claimant(a.Addr); ok && (k.InUse(claimant.id, claimant.ifname) || failed[claimant]) {
+			if claimant, ok := scan.claimant(a.Addr); ok && (k.InUse(claimant.ContainerID, claimant.IfName) || failed[claimant]) {
 				if !failed[claimant] {
-					errs = append(errs, store.Repair(a.Addr, claimant.id, claimant.ifname))
+					errs = append(errs, d.store.Repair(a.Addr, claimant.ContainerID, claimant.IfName))
 				}
 				continue
 			}
 			if a.ContainerID == "" && len(unknown) > 0 {
 				continue
 			}
-			if owner, ok, err := tornOf(store, a.Addr, unknown); err != nil || ok {
+			if owner, ok, err := d.tornOf(a.Addr, unknown); err != nil || ok {
 				errs = append(errs, err)
 				if ok {
-					errs = append(errs, store.Repair(a.Addr, owner.id, owner.ifname))
+					errs = append(errs, d.store.Repair(a.Addr, owner.ContainerID, owner.IfName))
 				}
 				continue
 			}
 			if !k.WrittenBefore.IsZero() {
-				written, err := store.Written(a.Addr)
+				written, err := d.store.Written(a.Addr)
 				if errors.Is(err, fs.ErrNotExist) {
 					continue
 				}
@@ -259,14 +250,14 @@ func gcReservations(store *ipam.Store, scan RecordScan, unknown []attachmentKey,
 				}
 				continue
 			}
-			if err := store.ReleaseAddr(a.Addr); err != nil {
+			if err := d.store.ReleaseAddr(a.Addr); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			released = append(released, a.Addr)
 		}
 		errs = append(errs, flushConntrack(released))
-		if _, err := store.RemoveTemp(); err != nil {
+		if _, err := d.store.RemoveTemp(); err != nil {
 			errs = append(errs, err)
 		}
 		return errors.Join(errs...)
@@ -280,7 +271,7 @@ func gcReservations(store *ipam.Store, scan RecordScan, unknown []attachmentKey,
 func unrecorded(scan RecordScan, k Keeper) []attachmentKey {
 	recorded := map[attachmentKey]bool{}
 	for _, rec := range scan.Records {
-		recorded[attachmentKey{rec.ContainerID, rec.IfName}] = true
+		recorded[rec.key()] = true
 	}
 	var out []attachmentKey
 	for _, key := range k.listed {
@@ -289,7 +280,7 @@ func unrecorded(scan RecordScan, k Keeper) []attachmentKey {
 		}
 	}
 	for _, a := range scan.Corrupt {
-		if key := (attachmentKey{a.ContainerID, a.IfName}); k.InUse(a.ContainerID, a.IfName) && !slices.Contains(out, key) {
+		if key := a.key(); k.InUse(a.ContainerID, a.IfName) && !slices.Contains(out, key) {
 			out = append(out, key)
 		}
 	}
@@ -297,9 +288,9 @@ func unrecorded(scan RecordScan, k Keeper) []attachmentKey {
 }
 
 // tornOf returns the attachment among candidates whose reservation a's file is a torn write of.
-func tornOf(store *ipam.Store, a netip.Addr, candidates []attachmentKey) (attachmentKey, bool, error) {
+func (d *networkDir) tornOf(a netip.Addr, candidates []attachmentKey) (attachmentKey, bool, error) {
 	for _, c := range candidates {
-		torn, err := store.Torn(a, c.id, c.ifname)
+		torn, err := d.store.Torn(a, c.ContainerID, c.IfName)
 		if err != nil || torn {
 			return c, torn, err
 		}
@@ -310,12 +301,12 @@ func tornOf(store *ipam.Store, a netip.Addr, candidates []attachmentKey) (attach
 // gcHostPorts removes host-port reservations and map elements whose owner k does not keep: the
 // records' DELs removed those they knew; this catches what no record describes. ADD writes the
 // record before any host port, so an owner whose record is younger than k's cutoff is kept.
-func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) error {
+func (h *handle) gcHostPorts(k Keeper) error {
 	keep := func(o hostport.Owner) bool {
-		return k.keeps(records, Attachment{ContainerID: o.ContainerID, IfName: o.IfName})
+		return k.keeps(h.dir.records, attachmentKey(o).attachment())
 	}
-	err := withNetworkLock(store, func() error {
-		_, err := hostport.GC(hostportConfig(cfg, store.Dir()), keep)
+	err := h.dir.withLock(func() error {
+		_, err := hostport.GC(h.hostportConfig(), keep)
 		return err
 	})
 	if err != nil {
@@ -329,9 +320,10 @@ func gcHostPorts(cfg *Config, store *ipam.Store, records Records, k Keeper) erro
 // element names its attachment in its comment; one whose comment does not lead back to its port
 // (none, or garbled) is removed, since an element is a permission to send. ebtables rules carry
 // no comment: their port is looked up among the records' attachments.
-func gcIsolation(cfg *Config, records Records, k Keeper) error {
+func (h *handle) gcIsolation(k Keeper) error {
+	records := h.dir.records
 	var byPort map[string]Attachment
-	err := cfg.filter().gcIsolation(cfg.Network, func(port, owner string) bool {
+	_, err := h.nf.gcIsolation(h.cfg.Network, func(port, owner string) bool {
 		if owner == "" {
 			if byPort == nil {
 				byPort = map[string]Attachment{}
@@ -340,15 +332,14 @@ func gcIsolation(cfg *Config, records Records, k Keeper) error {
 					return true // unknown: nothing is removed on a guess
 				}
 				for _, att := range append(scan.Corrupt, scan.attachments()...) {
-					byPort[NamesFor(cfg.Network, att).HostVeth] = att
+					byPort[att.key().names(h.cfg.Network).HostVeth] = att
 				}
 			}
 			att, ok := byPort[port]
 			return ok && k.keeps(records, att)
 		}
-		id, ifName, ok := strings.Cut(owner, "/")
-		att := Attachment{ContainerID: id, IfName: ifName}
-		return ok && NamesFor(cfg.Network, att).HostVeth == port && k.keeps(records, att)
+		key, ok := ownerKey(owner)
+		return ok && key.names(h.cfg.Network).HostVeth == port && k.keeps(records, key.attachment())
 	})
 	if err != nil {
 		return fmt.Errorf("isolation: %w", err)

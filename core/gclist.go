@@ -13,6 +13,8 @@ type ValidAttachment struct {
 	IfName      string `json:"ifname"`
 }
 
+func (v ValidAttachment) key() attachmentKey { return attachmentKey(v) }
+
 // ParseValidAttachments reads the GC list (cni.dev/valid-attachments, or the older
 // cni.dev/attachments) from the configuration. The list decides what GC deletes, so it is read
 // strictly: a configuration without the list, or an entry that names no valid attachment (an

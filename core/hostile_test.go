@@ -332,13 +332,13 @@ func TestRecordNamesAreUnambiguous(t *testing.T) {
 	atts := []Attachment{{ContainerID: "a_b", IfName: "c"}, {ContainerID: "a", IfName: "b_c"}, {ContainerID: "a", IfName: "b@c"}, {ContainerID: "a.json", IfName: "x"}, {ContainerID: "a", IfName: "x.json"}}
 	seen := map[string]Attachment{}
 	for _, a := range atts {
-		name := recordName(a)
+		name := a.key().recordName()
 		if other, dup := seen[name]; dup {
 			t.Errorf("%v and %v share record %s", a, other, name)
 		}
 		seen[name] = a
 		back, ok := parseRecordName(name)
-		if !ok || back != a {
+		if !ok || back.attachment() != a {
 			t.Errorf("parseRecordName(%q) = %v %v, want %v", name, back, ok, a)
 		}
 	}
@@ -401,7 +401,7 @@ func TestCorruptRecords(t *testing.T) {
 			if err := records.Save(&other); err != nil {
 				t.Fatal(err)
 			}
-			tc.write(t, dir, filepath.Join(dir, recordName(att)))
+			tc.write(t, dir, filepath.Join(dir, att.key().recordName()))
 			rec, err := records.Load(att)
 			if !errors.As(err, new(*CorruptRecordError)) || rec != nil {
 				t.Fatalf("Load = %v, %v; want a *CorruptRecordError", rec, err)
@@ -479,7 +479,7 @@ func TestRecordRemoveTakesItsTemporaryFiles(t *testing.T) {
 		if err := records.Save(&Record{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "."+recordName(att)+".tmp-123"), []byte("{"), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "."+att.key().recordName()+".tmp-123"), []byte("{"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

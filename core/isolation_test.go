@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/kubenet-dev/kubenet/ipam"
 )
 
 func TestParseConfigAntiSpoofing(t *testing.T) {
@@ -48,11 +46,11 @@ func TestParseConfigAntiSpoofing(t *testing.T) {
 
 func TestPodMAC(t *testing.T) {
 	a := Attachment{ContainerID: "c1", IfName: "eth0"}
-	mac := podMAC("kubenet", a)
+	mac := a.key().podMAC("kubenet")
 	if len(mac) != 6 || mac[0]&0x01 != 0 || mac[0]&0x02 == 0 {
 		t.Fatalf("pod MAC %s: want a locally administered unicast address", mac)
 	}
-	if again := podMAC("kubenet", a); again.String() != mac.String() {
+	if again := a.key().podMAC("kubenet"); again.String() != mac.String() {
 		t.Errorf("pod MAC not stable: %s then %s", mac, again)
 	}
 	seen := map[string]string{mac.String(): "kubenet/c1/eth0"}
@@ -66,7 +64,7 @@ func TestPodMAC(t *testing.T) {
 		// The parts are separated, so shifting a character between them changes the MAC.
 		{"kubenetc", Attachment{ContainerID: "1", IfName: "eth0"}},
 	} {
-		m := podMAC(other.network, other.att).String()
+		m := other.att.key().podMAC(other.network).String()
 		name := other.network + "/" + other.att.ContainerID + "/" + other.att.IfName
 		if prev, dup := seen[m]; dup {
 			t.Errorf("%s and %s share pod MAC %s", prev, name, m)
@@ -89,13 +87,13 @@ func TestClaimNodeAntiSpoofing(t *testing.T) {
 		c.Owner = owner
 		return c
 	}
-	store, err := ipam.Open(dataDir, "kubenet")
+	store, err := openDir(dataDir, "kubenet")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
 	old := `{"owner":"kubenetctl","bridge":"cbr0","podCIDRs":["10.244.1.0/24"],"nonMasqueradeCIDRs":null,"mtu":0,"hairpinMode":"hairpin-veth"}`
-	if err := os.WriteFile(filepath.Join(store.Dir(), NodeSettingsFile), []byte(old), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(store.path(), NodeSettingsFile), []byte(old), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := claimNode(cfg(OwnerCNI, ""), store); err != nil {

@@ -19,8 +19,9 @@ type LogSettings struct {
 	MaxBytes int64
 }
 
-func (nc *NetConf) logSettings() (LogSettings, error) {
-	s := LogSettings{File: nc.LogFile, MaxBytes: nc.LogMaxBytes}
+// newLogSettings checks the logFile and logMaxBytes keys.
+func newLogSettings(file string, maxBytes int64) (LogSettings, error) {
+	s := LogSettings{File: file, MaxBytes: maxBytes}
 	if s.File != "" && (!filepath.IsAbs(s.File) || filepath.Clean(s.File) != s.File || s.File == "/") {
 		return LogSettings{}, configError("logFile", s.File, "must be a clean absolute file path")
 	}
@@ -44,5 +45,5 @@ func ParseLogSettings(stdin []byte) (LogSettings, error) {
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		return LogSettings{}, err
 	}
-	return (&NetConf{Keys: Keys{LogFile: nc.LogFile, LogMaxBytes: nc.LogMaxBytes}}).logSettings()
+	return newLogSettings(nc.LogFile, nc.LogMaxBytes)
 }

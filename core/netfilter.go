@@ -12,110 +12,182 @@ import (
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
-	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/netpol"
 )
 
-// packetFilter is the node's netfilter backend as the verbs see it: everything kubenet keeps in
-// the kernel's packet filter for one network (SNAT, the promiscuous bridge's dedup rules, pod
-// isolation, host ports). nftablesFilter and iptablesFilter implement it with the same behaviour;
-// the verbs call only this, so they do not know which one runs. backend.go chooses one per node.
-type packetFilter interface {
-	backend() NetfilterBackend
-	ensureMasquerade(masq.Config) error
+// NetfilterBackend is a value of the netfilterBackend key, and (nftables, iptables) the backend
+// that holds a network's rules on a node.
+type NetfilterBackend string
+
+const (
+	// NetfilterAuto, the default, is nftables where the kernel holds everything kubenet uses
+	// in nftables (nft.Probe), else iptables.
+	NetfilterAuto     NetfilterBackend = "auto"
+	NetfilterNFTables NetfilterBackend = "nftables"
+	NetfilterIPTables NetfilterBackend = "iptables"
+)
+
+// NetfilterBackends lists the values of the netfilterBackend key.
+func NetfilterBackends() []NetfilterBackend {
+	return []NetfilterBackend{NetfilterAuto, NetfilterNFTables, NetfilterIPTables}
+}
+
+func parseNetfilterBackend(s string) (NetfilterBackend, error) {
+	if s == "" {
+		return NetfilterAuto, nil
+	}
+	for _, b := range NetfilterBackends() {
+		if NetfilterBackend(s) == b {
+			return b, nil
+		}
+	}
+	return "", configError("netfilterBackend", s, "valid values are %q, %q and %q", NetfilterAuto, NetfilterNFTables, NetfilterIPTables)
+}
+
+// nodeRules are the plans of one network's node-wide rules in the mechanisms' terms (the
+// handle makes them from its Config: network.nodeRules).
+type nodeRules struct {
+	network   string
+	masq      masq.Config
+	hairpin   hairpin.Mode
+	dedup     hairpin.Dedup
+	isolation isolation.Config
+	// hostPorts reads no index (Dir is empty): the node-wide chains and maps only.
+	hostPorts hostport.Config
+}
+
+// netfilter is one backend of the node's packet filter: everything kubenet keeps there for one
+// network (SNAT, the promiscuous bridge's dedup rules, pod isolation, host ports), each field
+// that backend's way of doing one job. nftablesRules and iptablesRules fill it with the same
+// behaviour; a verb's handle holds the one chosen when it opened, so the verbs call these
+// without knowing which backend runs, and a verb without a handle has no backend to call.
+type netfilter struct {
+	backend          NetfilterBackend
+	ensureMasquerade func(masq.Config) error
+	checkMasquerade  func(masq.Config) error
 	// ensureDedup installs the dedup rules in promiscuous-bridge mode and removes them in the
 	// others; settingsChanged says that the node's settings were just written (a mode left
 	// behind shows only then), so a backend whose reads are dear may skip the removal otherwise.
-	ensureDedup(m hairpin.Mode, d hairpin.Dedup, settingsChanged bool) error
+	ensureDedup func(m hairpin.Mode, d hairpin.Dedup, settingsChanged bool) error
+	checkDedup  func(hairpin.Mode, hairpin.Dedup) error
 	// ensureIsolation brings the bridge's isolation chains up to date and adds ports; rebuilt
 	// says that the chains were missing (every running pod's part went with them).
-	ensureIsolation(cfg isolation.Config, ports ...isolation.Port) (rebuilt bool, err error)
-	removeIsolation(network string, ports ...isolation.Port) error
-	checkIsolation(isolation.Config, isolation.Port) error
+	ensureIsolation    func(cfg isolation.Config, ports ...isolation.Port) (rebuilt bool, err error)
+	removeIsolation    func(network string, ports ...isolation.Port) error
+	checkIsolation     func(isolation.Config, isolation.Port) error
+	checkIsolationNode func(isolation.Config) error
 	// gcIsolation removes the isolation of every port keep rejects; owner is "" where the
 	// backend records none (ebtables).
-	gcIsolation(network string, keep func(port, owner string) bool) error
-	hostPorts() hostport.Backend
-	// checkNode reports how every node-wide rule differs from the plan (CHECK, the agent).
-	checkNode(cfg *Config) error
+	gcIsolation func(network string, keep func(port, owner string) bool) ([]string, error)
+	hostPorts   hostport.Backend
 	// missingNode reports node-wide rules that are missing altogether (STATUS), reading as
 	// little as it can: hostPortsUsed says whether the host-port chains count, asked only when
 	// the answer matters.
-	missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error
+	missingNode func(r nodeRules, hostPortsUsed func() (bool, error)) error
 	// removeAll removes everything of the network from this backend: the node switches to the
 	// other one.
-	removeAll(network string) error
+	removeAll func(network string) error
 }
 
-// filterFor returns the implementation of b for the network of store. Each call gets its own:
-// the iptables one reads each table once per operation, and writes node-wide rules under the
-// network's netfilter lock (nftables transactions need none: each replaces whole chains).
-func filterFor(cfg *Config, b NetfilterBackend, store *ipam.Store) packetFilter {
-	if b == NetfilterIPTables {
-		return &iptablesFilter{st: &ipt.State{Root: cfg.ToolRoot, Serialize: func(f func() error) error {
-			unlock, err := store.LockNetfilter()
-			if err != nil {
-				return err
-			}
-			return errors.Join(f(), unlock())
-		}}}
-	}
-	return nftablesFilter{}
-}
-
-type nftablesFilter struct{}
-
-func (nftablesFilter) backend() NetfilterBackend            { return NetfilterNFTables }
-func (nftablesFilter) ensureMasquerade(c masq.Config) error { return masq.Ensure(c) }
-func (nftablesFilter) ensureDedup(m hairpin.Mode, d hairpin.Dedup, _ bool) error {
-	return hairpin.EnsureDedup(m, d) // one netlink dump: looked for on every call
-}
-func (nftablesFilter) ensureIsolation(c isolation.Config, ports ...isolation.Port) (bool, error) {
-	return isolation.Ensure(c, ports...)
-}
-func (nftablesFilter) removeIsolation(network string, ports ...isolation.Port) error {
-	return isolation.Remove(network, ports...)
-}
-func (nftablesFilter) checkIsolation(c isolation.Config, p isolation.Port) error {
-	return isolation.Check(c, p)
-}
-func (nftablesFilter) gcIsolation(network string, keep func(port, owner string) bool) error {
-	_, err := isolation.GC(network, keep)
-	return err
-}
-func (nftablesFilter) hostPorts() hostport.Backend { return hostport.NFTables() }
-
-func (nftablesFilter) checkNode(cfg *Config) error {
+// checkNode reports how every node-wide rule differs from the plan (CHECK, the agent).
+func (nf netfilter) checkNode(r nodeRules) error {
 	return errors.Join(
-		masq.Check(masqConfig(cfg)),
-		hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg)),
-		isolation.CheckNode(isolationConfig(cfg)),
-		hostport.CheckNode(hostportConfigWith(cfg, hostport.NFTables(), "")), // reads no index: no data dir needed
+		nf.checkMasquerade(r.masq),
+		nf.checkDedup(r.hairpin, r.dedup),
+		nf.checkIsolationNode(r.isolation),
+		hostport.CheckNode(r.hostPorts),
 	)
 }
 
-// missingNode counts the rules of each chain of the network's inet table from one dump, without
-// decoding them.
+// nftablesRules is the nftables backend: the mechanisms' own functions.
+func nftablesRules() netfilter {
+	return netfilter{
+		backend:          NetfilterNFTables,
+		ensureMasquerade: masq.Ensure,
+		checkMasquerade:  masq.Check,
+		ensureDedup: func(m hairpin.Mode, d hairpin.Dedup, _ bool) error {
+			return hairpin.EnsureDedup(m, d) // one netlink dump: looked for on every call
+		},
+		checkDedup:         hairpin.CheckDedup,
+		ensureIsolation:    isolation.Ensure,
+		removeIsolation:    isolation.Remove,
+		checkIsolation:     isolation.Check,
+		checkIsolationNode: isolation.CheckNode,
+		gcIsolation:        isolation.GC,
+		hostPorts:          hostport.NFTables(),
+		missingNode:        missingNFTables,
+		removeAll:          removeNFTables,
+	}
+}
+
+// iptablesRules is the iptables backend: iptables and ip6tables for SNAT and host ports,
+// ebtables for the dedup rules and pod isolation, the tools found in root. One ipt.State reads
+// each table once per verb; serialize runs the writes of node-wide rules under the network's
+// netfilter lock (nftables transactions need none: each replaces whole chains).
+func iptablesRules(root string, serialize func(func() error) error) netfilter {
+	ctx := context.Background()
+	st := &ipt.State{Root: root, Serialize: serialize}
+	return netfilter{
+		backend:          NetfilterIPTables,
+		ensureMasquerade: func(c masq.Config) error { return masq.EnsureIPTables(ctx, st, c) },
+		checkMasquerade:  func(c masq.Config) error { return masq.CheckIPTables(ctx, st, c) },
+		// Dedup rules are looked for to remove only when the settings changed: ebtables reads
+		// cost a process each, and only a change of hairpin mode leaves such rules behind (the
+		// agent's healing looks on every pass).
+		ensureDedup: func(m hairpin.Mode, d hairpin.Dedup, settingsChanged bool) error {
+			if m != hairpin.PromiscuousBridge && !settingsChanged {
+				return nil
+			}
+			return hairpin.EnsureDedupEbtables(ctx, st, m, d)
+		},
+		checkDedup: func(m hairpin.Mode, d hairpin.Dedup) error { return hairpin.CheckDedupEbtables(ctx, st, m, d) },
+		ensureIsolation: func(c isolation.Config, ports ...isolation.Port) (bool, error) {
+			return isolation.EnsureEbtables(ctx, st, c, ports...)
+		},
+		removeIsolation: func(network string, ports ...isolation.Port) error {
+			return isolation.RemoveEbtables(ctx, st, network, ports...)
+		},
+		checkIsolation:     func(c isolation.Config, p isolation.Port) error { return isolation.CheckEbtables(ctx, st, c, p) },
+		checkIsolationNode: func(c isolation.Config) error { return isolation.CheckNodeEbtables(ctx, st, c) },
+		gcIsolation: func(network string, keep func(port, owner string) bool) ([]string, error) {
+			return isolation.GCEbtables(ctx, st, network, keep)
+		},
+		hostPorts: hostport.IPTables(st),
+		missingNode: func(r nodeRules, hostPortsUsed func() (bool, error)) error {
+			// A State of its own: sentinel reads are a mode of the reads, not of the verb.
+			return missingIPTables(&ipt.State{Root: root, Serialize: serialize, Sentinels: true}, r, hostPortsUsed)
+		},
+		removeAll: func(network string) error {
+			if serialize == nil {
+				return removeIPTables(root, network)
+			}
+			return serialize(func() error { return removeIPTables(root, network) })
+		},
+	}
+}
+
+// missingNFTables counts the rules of each chain of the network's inet table from one dump,
+// without decoding them.
 //
 // The isolation chains are not counted: a node upgraded from a kubenet without them would answer
 // NotReady, and kubelet would start no pod whose ADD could set them up. A flushed ruleset is
 // told by the SNAT chain (and, once used, the host-port chains); ADD and the agent put the
 // isolation chains and elements back.
-func (f nftablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error {
-	table := nft.InetTable(cfg.Network)
+func missingNFTables(r nodeRules, hostPortsUsed func() (bool, error)) error {
+	table := nft.InetTable(r.network)
 	counts, err := nft.TableRuleCounts(table)
 	if err != nil {
 		return err
 	}
 	var out []error
-	if n := len(masq.Plan(masqConfig(cfg))); n > 0 && counts[masq.ChainName] == 0 {
+	if n := len(masq.Plan(r.masq)); n > 0 && counts[masq.ChainName] == 0 {
 		out = append(out, &nft.Difference{Table: table, Object: "chain " + masq.ChainName, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", n)})
 	}
 	// The host-port chains are told from the same counts; whether host ports were used is
 	// asked only when one is missing (a node without them is the exception).
-	missing, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), counts)
+	missing, err := hostport.MissingNode(r.hostPorts, counts)
 	if err != nil {
 		return err
 	}
@@ -128,9 +200,9 @@ func (f nftablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, err
 			out = append(out, missing...)
 		}
 	}
-	if cfg.Hairpin == hairpin.PromiscuousBridge {
+	if r.hairpin == hairpin.PromiscuousBridge {
 		// In the other modes the dedup rules are absent by plan: nothing of theirs can be missing.
-		err := hairpin.CheckDedup(cfg.Hairpin, dedupFor(cfg))
+		err := hairpin.CheckDedup(r.hairpin, r.dedup)
 		var d *nft.Difference
 		if err != nil && !errors.As(err, &d) {
 			return err // a failed read: STATUS cannot vouch for the rules
@@ -142,9 +214,9 @@ func (f nftablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, err
 	return errors.Join(out...)
 }
 
-// removeAll deletes the network's two tables in one transaction; the NetworkPolicy table goes
-// too (policies are enforced with nftables only).
-func (nftablesFilter) removeAll(network string) error {
+// removeNFTables deletes the network's two tables in one transaction; the NetworkPolicy table
+// goes too (policies are enforced with nftables only).
+func removeNFTables(network string) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nftables: netlink: %w", err)
@@ -172,61 +244,17 @@ func (nftablesFilter) removeAll(network string) error {
 	return nil
 }
 
-// iptablesFilter is the iptables backend: iptables and ip6tables for SNAT and host ports,
-// ebtables for the dedup rules and pod isolation. st reads each table once per operation.
-type iptablesFilter struct{ st *ipt.State }
-
-func (f *iptablesFilter) backend() NetfilterBackend { return NetfilterIPTables }
-func (f *iptablesFilter) ensureMasquerade(c masq.Config) error {
-	return masq.EnsureIPTables(context.Background(), f.st, c)
-}
-
-// ensureDedup looks for dedup rules to remove only when the settings changed: ebtables reads
-// cost a process each, and only a change of hairpin mode leaves such rules behind (the agent's
-// healing looks on every pass).
-func (f *iptablesFilter) ensureDedup(m hairpin.Mode, d hairpin.Dedup, settingsChanged bool) error {
-	if m != hairpin.PromiscuousBridge && !settingsChanged {
-		return nil
-	}
-	return hairpin.EnsureDedupEbtables(context.Background(), f.st, m, d)
-}
-func (f *iptablesFilter) ensureIsolation(c isolation.Config, ports ...isolation.Port) (bool, error) {
-	return isolation.EnsureEbtables(context.Background(), f.st, c, ports...)
-}
-func (f *iptablesFilter) removeIsolation(network string, ports ...isolation.Port) error {
-	return isolation.RemoveEbtables(context.Background(), f.st, network, ports...)
-}
-func (f *iptablesFilter) checkIsolation(c isolation.Config, p isolation.Port) error {
-	return isolation.CheckEbtables(context.Background(), f.st, c, p)
-}
-func (f *iptablesFilter) gcIsolation(network string, keep func(port, owner string) bool) error {
-	_, err := isolation.GCEbtables(context.Background(), f.st, network, keep)
-	return err
-}
-func (f *iptablesFilter) hostPorts() hostport.Backend { return hostport.IPTables(f.st) }
-
-func (f *iptablesFilter) checkNode(cfg *Config) error {
-	ctx := context.Background()
-	return errors.Join(
-		masq.CheckIPTables(ctx, f.st, masqConfig(cfg)),
-		hairpin.CheckDedupEbtables(ctx, f.st, cfg.Hairpin, dedupFor(cfg)),
-		isolation.CheckNodeEbtables(ctx, f.st, isolationConfig(cfg)),
-		hostport.CheckNode(hostportConfigWith(cfg, f.hostPorts(), "")),
-	)
-}
-
-// missingNode lists kubenet's fixed chains by name and looks for missing or emptied ones
-// (ipt.State.Sentinels: what a reload leaves; the chains of pods are never read, so STATUS costs
+// missingIPTables lists kubenet's fixed chains by name and looks for missing or emptied ones
+// (st reads sentinels: what a reload leaves; the chains of pods are never read, so STATUS costs
 // the same on a full node), and ebtables' dedup chain in promiscuous-bridge mode. As with
 // nftables, the isolation chains do not count.
-func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, error)) error {
+func missingIPTables(st *ipt.State, r nodeRules, hostPortsUsed func() (bool, error)) error {
 	// Asked first here: the host-port check is a process of its own.
 	used, err := hostPortsUsed()
 	if err != nil {
 		return err
 	}
 	ctx := context.Background()
-	f.st.Sentinels = true
 	// The mechanisms' listings run at once: STATUS then waits for the slowest, not for the sum
 	// (each is a process that reads a table the size of the node).
 	var (
@@ -250,15 +278,17 @@ func (f *iptablesFilter) missingNode(cfg *Config, hostPortsUsed func() (bool, er
 			}
 		}
 	}
-	checks := []func(){func() { missing(masq.CheckIPTables(ctx, f.st, masqConfig(cfg))) }}
+	checks := []func(){func() { missing(masq.CheckIPTables(ctx, st, r.masq)) }}
 	if used {
+		hp := r.hostPorts
+		hp.Backend = hostport.IPTables(st)
 		checks = append(checks, func() {
-			m, err := hostport.MissingNode(hostportConfigWith(cfg, f.hostPorts(), ""), nil)
+			m, err := hostport.MissingNode(hp, nil)
 			missing(errors.Join(append(m, err)...))
 		})
 	}
-	if cfg.Hairpin == hairpin.PromiscuousBridge {
-		checks = append(checks, func() { missing(hairpin.CheckDedupEbtables(ctx, f.st, cfg.Hairpin, dedupFor(cfg))) })
+	if r.hairpin == hairpin.PromiscuousBridge {
+		checks = append(checks, func() { missing(hairpin.CheckDedupEbtables(ctx, st, r.hairpin, r.dedup)) })
 	}
 	if err := ipt.InCallerNS(checks...); err != nil {
 		return err
@@ -288,16 +318,8 @@ func flatten(err error) []error {
 	return []error{err}
 }
 
-// removeAll removes the network's chains and the jumps to them from every table of the three
-// tools, one restore per table.
-func (f *iptablesFilter) removeAll(network string) error {
-	if f.st.Serialize == nil {
-		return removeIPTables(f.st.Root, network)
-	}
-	return f.st.Serialize(func() error { return removeIPTables(f.st.Root, network) })
-}
-
-// removeIPTables is removeAll from reads taken now (under the netfilter lock).
+// removeIPTables removes the network's chains and the jumps to them from every table of the
+// three tools, one restore per table, from reads taken now (under the netfilter lock).
 func removeIPTables(root, network string) error {
 	ctx := context.Background()
 	st := &ipt.State{Root: root}

@@ -1,27 +1,14 @@
 package core
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubenet-dev/kubenet/internal/safedir"
-	"github.com/kubenet-dev/kubenet/ipam"
 )
-
-// NodeSettingsFile, in the network's directory of the data dir, records the node-wide settings
-// that the network's node state (bridge addresses, MTU and promiscuous mode, dedup, isolation and
-// SNAT rules) was last made from, and who made it. host-local ignores it (its content is no container ID).
-const NodeSettingsFile = "kubenet-node.json"
-
-// OwnerCNI is the owner of node-wide settings that come from a CNI configuration (the CNI
-// binary, run by a runtime with a conflist). ParseConfig sets it.
-const OwnerCNI = "cni"
 
 // NodeSettings are the settings of a network that every pod of the node shares: applying other
 // values rewrites the node for all of them.
@@ -87,17 +74,6 @@ func (s NodeSettings) differences(o NodeSettings) []string {
 	return out
 }
 
-// ReadNodeSettings returns the node-wide settings recorded for the network in dataDir, or nil
-// when none are (or the file is unreadable as such: it is then rewritten by the next owner).
-func ReadNodeSettings(dataDir, network string) (*NodeSettings, error) {
-	store, err := ipam.Open(dataDir, network)
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
-	return readNodeSettings(store.Root())
-}
-
 func readNodeSettings(root *safedir.Dir) (*NodeSettings, error) {
 	var s NodeSettings
 	found, err := readNodeFile(root, NodeSettingsFile, &s)
@@ -107,24 +83,20 @@ func readNodeSettings(root *safedir.Dir) (*NodeSettings, error) {
 	return &s, nil
 }
 
-// claimNode makes sure that cfg may apply its node-wide settings, before ADD or EnsureNode
+// claimNodeSettings makes sure that cfg may apply its node-wide settings, before ADD or EnsureNode
 // touches node-wide state. Node-wide settings have one owner: the first caller records its
 // settings; a caller with the same settings proceeds, whoever owns them; the owner may change
 // its own settings (a new pod CIDR); a different caller with different settings gets
 // ErrNodeOwned naming every difference, unless it takes the node over (cfg.TakeOverNode), which
 // makes it the owner. Without this, two faces with different defaults (a conflist with both
 // families, kubenetctl with one) would rewrite each other's bridge and SNAT rules pod by pod.
-func claimNode(cfg *Config, store *ipam.Store) error {
-	_, err := claimNodeSettings(cfg, store)
-	return err
-}
-
-// claimNodeSettings is claimNode that also tells whether it wrote the settings: they changed (or
-// the node had none), so node-wide state that only a change of them can leave behind (the dedup
-// rules of a hairpin mode left) is worth looking for.
-func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error) {
+//
+// It tells whether it wrote the settings: they changed (or the node had none), so node-wide
+// state that only a change of them can leave behind (the dedup rules of a hairpin mode left) is
+// worth looking for.
+func claimNodeSettings(cfg *Config, dir *networkDir) (changed bool, err error) {
 	want := cfg.nodeSettings()
-	have, err := readNodeSettings(store.Root())
+	have, err := readNodeSettings(dir.root())
 	if err != nil {
 		return false, err
 	}
@@ -132,8 +104,8 @@ func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error)
 		return false, nil
 	}
 	var refusal *types.Error // returned as it is, so that the binary reports its code
-	err = withNetworkLock(store, func() error {
-		have, err := readNodeSettings(store.Root())
+	err = dir.withLock(func() error {
+		have, err := readNodeSettings(dir.root())
 		if err != nil {
 			return err
 		}
@@ -150,7 +122,7 @@ func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error)
 			}
 		}
 		changed = true
-		return writeNodeFile(store.Root(), NodeSettingsFile, want)
+		return writeNodeFile(dir.root(), NodeSettingsFile, want)
 	})
 	if err != nil {
 		return false, fmt.Errorf("node settings: %w", err)
@@ -159,31 +131,6 @@ func claimNodeSettings(cfg *Config, store *ipam.Store) (changed bool, err error)
 		return false, refusal
 	}
 	return changed, nil
-}
-
-// readNodeFile reads the JSON file name (one of the node's files of a network: NodeSettingsFile,
-// NetfilterFile, VerifiedRulesFile) from the network's directory root into v. It never follows a
-// symlink, and anything but a small regular file that decodes is not found (safedir.MaxFileSize
-// bounds what is read): the next writer replaces it.
-func readNodeFile(root *safedir.Dir, name string, v any) (bool, error) {
-	data, err := root.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, safedir.ErrNotRegular) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", name, err)
-	}
-	return json.Unmarshal(data, v) == nil, nil
-}
-
-// writeNodeFile writes v as the JSON file name in the network's directory root, whole or not at
-// all.
-func writeNodeFile(root *safedir.Dir, name string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return root.WriteFile(name, data, 0o644, false)
 }
 
 func describeOwner(owner string) string {

@@ -10,7 +10,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubenet-dev/kubenet/internal/safedir"
-	"github.com/kubenet-dev/kubenet/ipam"
 )
 
 // TestClaimNode: the first caller records its node-wide settings; the same settings pass for
@@ -29,12 +28,12 @@ func TestClaimNode(t *testing.T) {
 		c.Owner, c.TakeOverNode = owner, takeOver
 		return c
 	}
-	store, err := ipam.Open(dataDir, "kubenet")
+	store, err := openDir(dataDir, "kubenet")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	file := filepath.Join(store.Dir(), NodeSettingsFile)
+	file := filepath.Join(store.path(), NodeSettingsFile)
 	recorded := func() NodeSettings {
 		t.Helper()
 		s, err := ReadNodeSettings(dataDir, "kubenet")
@@ -115,4 +114,10 @@ func asCNI(err error, te **types.Error) bool {
 	e, ok := err.(*types.Error)
 	*te = e
 	return ok
+}
+
+// claimNode is claimNodeSettings without what it tells.
+func claimNode(cfg *Config, dir *networkDir) error {
+	_, err := claimNodeSettings(cfg, dir)
+	return err
 }

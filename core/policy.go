@@ -9,9 +9,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kubenet-dev/kubenet/bridge"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
-	"github.com/kubenet-dev/kubenet/ipam"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/netpol"
 )
@@ -19,62 +17,6 @@ import (
 // IsPolicyTable tells whether an nftables table name is one of the networks' policy tables (the
 // agent's healer watches them, so that a flushed ruleset brings the policies back too).
 func IsPolicyTable(name string) bool { return strings.HasPrefix(name, netpol.TableName("")) }
-
-// guardPort gives the new pod's bridge port its policy guard before the pod's interface comes
-// up, when the node enforces NetworkPolicy: the pod receives nothing the policy rules did not
-// grant, and the bridge guard (ensureBridge) holds what it sends, until the agent has installed
-// its policies. Nothing is written into the policy tables: a port without elements is denied.
-func (a *addition) guardPort(*undoStack) error {
-	if !a.cfg.NetworkPolicy {
-		return nil
-	}
-	return netpol.GuardPort(a.host.Attrs().Index)
-}
-
-// guardBridge gives the bridge its policy guard when the node enforces NetworkPolicy. The bridge's
-// own nf_call options come with bridgeConfig.
-func guardBridge(cfg *Config, br *netlink.Bridge) error {
-	if !cfg.NetworkPolicy {
-		return nil
-	}
-	return netpol.GuardBridge(br.Index)
-}
-
-// checkPolicy is CHECK's part: with NetworkPolicy, br_netfilter, the bridge's nf_call options,
-// the bridge's guard and the pod's port guard.
-func checkPolicy(cfg *Config, br *netlink.Bridge, host netlink.Link) error {
-	if !cfg.NetworkPolicy {
-		return nil
-	}
-	if err := bridge.CheckBridgeNetfilter(); err != nil {
-		return fmt.Errorf("networkPolicy: %w", err)
-	}
-	on, err := bridge.NetfilterCallOn(br.Name)
-	if err != nil {
-		return err
-	}
-	if !on {
-		return fmt.Errorf("networkPolicy: bridge %q has nf_call_iptables or nf_call_ip6tables off: traffic between its pods bypasses conntrack and kube-proxy", br.Name)
-	}
-	if err := netpol.CheckBridgeGuard(br.Index); err != nil {
-		return err
-	}
-	return netpol.CheckPortGuard(host.Attrs().Index)
-}
-
-// forgetPolicies removes the policy map elements of a deleted pod's port (DEL, and the undo of
-// a failed ADD). The agent would on its next pass; doing it here leaves nothing of the
-// attachment behind. Policies live in nftables only: on the iptables backend nothing is asked of
-// nftables, which such a node may not have at all.
-func forgetPolicies(cfg *Config, port int) error {
-	if port <= 0 || cfg.filter().backend() != NetfilterNFTables {
-		return nil
-	}
-	if err := netpol.Forget(cfg.Network, []int{port}); err != nil {
-		return fmt.Errorf("network policy: %w", err)
-	}
-	return nil
-}
 
 // PolicyNetwork is what a policy pass works on.
 type PolicyNetwork struct {
@@ -118,12 +60,12 @@ type PolicyPass struct {
 // bridge's nf_call options.
 func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Ruleset) (PolicyPass, error) {
 	var pass PolicyPass
-	store, err := ipam.Open(n.DataDir, n.Network)
+	dir, err := openDir(n.DataDir, n.Network)
 	if err != nil {
 		return pass, fmt.Errorf("address store: %w", err)
 	}
-	defer store.Close()
-	br, locals, err := readLocals(n.Network, n.Bridge, NewRecords(store.Dir()), nil)
+	defer dir.Close()
+	br, locals, err := readLocals(n.Network, n.Bridge, dir.records, nil)
 	if err != nil {
 		return pass, err
 	}
@@ -138,7 +80,7 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 		}
 		g, err := ensureGuard(netpol.CheckPortGuard, netpol.GuardPort, l.Port)
 		if err != nil {
-			pass.Unguarded = errors.Join(pass.Unguarded, fmt.Errorf("%s: %w", NamesFor(n.Network, l.attachment()).HostVeth, err))
+			pass.Unguarded = errors.Join(pass.Unguarded, fmt.Errorf("%s: %w", l.key().names(n.Network).HostVeth, err))
 		}
 		pass.Guarded += g
 	}
@@ -174,8 +116,8 @@ func readLocals(network, bridgeName string, records Records, afterLinks func()) 
 	}
 	locals := make([]PolicyLocal, 0, len(recs))
 	for _, r := range recs {
-		att := r.attachment()
-		locals = append(locals, PolicyLocal{Record: r, Port: ports[NamesFor(network, att).HostVeth], LinkLocal: isolation.LinkLocal(podMAC(network, att))})
+		k := r.key()
+		locals = append(locals, PolicyLocal{Record: r, Port: ports[k.names(network).HostVeth], LinkLocal: isolation.LinkLocal(k.podMAC(network))})
 	}
 	return br, locals, nil
 }
@@ -217,42 +159,6 @@ func bridgePorts(name string) (*netlink.Bridge, map[string]int, error) {
 		}
 	}
 	return br, ports, nil
-}
-
-// ensureGuard puts a missing guard back and says whether it did (1) or not (0).
-func ensureGuard(check, guard func(int) error, index int) (int, error) {
-	err := check(index)
-	if err == nil {
-		return 0, nil
-	}
-	if !netpol.IsGuardMissing(err) {
-		return 0, err
-	}
-	if err := guard(index); err != nil {
-		return 0, err
-	}
-	return 1, nil
-}
-
-// ensureBridgePolicy puts the bridge's guard back and turns its nf_call options on, and says how
-// many guards it put back and whether the options were off: the policy's node-wide state that
-// another tool may remove, which the agent's policy pass and its healer (HealNode) both look at.
-func ensureBridgePolicy(br *netlink.Bridge) (guarded int, netfilterCall bool, err error) {
-	if netfilterCall, err = ensureNetfilterCall(br.Name); err != nil {
-		return 0, false, err
-	}
-	guarded, err = ensureGuard(netpol.CheckBridgeGuard, netpol.GuardBridge, br.Attrs().Index)
-	return guarded, netfilterCall, err
-}
-
-// ensureNetfilterCall turns the bridge's nf_call options on when they are off and says whether
-// they were.
-func ensureNetfilterCall(name string) (bool, error) {
-	on, err := bridge.NetfilterCallOn(name)
-	if err != nil || on {
-		return false, err
-	}
-	return true, bridge.TurnOnNetfilterCall(name)
 }
 
 // RemovePolicies deletes the network's policy tables and the guards of its bridge and of every

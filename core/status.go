@@ -8,8 +8,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
-
-	"github.com/kubenet-dev/kubenet/ipam"
 )
 
 // notAvailable is STATUS's "plugin not available" (50) error.
@@ -38,17 +36,17 @@ func StatusConfigError(err error) error {
 // decoded) or one -save per iptables table; no other file contents, and never a probe of the
 // kernel.
 func Status(ctx context.Context, cfg *Config) error {
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	dir, err := openDir(cfg.DataDir, cfg.Network)
 	if err != nil {
 		return notAvailable("data dir %s unusable: %v", cfg.DataDir, err)
 	}
-	defer store.Close()
-	if err := unix.Access(store.Dir(), unix.W_OK); err != nil {
-		return notAvailable("data dir %s not writable: %v", store.Dir(), err)
+	defer dir.Close()
+	if err := unix.Access(dir.path(), unix.W_OK); err != nil {
+		return notAvailable("data dir %s not writable: %v", dir.path(), err)
 	}
-	free, err := store.Free(cfg.Ranges...)
+	free, err := dir.store.Free(cfg.Ranges...)
 	if err != nil {
-		return notAvailable("address store %s: %v", store.Dir(), err)
+		return notAvailable("address store %s: %v", dir.path(), err)
 	}
 	for i, set := range cfg.Ranges {
 		if free[i] == 0 {
@@ -59,7 +57,7 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return notAvailable("configuration: %s", errMsg(err))
 	}
-	rec, err := readChoice(store.Root())
+	rec, err := readChoice(dir.root())
 	if err != nil {
 		return notAvailable("netfilter backend: %v", err)
 	}
@@ -74,10 +72,11 @@ func Status(ctx context.Context, cfg *Config) error {
 		// route_localnet lets pods reach services bound to 127.0.0.1. Differences that are not
 		// missing objects (an edited configuration) are left to the next ADD. Only here is the
 		// backend that holds the rules needed (without a record, found in the kernel).
-		backend := backendOf(cfg, rec)
-		cfg = cfg.withFilter(filterFor(cfg, backend, store))
-		if err := missingNodeRules(cfg, store.Dir()); err != nil {
-			return notAvailable("node-wide rules of network %q in %s are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, describeChoice(rec, backend), err)
+		// The handle on the directory opened above (it holds no lock of its own: the deferred
+		// Close of dir is its end).
+		h := &handle{cfg: cfg, dir: dir, nf: inUse(cfg, rec, dir)}
+		if err := h.missingNodeRules(); err != nil {
+			return notAvailable("node-wide rules of network %q in %s are missing (the next ADD or kubenet-agent restores them): %v", cfg.Network, describeChoice(rec, h.nf.backend), err)
 		}
 		return ctx.Err()
 	}

@@ -8,12 +8,6 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
 
-// VerifiedRulesFile, in the network's directory of the data dir, remembers which dumps of the
-// node-wide chains were found to hold which plan (nft.Verified), so that ADD recognises a healthy
-// node's rules from a digest of one raw dump instead of decoding them. host-local ignores it (no
-// container ID in it).
-const VerifiedRulesFile = "kubenet-verified-rules.json"
-
 // maxVerifiedPairs bounds the file: a pair per mechanism (isolation, host ports, SNAT) and plan
 // (a configuration, a release) on this kernel; older pairs go first.
 const maxVerifiedPairs = 16

@@ -49,10 +49,10 @@ func TestAllocateUntilExhausted(t *testing.T) {
 				if !r.Contains(a) || !slices.Contains(tc.set, r) {
 					t.Errorf("%s returned with range %s", a, r)
 				}
-				if c := readFile(t, filepath.Join(s.Dir(), a.String())); c != id+"\r\neth0" {
+				if c := readFile(t, filepath.Join(s.Path(), a.String())); c != id+"\r\neth0" {
 					t.Errorf("file %s holds %q", a, c)
 				}
-				if c := readFile(t, filepath.Join(s.Dir(), "last_reserved_ip.0")); c != a.String() {
+				if c := readFile(t, filepath.Join(s.Path(), "last_reserved_ip.0")); c != a.String() {
 					t.Errorf("cursor holds %q after allocating %s", c, a)
 				}
 				got = append(got, a.String())
@@ -61,7 +61,7 @@ func TestAllocateUntilExhausted(t *testing.T) {
 				t.Errorf("allocated %v, want %v", got, tc.want)
 			}
 
-			before := dirNames(t, s.Dir())
+			before := dirNames(t, s.Path())
 			_, _, err := s.Allocate(0, tc.set, "late", "eth0")
 			if !errors.Is(err, ErrExhausted) {
 				t.Fatalf("Allocate on a full set: %v, want ErrExhausted", err)
@@ -69,7 +69,7 @@ func TestAllocateUntilExhausted(t *testing.T) {
 			if want := "no IP addresses available in range set " + tc.set.String(); err.Error() != want {
 				t.Errorf("error %q, want %q", err, want)
 			}
-			if after := dirNames(t, s.Dir()); !slices.Equal(before, after) {
+			if after := dirNames(t, s.Path()); !slices.Equal(before, after) {
 				t.Errorf("failed Allocate changed the directory: %v -> %v", before, after)
 			}
 		})
@@ -108,7 +108,7 @@ func TestCursor(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openStore(t)
-			writeFiles(t, s.Dir(), map[string]string{"last_reserved_ip.0": tc.cursor})
+			writeFiles(t, s.Path(), map[string]string{"last_reserved_ip.0": tc.cursor})
 			if got := allocate(t, s, 0, set, "a", "eth0"); got.String() != tc.want {
 				t.Errorf("allocated %s, want %s", got, tc.want)
 			}
@@ -123,10 +123,10 @@ func TestCursorPerSet(t *testing.T) {
 	allocate(t, s, 0, v4, "a", "eth0")
 	allocate(t, s, 1, v6, "a", "eth0")
 	allocate(t, s, 0, v4, "b", "eth0")
-	if c := readFile(t, filepath.Join(s.Dir(), "last_reserved_ip.0")); c != "10.0.0.3" {
+	if c := readFile(t, filepath.Join(s.Path(), "last_reserved_ip.0")); c != "10.0.0.3" {
 		t.Errorf("cursor 0 = %q", c)
 	}
-	if c := readFile(t, filepath.Join(s.Dir(), "last_reserved_ip.1")); c != "fd00::2" {
+	if c := readFile(t, filepath.Join(s.Path(), "last_reserved_ip.1")); c != "fd00::2" {
 		t.Errorf("cursor 1 = %q", c)
 	}
 }
@@ -150,8 +150,8 @@ func TestAllocateAddr(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openStore(t)
-			writeFiles(t, s.Dir(), map[string]string{"10.0.0.9": "other\r\neth1"})
-			before := dirNames(t, s.Dir())
+			writeFiles(t, s.Path(), map[string]string{"10.0.0.9": "other\r\neth1"})
+			before := dirNames(t, s.Path())
 			addr := netip.MustParseAddr(tc.addr)
 			r, err := s.AllocateAddr(0, set, addr, "mine", "eth0")
 			if tc.wantErr == nil {
@@ -161,11 +161,11 @@ func TestAllocateAddr(t *testing.T) {
 				if r != set[tc.wantRange] {
 					t.Errorf("range %s, want %s", r, set[tc.wantRange])
 				}
-				if c := readFile(t, filepath.Join(s.Dir(), tc.addr)); c != "mine\r\neth0" {
+				if c := readFile(t, filepath.Join(s.Path(), tc.addr)); c != "mine\r\neth0" {
 					t.Errorf("file holds %q", c)
 				}
 				// host-local moves the cursor on requested addresses too.
-				if c := readFile(t, filepath.Join(s.Dir(), "last_reserved_ip.0")); c != tc.addr {
+				if c := readFile(t, filepath.Join(s.Path(), "last_reserved_ip.0")); c != tc.addr {
 					t.Errorf("cursor %q", c)
 				}
 				return
@@ -174,7 +174,7 @@ func TestAllocateAddr(t *testing.T) {
 			if errors.Is(err, ErrInUse) != tc.inUse {
 				t.Errorf("errors.Is(%v, ErrInUse) = %v", err, !tc.inUse)
 			}
-			if after := dirNames(t, s.Dir()); !slices.Equal(before, after) {
+			if after := dirNames(t, s.Path()); !slices.Equal(before, after) {
 				t.Errorf("failed AllocateAddr changed the directory: %v -> %v", before, after)
 			}
 		})
@@ -205,12 +205,12 @@ func TestAllocateBadArguments(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openStore(t)
-			before := dirNames(t, s.Dir())
+			before := dirNames(t, s.Path())
 			_, _, err := s.Allocate(tc.setIndex, tc.set, tc.id, tc.ifname)
 			wantErrorMentions(t, "Allocate", err, tc.want)
 			_, err = s.AllocateAddr(tc.setIndex, tc.set, netip.MustParseAddr("10.0.0.5"), tc.id, tc.ifname)
 			wantErrorMentions(t, "AllocateAddr", err, tc.want)
-			if after := dirNames(t, s.Dir()); !slices.Equal(before, after) {
+			if after := dirNames(t, s.Path()); !slices.Equal(before, after) {
 				t.Errorf("directory changed: %v -> %v", before, after)
 			}
 		})
@@ -231,9 +231,9 @@ func TestAllocateFillsDefaults(t *testing.T) {
 
 func TestOpenRejectsBadNetworkNames(t *testing.T) {
 	for _, name := range []string{"", ".", "..", "a/b", "../x"} {
-		if s, err := Open(t.TempDir(), name); err == nil {
+		if s, err := openTestStore(t.TempDir(), name); err == nil {
 			_ = s.Close()
-			t.Errorf("Open(%q) succeeded", name)
+			t.Errorf("openTestStore(%q) succeeded", name)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 // prefill reserves the first n addresses of set[0] by writing the files directly (as fast as the
 // disk allows, without the allocator's fsyncs) and points the cursor at the last of them, as a
 // long-running node would look after n round-robin allocations.
-func prefill(b *testing.B, s *Store, set RangeSet, n int) {
+func prefill(b *testing.B, s *testStore, set RangeSet, n int) {
 	b.Helper()
 	a := set[0].Start
 	for i := 0; i < n; a = a.Next() {
@@ -19,7 +19,7 @@ func prefill(b *testing.B, s *Store, set RangeSet, n int) {
 			continue
 		}
 		content := owner{"prefill-" + strconv.Itoa(i), "eth0"}.content()
-		if err := os.WriteFile(filepath.Join(s.Dir(), a.String()), content, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(s.Path(), a.String()), content, 0o600); err != nil {
 			b.Fatal(err)
 		}
 		i++

@@ -26,7 +26,7 @@ func checkUnique(t *testing.T, got []netip.Addr, want int) {
 
 // underLock runs job(s, i) for every i < n, spread over one goroutine per store, each call under
 // that store's lock, and returns the first error.
-func underLock(stores []*Store, n int, job func(s *Store, i int) error) error {
+func underLock(stores []*testStore, n int, job func(s *testStore, i int) error) error {
 	jobs := make(chan int, n)
 	for i := range n {
 		jobs <- i
@@ -61,7 +61,7 @@ func underLock(stores []*Store, n int, job func(s *Store, i int) error) error {
 func TestConcurrentStores(t *testing.T) {
 	const workers, total = 16, 200
 	dataDir := t.TempDir()
-	stores := make([]*Store, workers)
+	stores := make([]*testStore, workers)
 	for i := range stores {
 		stores[i] = openStoreAt(t, dataDir)
 	}
@@ -69,7 +69,7 @@ func TestConcurrentStores(t *testing.T) {
 	id := func(i int) string { return "pod-" + strconv.Itoa(i) }
 
 	got := make([]netip.Addr, total) // each index is written by one goroutine only
-	err := underLock(stores, total, func(s *Store, i int) (err error) {
+	err := underLock(stores, total, func(s *testStore, i int) (err error) {
 		got[i], _, err = s.Allocate(0, set, id(i), "eth0")
 		return err
 	})
@@ -81,7 +81,7 @@ func TestConcurrentStores(t *testing.T) {
 		t.Fatalf("List has %d reservations, want %d", n, total)
 	}
 
-	err = underLock(stores, total, func(s *Store, i int) error {
+	err = underLock(stores, total, func(s *testStore, i int) error {
 		released, err := s.Release(id(i), "eth0", got[i:i+1])
 		if err == nil && !slices.Equal(released, got[i:i+1]) {
 			err = fmt.Errorf("Release(%s) released %v, want %s", id(i), released, got[i])
@@ -91,7 +91,7 @@ func TestConcurrentStores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if names := dirNames(t, stores[0].Dir()); !slices.Equal(names, []string{"last_reserved_ip.0", "lock"}) {
+	if names := dirNames(t, stores[0].Path()); !slices.Equal(names, []string{"last_reserved_ip.0", "lock"}) {
 		t.Errorf("directory after releasing everything = %v", names)
 	}
 }
@@ -166,52 +166,5 @@ func TestChildAllocator(t *testing.T) {
 	for i := range n {
 		a := allocate(t, s, 0, set, fmt.Sprintf("proc%s-%d", parts[1], i), "eth0")
 		fmt.Printf("ALLOCATED %s\n", a)
-	}
-}
-
-// TestNetfilterLockAmongGoroutines: two goroutines of one Store take the netfilter lock one after
-// the other, and while the second holds it no other Store (another process) gets it. The OFD lock
-// alone lets the second in at once when it asks while the first holds it, and the first one's
-// release then frees it for everyone; many rounds make the second ask in time in some of them.
-func TestNetfilterLockAmongGoroutines(t *testing.T) {
-	dir := t.TempDir()
-	one, err := Open(dir, "net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer one.Close()
-	other, err := Open(dir, "net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	for round := range 2000 {
-		unlockA, err := one.LockNetfilter()
-		if err != nil {
-			t.Fatal(err)
-		}
-		asking, held := make(chan struct{}), make(chan func() error)
-		go func() {
-			close(asking)
-			unlockB, err := one.LockNetfilter()
-			if err != nil {
-				t.Error(err)
-			}
-			held <- unlockB
-		}()
-		<-asking
-		if err := unlockA(); err != nil {
-			t.Fatal(err)
-		}
-		unlockB := <-held
-		if unlockC, ok, err := other.lockByte(netfilterByte, "netfilter", false); err != nil || ok {
-			if ok {
-				_ = unlockC()
-			}
-			t.Fatalf("round %d: another Store took the netfilter lock while a goroutine of the first held it (ok %v, err %v)", round, ok, err)
-		}
-		if err := unlockB(); err != nil {
-			t.Fatal(err)
-		}
 	}
 }

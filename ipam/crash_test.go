@@ -14,7 +14,7 @@ import (
 func TestCrashLeftovers(t *testing.T) {
 	s := openStore(t)
 	set := rangeSet(t, "10.0.0.0/29") // .2 to .6
-	writeFiles(t, s.Dir(), map[string]string{
+	writeFiles(t, s.Path(), map[string]string{
 		".kubenet-ip-1234": "dead\r\neth0", // we died between writing the temp file and link(2)
 		"10.0.0.2":         "",             // host-local died between create and write
 		"10.0.0.3":         " \r\n ",       // whitespace only
@@ -49,13 +49,13 @@ func TestCrashLeftovers(t *testing.T) {
 	if n, err := s.RemoveTemp(); n != 1 || err != nil {
 		t.Errorf("RemoveTemp = %d, %v; want 1", n, err)
 	}
-	if names := dirNames(t, s.Dir()); !slices.Equal(names, []string{"10.0.0.5", "10.0.0.6", "last_reserved_ip.0", "lock"}) {
+	if names := dirNames(t, s.Path()); !slices.Equal(names, []string{"10.0.0.5", "10.0.0.6", "last_reserved_ip.0", "lock"}) {
 		t.Errorf("directory after GC = %v", names)
 	}
 	if got := allocate(t, s, 0, set, "after-gc", "eth0"); got.String() != "10.0.0.2" {
 		t.Errorf("allocated %s after GC, want 10.0.0.2", got)
 	}
-	if c := readFile(t, filepath.Join(s.Dir(), "10.0.0.2")); c != "after-gc\r\neth0" {
+	if c := readFile(t, filepath.Join(s.Path(), "10.0.0.2")); c != "after-gc\r\neth0" {
 		t.Errorf("reused file holds %q", c)
 	}
 }
@@ -71,7 +71,7 @@ func TestNoTempFilesLeft(t *testing.T) {
 	if _, err := s.AllocateAddr(0, set, a, "b", "eth0"); !errors.Is(err, ErrInUse) {
 		t.Fatal(err)
 	}
-	if names := dirNames(t, s.Dir()); !slices.Equal(names, []string{a.String(), "last_reserved_ip.0", "lock"}) {
+	if names := dirNames(t, s.Path()); !slices.Equal(names, []string{a.String(), "last_reserved_ip.0", "lock"}) {
 		t.Errorf("directory = %v", names)
 	}
 }
@@ -81,15 +81,15 @@ func TestNoTempFilesLeft(t *testing.T) {
 func TestCursorFailureRollsBack(t *testing.T) {
 	s := openStore(t)
 	// A directory where the cursor file belongs makes rename(2) fail, even for root.
-	if err := os.Mkdir(filepath.Join(s.Dir(), "last_reserved_ip.0"), 0o755); err != nil {
+	if err := os.Mkdir(filepath.Join(s.Path(), "last_reserved_ip.0"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	before := dirNames(t, s.Dir())
+	before := dirNames(t, s.Path())
 	_, _, err := s.Allocate(0, rangeSet(t, "10.0.0.0/24"), "a", "eth0")
 	wantErrorMentions(t, "Allocate", err, "reserve 10.0.0.2", "cursor 0")
 	_, err = s.AllocateAddr(0, rangeSet(t, "10.0.0.0/24"), netip.MustParseAddr("10.0.0.7"), "a", "eth0")
 	wantErrorMentions(t, "AllocateAddr", err, "reserve 10.0.0.7", "cursor 0")
-	if after := dirNames(t, s.Dir()); !slices.Equal(before, after) {
+	if after := dirNames(t, s.Path()); !slices.Equal(before, after) {
 		t.Errorf("failed allocations changed the directory: %v -> %v", before, after)
 	}
 }

@@ -3,7 +3,7 @@
 // The on-disk layout is the one of the reference host-local IPAM plugin, so a node can switch
 // between the two (or run both) without losing reservations:
 //
-//	<dataDir>/<network>/lock                  flock(2) taken around every change
+//	<dataDir>/<network>/lock                  flock(2) taken around every change (internal/statedir)
 //	<dataDir>/<network>/last_reserved_ip.<N>  round-robin cursor of range set N
 //	<dataDir>/<network>/<address>             one file per reservation: "<containerID>\r\n<ifname>"
 //

@@ -17,7 +17,6 @@ import (
 
 // Names inside a network directory. Reservation files are named by their address.
 const (
-	lockName     = "lock"
 	cursorPrefix = "last_reserved_ip."
 	// tempPrefix starts with a dot so that List (and host-local, which parses names as
 	// addresses) never take a half-made file for a reservation.

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"github.com/kubenet-dev/kubenet/internal/statedir"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,14 +11,30 @@ import (
 )
 
 // openStore opens a store in a fresh temporary data dir and closes it when the test ends.
-func openStore(t testing.TB) *Store {
+func openStore(t testing.TB) *testStore {
 	t.Helper()
 	return openStoreAt(t, t.TempDir())
 }
 
-func openStoreAt(t testing.TB, dataDir string) *Store {
+// testStore is a Store with the state dir it lives in: the tests take the network lock around
+// changes, as the core does.
+type testStore struct {
+	*Store
+	*statedir.Dir
+}
+
+// openTestStore opens the network's state dir in dataDir and the store in it.
+func openTestStore(dataDir, network string) (*testStore, error) {
+	d, err := statedir.Open(dataDir, network)
+	if err != nil {
+		return nil, err
+	}
+	return &testStore{Store: New(d.Root()), Dir: d}, nil
+}
+
+func openStoreAt(t testing.TB, dataDir string) *testStore {
 	t.Helper()
-	s, err := Open(dataDir, "kubenet")
+	s, err := openTestStore(dataDir, "kubenet")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +98,7 @@ func readFile(t testing.TB, path string) string {
 }
 
 // allocate calls Allocate under the lock and fails the test on error.
-func allocate(t testing.TB, s *Store, setIndex int, set RangeSet, id, ifname string) netip.Addr {
+func allocate(t testing.TB, s *testStore, setIndex int, set RangeSet, id, ifname string) netip.Addr {
 	t.Helper()
 	if err := s.Lock(); err != nil {
 		t.Fatal(err)
@@ -94,7 +111,7 @@ func allocate(t testing.TB, s *Store, setIndex int, set RangeSet, id, ifname str
 	return a
 }
 
-func release(t testing.TB, s *Store, id, ifname string, hint []netip.Addr) []netip.Addr {
+func release(t testing.TB, s *testStore, id, ifname string, hint []netip.Addr) []netip.Addr {
 	t.Helper()
 	got, err := s.Release(id, ifname, hint)
 	if err != nil {
@@ -103,7 +120,7 @@ func release(t testing.TB, s *Store, id, ifname string, hint []netip.Addr) []net
 	return got
 }
 
-func list(t testing.TB, s *Store) []Allocation {
+func list(t testing.TB, s *testStore) []Allocation {
 	t.Helper()
 	all, err := s.List()
 	if err != nil {
@@ -153,7 +170,7 @@ func wantErrorMentions(t testing.TB, what string, err error, parts ...string) {
 
 // checkExclusion checks that s cannot take the lock between lock and unlock of another holder,
 // and can afterwards; it returns with s holding the lock.
-func checkExclusion(t testing.TB, s *Store, lock, unlock func() error) {
+func checkExclusion(t testing.TB, s *testStore, lock, unlock func() error) {
 	t.Helper()
 	if err := lock(); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ func TestHostileDataDir(t *testing.T) {
 		name    string
 		plant   func(t *testing.T, dataDir, victim string) // before Open
 		openErr error                                      // nil: Open must succeed
-		after   func(t *testing.T, s *Store)               // checks on the open store
+		after   func(t *testing.T, s *testStore)           // checks on the open store
 	}{
 		{name: "world-writable data dir", plant: func(t *testing.T, dataDir, _ string) { chmod(t, dataDir, 0o777) }, openErr: safedir.ErrUntrusted},
 		{name: "group-writable network dir", plant: func(t *testing.T, dataDir, _ string) {
@@ -27,25 +27,25 @@ func TestHostileDataDir(t *testing.T) {
 		}, openErr: safedir.ErrUntrusted},
 		{name: "network dir is a symlink out (replaced)", plant: func(t *testing.T, dataDir, victim string) {
 			symlink(t, filepath.Dir(victim), filepath.Join(dataDir, "kubenet"))
-		}, after: func(t *testing.T, s *Store) {
-			if st, err := os.Lstat(s.Dir()); err != nil || !st.IsDir() {
+		}, after: func(t *testing.T, s *testStore) {
+			if st, err := os.Lstat(s.Path()); err != nil || !st.IsDir() {
 				t.Errorf("network dir %v %v, want a directory", st, err)
 			}
 			allocate(t, s, 0, rangeSet(t, "10.0.0.0/29"), "a", "eth0")
-			if entries, _ := os.ReadDir(filepath.Join(filepath.Dir(s.Dir()), "..", "outside")); len(entries) != 1 {
+			if entries, _ := os.ReadDir(filepath.Join(filepath.Dir(s.Path()), "..", "outside")); len(entries) != 1 {
 				t.Errorf("the store wrote outside: %v", entries)
 			}
 		}},
 		{name: "lock is a symlink to a file outside", plant: func(t *testing.T, dataDir, victim string) {
 			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
 			symlink(t, victim, filepath.Join(dataDir, "kubenet", "lock"))
-		}, after: func(t *testing.T, s *Store) { lockIsRegular(t, s) }},
+		}, after: func(t *testing.T, s *testStore) { lockIsRegular(t, s) }},
 		{name: "lock is a symlink to a missing file outside", plant: func(t *testing.T, dataDir, victim string) {
 			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
 			symlink(t, victim+"-new", filepath.Join(dataDir, "kubenet", "lock"))
-		}, after: func(t *testing.T, s *Store) {
+		}, after: func(t *testing.T, s *testStore) {
 			lockIsRegular(t, s)
-			if _, err := os.Lstat(filepath.Join(filepath.Dir(s.Dir()), "..", "outside", "secret-new")); err == nil {
+			if _, err := os.Lstat(filepath.Join(filepath.Dir(s.Path()), "..", "outside", "secret-new")); err == nil {
 				t.Error("the lock's symlink target was created")
 			}
 		}},
@@ -54,15 +54,15 @@ func TestHostileDataDir(t *testing.T) {
 			if err := syscall.Mkfifo(filepath.Join(dataDir, "kubenet", "lock"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-		}, after: func(t *testing.T, s *Store) { lockIsRegular(t, s) }},
+		}, after: func(t *testing.T, s *testStore) { lockIsRegular(t, s) }},
 		{name: "lock is a directory", plant: func(t *testing.T, dataDir, _ string) {
 			mkdirMode(t, filepath.Join(dataDir, "kubenet", "lock", "x"), 0o755)
-		}, after: func(t *testing.T, s *Store) { lockIsRegular(t, s) }},
+		}, after: func(t *testing.T, s *testStore) { lockIsRegular(t, s) }},
 		{name: "reservation and cursor are symlinks out", plant: func(t *testing.T, dataDir, victim string) {
 			mkdirMode(t, filepath.Join(dataDir, "kubenet"), 0o755)
 			symlink(t, victim, filepath.Join(dataDir, "kubenet", "10.0.0.2"))
 			symlink(t, victim, filepath.Join(dataDir, "kubenet", "last_reserved_ip.0"))
-		}, after: func(t *testing.T, s *Store) {
+		}, after: func(t *testing.T, s *testStore) {
 			set := rangeSet(t, "10.0.0.0/29")
 			// The cursor is not followed (the search starts at the beginning) and the symlinked
 			// address is taken by nobody; allocation goes on, and GC reclaims the name.
@@ -91,7 +91,7 @@ func TestHostileDataDir(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.plant(t, dataDir, victim)
-			s, err := Open(dataDir, "kubenet")
+			s, err := openTestStore(dataDir, "kubenet")
 			switch {
 			case tc.openErr == nil && err != nil:
 				t.Fatalf("Open: %v", err)
@@ -115,9 +115,9 @@ func TestHostileDataDir(t *testing.T) {
 
 var errAny = errors.New("any error")
 
-func lockIsRegular(t *testing.T, s *Store) {
+func lockIsRegular(t *testing.T, s *testStore) {
 	t.Helper()
-	st, err := os.Lstat(filepath.Join(s.Dir(), "lock"))
+	st, err := os.Lstat(filepath.Join(s.Path(), "lock"))
 	if err != nil || !st.Mode().IsRegular() {
 		t.Fatalf("lock is %v %v, want a regular file", st, err)
 	}

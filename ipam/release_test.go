@@ -53,7 +53,7 @@ func TestRelease(t *testing.T) {
 
 func TestReleaseRejectsEmptyID(t *testing.T) {
 	s := openStore(t)
-	writeFiles(t, s.Dir(), map[string]string{"10.0.0.2": ""})
+	writeFiles(t, s.Path(), map[string]string{"10.0.0.2": ""})
 	if _, err := s.Release("", "eth0", nil); err == nil {
 		t.Error("Release with an empty ID succeeded")
 	}
@@ -67,7 +67,7 @@ func TestReleaseRejectsEmptyID(t *testing.T) {
 // allocator (link(2) fails on it), so GC must see it to give the address back.
 func TestListSkipsNonReservations(t *testing.T) {
 	s := openStore(t)
-	writeFiles(t, s.Dir(), map[string]string{
+	writeFiles(t, s.Path(), map[string]string{
 		"last_reserved_ip.0":     "10.0.0.2",
 		"last_reserved_ip.1":     "fd00::2",
 		".kubenet-ip-123":        "x\r\neth0",
@@ -79,10 +79,10 @@ func TestListSkipsNonReservations(t *testing.T) {
 		"fd00::2":                "a\r\neth0",
 		"last_reserved_ip.0.tmp": "10.0.0.2",
 	})
-	if err := os.Mkdir(filepath.Join(s.Dir(), "10.0.0.9"), 0o755); err != nil {
+	if err := os.Mkdir(filepath.Join(s.Path(), "10.0.0.9"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink("10.0.0.2", filepath.Join(s.Dir(), "10.0.0.8")); err != nil {
+	if err := os.Symlink("10.0.0.2", filepath.Join(s.Path(), "10.0.0.8")); err != nil {
 		t.Fatal(err)
 	}
 	want := []Allocation{{addrs("10.0.0.2")[0], "a", "eth0"}, {Addr: addrs("10.0.0.8")[0]}, {Addr: addrs("10.0.0.9")[0]}, {addrs("fd00::2")[0], "a", "eth0"}}
@@ -119,7 +119,7 @@ func TestReleaseAddr(t *testing.T) {
 		t.Errorf("List = %v", got)
 	}
 	// The cursor and lock are untouched.
-	if names := dirNames(t, s.Dir()); !slices.Equal(names, []string{b.String(), "last_reserved_ip.0", "lock"}) {
+	if names := dirNames(t, s.Path()); !slices.Equal(names, []string{b.String(), "last_reserved_ip.0", "lock"}) {
 		t.Errorf("directory = %v", names)
 	}
 }

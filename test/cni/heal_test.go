@@ -15,7 +15,7 @@ import (
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hairpin"
 	"github.com/kubenet-dev/kubenet/hostport"
-	"github.com/kubenet-dev/kubenet/ipam"
+	"github.com/kubenet-dev/kubenet/internal/statedir"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/masq"
 	"github.com/kubenet-dev/kubenet/test/nettest"
@@ -358,7 +358,7 @@ func TestHealLeavesAttachmentInFlight(t *testing.T) {
 	}
 
 	// The DEL of "leaving", held after it removed the elements: its lock, as DEL takes it.
-	store, err := ipam.Open(cfg.DataDir, cfg.Network)
+	store, err := statedir.Open(cfg.DataDir, cfg.Network)
 	if err != nil {
 		t.Fatal(err)
 	}

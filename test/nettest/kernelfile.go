@@ -70,15 +70,5 @@ func misnamedKernelTest(rel string) bool {
 	case strings.HasSuffix(rel, "kernel_test.go"):
 		return false
 	}
-	return !awaitingRename(rel)
-}
-
-// awaitingRename names the kernel tests still under their old file names, in packages another
-// change is restructuring; each goes from this list when its tests move into a *kernel_test.go.
-func awaitingRename(rel string) bool {
-	switch rel {
-	case "core/alongside_test.go", "core/policy_test.go":
-		return true
-	}
-	return false
+	return true
 }

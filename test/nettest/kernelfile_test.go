@@ -16,7 +16,7 @@ func TestMisnamedKernelTest(t *testing.T) {
 		{"test/cni/demo_test.go", false},
 		{"test/nettest/kernelfile_test.go", false},
 		{"bench/bench_test.go", false},
-		{"core/alongside_test.go", false}, // awaiting its rename
+		{"core/alongside_test.go", true},
 		{"bridge/bridge_test.go", true},
 		{"internal/links/links_test.go", true},
 		{"overlay/kernel.go", true},

@@ -1,8 +1,6 @@
 package core
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,78 +11,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/utils"
-
 	"github.com/kubenet-dev/kubenet/internal/safedir"
 )
-
-// Attachment identifies one pod interface on one network: what the runtime passes as
-// CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS. All host-side state is keyed by (network,
-// container ID, interface name), never by what is read back from the pod, so DEL works when the
-// pod's netns is already gone.
-type Attachment struct {
-	ContainerID string
-	IfName      string
-	NetNS       string // may be empty on DEL
-	Pod         string // "namespace/name" from CNI_ARGS, for operators; optional
-}
-
-// MaxContainerIDLen bounds a container ID (runtimes use 64 hex digits). The ID becomes part of
-// file names (at most 255 bytes) and of nftables element comments (at most 256 bytes), together
-// with the interface name.
-const MaxContainerIDLen = 128
-
-// Validate checks the attachment's identifiers with the CNI rules skel applies to the binary's
-// environment (container ID: letters, digits and "_.-", not starting with a symbol; interface
-// name: 1-15 bytes, no "/", ":" or space, not "." or ".."), so that the in-process NetworkPlugin
-// gets the same protection. Both reach file names and kernel object names: with these rules every
-// name kubenet derives from them is unambiguous and stays inside the data dir.
-func (a Attachment) Validate() error {
-	if err := utils.ValidateContainerID(a.ContainerID); err != nil {
-		return types.NewError(err.Code, fmt.Sprintf("container ID %q: %s", a.ContainerID, err.Msg), "")
-	}
-	if len(a.ContainerID) > MaxContainerIDLen {
-		return envError("container ID %.20q...: longer than %d bytes", a.ContainerID, MaxContainerIDLen)
-	}
-	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
-		return envError("interface name %q: %s", a.IfName, err.Msg)
-	}
-	return nil
-}
-
-// Names are the host-side object names derived from an attachment.
-type Names struct {
-	HostVeth string // bridge port
-	IFB      string // egress shaping device
-}
-
-// NamesFor derives the names from a hash of the attachment's key, so they are stable across
-// retries and restarts and DEL can find them without any stored state. The key's parts cannot
-// contain the NUL that separates them.
-func NamesFor(network string, a Attachment) Names {
-	sum := sha256.Sum256([]byte(network + "\x00" + a.ContainerID + "\x00" + a.IfName))
-	h := hex.EncodeToString(sum[:])
-	return Names{HostVeth: hostVethPrefix + h[:nameHashLen], IFB: ifbPrefix + h[:nameHashLen]}
-}
-
-// The names NamesFor gives: a prefix and nameHashLen hex digits of the hash, 15 bytes, the
-// kernel's longest interface name.
-const (
-	hostVethPrefix = "veth"
-	ifbPrefix      = "kifb"
-	nameHashLen    = 11
-)
-
-// isAttachmentLinkName tells whether name has the form of the names NamesFor gives.
-func isAttachmentLinkName(name string) bool {
-	for _, prefix := range []string{hostVethPrefix, ifbPrefix} {
-		if h, ok := strings.CutPrefix(name, prefix); ok && len(h) == nameHashLen && strings.Trim(h, "0123456789abcdef") == "" {
-			return true
-		}
-	}
-	return false
-}
 
 // Record is what kubenet remembers of an attachment on disk. It is written before anything is
 // created (so a crashed ADD can be cleaned up by DEL or GC) and removed last by DEL.
@@ -97,6 +25,8 @@ type Record struct {
 	PortMappings []PortMapping  `json:"portMappings,omitempty"`
 	Bandwidth    *Bandwidth     `json:"bandwidth,omitempty"`
 }
+
+func (rec *Record) key() attachmentKey { return attachmentKey{rec.ContainerID, rec.IfName} }
 
 func (rec *Record) attachment() Attachment {
 	return Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName, NetNS: rec.NetNS, Pod: rec.Pod}
@@ -128,30 +58,10 @@ type Records struct{ networkDir string }
 // NewRecords returns the record store under the network's IPAM directory.
 func NewRecords(networkDir string) Records { return Records{networkDir: networkDir} }
 
-// recordName is the record's file name: "<container ID>@<ifname>.json". A container ID never
-// contains "@", so the first "@" separates the two, and no two attachments share a name.
-func recordName(a Attachment) string { return a.ContainerID + "@" + a.IfName + ".json" }
-
 // RecordPath is the path of a's record file in the network directory networkDir (for operators
 // and tests; kubenet itself reaches it only through Records).
 func RecordPath(networkDir string, a Attachment) string {
-	return filepath.Join(networkDir, RecordDirName, recordName(a))
-}
-
-// legacyRecordName is the name earlier versions used ("<id>_<ifname>.json"), which two
-// attachments can share ("a_b"+"c" and "a"+"b_c"): such a file counts only when its content
-// names the attachment.
-func legacyRecordName(a Attachment) string { return a.ContainerID + "_" + a.IfName + ".json" }
-
-// parseRecordName is the inverse of recordName; false for any other name.
-func parseRecordName(name string) (Attachment, bool) {
-	base, ok := strings.CutSuffix(name, ".json")
-	if !ok {
-		return Attachment{}, false
-	}
-	id, ifName, ok := strings.Cut(base, "@")
-	a := Attachment{ContainerID: id, IfName: ifName}
-	return a, ok && a.Validate() == nil
+	return filepath.Join(networkDir, RecordDirName, a.key().recordName())
 }
 
 // open opens the records directory (creating it when create is set); without create, a missing
@@ -176,12 +86,12 @@ func (r Records) Load(a Attachment) (*Record, error) {
 		return nil, err
 	}
 	defer d.Close()
-	rec, err := readRecord(d, recordName(a), a)
+	rec, err := readRecord(d, a.key().recordName(), a)
 	if rec != nil || err != nil {
 		return rec, err
 	}
 	// A record of an earlier version counts only when it is readable and names a.
-	rec, err = readRecord(d, legacyRecordName(a), a)
+	rec, err = readRecord(d, a.key().legacyRecordName(), a)
 	if err != nil {
 		return nil, nil
 	}
@@ -251,11 +161,11 @@ func (r Records) Written(a Attachment) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("attachment record: %w", fs.ErrNotExist)
 	}
 	defer d.Close()
-	st, err := d.Lstat(recordName(a))
+	st, err := d.Lstat(a.key().recordName())
 	if errors.Is(err, fs.ErrNotExist) {
 		// A record of an earlier version counts as the attachment's.
-		if rec, lerr := readRecord(d, legacyRecordName(a), a); lerr == nil && rec != nil {
-			st, err = d.Lstat(legacyRecordName(a))
+		if rec, lerr := readRecord(d, a.key().legacyRecordName(), a); lerr == nil && rec != nil {
+			st, err = d.Lstat(a.key().legacyRecordName())
 		}
 	}
 	if err != nil {
@@ -282,7 +192,7 @@ func (r Records) Save(rec *Record) error {
 	// No fsync: the reservations (durable) already name the container, and the objects the record
 	// describes do not survive a power loss either; the empty file a power loss may leave is a
 	// corrupt record, which DEL and GC clean up from the attachment's key.
-	if err := d.WriteFile(recordName(a), data, 0o600, false); err != nil {
+	if err := d.WriteFile(a.key().recordName(), data, 0o600, false); err != nil {
 		return fmt.Errorf("attachment record: %w", err)
 	}
 	return nil
@@ -303,13 +213,13 @@ func (r Records) Remove(a Attachment) error {
 	}
 	defer d.Close()
 	var errs []error
-	if err := d.RemoveAll(recordName(a)); err != nil {
+	if err := d.RemoveAll(a.key().recordName()); err != nil {
 		errs = append(errs, fmt.Errorf("attachment record: %w", err))
 	}
-	if rec, err := readRecord(d, legacyRecordName(a), a); rec != nil && err == nil {
-		errs = append(errs, d.Remove(legacyRecordName(a)))
+	if rec, err := readRecord(d, a.key().legacyRecordName(), a); rec != nil && err == nil {
+		errs = append(errs, d.Remove(a.key().legacyRecordName()))
 	}
-	return errors.Join(append(errs, removeIfOnlyTemp(r.networkDir, d, safedir.TempPrefix(recordName(a))))...)
+	return errors.Join(append(errs, removeIfOnlyTemp(r.networkDir, d, safedir.TempPrefix(a.key().recordName())))...)
 }
 
 // removeIfOnlyTemp removes the records directory d when it holds nothing but temporary files,
@@ -390,7 +300,8 @@ func (r Records) Scan() (RecordScan, error) {
 			s.Temp = append(s.Temp, name)
 			continue
 		}
-		if a, ok := parseRecordName(name); ok {
+		if k, ok := parseRecordName(name); ok {
+			a := k.attachment()
 			rec, err := readRecord(d, name, a)
 			var corrupt *CorruptRecordError
 			switch {
@@ -407,7 +318,7 @@ func (r Records) Scan() (RecordScan, error) {
 		// was made from.
 		data, err := d.ReadFile(name)
 		if err == nil {
-			if rec, err := parseRecord(data); err == nil && legacyRecordName(rec.attachment()) == name {
+			if rec, err := parseRecord(data); err == nil && rec.key().legacyRecordName() == name {
 				s.Records = append(s.Records, *rec)
 				continue
 			}
@@ -443,7 +354,7 @@ func (s RecordScan) claimant(a netip.Addr) (attachmentKey, bool) {
 	for _, rec := range s.Records {
 		for _, p := range rec.IPs {
 			if p.Addr() == a {
-				return attachmentKey{rec.ContainerID, rec.IfName}, true
+				return rec.key(), true
 			}
 		}
 	}
