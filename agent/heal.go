@@ -39,8 +39,9 @@ type healer struct {
 	// done, when not nil, is told of every pass (tests wait on it).
 	done func(healPass)
 	// loop runs the passes (newHealer): at start and every period a full one, and one on
-	// every trigger below, minGap apart: the healer's own writes are events too, and a rule
-	// that kept being changed back (another tool fighting over it) must not make it spin.
+	// every trigger below, minGap after the previous pass ended: the healer's own writes are
+	// events too, and a rule that kept being changed back (another tool fighting over it) must
+	// not make it spin, however long a pass takes.
 	loop *loop.Loop
 	subs *subscriptions // open while run runs
 }

@@ -31,14 +31,16 @@ func run(t *testing.T, cfg Config, passes chan Wake) *Loop {
 	return l
 }
 
-func next(t *testing.T, passes <-chan Wake) Wake {
+// next returns what the next pass sends on passes, or fails the test at the deadline.
+func next[T any](t *testing.T, passes <-chan T) T {
 	t.Helper()
 	select {
 	case w := <-passes:
 		return w
 	case <-time.After(deadline):
 		t.Fatal("no pass")
-		return Wake{}
+		var zero T
+		return zero
 	}
 }
 
@@ -250,5 +252,51 @@ func TestStopsOnCancel(t *testing.T) {
 	}
 	if passes != 1 {
 		t.Fatalf("%d passes, want only the one that ran when ctx ended", passes)
+	}
+}
+
+// storm fires trigger from a goroutine of its own until the test ends, as another tool fighting
+// over the controller's state keeps making events.
+func storm(t *testing.T, l *Loop, trigger string) {
+	t.Helper()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			l.Fire(trigger)
+			time.Sleep(time.Millisecond) // an event a millisecond: a storm, without pinning a core
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+}
+
+// TestMinGapAfterLongPass: the minimum gap is time the loop leaves idle after a pass. A pass
+// longer than the gap (a heal of a big node), woken all along by events (another tool flushing
+// the ruleset in a loop), still waits the gap before the next triggered pass: it must not run
+// back to back and keep a core busy for as long as the fight lasts.
+func TestMinGapAfterLongPass(t *testing.T) {
+	const gap, took = 50 * time.Millisecond, 80 * time.Millisecond
+	type span struct{ start, end time.Time }
+	spans := make(chan span, 100)
+	l := run(t, Config{MinGap: gap, Pass: func(context.Context, Wake) Outcome {
+		start := time.Now()
+		time.Sleep(took) // the pass's work
+		spans <- span{start, time.Now()}
+		return Outcome{}
+	}}, make(chan Wake, 100))
+	storm(t, l, "event")
+	prev := next(t, spans)
+	for i := range 4 {
+		s := next(t, spans)
+		if idle := s.start.Sub(prev.end); idle < gap-5*time.Millisecond {
+			t.Fatalf("pass %d started %s after the previous one ended, want at least the gap %s (a %s pass)", i+2, idle, gap, took)
+		}
+		prev = s
 	}
 }
