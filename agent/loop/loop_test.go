@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -298,5 +299,107 @@ func TestMinGapAfterLongPass(t *testing.T) {
 			t.Fatalf("pass %d started %s after the previous one ended, want at least the gap %s (a %s pass)", i+2, idle, gap, took)
 		}
 		prev = s
+	}
+}
+
+// TestTriggerStorm: thousands of fires from many goroutines while passes run coalesce into few
+// passes, triggered passes keep the minimum gap, the last fire still gets its pass, and Run
+// leaves no goroutine behind.
+func TestTriggerStorm(t *testing.T) {
+	const gap = 20 * time.Millisecond
+	before := runtime.NumGoroutine()
+	var mu sync.Mutex
+	var starts []time.Time
+	ctx, cancel := context.WithCancel(context.Background())
+	l := New(Config{MinGap: gap, Pass: func(_ context.Context, w Wake) Outcome {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return Outcome{}
+	}})
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	var firing sync.WaitGroup
+	for g := range 8 {
+		firing.Go(func() {
+			for i := range 5000 {
+				l.Fire([]string{"a", "b", "c"}[(g+i)%3])
+			}
+		})
+	}
+	firing.Wait()
+	l.Fire("last")
+	poll(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(starts) > 0 && time.Since(starts[len(starts)-1]) > 3*gap
+	})
+	mu.Lock()
+	n := len(starts)
+	for i := 1; i < n; i++ {
+		if d := starts[i].Sub(starts[i-1]); d < gap {
+			t.Errorf("passes %d and %d %s apart, want the gap %s", i, i+1, d, gap)
+		}
+	}
+	mu.Unlock()
+	if n > 200 {
+		t.Errorf("%d passes for 40000 fires", n)
+	}
+	l.mu.Lock()
+	if len(l.fired) != 0 {
+		t.Errorf("triggers %v left without a pass", l.fired)
+	}
+	l.mu.Unlock()
+	cancel()
+	<-done
+	poll(t, func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// TestTriggerDuringFailedPass: a trigger fired while a pass fails is not lost in the backoff: the
+// next pass sees it, and once a pass succeeds no retry follows.
+func TestTriggerDuringFailedPass(t *testing.T) {
+	passes := make(chan Wake, 10)
+	var l *Loop
+	fail := true
+	ready := make(chan struct{})
+	l = run(t, Config{AtStart: true, BackoffMin: time.Hour, BackoffMax: time.Hour, Pass: func(_ context.Context, w Wake) Outcome {
+		if fail {
+			fail = false
+			<-ready
+			l.Fire("during")
+			return Outcome{Err: errors.New("refused")}
+		}
+		return Outcome{}
+	}}, passes)
+	close(ready)
+	next(t, passes)
+	if w := next(t, passes); !w.Fired("during") || w.Retry || w.Failures != 1 {
+		t.Fatalf("pass after the failure %+v, want the trigger's, after 1 failure, before the hour's retry", w)
+	}
+	select {
+	case w := <-passes:
+		t.Fatalf("another pass %+v after the success", w)
+	case <-time.After(50 * time.Millisecond): // a retry left armed would come now: the period is 0
+	}
+}
+
+// TestStopsDuringGap: ctx ending while a triggered pass waits out the minimum gap ends Run at
+// once, without that pass.
+func TestStopsDuringGap(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	passes := make(chan Wake, 10)
+	l := New(Config{AtStart: true, MinGap: time.Hour, Pass: func(_ context.Context, w Wake) Outcome { passes <- w; return Outcome{} }})
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	next(t, passes)
+	l.Fire("x")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(deadline):
+		t.Fatal("Run did not return while it waited out the gap")
+	}
+	if len(passes) > 0 {
+		t.Fatalf("a pass %+v after the start pass, want none", <-passes)
 	}
 }
