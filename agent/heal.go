@@ -39,11 +39,26 @@ type healer struct {
 	// done, when not nil, is told of every pass (tests wait on it).
 	done func(healPass)
 	// loop runs the passes (newHealer): at start and every period a full one, and one on
-	// every trigger below, minGap apart: the healer's own writes are events too, and a rule
-	// that kept being changed back (another tool fighting over it) must not make it spin.
+	// every trigger below, minGap after the previous pass ended: the healer's own writes are
+	// events too, and a rule that kept being changed back (another tool fighting over it) must
+	// not make it spin, however long a pass takes.
 	loop *loop.Loop
 	subs *subscriptions // open while run runs
+	// openTables and openLinks subscribe to nftables and link events (watchTables,
+	// watchBridges; tests replace them).
+	openTables, openLinks opener
+	// tablesLost and linksLost: the subscription could not be opened (the loop's goroutine
+	// only); each pass tries again, and one is asked for after resubscribeWait.
+	tablesLost, linksLost bool
+	resubscribeWait       time.Duration
 }
+
+// opener subscribes to events on the calling goroutine and returns their forwarder (subscriptions.follow).
+type opener func() (forward func(context.Context) bool, closeFn func(), err error)
+
+// resubscribeMin is the first wait before a subscription that could not be opened is tried
+// again; it doubles up to the heal period.
+const resubscribeMin = time.Second
 
 // The healer's triggers.
 const (
@@ -56,6 +71,7 @@ const (
 // newHealer returns a healer; run starts it.
 func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*core.Config, error), done func(healPass)) *healer {
 	h := &healer{log: log, period: period, config: config, done: done}
+	h.openTables, h.openLinks = h.watchTables, h.watchBridges
 	h.loop = loop.New(loop.Config{
 		AtStart: true, // the first pass compares everything
 		Period:  period,
@@ -66,7 +82,7 @@ func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*c
 		Pass: func(ctx context.Context, w loop.Wake) loop.Outcome {
 			h.resubscribe(w)
 			h.pass(ctx, w.Start || w.Periodic)
-			return loop.Outcome{}
+			return loop.Outcome{After: h.resubscribeLater()}
 		},
 	})
 	return h
@@ -103,27 +119,54 @@ func (h *healer) run(ctx context.Context) {
 }
 
 func (h *healer) followTables() {
-	if err := h.subs.follow(h.watchTables, func() { h.loop.Fire(healTablesEnded) }); err != nil {
-		h.log.Warn("nftables events unavailable; the node-wide state is only checked periodically", "err", err, "period", h.period)
-	}
+	h.tablesLost = h.follow("nftables", h.openTables, healTablesEnded, h.tablesLost,
+		"nftables events unavailable; the node-wide state is only checked periodically until they are back")
 }
 
 func (h *healer) followLinks() {
-	if err := h.subs.follow(h.watchBridges, func() { h.loop.Fire(healLinksEnded) }); err != nil {
-		h.log.Warn("link events unavailable; the bridge's nf_call options are only checked periodically", "err", err, "period", h.period)
+	h.linksLost = h.follow("link", h.openLinks, healLinksEnded, h.linksLost,
+		"link events unavailable; the bridge's nf_call options are only checked periodically until they are back")
+}
+
+// follow subscribes with open; ended is the trigger fired when the subscription ends. It
+// returns whether the subscription is lost (could not be opened), which wasLost says it was
+// before: the failure is logged once, and the return when it opens again.
+func (h *healer) follow(what string, open opener, ended string, wasLost bool, unavailable string) bool {
+	if err := h.subs.follow(open, func() { h.loop.Fire(ended) }); err != nil {
+		if !wasLost {
+			h.log.Warn(unavailable, "err", err, "period", h.period)
+		}
+		return true
 	}
+	if wasLost {
+		h.log.Info(what + " events available again")
+	}
+	return false
 }
 
 // resubscribe subscribes again to what ended (events were lost: the pass that follows looks at
-// what may have changed).
+// what may have changed) or could not be opened before.
 func (h *healer) resubscribe(w loop.Wake) {
-	if w.Fired(healTablesEnded) {
+	if w.Fired(healTablesEnded) || h.tablesLost {
 		h.followTables()
 	}
 	if w.Fired(healLinksEnded) {
 		h.log.Warn("link event subscription ended; subscribing again")
+	}
+	if w.Fired(healLinksEnded) || h.linksLost {
 		h.followLinks()
 	}
+}
+
+// resubscribeLater is how long until the next attempt at a subscription that could not be
+// opened (0: none is lost), each attempt waiting twice as long as the one before, up to the period.
+func (h *healer) resubscribeLater() time.Duration {
+	if !h.tablesLost && !h.linksLost {
+		h.resubscribeWait = 0
+		return 0
+	}
+	h.resubscribeWait = min(max(2*h.resubscribeWait, resubscribeMin), max(h.period, resubscribeMin))
+	return h.resubscribeWait
 }
 
 // subscriptions are the healer's event subscriptions and the goroutines that forward them.

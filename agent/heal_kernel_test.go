@@ -194,6 +194,66 @@ func TestHealerRestoresFlushedRuleset(t *testing.T) {
 	}
 }
 
+// TestHealerFlushStormKeepsGap: another tool flushes the ruleset in a loop while the healer
+// runs on a node whose repair takes longer than the healer's minimum gap (50 pods with host
+// ports). Each pass the events ask for starts the gap after the previous one ended: the healer
+// never runs back to back for as long as the fight lasts. Once the tool stops, the node is healed.
+func TestHealerFlushStormKeepsGap(t *testing.T) {
+	const gap = 50 * time.Millisecond
+	w := newHealWorld(t, 49)
+	elements := w.elements(t)
+	passes := w.startHealer(t, time.Hour, gap)
+	stop, stopped := make(chan struct{}), make(chan error, 1)
+	go func() {
+		stopped <- w.node.NS.Do(func(ns.NetNS) error {
+			c, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			for {
+				select {
+				case <-stop:
+					return nil
+				case <-time.After(5 * time.Millisecond): // the other tool's pace, not a synchronisation
+				}
+				c.FlushRuleset()
+				if err := c.Flush(); err != nil {
+					return err
+				}
+			}
+		})
+	}()
+	var prevEnd time.Time
+	for i := 0; i < 6; {
+		select {
+		case p := <-passes:
+			end := time.Now()
+			if p.full {
+				continue
+			}
+			if p.err != nil {
+				t.Fatalf("pass: %v", p.err)
+			}
+			// The receive comes a little after the pass ended: gap/2 keeps that out of the way,
+			// while passes back to back are microseconds apart.
+			if idle := end.Add(-p.took).Sub(prevEnd); !prevEnd.IsZero() && idle < gap/2 {
+				t.Fatalf("a pass of %s started %s after the previous one ended, want the minimum gap %s", p.took, idle, gap)
+			}
+			prevEnd = end
+			i++
+		case <-time.After(10 * time.Second):
+			t.Fatal("no heal pass during the flush storm")
+		}
+	}
+	close(stop)
+	if err := <-stopped; err != nil {
+		t.Fatalf("the flushing tool: %v", err)
+	}
+	if err := w.healed(t, elements); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHealerPeriodicPass: elements deleted behind kubenet's back (element events are not
 // watched: every pod's ADD and DEL makes them), a hostPort one and an isolation one, and a sysctl
 // turned off come back with the periodic pass.

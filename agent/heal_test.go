@@ -2,8 +2,14 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // TestSubscriptionClosedWhenItEnds: a subscription that ended on its own (its socket overflowed)
@@ -34,5 +40,61 @@ func TestSubscriptionClosedWhenItEnds(t *testing.T) {
 	subs.close()
 	if len(closed) != 0 {
 		t.Errorf("the subscription was closed %d more times when the healer stopped", len(closed))
+	}
+}
+
+// TestSubscriptionRetriedAfterFailure: a subscription that could not be opened (at start, or
+// again after its socket overflowed) is tried again until it opens: one failed attempt must not
+// leave the healer without events, checking only every period, until the agent restarts.
+func TestSubscriptionRetriedAfterFailure(t *testing.T) {
+	ends := func(context.Context) bool { return true } // the socket overflowed at once
+	follows := func(ctx context.Context) bool { <-ctx.Done(); return false }
+	refused := errors.New("no buffer space available")
+	for _, tc := range []struct {
+		name  string
+		opens []error // the answer of each attempt to open; nil: opened
+	}{
+		{"failed at start", []error{refused, nil}},
+		{"failed when subscribing again", []error{nil, refused, nil}},
+		{"failed several times", []error{refused, refused, refused, nil}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, time.Millisecond,
+				func() (*core.Config, error) { return nil, nil }, nil)
+			var mu sync.Mutex
+			attempts := 0
+			h.openTables = func() (func(context.Context) bool, func(), error) {
+				mu.Lock()
+				defer mu.Unlock()
+				attempts++
+				switch {
+				case attempts > len(tc.opens):
+					t.Errorf("attempt %d: the subscription was opened already", attempts)
+					return follows, func() {}, nil
+				case tc.opens[attempts-1] != nil:
+					return nil, nil, tc.opens[attempts-1]
+				case attempts < len(tc.opens):
+					return ends, func() {}, nil
+				default:
+					return follows, func() {}, nil
+				}
+			}
+			h.openLinks = func() (func(context.Context) bool, func(), error) { return follows, func() {}, nil }
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); h.run(ctx) }()
+			defer func() { cancel(); <-done }()
+			for end := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				mu.Lock()
+				n := attempts
+				mu.Unlock()
+				if n >= len(tc.opens) {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("%d attempts to subscribe after 20 s, want %d", n, len(tc.opens))
+				}
+			}
+		})
 	}
 }

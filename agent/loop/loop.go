@@ -21,8 +21,9 @@ type Config struct {
 	AtStart bool
 	// Period, when not zero, runs a pass this often (Wake.Periodic).
 	Period time.Duration
-	// MinGap is the shortest time from one pass to the next that only triggers ask for: a
-	// controller whose own writes are events must not spin on them.
+	// MinGap is the shortest time from the end of one pass to the start of the next that only
+	// triggers ask for: a controller whose own writes are events must not spin on them, and one
+	// whose passes take longer than MinGap (another tool fighting it) must not run back to back.
 	MinGap time.Duration
 	// BackoffMin and BackoffMax bound the wait before a failed pass is retried: it starts at
 	// BackoffMin and doubles with every failure in a row. Zero BackoffMin: no retries (the next
@@ -119,7 +120,7 @@ func (l *Loop) Run(ctx context.Context) {
 	var retry, again <-chan time.Time
 	var backoff time.Duration
 	failures := 0
-	var last time.Time
+	var last time.Time // the end of the last pass
 	w := Wake{Start: l.cfg.AtStart}
 	for ctx.Err() == nil {
 		if !w.Start {
@@ -153,8 +154,8 @@ func (l *Loop) Run(ctx context.Context) {
 			w.fired = l.take(w.fired)
 		}
 		w.Failures = failures
-		last = time.Now()
 		out := l.cfg.Pass(ctx, w)
+		last = time.Now()
 		w = Wake{}
 		if (out.Err != nil || out.Retry) && l.cfg.BackoffMin > 0 {
 			backoff = min(max(2*backoff, l.cfg.BackoffMin), max(l.cfg.BackoffMax, l.cfg.BackoffMin))

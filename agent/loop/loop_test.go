@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -31,14 +32,16 @@ func run(t *testing.T, cfg Config, passes chan Wake) *Loop {
 	return l
 }
 
-func next(t *testing.T, passes <-chan Wake) Wake {
+// next returns what the next pass sends on passes, or fails the test at the deadline.
+func next[T any](t *testing.T, passes <-chan T) T {
 	t.Helper()
 	select {
 	case w := <-passes:
 		return w
 	case <-time.After(deadline):
 		t.Fatal("no pass")
-		return Wake{}
+		var zero T
+		return zero
 	}
 }
 
@@ -250,5 +253,153 @@ func TestStopsOnCancel(t *testing.T) {
 	}
 	if passes != 1 {
 		t.Fatalf("%d passes, want only the one that ran when ctx ended", passes)
+	}
+}
+
+// storm fires trigger from a goroutine of its own until the test ends, as another tool fighting
+// over the controller's state keeps making events.
+func storm(t *testing.T, l *Loop, trigger string) {
+	t.Helper()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			l.Fire(trigger)
+			time.Sleep(time.Millisecond) // an event a millisecond: a storm, without pinning a core
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+}
+
+// TestMinGapAfterLongPass: the minimum gap is time the loop leaves idle after a pass. A pass
+// longer than the gap (a heal of a big node), woken all along by events (another tool flushing
+// the ruleset in a loop), still waits the gap before the next triggered pass: it must not run
+// back to back and keep a core busy for as long as the fight lasts.
+func TestMinGapAfterLongPass(t *testing.T) {
+	const gap, took = 50 * time.Millisecond, 80 * time.Millisecond
+	type span struct{ start, end time.Time }
+	spans := make(chan span, 100)
+	l := run(t, Config{MinGap: gap, Pass: func(context.Context, Wake) Outcome {
+		start := time.Now()
+		time.Sleep(took) // the pass's work
+		spans <- span{start, time.Now()}
+		return Outcome{}
+	}}, make(chan Wake, 100))
+	storm(t, l, "event")
+	prev := next(t, spans)
+	for i := range 4 {
+		s := next(t, spans)
+		if idle := s.start.Sub(prev.end); idle < gap-5*time.Millisecond {
+			t.Fatalf("pass %d started %s after the previous one ended, want at least the gap %s (a %s pass)", i+2, idle, gap, took)
+		}
+		prev = s
+	}
+}
+
+// TestTriggerStorm: thousands of fires from many goroutines while passes run coalesce into few
+// passes, triggered passes keep the minimum gap, the last fire still gets its pass, and Run
+// leaves no goroutine behind.
+func TestTriggerStorm(t *testing.T) {
+	const gap = 20 * time.Millisecond
+	before := runtime.NumGoroutine()
+	var mu sync.Mutex
+	var starts []time.Time
+	ctx, cancel := context.WithCancel(context.Background())
+	l := New(Config{MinGap: gap, Pass: func(_ context.Context, w Wake) Outcome {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return Outcome{}
+	}})
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	var firing sync.WaitGroup
+	for g := range 8 {
+		firing.Go(func() {
+			for i := range 5000 {
+				l.Fire([]string{"a", "b", "c"}[(g+i)%3])
+			}
+		})
+	}
+	firing.Wait()
+	l.Fire("last")
+	poll(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(starts) > 0 && time.Since(starts[len(starts)-1]) > 3*gap
+	})
+	mu.Lock()
+	n := len(starts)
+	for i := 1; i < n; i++ {
+		if d := starts[i].Sub(starts[i-1]); d < gap {
+			t.Errorf("passes %d and %d %s apart, want the gap %s", i, i+1, d, gap)
+		}
+	}
+	mu.Unlock()
+	if n > 200 {
+		t.Errorf("%d passes for 40000 fires", n)
+	}
+	l.mu.Lock()
+	if len(l.fired) != 0 {
+		t.Errorf("triggers %v left without a pass", l.fired)
+	}
+	l.mu.Unlock()
+	cancel()
+	<-done
+	poll(t, func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// TestTriggerDuringFailedPass: a trigger fired while a pass fails is not lost in the backoff: the
+// next pass sees it, and once a pass succeeds no retry follows.
+func TestTriggerDuringFailedPass(t *testing.T) {
+	passes := make(chan Wake, 10)
+	var l *Loop
+	fail := true
+	ready := make(chan struct{})
+	l = run(t, Config{AtStart: true, BackoffMin: time.Hour, BackoffMax: time.Hour, Pass: func(_ context.Context, w Wake) Outcome {
+		if fail {
+			fail = false
+			<-ready
+			l.Fire("during")
+			return Outcome{Err: errors.New("refused")}
+		}
+		return Outcome{}
+	}}, passes)
+	close(ready)
+	next(t, passes)
+	if w := next(t, passes); !w.Fired("during") || w.Retry || w.Failures != 1 {
+		t.Fatalf("pass after the failure %+v, want the trigger's, after 1 failure, before the hour's retry", w)
+	}
+	select {
+	case w := <-passes:
+		t.Fatalf("another pass %+v after the success", w)
+	case <-time.After(50 * time.Millisecond): // a retry left armed would come now: the period is 0
+	}
+}
+
+// TestStopsDuringGap: ctx ending while a triggered pass waits out the minimum gap ends Run at
+// once, without that pass.
+func TestStopsDuringGap(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	passes := make(chan Wake, 10)
+	l := New(Config{AtStart: true, MinGap: time.Hour, Pass: func(_ context.Context, w Wake) Outcome { passes <- w; return Outcome{} }})
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	next(t, passes)
+	l.Fire("x")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(deadline):
+		t.Fatal("Run did not return while it waited out the gap")
+	}
+	if len(passes) > 0 {
+		t.Fatalf("a pass %+v after the start pass, want none", <-passes)
 	}
 }
