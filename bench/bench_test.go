@@ -28,7 +28,7 @@ var (
 	quick          = flag.Bool("bench.quick", false, "small sizes, to try the harness in seconds")
 	withIPAM       = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
 	only           = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale, datapath); empty: all")
-	chainsFlag     = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
+	chainsFlag     = flag.String("bench.chains", kubenetChain+","+referenceChain+","+floorChain, "comma-separated chains to run (for profiling one alone)")
 	kubenetBin     = flag.String("bench.kubenet-bin", "", "a kubenet binary to run instead of building this tree's (to compare commits in one harness; build it with CGO_ENABLED=0)")
 )
 
@@ -82,6 +82,14 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	floorDir := filepath.Join(work, "floor-bin")
+	if _, err := nettest.BuildPackage(floorDir, "./bench/floorplugin", floorPlugin); err != nil {
+		b.Fatal(err)
+	}
+	floorList, err := floorConfList()
+	if err != nil {
+		b.Fatal(err)
+	}
 	var chains []*chain
 	for _, c := range []struct {
 		name   string
@@ -90,6 +98,7 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}{
 		{kubenetChain, kubenetConfList(b, node.Node, *kubenetBackend), binDir},
 		{referenceChain, refList, refDir},
+		{floorChain, floorList, floorDir},
 	} {
 		if !selected(*chainsFlag, c.name) {
 			continue
@@ -100,17 +109,19 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 		}
 		chains = append(chains, newChain(c.name, c.list, c.binDir, shimDir, node.Dir))
 	}
+	chains, floorPluginChain := withoutFloor(chains)
 	r := newRunner(b, node, chains, opts)
+	r.floor = floorPluginChain
 	r.m.shimFloor = floor
 	// Builds and installs leave dirty pages behind; written back during the first workload they
 	// would slow kubenet's one fsync per ADD, which the reference chain does not have.
 	unix.Sync()
 	b.ResetTimer()
 	if selected(*only, "sequential") {
-		r.sequential(rowAddPlain, rowDelPlain, func(int) podSpec { return podSpec{} })
+		r.sequential(rowAddPlain, rowDelPlain, true, func(int) podSpec { return podSpec{} })
 	}
 	if selected(*only, "hostports") {
-		r.sequential(rowAddPorts, rowDelPorts, func(i int) podSpec {
+		r.sequential(rowAddPorts, rowDelPorts, false, func(i int) podSpec {
 			return podSpec{hostPorts: []portMapping{{HostPort: int32(30000 + i), ContainerPort: 80, Protocol: "tcp"}}, bandwidth: shaped()}
 		})
 	}
@@ -125,10 +136,10 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}
 	var datapath []datapathResult
 	if selected(*only, "datapath") {
-		datapath = r.datapath(datapathChains(b, node, chains, work, binDir))
+		datapath = r.datapath(datapathChains(b, node, r.allChains(), work, binDir))
 	}
 	b.StopTimer()
-	for _, c := range chains {
+	for _, c := range r.allChains() {
 		if err := node.reset(c); err != nil {
 			b.Fatal(err)
 		}
@@ -221,6 +232,7 @@ func environment(dataDir string, o options) []string {
 		"IPv4 pod CIDR " + podCIDR.String(),
 		"data dirs on " + fsType(dataDir),
 		"conntrack buckets " + readTrim("/proc/sys/net/netfilter/nf_conntrack_buckets"),
+		"br_netfilter loaded and " + strings.Join(kubeadmBridgeNetfilter, ", ") + " 1 in the node for every chain, as on a kubeadm node",
 		fmt.Sprintf("sizes: sequential %d sessions × %d pods per chain; parallel %d sessions × %d pods, %d workers; scale %d sessions × %d pods (a window of %d one at a time on the empty node before and after, and on top of the other %d, which go %d at a time); STATUS %d calls per session",
 			o.rounds, o.podsPerRound, o.parallelRuns, o.parallelPods, o.parallelism, o.scaleRounds, o.scalePods, o.scaleWindow, o.scalePods-o.scaleWindow, o.parallelism, o.statusSamples),
 	}

@@ -121,10 +121,13 @@ type runner struct {
 	t      testing.TB
 	node   benchNode
 	chains []*chain // kubenet first
-	pods   []*pod   // netns pool, reused after every full DEL
-	opts   options
-	m      *measurements
-	seq    int
+	// floor is the floor plugin (nil: not run), which runs only in the sequential workload
+	// without host ports: what it cannot do is not its measure.
+	floor *chain
+	pods  []*pod // netns pool, reused after every full DEL
+	opts  options
+	m     *measurements
+	seq   int
 }
 
 func newRunner(t testing.TB, node benchNode, chains []*chain, opts options) *runner {
@@ -224,10 +227,31 @@ func (r *runner) probe(c *chain, row string, spec podSpec) error {
 	return nil
 }
 
-// sequential is ADD then DEL of one pod at a time.
-func (r *runner) sequential(addRow, delRow string, spec func(i int) podSpec) {
+// allChains are the chains, the floor plugin's included.
+func (r *runner) allChains() []*chain {
+	if r.floor == nil {
+		return r.chains
+	}
+	return append(slices.Clone(r.chains), r.floor)
+}
+
+// withFloor is the chains of round i with the floor plugin among them, its place rotating.
+func (r *runner) withFloor(i int) []*chain {
+	chains := r.order(i)
+	if r.floor == nil {
+		return chains
+	}
+	return slices.Insert(slices.Clone(chains), i%(len(chains)+1), r.floor)
+}
+
+// sequential is ADD then DEL of one pod at a time; withFloor runs the floor plugin too.
+func (r *runner) sequential(addRow, delRow string, floor bool, spec func(i int) podSpec) {
 	for round := range r.opts.rounds {
-		for _, c := range r.order(round) {
+		chains := r.order(round)
+		if floor {
+			chains = r.withFloor(round)
+		}
+		for _, c := range chains {
 			r.session(c, addRow, spec(r.opts.podsPerRound), func() error {
 				for i := range r.opts.podsPerRound {
 					p := r.attach(c, i, spec(i))
