@@ -61,6 +61,7 @@ func (m *measurements) targets() []target {
 		scale,
 		m.ratioTarget("100 parallel ADDs: wall ≤ 0.3 × reference", rowParallelAdd, 0.3),
 		m.floorTarget("single-pod ADD p50 ≤ 1.3 × the floor plugin (no hostPort)", rowAddPlain, 1.3),
+		m.firstAddTarget(1.5),
 	}
 	for _, row := range []string{rowStatusEmpty, rowStatusFull} {
 		d, actual := m.p50(row, kubenetChain), "not measured"
@@ -70,6 +71,17 @@ func (m *measurements) targets() []target {
 		out = append(out, target{goal: "STATUS p50 < 5 ms (" + strings.TrimPrefix(row, "STATUS, ") + ")", actual: actual, met: d > 0 && d < 5*time.Millisecond})
 	}
 	return out
+}
+
+// firstAddTarget: kubenet's first ADD on a node at most limit times its steady one (p50s).
+func (m *measurements) firstAddTarget(limit float64) target {
+	goal := fmt.Sprintf("a node's first ADD p50 ≤ %.1f × a steady ADD p50 (no hostPort)", limit)
+	first, steady := m.p50(rowFirstAdd, kubenetChain), m.p50(rowAddPlain, kubenetChain)
+	if first == 0 || steady == 0 {
+		return target{goal: goal, actual: "not measured"}
+	}
+	v := float64(first) / float64(steady)
+	return target{goal: goal, actual: fmt.Sprintf("%.2f (%s vs %s)", v, ms(first), ms(steady)), met: v <= limit}
 }
 
 // floorTable compares both chains with the floor plugin on the rows it ran.

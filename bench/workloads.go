@@ -15,6 +15,7 @@ import (
 // Row identifiers: every measured operation of every workload.
 const (
 	rowAddPlain     = "ADD, no hostPort (sequential)"
+	rowFirstAdd     = "a node's first ADD, no hostPort (each session's warm-up)"
 	rowDelPlain     = "DEL, no hostPort (sequential)"
 	rowAddPorts     = "ADD, 1 hostPort + bandwidth (sequential)"
 	rowDelPorts     = "DEL, 1 hostPort + bandwidth (sequential)"
@@ -30,7 +31,7 @@ const (
 
 // rowOrder is the order of the table.
 var rowOrder = []string{
-	rowAddPlain, rowDelPlain, rowAddPorts, rowDelPorts, rowParallelAdd, rowParallelDel,
+	rowAddPlain, rowFirstAdd, rowDelPlain, rowAddPorts, rowDelPorts, rowParallelAdd, rowParallelDel,
 	rowScaleAddLow, rowScaleAddHigh, rowScaleDelHigh, rowScaleDelLow, rowStatusEmpty, rowStatusFull,
 }
 
@@ -172,8 +173,13 @@ func (r *runner) session(c *chain, row string, warm podSpec, body func() error) 
 		r.t.Fatal(err)
 	}
 	p := r.attach(c, len(r.pods)-1, warm)
-	if _, err := r.node.add(c, p); err != nil {
+	d, err := r.node.add(c, p)
+	if err != nil {
 		r.t.Fatal(err)
+	}
+	// The node was reset: no bridge, tables or data dir. Not part of the session's measure.
+	if len(warm.hostPorts) == 0 && warm.bandwidth == nil {
+		r.m.record(rowFirstAdd, c.name, d)
 	}
 	if _, err := r.node.del(c, p); err != nil {
 		r.t.Fatal(err)
