@@ -357,3 +357,39 @@ func TestCPUTable(t *testing.T) {
 		t.Errorf("cpuTable() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestFloorRows: the floor table gives the rows the floor plugin ran, with both chains' p50
+// against its own; the targets judge kubenet's ADD against the floor's and its first ADD against
+// its steady one, and say "not measured" without the samples.
+func TestFloorRows(t *testing.T) {
+	ms := time.Millisecond
+	m := newMeasurements()
+	for _, s := range []struct {
+		row, chain string
+		d          time.Duration
+	}{
+		{rowAddPlain, floorChain, 4 * ms}, {rowAddPlain, kubenetChain, 6 * ms}, {rowAddPlain, referenceChain, 40 * ms},
+		{rowFirstAdd, kubenetChain, 12 * ms},
+		{rowDelPlain, kubenetChain, 20 * ms}, // no floor sample: no floor row
+	} {
+		m.record(s.row, s.chain, s.d)
+	}
+	want := []string{"| " + rowAddPlain + " (n=1) | 4.00 ms | 4.00 ms | 1.50 | 10.00 |"}
+	if got := m.floorTable(); !slices.Equal(got, want) {
+		t.Errorf("floorTable() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, tc := range []struct {
+		got    target
+		actual string
+		met    bool
+	}{
+		{m.floorTarget("floor", rowAddPlain, 1.3), "1.50 (6.00 ms vs 4.00 ms)", false},
+		{m.floorTarget("floor", rowDelPlain, 1.3), "not measured", false},
+		{m.firstAddTarget(2), "2.00 (12.0 ms vs 6.00 ms)", true},
+		{newMeasurements().firstAddTarget(1.5), "not measured", false},
+	} {
+		if tc.got.actual != tc.actual || tc.got.met != tc.met {
+			t.Errorf("%s: %q met=%v, want %q met=%v", tc.got.goal, tc.got.actual, tc.got.met, tc.actual, tc.met)
+		}
+	}
+}
