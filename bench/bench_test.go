@@ -28,7 +28,7 @@ var (
 	quick          = flag.Bool("bench.quick", false, "small sizes, to try the harness in seconds")
 	withIPAM       = flag.Bool("bench.ipam", true, "also run ipam's BenchmarkAllocateRelease and include its numbers")
 	only           = flag.String("bench.only", "", "comma-separated workloads to run (sequential, hostports, parallel, status, scale, datapath); empty: all")
-	chainsFlag     = flag.String("bench.chains", kubenetChain+","+referenceChain, "comma-separated chains to run (for profiling one alone)")
+	chainsFlag     = flag.String("bench.chains", kubenetChain+","+referenceChain+","+floorChain, "comma-separated chains to run (for profiling one alone)")
 	kubenetBin     = flag.String("bench.kubenet-bin", "", "a kubenet binary to run instead of building this tree's (to compare commits in one harness; build it with CGO_ENABLED=0)")
 )
 
@@ -82,6 +82,14 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	floorDir := filepath.Join(work, "floor-bin")
+	if _, err := nettest.BuildPackage(floorDir, "./bench/floorplugin", floorPlugin); err != nil {
+		b.Fatal(err)
+	}
+	floorList, err := floorConfList()
+	if err != nil {
+		b.Fatal(err)
+	}
 	var chains []*chain
 	for _, c := range []struct {
 		name   string
@@ -90,6 +98,7 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}{
 		{kubenetChain, kubenetConfList(b, node.Node, *kubenetBackend), binDir},
 		{referenceChain, refList, refDir},
+		{floorChain, floorList, floorDir},
 	} {
 		if !selected(*chainsFlag, c.name) {
 			continue
@@ -100,17 +109,19 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 		}
 		chains = append(chains, newChain(c.name, c.list, c.binDir, shimDir, node.Dir))
 	}
+	chains, floorPluginChain := withoutFloor(chains)
 	r := newRunner(b, node, chains, opts)
+	r.floor = floorPluginChain
 	r.m.shimFloor = floor
 	// Builds and installs leave dirty pages behind; written back during the first workload they
 	// would slow kubenet's one fsync per ADD, which the reference chain does not have.
 	unix.Sync()
 	b.ResetTimer()
 	if selected(*only, "sequential") {
-		r.sequential(rowAddPlain, rowDelPlain, func(int) podSpec { return podSpec{} })
+		r.sequential(rowAddPlain, rowDelPlain, true, func(int) podSpec { return podSpec{} })
 	}
 	if selected(*only, "hostports") {
-		r.sequential(rowAddPorts, rowDelPorts, func(i int) podSpec {
+		r.sequential(rowAddPorts, rowDelPorts, false, func(i int) podSpec {
 			return podSpec{hostPorts: []portMapping{{HostPort: int32(30000 + i), ContainerPort: 80, Protocol: "tcp"}}, bandwidth: shaped()}
 		})
 	}
@@ -125,10 +136,10 @@ func BenchmarkKubenetVsReference(b *testing.B) {
 	}
 	var datapath []datapathResult
 	if selected(*only, "datapath") {
-		datapath = r.datapath(datapathChains(b, node, chains, work, binDir))
+		datapath = r.datapath(datapathChains(b, node, r.allChains(), work, binDir))
 	}
 	b.StopTimer()
-	for _, c := range chains {
+	for _, c := range r.allChains() {
 		if err := node.reset(c); err != nil {
 			b.Fatal(err)
 		}
@@ -221,6 +232,7 @@ func environment(dataDir string, o options) []string {
 		"IPv4 pod CIDR " + podCIDR.String(),
 		"data dirs on " + fsType(dataDir),
 		"conntrack buckets " + readTrim("/proc/sys/net/netfilter/nf_conntrack_buckets"),
+		"br_netfilter loaded and " + strings.Join(kubeadmBridgeNetfilter, ", ") + " 1 in the node for every chain, as on a kubeadm node",
 		fmt.Sprintf("sizes: sequential %d sessions × %d pods per chain; parallel %d sessions × %d pods, %d workers; scale %d sessions × %d pods (a window of %d one at a time on the empty node before and after, and on top of the other %d, which go %d at a time); STATUS %d calls per session",
 			o.rounds, o.podsPerRound, o.parallelRuns, o.parallelPods, o.parallelism, o.scaleRounds, o.scalePods, o.scaleWindow, o.scalePods-o.scaleWindow, o.parallelism, o.statusSamples),
 	}
@@ -343,5 +355,41 @@ func TestCPUTable(t *testing.T) {
 	}
 	if got := m.cpuTable(); !slices.Equal(got, want) {
 		t.Errorf("cpuTable() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestFloorRows: the floor table gives the rows the floor plugin ran, with both chains' p50
+// against its own; the targets judge kubenet's ADD against the floor's and its first ADD against
+// its steady one, and say "not measured" without the samples.
+func TestFloorRows(t *testing.T) {
+	ms := time.Millisecond
+	m := newMeasurements()
+	for _, s := range []struct {
+		row, chain string
+		d          time.Duration
+	}{
+		{rowAddPlain, floorChain, 4 * ms}, {rowAddPlain, kubenetChain, 6 * ms}, {rowAddPlain, referenceChain, 40 * ms},
+		{rowFirstAdd, kubenetChain, 12 * ms},
+		{rowDelPlain, kubenetChain, 20 * ms}, // no floor sample: no floor row
+	} {
+		m.record(s.row, s.chain, s.d)
+	}
+	want := []string{"| " + rowAddPlain + " (n=1) | 4.00 ms | 4.00 ms | 1.50 | 10.00 |"}
+	if got := m.floorTable(); !slices.Equal(got, want) {
+		t.Errorf("floorTable() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, tc := range []struct {
+		got    target
+		actual string
+		met    bool
+	}{
+		{m.floorTarget("floor", rowAddPlain, 1.3), "1.50 (6.00 ms vs 4.00 ms)", false},
+		{m.floorTarget("floor", rowDelPlain, 1.3), "not measured", false},
+		{m.firstAddTarget(2), "2.00 (12.0 ms vs 6.00 ms)", true},
+		{newMeasurements().firstAddTarget(1.5), "not measured", false},
+	} {
+		if tc.got.actual != tc.actual || tc.got.met != tc.met {
+			t.Errorf("%s: %q met=%v, want %q met=%v", tc.got.goal, tc.got.actual, tc.got.met, tc.actual, tc.met)
+		}
 	}
 }

@@ -100,6 +100,34 @@ func referenceConfList(node *nettest.Node, backend string) (*libcni.NetworkConfi
 	return libcni.NetworkConfFromBytes(raw)
 }
 
+// floorPlugin is the floor plugin's binary (bench/floorplugin).
+const floorPlugin = "floorplugin"
+
+// floorConfList runs the floor plugin alone on the node's bridge and pod CIDR.
+func floorConfList() (*libcni.NetworkConfigList, error) {
+	raw, err := json.Marshal(map[string]any{
+		"cniVersion": "1.1.0", "name": networkName,
+		"plugins": []any{map[string]any{"type": floorPlugin, "bridge": bridgeName, "subnet": podCIDR.String(), "mtu": nodeMTU}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return libcni.NetworkConfFromBytes(raw)
+}
+
+// withoutFloor splits the floor plugin's chain (nil when not run) from the others.
+func withoutFloor(chains []*chain) ([]*chain, *chain) {
+	var floor *chain
+	out := slices.DeleteFunc(slices.Clone(chains), func(c *chain) bool {
+		if c.name == floorChain {
+			floor = c
+			return true
+		}
+		return false
+	})
+	return out, floor
+}
+
 // pod is one sandbox: its netns (reused across chains after a full DEL) and runtime config.
 type pod struct {
 	ns ns.NetNS
@@ -268,12 +296,24 @@ func (s snapshot) diff(after snapshot) error {
 	return fmt.Errorf("state left behind after DEL of every pod: %s", strings.Join(out, "; "))
 }
 
+// kubeadmBridgeNetfilter are the bridge-netfilter settings of a kubeadm node (its preflight
+// requires br_netfilter and bridge-nf-call-iptables=1): every chain runs with them, so bridged
+// pod traffic passes the IP hooks (conntrack, kube-proxy's rules) for all alike. kubenet's ADD
+// turns them on too; the reference chain does not touch them.
+var kubeadmBridgeNetfilter = []string{"net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables"}
+
 // reset removes everything either chain may have left on the node, so the next chain starts
 // from the same empty node and sees none of the other's links, rules or files: every link the
 // node did not start with (the bridge), every nftables table (iptables-nft rules included), the
-// data dir and the chain's libcni cache.
+// data dir and the chain's libcni cache. The node's bridge-netfilter settings are a kubeadm
+// node's (kubeadmBridgeNetfilter).
 func (n benchNode) reset(c *chain) error {
 	err := n.NS.Do(func(ns.NetNS) error {
+		for _, s := range kubeadmBridgeNetfilter {
+			if err := os.WriteFile("/proc/sys/"+s, []byte("1"), 0o644); err != nil {
+				return fmt.Errorf("%s (is br_netfilter loaded?): %w", s, err)
+			}
+		}
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err

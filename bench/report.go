@@ -13,6 +13,8 @@ import (
 const (
 	kubenetChain   = "kubenet"
 	referenceChain = "reference"
+	// floorChain is bench/floorplugin: what no bridge plugin can skip, and nothing else.
+	floorChain = "floor"
 )
 
 // target is one goal of issue 6, judged on numbers of the same run.
@@ -26,7 +28,17 @@ func (m *measurements) p50(row, chain string) time.Duration { return m.rows[row]
 
 // ratioTarget: kubenet's p50 of row at most limit times the reference's.
 func (m *measurements) ratioTarget(goal, row string, limit float64) target {
-	k, r := m.p50(row, kubenetChain), m.p50(row, referenceChain)
+	return m.ratioTo(goal, row, referenceChain, limit)
+}
+
+// floorTarget: kubenet's p50 of row at most limit times the floor plugin's.
+func (m *measurements) floorTarget(goal, row string, limit float64) target {
+	return m.ratioTo(goal, row, floorChain, limit)
+}
+
+// ratioTo: kubenet's p50 of row at most limit times the p50 of chain base.
+func (m *measurements) ratioTo(goal, row, base string, limit float64) target {
+	k, r := m.p50(row, kubenetChain), m.p50(row, base)
 	if r == 0 {
 		return target{goal: goal, actual: "not measured"}
 	}
@@ -48,6 +60,8 @@ func (m *measurements) targets() []target {
 		m.ratioTarget("DEL p50 ≤ 0.2 × reference (hostPort + bandwidth)", rowDelPorts, 0.2),
 		scale,
 		m.ratioTarget("100 parallel ADDs: wall ≤ 0.3 × reference", rowParallelAdd, 0.3),
+		m.floorTarget("single-pod ADD p50 ≤ 1.3 × the floor plugin (no hostPort)", rowAddPlain, 1.3),
+		m.firstAddTarget(1.5),
 	}
 	for _, row := range []string{rowStatusEmpty, rowStatusFull} {
 		d, actual := m.p50(row, kubenetChain), "not measured"
@@ -55,6 +69,31 @@ func (m *measurements) targets() []target {
 			actual = ms(d)
 		}
 		out = append(out, target{goal: "STATUS p50 < 5 ms (" + strings.TrimPrefix(row, "STATUS, ") + ")", actual: actual, met: d > 0 && d < 5*time.Millisecond})
+	}
+	return out
+}
+
+// firstAddTarget: kubenet's first ADD on a node at most limit times its steady one (p50s).
+func (m *measurements) firstAddTarget(limit float64) target {
+	goal := fmt.Sprintf("a node's first ADD p50 ≤ %.1f × a steady ADD p50 (no hostPort)", limit)
+	first, steady := m.p50(rowFirstAdd, kubenetChain), m.p50(rowAddPlain, kubenetChain)
+	if first == 0 || steady == 0 {
+		return target{goal: goal, actual: "not measured"}
+	}
+	v := float64(first) / float64(steady)
+	return target{goal: goal, actual: fmt.Sprintf("%.2f (%s vs %s)", v, ms(first), ms(steady)), met: v <= limit}
+}
+
+// floorTable compares both chains with the floor plugin on the rows it ran.
+func (m *measurements) floorTable() []string {
+	var out []string
+	for _, row := range rowOrder {
+		f := m.rows[row][floorChain]
+		if len(f) == 0 {
+			continue
+		}
+		k, r := m.rows[row][kubenetChain], m.rows[row][referenceChain]
+		out = append(out, fmt.Sprintf("| %s (n=%d) | %s | %s | %s | %s |", row, len(f), ms(f.p50()), ms(f.p99()), ratio(k.p50(), f.p50()), ratio(r.p50(), f.p50())))
 	}
 	return out
 }
@@ -126,6 +165,13 @@ func (r report) markdown() string {
 			met = "yes"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", label.Replace(t.goal), t.actual, met)
+	}
+	if lines := r.m.floorTable(); len(lines) > 0 {
+		b.WriteString("\nThe floor plugin (bench/floorplugin, in the same sessions' rotation): a Go CNI plugin that does only what no bridge plugin can skip: on ADD a veth pair, the pod end made inside the pod's netns, the host end on the bridge; in the pod the address and the default route; on DEL the veth deleted. No address store, netfilter, sysctls or record.\n\n")
+		b.WriteString("| workload | floor p50 | floor p99 | kubenet p50 / floor p50 | reference p50 / floor p50 |\n|---|--:|--:|--:|--:|\n")
+		for _, line := range lines {
+			b.WriteString(label.Replace(line) + "\n")
+		}
 	}
 	if len(r.datapath) > 0 {
 		b.WriteString(datapathMarkdown(r.datapath, noAntiSpoofChain, r.opts))

@@ -69,7 +69,7 @@ func ms(d time.Duration) string {
 
 // ratio is a/b, formatted.
 func ratio(a, b time.Duration) string {
-	if b == 0 {
+	if a == 0 || b == 0 {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f", float64(a)/float64(b))

@@ -15,6 +15,7 @@ import (
 // Row identifiers: every measured operation of every workload.
 const (
 	rowAddPlain     = "ADD, no hostPort (sequential)"
+	rowFirstAdd     = "a node's first ADD, no hostPort (each session's warm-up)"
 	rowDelPlain     = "DEL, no hostPort (sequential)"
 	rowAddPorts     = "ADD, 1 hostPort + bandwidth (sequential)"
 	rowDelPorts     = "DEL, 1 hostPort + bandwidth (sequential)"
@@ -30,7 +31,7 @@ const (
 
 // rowOrder is the order of the table.
 var rowOrder = []string{
-	rowAddPlain, rowDelPlain, rowAddPorts, rowDelPorts, rowParallelAdd, rowParallelDel,
+	rowAddPlain, rowFirstAdd, rowDelPlain, rowAddPorts, rowDelPorts, rowParallelAdd, rowParallelDel,
 	rowScaleAddLow, rowScaleAddHigh, rowScaleDelHigh, rowScaleDelLow, rowStatusEmpty, rowStatusFull,
 }
 
@@ -121,10 +122,13 @@ type runner struct {
 	t      testing.TB
 	node   benchNode
 	chains []*chain // kubenet first
-	pods   []*pod   // netns pool, reused after every full DEL
-	opts   options
-	m      *measurements
-	seq    int
+	// floor is the floor plugin (nil: not run), which runs only in the sequential workload
+	// without host ports: what it cannot do is not its measure.
+	floor *chain
+	pods  []*pod // netns pool, reused after every full DEL
+	opts  options
+	m     *measurements
+	seq   int
 }
 
 func newRunner(t testing.TB, node benchNode, chains []*chain, opts options) *runner {
@@ -169,8 +173,13 @@ func (r *runner) session(c *chain, row string, warm podSpec, body func() error) 
 		r.t.Fatal(err)
 	}
 	p := r.attach(c, len(r.pods)-1, warm)
-	if _, err := r.node.add(c, p); err != nil {
+	d, err := r.node.add(c, p)
+	if err != nil {
 		r.t.Fatal(err)
+	}
+	// The node was reset: no bridge, tables or data dir. Not part of the session's measure.
+	if len(warm.hostPorts) == 0 && warm.bandwidth == nil {
+		r.m.record(rowFirstAdd, c.name, d)
 	}
 	if _, err := r.node.del(c, p); err != nil {
 		r.t.Fatal(err)
@@ -224,10 +233,31 @@ func (r *runner) probe(c *chain, row string, spec podSpec) error {
 	return nil
 }
 
-// sequential is ADD then DEL of one pod at a time.
-func (r *runner) sequential(addRow, delRow string, spec func(i int) podSpec) {
+// allChains are the chains, the floor plugin's included.
+func (r *runner) allChains() []*chain {
+	if r.floor == nil {
+		return r.chains
+	}
+	return append(slices.Clone(r.chains), r.floor)
+}
+
+// withFloor is the chains of round i with the floor plugin among them, its place rotating.
+func (r *runner) withFloor(i int) []*chain {
+	chains := r.order(i)
+	if r.floor == nil {
+		return chains
+	}
+	return slices.Insert(slices.Clone(chains), i%(len(chains)+1), r.floor)
+}
+
+// sequential is ADD then DEL of one pod at a time; withFloor runs the floor plugin too.
+func (r *runner) sequential(addRow, delRow string, floor bool, spec func(i int) podSpec) {
 	for round := range r.opts.rounds {
-		for _, c := range r.order(round) {
+		chains := r.order(round)
+		if floor {
+			chains = r.withFloor(round)
+		}
+		for _, c := range chains {
 			r.session(c, addRow, spec(r.opts.podsPerRound), func() error {
 				for i := range r.opts.podsPerRound {
 					p := r.attach(c, i, spec(i))

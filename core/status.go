@@ -30,11 +30,12 @@ func StatusConfigError(err error) error {
 // network uses, no pod CIDR overlaps the node's addresses or connected routes), every pod CIDR has
 // a free address, and, once the bridge exists, none of the network's node-wide rules is missing
 // in the backend that holds them (NetfilterStatus names it, and every answer of 50 does too).
-// containerd and CRI-O poll it every few seconds, so it only reads: one directory listing and one
-// small file per network, one sysctl, the bridge, one address and one route dump (of the pod
-// CIDRs' families), one dump of each of the network's nftables tables (their rules counted, not
-// decoded) or one -save per iptables table; no other file contents, and never a probe of the
-// kernel.
+// containerd and CRI-O poll it every few seconds, so it only reads: one small file per network,
+// each pod CIDR's allocation cursor and the reservation after it (the directory is listed only
+// when the pod CIDR is nearly full), one sysctl, the bridge, one address and one route dump (of
+// the pod CIDRs' families), one dump of each of the network's nftables tables (their rules
+// counted, not decoded) or one -save per iptables table; no other file contents, and never a
+// probe of the kernel.
 func Status(ctx context.Context, cfg *Config) error {
 	dir, err := openDir(cfg.DataDir, cfg.Network)
 	if err != nil {
@@ -44,12 +45,12 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err := unix.Access(dir.path(), unix.W_OK); err != nil {
 		return notAvailable("data dir %s not writable: %v", dir.path(), err)
 	}
-	free, err := dir.store.Free(cfg.Ranges...)
+	free, err := dir.store.HasFree(cfg.Ranges...)
 	if err != nil {
 		return notAvailable("address store %s: %v", dir.path(), err)
 	}
 	for i, set := range cfg.Ranges {
-		if free[i] == 0 {
+		if !free[i] {
 			return notAvailable("no free address in pod CIDR %s: every address is reserved (run GC if pods leaked)", set)
 		}
 	}

@@ -52,3 +52,25 @@ func BenchmarkAllocateRelease(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStatusFree compares what STATUS asks of the store, whether each pod CIDR has a free
+// address, answered by HasFree and by counting (Free), in a /22 holding 1 or 500 reservations.
+func BenchmarkStatusFree(b *testing.B) {
+	set := rangeSet(b, "10.2.0.0/22")
+	for _, n := range []int{1, 500} {
+		s := openStore(b)
+		prefill(b, s, set, n)
+		for name, free := range map[string]func() (bool, error){
+			"HasFree": func() (bool, error) { f, err := s.HasFree(set); return f[0], err },
+			"Free":    func() (bool, error) { f, err := s.Free(set); return f[0] > 0, err },
+		} {
+			b.Run(name+"/"+strconv.Itoa(n), func(b *testing.B) {
+				for b.Loop() {
+					if ok, err := free(); err != nil || !ok {
+						b.Fatalf("free = %v, %v", ok, err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -32,6 +32,64 @@ func (s *Store) Written(a netip.Addr) (time.Time, error) {
 	return time.Unix(st.Mtim.Unix()), nil
 }
 
+// freeProbes bounds the candidates HasFree looks at before it counts.
+const freeProbes = 8
+
+// HasFree tells, for each set (in the order of sets; set i is Allocate's setIndex i), whether an
+// address of it is free. It looks first where Allocate looks next, after the set's cursor, one
+// lstat per candidate: on a node that is not nearly full the first candidate is free, and the
+// answer costs no listing of the directory, whose size grows with the pods (Free lists it). Only
+// a set whose first freeProbes candidates are all reserved is counted.
+func (s *Store) HasFree(sets ...RangeSet) ([]bool, error) {
+	out := make([]bool, len(sets))
+	var undecided []int
+	for i := range sets {
+		set, err := sets[i].normalize()
+		if err != nil {
+			return nil, err
+		}
+		found, err := s.probeFree(i, set)
+		if err != nil {
+			return nil, err
+		}
+		if out[i] = found; !found {
+			undecided = append(undecided, i)
+		}
+	}
+	if len(undecided) == 0 {
+		return out, nil
+	}
+	free, err := s.Free(sets...)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range undecided {
+		out[i] = free[i] > 0
+	}
+	return out, nil
+}
+
+// probeFree tells whether one of the first freeProbes candidates Allocate would try for set
+// (setIndex) is free; false says nothing about the others.
+func (s *Store) probeFree(setIndex int, set RangeSet) (bool, error) {
+	start := set.after(s.readCursor(setIndex))
+	for p, n := start, 0; n < freeProbes; n++ {
+		if !set[p.i].excluded(p.addr) {
+			_, err := s.root.Lstat(p.addr.String())
+			if errors.Is(err, fs.ErrNotExist) {
+				return true, nil
+			}
+			if err != nil {
+				return false, fmt.Errorf("reservation %s: %w", p.addr, err)
+			}
+		}
+		if p = set.next(p); p == start {
+			break
+		}
+	}
+	return false, nil
+}
+
 // Free returns how many addresses of each set are not reserved, in the order of sets. It lists
 // the file names once for all of them (no file is read), so readiness checks that poll it stay
 // cheap.

@@ -1,7 +1,10 @@
 package ipam
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -28,5 +31,54 @@ func TestHoldsAndFree(t *testing.T) {
 	}
 	if free, err := s.Free(set); err != nil || free[0] != 0 {
 		t.Errorf("Free on a full store = %v, %v; want 0", free, err)
+	}
+}
+
+// TestHasFree: HasFree agrees with Free (some address free or none), whether the free address is
+// among the candidates after the cursor or only found by counting.
+func TestHasFree(t *testing.T) {
+	set := rangeSet(t, "10.0.0.0/27") // .2 to .30 allocatable: 29
+	for _, tc := range []struct {
+		name     string
+		reserved int    // allocated one after the other from .2
+		cursor   string // last_reserved_ip.0 afterwards ("": as Allocate left it)
+		freed    string // released again afterwards ("": none)
+		want     bool
+	}{
+		{name: "empty store", want: true},
+		{name: "some reserved", reserved: 5, want: true},
+		{name: "full", reserved: 29, want: false},
+		{name: "full but one, far behind the cursor", reserved: 29, freed: "10.0.0.3", want: true},
+		{name: "full but one, right after the cursor", reserved: 29, cursor: "10.0.0.9", freed: "10.0.0.10", want: true},
+		{name: "full, cursor outside the set", reserved: 29, cursor: "192.0.2.1", want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t)
+			for i := range tc.reserved {
+				allocate(t, s, 0, set, fmt.Sprintf("c%d", i), "eth0")
+			}
+			if tc.cursor != "" {
+				writeFiles(t, s.Path(), map[string]string{"last_reserved_ip.0": tc.cursor})
+			}
+			if tc.freed != "" {
+				if err := os.Remove(filepath.Join(s.Path(), tc.freed)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.HasFree(set, rangeSet(t, "10.0.1.0/30"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			free, err := s.Free(set)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0] != tc.want || got[0] != (free[0] > 0) {
+				t.Errorf("HasFree = %v, want %v (Free counts %d)", got[0], tc.want, free[0])
+			}
+			if !got[1] {
+				t.Error("HasFree of an empty second set = false")
+			}
+		})
 	}
 }
