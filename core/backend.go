@@ -116,22 +116,15 @@ func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known 
 }
 
 // prepareBackend is the backend of a verb that applies the node's settings (ADD, EnsureNode,
-// HealNode), chosen once when its handle opens: cfg's backend and, when the node's rules are in
+// HealNode), chosen once when its handle opens: want (decideBackend's decision) and, when the node's rules are in
 // the other one, the switch under the network lock: the other backend's rules of the network are
 // removed altogether, and the record names the new one. The new backend's node-wide objects are
 // then missing, so the steps that follow put back every running pod's host ports and isolation
 // from the index and the records, as after a flushed ruleset.
-func prepareBackend(cfg *Config, dir *networkDir) (netfilter, error) {
+func prepareBackend(cfg *Config, dir *networkDir, want BackendChoice) (netfilter, error) {
 	rec, err := readChoice(dir.root())
 	if err != nil {
 		return netfilter{}, err
-	}
-	want, err := choose(cfg, rec)
-	if err != nil {
-		return netfilter{}, err
-	}
-	if cfg.NetworkPolicy && want.Backend != NetfilterNFTables {
-		return netfilter{}, configError("networkPolicy", true, "NetworkPolicy is enforced with nftables only, and this node's backend is %s", want)
 	}
 	if rec == nil || *rec != want {
 		err := dir.withLock(func() error {
@@ -154,6 +147,25 @@ func prepareBackend(cfg *Config, dir *networkDir) (netfilter, error) {
 		}
 	}
 	return backendFor(cfg, want.Backend, dir), nil
+}
+
+// decideBackend is the backend cfg asks for on this node (choose), or the refusal of a
+// configuration that backend cannot serve. It only reads: a verb decides before it claims the
+// node's settings, so that a refused configuration changes nothing (prepareBackend then
+// applies the decision).
+func decideBackend(cfg *Config, dir *networkDir) (BackendChoice, error) {
+	rec, err := readChoice(dir.root())
+	if err != nil {
+		return BackendChoice{}, err
+	}
+	want, err := choose(cfg, rec)
+	if err != nil {
+		return BackendChoice{}, err
+	}
+	if cfg.NetworkPolicy && want.Backend != NetfilterNFTables {
+		return BackendChoice{}, configError("networkPolicy", true, "NetworkPolicy is enforced with nftables only, and this node's backend is %s", want)
+	}
+	return want, nil
 }
 
 // backendOf is the backend that holds the network's rules now, for the verbs that work on what

@@ -44,8 +44,9 @@ type handle struct {
 // openToApply opens cfg's network for a verb that applies the node's settings. Before anything
 // changes, a configuration that would break the node is refused (preflight). With att it then
 // takes that attachment's lock, so that a DEL of the same attachment runs wholly before or wholly
-// after the verb; the node-wide settings are claimed next, so that a caller they do not belong to
-// is refused before anything node-wide changes, a switch of backend included.
+// after the verb; the backend is decided next (a configuration it cannot serve is refused), then
+// the node-wide settings are claimed, so that a caller they do not belong to is refused before
+// anything node-wide changes, a switch of backend included.
 func openToApply(cfg *Config, att *Attachment) (*handle, error) {
 	h := &handle{cfg: cfg}
 	if err := h.preflight(); err != nil {
@@ -89,10 +90,16 @@ func (h *handle) open(att *Attachment, choose func() error) (err error) {
 // applySettings claims the node-wide settings and chooses the backend (switching the node's
 // rules over to it when they are in the other one).
 func (h *handle) applySettings() (err error) {
+	// Decided first: a configuration its backend cannot serve is refused before the claim
+	// writes its settings.
+	want, err := decideBackend(h.cfg, h.dir)
+	if err != nil {
+		return err
+	}
 	if h.settingsChanged, err = claimNodeSettings(h.cfg, h.dir); err != nil {
 		return err
 	}
-	if h.nf, err = prepareBackend(h.cfg, h.dir); err != nil {
+	if h.nf, err = prepareBackend(h.cfg, h.dir, want); err != nil {
 		return err
 	}
 	h.known = newVerifiedRules(h.dir.root())

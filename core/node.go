@@ -75,6 +75,13 @@ func HealNode(ctx context.Context, cfg *Config, allElements bool) (rep NodeRepai
 	defer func() { err = errors.Join(err, h.Close()) }()
 	h.settingsChanged = true // the node is being set up: look for what only a change leaves behind
 	rep.Found = h.checkNode()
+	if rep.Found != nil {
+		// The full check found rules that differ (or could not read them): the steps decode
+		// and compare every chain, whatever the verified-rules memory says. A memory that
+		// vouches for what the check just found wrong (a forged file) would leave it unrepaired,
+		// and the heal is the node's safety net.
+		h.known = nil
+	}
 	link, err := netlink.LinkByName(cfg.Bridge)
 	if err != nil {
 		rep.SetUp = true

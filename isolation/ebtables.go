@@ -200,15 +200,20 @@ func RemoveEbtables(ctx context.Context, st *ipt.State, network string, ports ..
 	for _, p := range ports {
 		names = append(names, ebtablesPod(network, p.Name))
 	}
-	t, err := st.Chains(ctx, ipt.Bridge, ebtablesTable, names...)
-	if err != nil {
-		return fmt.Errorf("isolation rules of network %q: %w", network, err)
-	}
 	portNames := make([]string, len(ports))
 	for i, p := range ports {
 		portNames[i] = p.Name
 	}
-	return removePorts(ctx, st, t, network, portNames)
+	// Under the netfilter lock, from a read taken under it: a switch of backend removes every
+	// chain of the network under that lock, and a restore that names a chain it removed
+	// after our read fails whole (and the switch's, that names one we removed, fails too).
+	return st.Exclusively(ipt.Bridge, ebtablesTable, func() error {
+		t, err := st.Chains(ctx, ipt.Bridge, ebtablesTable, names...)
+		if err != nil {
+			return fmt.Errorf("isolation rules of network %q: %w", network, err)
+		}
+		return removePorts(ctx, st, t, network, portNames)
+	})
 }
 
 // removePorts removes the dispatch rules and chains of the named ports from t.

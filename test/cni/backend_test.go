@@ -2,7 +2,10 @@ package cni
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -418,5 +421,35 @@ func TestStatusSeesEachFixedChainEmptied(t *testing.T) {
 		if code, msg := testkit.StatusCode(t, node, list); code != 0 {
 			t.Errorf("STATUS after %s was emptied and the next ADD = %d %s", c.chain, code, msg)
 		}
+	}
+}
+
+// TestRefusedBackendLeavesNodeFiles: a configuration refused because its backend cannot serve it
+// (NetworkPolicy on iptables) changes nothing on a node that is set up: not the recorded
+// node-wide settings (who owns them, what they are), not the backend record, and the node's
+// pods keep being added with the configuration that set it up, as before.
+func TestRefusedBackendLeavesNodeFiles(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	good := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
+	node.MustAdd(t, good, node.NewPod(t, "refused-first"))
+	nodeFiles := func() map[string]string {
+		out := map[string]string{}
+		for _, name := range []string{core.NodeSettingsFile, core.NetfilterFile} {
+			b, err := os.ReadFile(filepath.Join(node.DataDir(), "kubenet", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[name] = string(b)
+		}
+		return out
+	}
+	before := nodeFiles()
+	refused := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), Extra: map[string]any{"netfilterBackend": "iptables", "networkPolicy": true}})
+	err := node.Add(refused, node.NewPod(t, "refused-bad"))
+	if code := testkit.CNICode(err); code != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), "networkPolicy") {
+		t.Fatalf("ADD = %v, want code 7 naming networkPolicy", err)
+	}
+	if after := nodeFiles(); !maps.Equal(before, after) {
+		t.Errorf("the refused ADD rewrote the node's files:\nbefore %v\nafter  %v", before, after)
 	}
 }

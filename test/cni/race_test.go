@@ -161,3 +161,55 @@ func raceOutcome(t *testing.T, node *nettest.Node, pod *nettest.Pod, add nettest
 	t.Errorf("half an attachment after ADD and DEL raced: has %v, lacks %v", have, missing)
 	return fmt.Sprintf("half: %v", have)
 }
+
+// TestDelRacesBackendSwitch: DELs of host-port pods run while the ADD of another pod switches
+// the node's netfilter backend (iptables to nftables). Whichever runs first, no host port of a
+// deleted pod may stay in the new backend's maps: it would lead the port to an address the next
+// pod is given.
+func TestDelRacesBackendSwitch(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		var deleted []*nettest.Pod
+		for i := range pods {
+			p := node.NewPod(t, fmt.Sprintf("sw-%d-%d", round, i))
+			p.RT.CapabilityArgs = hpArgs(true, hpMapping{host: 32000 + i, container: 80, proto: "tcp"})
+			if err := node.Add(ipt, p); err != nil {
+				t.Fatalf("round %d: ADD %s: %v", round, p.RT.ContainerID, err)
+			}
+			deleted = append(deleted, p)
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("sw-%d-new", round))
+		var wg sync.WaitGroup
+		errs := make(chan error, pods+1)
+		for _, p := range deleted {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := node.Del(ipt, p); err != nil {
+					errs <- fmt.Errorf("DEL %s: %w", p.RT.ContainerID, err)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := node.Add(nft, switcher); err != nil {
+				errs <- fmt.Errorf("ADD %s: %w", switcher.RT.ContainerID, err)
+			}
+		}()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("round %d: %v", round, err)
+		}
+		if left := testkit.HostPortElements(t, node); len(left) > 0 {
+			t.Fatalf("round %d: host ports of deleted pods left in the maps: %v", round, left)
+		}
+		if err := node.Del(nft, switcher); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
