@@ -116,16 +116,14 @@ func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known 
 }
 
 // prepareBackend is the backend of a verb that applies the node's settings (ADD, EnsureNode,
-// HealNode), chosen once when its handle opens: want (decideBackend's decision) and, when the node's rules are in
-// the other one, the switch under the network lock: the other backend's rules of the network are
-// removed altogether, and the record names the new one. The new backend's node-wide objects are
-// then missing, so the steps that follow put back every running pod's host ports and isolation
-// from the index and the records, as after a flushed ruleset.
-func prepareBackend(cfg *Config, dir *networkDir, want BackendChoice) (netfilter, error) {
-	rec, err := readChoice(dir.root())
-	if err != nil {
-		return netfilter{}, err
-	}
+// HealNode), chosen once when its handle opens: want (decideBackend's decision) and, when the
+// node's rules are in the other one, the switch under the network lock: the other backend's rules
+// of the network are removed altogether, and the record names the new one. rec is the record as
+// read without the lock (the one decideBackend decided from): when it already names want nothing
+// is read again; otherwise the record is read afresh under the lock. The new backend's node-wide
+// objects are then missing, so the steps that follow put back every running pod's host ports and
+// isolation from the index and the records, as after a flushed ruleset.
+func prepareBackend(cfg *Config, dir *networkDir, rec *BackendChoice, want BackendChoice) (netfilter, error) {
 	if rec == nil || *rec != want {
 		err := dir.withLock(func() error {
 			// Without a record (nothing set up yet, a kubenet from before there were backends,
@@ -149,15 +147,11 @@ func prepareBackend(cfg *Config, dir *networkDir, want BackendChoice) (netfilter
 	return backendFor(cfg, want.Backend, dir), nil
 }
 
-// decideBackend is the backend cfg asks for on this node (choose), or the refusal of a
-// configuration that backend cannot serve. It only reads: a verb decides before it claims the
-// node's settings, so that a refused configuration changes nothing (prepareBackend then
-// applies the decision).
-func decideBackend(cfg *Config, dir *networkDir) (BackendChoice, error) {
-	rec, err := readChoice(dir.root())
-	if err != nil {
-		return BackendChoice{}, err
-	}
+// decideBackend is the backend cfg asks for on this node (choose), rec being the network's
+// record, or the refusal of a configuration that backend cannot serve. It changes nothing: a verb
+// decides before it claims the node's settings, so that a refused configuration changes nothing
+// (prepareBackend then applies the decision).
+func decideBackend(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 	want, err := choose(cfg, rec)
 	if err != nil {
 		return BackendChoice{}, err

@@ -90,16 +90,22 @@ func (h *handle) open(att *Attachment, choose func() error) (err error) {
 // applySettings claims the node-wide settings and chooses the backend (switching the node's
 // rules over to it when they are in the other one).
 func (h *handle) applySettings() (err error) {
+	// The backend record is read once, without the lock: the claim below does not write it, and
+	// prepareBackend reads it again under the lock when it has to change it.
+	rec, err := readChoice(h.dir.root())
+	if err != nil {
+		return err
+	}
 	// Decided first: a configuration its backend cannot serve is refused before the claim
 	// writes its settings.
-	want, err := decideBackend(h.cfg, h.dir)
+	want, err := decideBackend(h.cfg, rec)
 	if err != nil {
 		return err
 	}
 	if h.settingsChanged, err = claimNodeSettings(h.cfg, h.dir); err != nil {
 		return err
 	}
-	if h.nf, err = prepareBackend(h.cfg, h.dir, want); err != nil {
+	if h.nf, err = prepareBackend(h.cfg, h.dir, rec, want); err != nil {
 		return err
 	}
 	h.known = newVerifiedRules(h.dir.root())
