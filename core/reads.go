@@ -75,12 +75,7 @@ func readFromDir[T any](dataDir, network string, read func(*safedir.Dir) (*T, er
 // and operators. Before the first ADD with auto nothing is decided yet: the first ADD probes the
 // kernel (STATUS never does: it is polled, and a probe costs a transaction).
 func NetfilterStatus(cfg *Config) (BackendChoice, error) {
-	dir, err := openDir(cfg.DataDir, cfg.Network)
-	if err != nil {
-		return BackendChoice{}, err
-	}
-	defer dir.Close()
-	rec, err := readChoice(dir.root())
+	rec, err := ReadNetfilterRecord(cfg.DataDir, cfg.Network)
 	if err != nil {
 		return BackendChoice{}, err
 	}
