@@ -54,10 +54,12 @@ func (h *handle) del(ctx context.Context, k attachmentKey, rec *Record, unknown 
 		hint = prefixAddrs(rec.IPs)
 	}
 	names := k.names(h.cfg.Network)
-	// The port's index, while the veth is there: its policy elements are keyed by it.
+	// The host veth is looked up once: its index (its policy elements are keyed by it) is read
+	// while it is there, and the same link is then deleted.
+	veth, vethErr := links.Find(names.HostVeth)
 	port := 0
-	if l, err := links.Find(names.HostVeth); err == nil && l != nil {
-		port = l.Attrs().Index
+	if veth != nil {
+		port = veth.Attrs().Index
 	}
 
 	var errs []error
@@ -70,7 +72,7 @@ func (h *handle) del(ctx context.Context, k attachmentKey, rec *Record, unknown 
 		unmapped, err = h.delHostPorts(k, rec, unknown)
 		return err
 	})
-	errs = append(errs, delLinks(names), h.forgetPolicies(port))
+	errs = append(errs, vethErr, delFoundLinks(veth, names.IFB), h.forgetPolicies(port))
 	// The host ports are gone before the conntrack walk, so no new flow to the pod can appear
 	// behind it.
 	errs = append(errs, <-hostPortsGone)
@@ -179,9 +181,15 @@ func (h *handle) delIsolation(k attachmentKey, rec *Record) error {
 // qdiscs of both) and the ifb of a shaped pod. One kernel request for both halves the time a
 // shaped pod's DEL spends waiting for the kernel to let go of them.
 func delLinks(names Names) error {
-	veth, vethErr := links.Find(names.HostVeth)
-	ifb, ifbErr := shaping.FindIFB(names.IFB)
-	return errors.Join(vethErr, ifbErr, links.DeleteTogether(veth, ifb))
+	veth, err := links.Find(names.HostVeth)
+	return errors.Join(err, delFoundLinks(veth, names.IFB))
+}
+
+// delFoundLinks is delLinks for a caller that has looked the host veth up already (veth: nil
+// when there is none).
+func delFoundLinks(veth netlink.Link, ifbName string) error {
+	ifb, err := shaping.FindIFB(ifbName)
+	return errors.Join(err, links.DeleteTogether(veth, ifb))
 }
 
 // flushConntrack deletes conntrack entries whose original source or reply source is one of addrs.
