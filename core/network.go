@@ -48,10 +48,11 @@ type handle struct {
 // the node-wide settings are claimed, so that a caller they do not belong to is refused before
 // anything node-wide changes, a switch of backend included.
 func openToApply(cfg *Config, att *Attachment) (*handle, error) {
-	h := &handle{cfg: cfg}
-	if err := h.preflight(); err != nil {
+	seen, err := preflight(cfg, false)
+	if err != nil {
 		return nil, err
 	}
+	h := &handle{cfg: cfg, seen: seen}
 	if err := h.open(att, h.applySettings); err != nil {
 		return nil, err
 	}
@@ -120,13 +121,6 @@ func (h *handle) findBackend() error {
 	}
 	h.nf = inUse(h.cfg, rec, h.dir)
 	return nil
-}
-
-// preflight refuses a configuration that would break the node, before anything changes, and
-// keeps what it read of the bridge for the bridge step.
-func (h *handle) preflight() (err error) {
-	h.seen, err = preflight(h.cfg, false)
-	return err
 }
 
 // Close releases the attachment lock and closes the directory (which releases every lock the
