@@ -108,7 +108,7 @@ func (s *Store) Free(sets ...RangeSet) ([]uint64, error) {
 	}
 	entries, err := s.root.ReadDir()
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", s.dir, err)
+		return nil, fmt.Errorf("list %s: %w", s.root.Path(), err)
 	}
 	used := make([]uint64, len(sets))
 	for _, e := range entries {

@@ -93,7 +93,7 @@ func (s *Store) owned(id, ifname string) ([]netip.Addr, error) {
 func (s *Store) List() ([]Allocation, error) {
 	entries, err := s.root.ReadDir()
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", s.dir, err)
+		return nil, fmt.Errorf("list %s: %w", s.root.Path(), err)
 	}
 	var out []Allocation
 	for _, e := range entries {
@@ -106,7 +106,7 @@ func (s *Store) List() ([]Allocation, error) {
 			continue // released while we were reading
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", s.dir, err)
+			return nil, fmt.Errorf("list %s: %w", s.root.Path(), err)
 		}
 		out = append(out, Allocation{Addr: a, ContainerID: o.id, IfName: o.ifname})
 	}
@@ -129,7 +129,7 @@ func (s *Store) ReleaseAddr(a netip.Addr) error {
 func (s *Store) RemoveTemp() (int, error) {
 	entries, err := s.root.ReadDir()
 	if err != nil {
-		return 0, fmt.Errorf("remove temporary files in %s: %w", s.dir, err)
+		return 0, fmt.Errorf("remove temporary files in %s: %w", s.root.Path(), err)
 	}
 	n := 0
 	var errs []error

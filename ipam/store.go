@@ -8,13 +8,9 @@ import (
 // <dataDir>/<network>/. It holds no lock: the network lock (statedir.Dir.Lock, the flock
 // host-local takes too) is the caller's to hold around every change.
 type Store struct {
-	dir  string
 	root *safedir.Dir // the network's directory; nothing below it is reached through a symlink
 }
 
 // New returns the store in the network's directory root, opened and checked by its owner
 // (statedir.Dir.Root), who closes it.
-func New(root *safedir.Dir) *Store { return &Store{dir: root.Path(), root: root} }
-
-// Dir is the network's directory.
-func (s *Store) Dir() string { return s.dir }
+func New(root *safedir.Dir) *Store { return &Store{root: root} }
