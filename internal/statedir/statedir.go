@@ -25,7 +25,6 @@ const lockName = "lock"
 
 // Dir is one network's directory, open, with its lock file.
 type Dir struct {
-	path string
 	root *safedir.Dir // the network's directory; nothing below it is reached through a symlink
 	lock *os.File
 	// netfilter serializes LockNetfilter among this Dir's goroutines: the OFD lock belongs to
@@ -58,7 +57,7 @@ func Open(dataDir, network string) (*Dir, error) {
 		root.Close()
 		return nil, fmt.Errorf("open state dir lock in %s: %w", root.Path(), err)
 	}
-	return &Dir{path: root.Path(), root: root, lock: lk}, nil
+	return &Dir{root: root, lock: lk}, nil
 }
 
 // openLock opens (creates) the lock file. host-local flocks this same path (through
@@ -88,7 +87,7 @@ func openLock(root *safedir.Dir) (*os.File, error) {
 }
 
 // Path is the network's directory.
-func (d *Dir) Path() string { return d.path }
+func (d *Dir) Path() string { return d.root.Path() }
 
 // Root is the network's directory, open and checked once for the Dir's life: files read and
 // written through it need no new walk of its ancestors.
@@ -97,7 +96,7 @@ func (d *Dir) Root() *safedir.Dir { return d.root }
 // Lock takes the exclusive flock(2) on <dir>/lock, waiting for other holders.
 func (d *Dir) Lock() error {
 	if err := flock(int(d.lock.Fd()), unix.LOCK_EX); err != nil {
-		return fmt.Errorf("lock %s: %w", d.path, err)
+		return fmt.Errorf("lock %s: %w", d.Path(), err)
 	}
 	return nil
 }
@@ -109,7 +108,7 @@ func (d *Dir) TryLock() (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("lock %s: %w", d.path, err)
+		return false, fmt.Errorf("lock %s: %w", d.Path(), err)
 	}
 	return true, nil
 }
@@ -117,7 +116,7 @@ func (d *Dir) TryLock() (bool, error) {
 // Unlock releases the lock.
 func (d *Dir) Unlock() error {
 	if err := flock(int(d.lock.Fd()), unix.LOCK_UN); err != nil {
-		return fmt.Errorf("unlock %s: %w", d.path, err)
+		return fmt.Errorf("unlock %s: %w", d.Path(), err)
 	}
 	return nil
 }
@@ -188,7 +187,7 @@ func (d *Dir) lockByte(offset int64, what string, wait bool) (func() error, bool
 			return nil, false, nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("lock %s in %s: %w", what, d.path, err)
+			return nil, false, fmt.Errorf("lock %s in %s: %w", what, d.Path(), err)
 		}
 		break
 	}
@@ -196,7 +195,7 @@ func (d *Dir) lockByte(offset int64, what string, wait bool) (func() error, bool
 		un := lk
 		un.Type = unix.F_UNLCK
 		if err := unix.FcntlFlock(d.lock.Fd(), unix.F_OFD_SETLK, &un); err != nil {
-			return fmt.Errorf("unlock %s in %s: %w", what, d.path, err)
+			return fmt.Errorf("unlock %s in %s: %w", what, d.Path(), err)
 		}
 		return nil
 	}, true, nil
@@ -206,7 +205,7 @@ func (d *Dir) lockByte(offset int64, what string, wait bool) (func() error, bool
 func (d *Dir) Close() error {
 	err := errors.Join(d.lock.Close(), d.root.Close())
 	if err != nil {
-		return fmt.Errorf("close state dir %s: %w", d.path, err)
+		return fmt.Errorf("close state dir %s: %w", d.Path(), err)
 	}
 	return nil
 }
