@@ -57,7 +57,7 @@ func openDir(dataDir, network string) (*networkDir, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &networkDir{state: state, store: ipam.New(state.Root()), records: NewRecords(state.Path())}, nil
+	return &networkDir{state: state, store: ipam.New(state.Root()), records: Records{networkDir: state.Path(), root: state.Root()}}, nil
 }
 
 func (d *networkDir) Close() error { return d.state.Close() }

@@ -53,7 +53,13 @@ func (e *CorruptRecordError) Error() string {
 func (e *CorruptRecordError) Unwrap() error { return e.Err }
 
 // Records stores the attachment records of one network.
-type Records struct{ networkDir string }
+type Records struct {
+	networkDir string
+	// root is the network's directory held open by a verb's networkDir (nil for NewRecords):
+	// through it the records directory is opened without walking the data dir's ancestors again
+	// on every Load, Save and Remove.
+	root *safedir.Dir
+}
 
 // NewRecords returns the record store under the network's IPAM directory.
 func NewRecords(networkDir string) Records { return Records{networkDir: networkDir} }
@@ -68,7 +74,13 @@ func RecordPath(networkDir string, a Attachment) string {
 // directory is (nil, nil): there are no records. A symlink or a file in its place is replaced,
 // never followed (safedir.OpenIn).
 func (r Records) open(create bool) (*safedir.Dir, error) {
-	d, err := safedir.OpenIn(r.networkDir, RecordDirName, create)
+	var d *safedir.Dir
+	var err error
+	if r.root != nil {
+		d, err = r.root.OpenSub(RecordDirName, create)
+	} else {
+		d, err = safedir.OpenIn(r.networkDir, RecordDirName, create)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("attachment records: %w", err)
 	}
@@ -219,20 +231,23 @@ func (r Records) Remove(a Attachment) error {
 	if rec, err := readRecord(d, a.key().legacyRecordName(), a); rec != nil && err == nil {
 		errs = append(errs, d.Remove(a.key().legacyRecordName()))
 	}
-	return errors.Join(append(errs, removeIfOnlyTemp(r.networkDir, d, safedir.TempPrefix(a.key().recordName())))...)
+	return errors.Join(append(errs, r.removeIfOnlyTemp(d, safedir.TempPrefix(a.key().recordName())))...)
 }
 
 // removeIfOnlyTemp removes the records directory d when it holds nothing but temporary files,
 // and with it, when it stays, the temporary files whose name starts with own (those of one
 // attachment; "" for none).
-func removeIfOnlyTemp(networkDir string, d *safedir.Dir, own string) error {
-	root, err := safedir.Open(networkDir)
-	if err != nil {
-		return fmt.Errorf("attachment records: %w", err)
+func (r Records) removeIfOnlyTemp(d *safedir.Dir, own string) error {
+	root := r.root
+	if root == nil {
+		var err error
+		if root, err = safedir.Open(r.networkDir); err != nil {
+			return fmt.Errorf("attachment records: %w", err)
+		}
+		defer root.Close()
 	}
-	defer root.Close()
 	// The cheap case first: the last record went, and nothing else is there.
-	err = root.RemoveDir(RecordDirName)
+	err := root.RemoveDir(RecordDirName)
 	if err == nil || errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -345,7 +360,7 @@ func (r Records) RemoveFiles(names []string) error {
 			errs = append(errs, fmt.Errorf("attachment records: %w", err))
 		}
 	}
-	return errors.Join(append(errs, removeIfOnlyTemp(r.networkDir, d, ""))...)
+	return errors.Join(append(errs, r.removeIfOnlyTemp(d, ""))...)
 }
 
 // claimant returns the attachment whose readable record lists address a (the first, should two

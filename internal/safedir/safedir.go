@@ -270,14 +270,21 @@ func OpenIn(path, name string, create bool) (*Dir, error) {
 		return nil, err
 	}
 	defer root.Close()
-	d, err := root.Sub(name, create, 0o755)
+	return root.OpenSub(name, create)
+}
+
+// OpenSub is OpenIn for a directory d already open: name inside it, (nil, nil) when missing and
+// create is not set, and something that is not a directory in its place replaced either way.
+// Through a d a caller holds open, no ancestor of d is walked again.
+func (d *Dir) OpenSub(name string, create bool) (*Dir, error) {
+	sub, err := d.Sub(name, create, 0o755)
 	if !create && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if !create && IsNotDir(err) {
-		d, err = root.Sub(name, true, 0o755)
+		sub, err = d.Sub(name, true, 0o755)
 	}
-	return d, err
+	return sub, err
 }
 
 // IsNotDir tells whether an error of Sub means that something other than a directory (a
