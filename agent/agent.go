@@ -141,7 +141,7 @@ type controllers struct {
 const (
 	syncNodes  = "nodes"  // a Node event (the informer's resyncs too: the periodic repair)
 	syncKernel = "kernel" // a route, overlay device or entry of the agent's went, or its events were lost
-	syncHealed = "healed" // a heal pass repaired something; the overlay's firewall is compared again
+	syncHealed = "healed" // a heal pass ran on an nftables event: the overlay's firewall, which the healer does not own, is compared again
 )
 
 // syncState is what the syncs found and did, for /readyz, /peers and the other loops; mu guards

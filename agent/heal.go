@@ -93,18 +93,10 @@ func (h *healer) wake() { h.loop.Fire(healKick) }
 
 // healPass is what one pass found and did.
 type healPass struct {
-	full     bool // the periodic pass, which compares every map element
-	setUp    bool // the network's bridge did not exist: a first setup, not a repair
-	found    error
-	restored int
-	isolated int // pods whose isolation elements were put back
-	err      error
-	took     time.Duration
-
-	// policyGuards and netfilterCall: the bridge's policy guard put back, its nf_call options
-	// turned on (core.NodeRepair).
-	policyGuards  int
-	netfilterCall bool
+	full bool // the periodic pass, which compares every map element
+	err  error
+	took time.Duration
+	core.NodeRepair
 }
 
 // run heals until ctx ends. All netlink work happens on the calling goroutine, in the caller's
@@ -233,20 +225,17 @@ func (h *healer) pass(ctx context.Context, full bool) {
 	if err != nil {
 		p.err = err
 	} else {
-		var rep core.NodeRepair
-		rep, p.err = core.HealNode(ctx, cfg, full)
-		p.setUp, p.found, p.restored, p.isolated = rep.SetUp, rep.Found, rep.Restored, rep.IsolatedPorts
-		p.policyGuards, p.netfilterCall = rep.PolicyGuards, rep.NetfilterCall
+		p.NodeRepair, p.err = core.HealNode(ctx, cfg, full)
 	}
 	p.took = time.Since(start)
 	switch {
 	case p.err != nil:
 		h.log.Error("node-wide state of the kubenet network not restored", "err", p.err)
-	case p.setUp:
+	case p.SetUp:
 		h.log.Info("node-wide state of the kubenet network set up", "took", p.took)
 	case p.repaired():
-		h.log.Warn("node-wide state of the kubenet network restored", "found", p.found, "restoredHostPortElements", p.restored, "restoredIsolationPorts", p.isolated,
-			"policyGuards", p.policyGuards, "bridgeNetfilterCallTurnedOn", p.netfilterCall, "took", p.took)
+		h.log.Warn("node-wide state of the kubenet network restored", "found", p.Found, "restoredHostPortElements", p.Restored, "restoredIsolationPorts", p.IsolatedPorts,
+			"policyGuards", p.PolicyGuards, "bridgeNetfilterCallTurnedOn", p.NetfilterCall, "took", p.took)
 	}
 	if h.done != nil {
 		h.done(p)
@@ -255,7 +244,7 @@ func (h *healer) pass(ctx context.Context, full bool) {
 
 // repaired tells whether the pass found something changed by somebody else and put it back.
 func (p healPass) repaired() bool {
-	return p.found != nil || p.restored > 0 || p.policyGuards > 0 || p.netfilterCall
+	return p.Found != nil || p.Restored > 0 || p.PolicyGuards > 0 || p.NetfilterCall
 }
 
 // watchTables subscribes to nftables change events, forwarded as wake-ups.
@@ -397,7 +386,7 @@ func (a *Agent) newHealer() *healer {
 			if !p.full {
 				a.policy.Wake()
 			}
-			a.policy.Repaired(p.policyGuards, p.netfilterCall)
+			a.policy.Repaired(p.PolicyGuards, p.NetfilterCall)
 		}
 	})
 }
@@ -407,8 +396,8 @@ func (m *metrics) healed(p healPass) {
 	switch {
 	case p.err != nil:
 		m.healErrors.Inc()
-	case !p.setUp && p.repaired():
+	case !p.SetUp && p.repaired():
 		m.healRepairs.Inc()
 	}
-	m.healRestored.Add(float64(p.restored))
+	m.healRestored.Add(float64(p.Restored))
 }

@@ -185,7 +185,7 @@ func TestHealerRestoresFlushedRuleset(t *testing.T) {
 		if p.err != nil {
 			t.Errorf("pass failed: %v", p.err)
 		}
-		if p.found != nil {
+		if p.Found != nil {
 			repaired++
 		}
 	}
@@ -281,7 +281,7 @@ func TestHealerPeriodicPass(t *testing.T) {
 	for len(passes) > 0 {
 		p := <-passes
 		if p.full {
-			restored += p.restored
+			restored += p.Restored
 		}
 	}
 	if restored != 1 {
@@ -307,10 +307,10 @@ func TestHealerReportsPolicyBridge(t *testing.T) {
 			if p.err != nil {
 				t.Fatal(p.err)
 			}
-			if (p.netfilterCall || p.policyGuards > 0) && !p.repaired() {
+			if (p.NetfilterCall || p.PolicyGuards > 0) && !p.repaired() {
 				t.Errorf("pass %+v reports a repair but does not count as one", p)
 			}
-			guards, netfilterCall = guards+p.policyGuards, netfilterCall || p.netfilterCall
+			guards, netfilterCall = guards+p.PolicyGuards, netfilterCall || p.NetfilterCall
 		case <-deadline:
 			t.Fatalf("the passes reported %d guards put back and nf_call options turned on: %v; want 1 and true", guards, netfilterCall)
 		}
@@ -367,7 +367,7 @@ func TestHealerSeesBridgeNetfilterCallOff(t *testing.T) {
 			setOption("0")
 			select {
 			case p := <-passes:
-				if p.err != nil || !p.netfilterCall {
+				if p.err != nil || !p.NetfilterCall {
 					t.Errorf("the pass after the bridge changed: %+v, want the one that turned nf_call back on", p)
 				}
 			case <-time.After(10 * time.Second):
@@ -413,7 +413,7 @@ func BenchmarkHealAfterFlush(b *testing.B) {
 				if p.err != nil {
 					b.Fatal(p.err)
 				}
-				if p.found != nil && p.restored == len(elements.hostPorts) {
+				if p.Found != nil && p.Restored == len(elements.hostPorts) {
 					end = time.Now()
 				}
 			case <-time.After(10 * time.Second):

@@ -8,6 +8,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/test/golden"
+	"github.com/kubenet-dev/kubenet/test/nftrender"
 )
 
 // TestGolden renders the promiscuous-bridge dedup plan of each backend (nftables' bridge table,
@@ -30,7 +31,7 @@ func TestGolden(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.d.Network, tc.d.Bridge, tc.d.BridgeMAC = "golden", "cbr0", mac
 			table := nft.BridgeTable(tc.d.Network)
-			golden.Check(t, tc.name+".nft", nft.RenderTable(table, nil, []nft.ListedChain{{Chain: dedupChain(table), Rules: PlanDedup(tc.d)}}))
+			golden.Check(t, tc.name+".nft", nftrender.Table(table, nil, []nftrender.Chain{{Chain: dedupChain(table), Rules: PlanDedup(tc.d)}}))
 			golden.Check(t, tc.name+".ebtables", golden.IPTables(ipt.Bridge, "filter", PlanDedupEbtables(tc.d)))
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/test/golden"
+	"github.com/kubenet-dev/kubenet/test/nftrender"
 )
 
 // TestGolden renders what each backend programs for a node and its pods' host ports (nftables:
@@ -73,9 +74,9 @@ func TestGolden(t *testing.T) {
 func renderNFTables(cfg Config, rs []Reservation) string {
 	table := nft.InetTable(cfg.Network)
 	elements := byMap(rs)
-	var sets []nft.ListedSet
+	var sets []nftrender.Set
 	for _, name := range plannedMaps(cfg) {
-		sets = append(sets, nft.ListedSet{Set: mapSet(table, name), Elements: elements[name]})
+		sets = append(sets, nftrender.Set{Set: mapSet(table, name), Elements: elements[name]})
 	}
 	for _, is6 := range cfg.families() {
 		var els []nftables.SetElement
@@ -86,9 +87,9 @@ func renderNFTables(cfg Config, rs []Reservation) string {
 				els = append(els, hairpinElement(r))
 			}
 		}
-		sets = append(sets, nft.ListedSet{Set: hairpinSetDef(table, is6), Elements: els})
+		sets = append(sets, nftrender.Set{Set: hairpinSetDef(table, is6), Elements: els})
 	}
-	var chainList []nft.ListedChain
+	var chainList []nftrender.Chain
 	for _, ch := range chains(table) {
 		var rules []nft.Rule
 		for _, r := range Rules(cfg.PodCIDRs) {
@@ -96,9 +97,9 @@ func renderNFTables(cfg Config, rs []Reservation) string {
 				rules = append(rules, nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 			}
 		}
-		chainList = append(chainList, nft.ListedChain{Chain: ch, Rules: rules})
+		chainList = append(chainList, nftrender.Chain{Chain: ch, Rules: rules})
 	}
-	return nft.RenderTable(table, sets, chainList)
+	return nftrender.Table(table, sets, chainList)
 }
 
 // renderIPTables is every table the iptables backend writes: the fixed chains and jumps, and in

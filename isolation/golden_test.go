@@ -8,6 +8,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/test/golden"
+	"github.com/kubenet-dev/kubenet/test/nftrender"
 )
 
 // TestGolden renders what each backend programs for a configuration and its pods (nftables: the
@@ -39,15 +40,15 @@ func TestGolden(t *testing.T) {
 			tc.cfg.Network = "golden"
 			table := nft.BridgeTable(tc.cfg.Network)
 			els := elementsOf(tc.ports, tc.cfg.AntiSpoofing)
-			var listed []nft.ListedSet
+			var listed []nftrender.Set
 			for _, s := range sets(table, true) {
-				listed = append(listed, nft.ListedSet{Set: s, Elements: els[s.Name]})
+				listed = append(listed, nftrender.Set{Set: s, Elements: els[s.Name]})
 			}
-			var chains []nft.ListedChain
+			var chains []nftrender.Chain
 			for _, c := range Plan(tc.cfg) {
-				chains = append(chains, nft.ListedChain{Chain: chainDef(table, c), Rules: c.Rules})
+				chains = append(chains, nftrender.Chain{Chain: chainDef(table, c), Rules: c.Rules})
 			}
-			golden.Check(t, tc.name+".nft", nft.RenderTable(table, listed, chains))
+			golden.Check(t, tc.name+".nft", nftrender.Table(table, listed, chains))
 
 			plan := EbtablesNodePlan(tc.cfg)
 			pods := ipt.Chain{Name: ebtablesPods(tc.cfg.Network), Policy: "RETURN"}

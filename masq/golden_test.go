@@ -7,6 +7,7 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/test/golden"
+	"github.com/kubenet-dev/kubenet/test/nftrender"
 )
 
 // TestGolden renders the SNAT plan of each backend and compares it with testdata/golden: a rule
@@ -30,7 +31,7 @@ func TestGolden(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Network = "golden"
 			table := nft.InetTable(tc.cfg.Network)
-			golden.Check(t, tc.name+".nft", nft.RenderTable(table, nil, []nft.ListedChain{{Chain: chain(table), Rules: Plan(tc.cfg)}}))
+			golden.Check(t, tc.name+".nft", nftrender.Table(table, nil, []nftrender.Chain{{Chain: chain(table), Rules: Plan(tc.cfg)}}))
 			plans := PlanIPTables(tc.cfg)
 			var text string
 			for _, f := range []ipt.Family{ipt.IPv4, ipt.IPv6} {

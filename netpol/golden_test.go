@@ -9,9 +9,9 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
-	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/golden"
+	"github.com/kubenet-dev/kubenet/test/nftrender"
 )
 
 // TestGolden renders the policy tables Apply writes for a ruleset (the bridge table's fixed
@@ -55,7 +55,7 @@ func TestGolden(t *testing.T) {
 				t.Fatalf("refused: %v", d.refused)
 			}
 			bt, it := BridgeTable(network), InetTable(network)
-			var sets []nft.ListedSet
+			var sets []nftrender.Set
 			for _, s := range fixedSets(bt) {
 				var els []nftables.SetElement
 				switch s.Name {
@@ -70,26 +70,26 @@ func TestGolden(t *testing.T) {
 				case SetSourcesIPv4, SetSourcesIPv6:
 					els = d.sources[s.Name]
 				}
-				sets = append(sets, nft.ListedSet{Set: s, Elements: els})
+				sets = append(sets, nftrender.Set{Set: s, Elements: els})
 			}
 			rules := BridgeRules()
-			var chains []nft.ListedChain
+			var chains []nftrender.Chain
 			for _, ch := range bridgeChains(bt) {
-				chains = append(chains, nft.ListedChain{Chain: ch, Rules: rules[ch.Name]})
+				chains = append(chains, nftrender.Chain{Chain: ch, Rules: rules[ch.Name]})
 			}
 			for _, name := range slices.Sorted(maps.Keys(d.groups)) {
 				g := d.groups[name]
 				for _, s := range groupSets(bt, name, g.group, true) {
-					sets = append(sets, nft.ListedSet{Set: s.set, Elements: s.elements})
+					sets = append(sets, nftrender.Set{Set: s.set, Elements: s.elements})
 				}
-				chains = append(chains, nft.ListedChain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.dir, g.group)})
+				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.dir, g.group)})
 			}
-			var inet []nft.ListedChain
+			var inet []nftrender.Chain
 			inetRules := InetRules()
 			for _, ch := range inetChains(it) {
-				inet = append(inet, nft.ListedChain{Chain: ch, Rules: inetRules[ch.Name]})
+				inet = append(inet, nftrender.Chain{Chain: ch, Rules: inetRules[ch.Name]})
 			}
-			golden.Check(t, tc.name+".nft", nft.RenderTable(bt, sets, chains)+"\n"+nft.RenderTable(it, nil, inet))
+			golden.Check(t, tc.name+".nft", nftrender.Table(bt, sets, chains)+"\n"+nftrender.Table(it, nil, inet))
 		})
 	}
 }

@@ -4,8 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/test/golden"
+	"github.com/kubenet-dev/kubenet/test/nftrender"
 )
 
 // TestFirewallGolden renders the firewall's plan (its sets with their elements, its chains) and
@@ -38,12 +38,12 @@ func TestFirewallGolden(t *testing.T) {
 
 // renderFirewall is the table Sync writes for f.
 func renderFirewall(f Firewall) string {
-	var sets []nft.ListedSet
+	var sets []nftrender.Set
 	for _, s := range f.sets() {
-		sets = append(sets, nft.ListedSet{Set: s.set, Elements: s.els})
+		sets = append(sets, nftrender.Set{Set: s.set, Elements: s.els})
 	}
 	input, forward := f.chains()
 	inRules, fwdRules := f.rules()
 	raw, rawRules := f.rawChain()
-	return nft.RenderTable(FirewallTable, sets, []nft.ListedChain{{Chain: input, Rules: inRules}, {Chain: forward, Rules: fwdRules}, {Chain: raw, Rules: rawRules}})
+	return nftrender.Table(FirewallTable, sets, []nftrender.Chain{{Chain: input, Rules: inRules}, {Chain: forward, Rules: fwdRules}, {Chain: raw, Rules: rawRules}})
 }

@@ -53,7 +53,7 @@ func (w Wake) Fired(trigger string) bool { return w.fired[trigger] }
 
 // OnlyFired tells whether trigger is the one reason for this pass.
 func (w Wake) OnlyFired(trigger string) bool {
-	return !w.Start && !w.Periodic && !w.Retry && !w.Again && len(w.fired) == 1 && w.fired[trigger]
+	return w.onlyTriggers() && len(w.fired) == 1 && w.fired[trigger]
 }
 
 // onlyTriggers tells whether nothing but triggers asked for this pass.

@@ -27,6 +27,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/ipnet"
 )
 
 type conf struct {
@@ -73,10 +75,6 @@ func address(c *conf, containerID string) netip.Prefix {
 
 func gateway(c *conf) netip.Addr { return c.Subnet.Masked().Addr().Next() }
 
-func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
 // bridge returns the bridge, made with the gateway address on the node's first ADD.
 func bridge(c *conf) (netlink.Link, error) {
 	br, err := netlink.LinkByName(c.Bridge)
@@ -95,7 +93,7 @@ func bridge(c *conf) (netlink.Link, error) {
 		return nil, err
 	}
 	gw := netip.PrefixFrom(gateway(c), c.Subnet.Bits())
-	if err := netlink.AddrAdd(br, &netlink.Addr{IPNet: ipNet(gw)}); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := netlink.AddrAdd(br, &netlink.Addr{IPNet: ipnet.FromPrefix(gw)}); err != nil && !errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("bridge %s: address: %w", c.Bridge, err)
 	}
 	return br, netlink.LinkSetUp(br)
@@ -130,13 +128,13 @@ func add(args *skel.CmdArgs) error {
 			return err
 		}
 		mac = link.Attrs().HardwareAddr
-		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(addr), Flags: unix.IFA_F_NODAD}); err != nil {
+		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipnet.FromPrefix(addr), Flags: unix.IFA_F_NODAD}); err != nil {
 			return fmt.Errorf("address: %w", err)
 		}
 		if err := netlink.LinkSetUp(link); err != nil {
 			return err
 		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: gateway(c).AsSlice()})
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipnet.FromPrefix(netip.MustParsePrefix("0.0.0.0/0")), Gw: gateway(c).AsSlice()})
 	})
 	if err != nil {
 		return fmt.Errorf("pod interface: %w", err)
@@ -144,7 +142,7 @@ func add(args *skel.CmdArgs) error {
 	result := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{{Name: args.IfName, Mac: mac.String(), Sandbox: args.Netns}},
-		IPs:        []*current.IPConfig{{Interface: current.Int(0), Address: *ipNet(addr), Gateway: gateway(c).AsSlice()}},
+		IPs:        []*current.IPConfig{{Interface: current.Int(0), Address: *ipnet.FromPrefix(addr), Gateway: gateway(c).AsSlice()}},
 	}
 	return types.PrintResult(result, c.CNIVersion)
 }

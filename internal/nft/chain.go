@@ -35,7 +35,7 @@ type Difference struct {
 }
 
 func (d *Difference) Error() string {
-	return fmt.Sprintf("nftables %s of table %s %s: %s", d.Object, familyName(d.Table.Family), d.Table.Name, d.Detail)
+	return fmt.Sprintf("nftables %s of table %s %s: %s", d.Object, FamilyName(d.Table.Family), d.Table.Name, d.Detail)
 }
 
 // Missing returns the differences in err (which may join several) that are missing rules.
@@ -61,7 +61,8 @@ func Missing(err error) []*Difference {
 	return out
 }
 
-func familyName(f nftables.TableFamily) string {
+// FamilyName is the name nft gives family: "inet", "bridge", "ip", "ip6".
+func FamilyName(f nftables.TableFamily) string {
 	switch f {
 	case nftables.TableFamilyINet:
 		return "inet"

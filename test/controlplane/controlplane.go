@@ -161,7 +161,7 @@ func Start(t testing.TB, n ns.NetNS, cfg Config) *ControlPlane {
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + file("sa.pub"),
 		"--service-account-signing-key-file=" + file("sa.key"),
-		"--service-cluster-ip-range=" + joinPrefixes(cfg.ServiceCIDRs),
+		"--service-cluster-ip-range=" + nettest.JoinPrefixes(cfg.ServiceCIDRs),
 		"--profiling=false",
 	}, cfg.APIServerArgs...)...)
 	cp.Admin = cp.Client(t, AdminUser)
@@ -207,8 +207,8 @@ func (cp *ControlPlane) startControllers(t testing.TB, cfg Config, start func(na
 		"--service-account-private-key-file="+filepath.Join(cp.Dir, "sa.key"),
 		"--root-ca-file="+filepath.Join(cp.Dir, "ca.crt"),
 		"--allocate-node-cidrs=true",
-		"--cluster-cidr="+joinPrefixes(cfg.ClusterCIDRs),
-		"--service-cluster-ip-range="+joinPrefixes(cfg.ServiceCIDRs),
+		"--cluster-cidr="+nettest.JoinPrefixes(cfg.ClusterCIDRs),
+		"--service-cluster-ip-range="+nettest.JoinPrefixes(cfg.ServiceCIDRs),
 		"--configure-cloud-routes=false", // no cloud: the agent makes the routes
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
@@ -329,12 +329,4 @@ func Build(repo string, names ...string) (string, error) {
 		return "", fmt.Errorf("hack/kubernetes/build.sh %s: %w\n%s", strings.Join(names, " "), err, stderr)
 	}
 	return strings.TrimSpace(string(out)), nil
-}
-
-func joinPrefixes(ps []netip.Prefix) string {
-	var s []string
-	for _, p := range ps {
-		s = append(s, p.String())
-	}
-	return strings.Join(s, ",")
 }

@@ -309,7 +309,7 @@ func (c *KubeCluster) InstallKubenet(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	edited, err := editManifest(string(manifest), AgentImage, joinPrefixes(c.cfg.ClusterCIDRs), c.cfg.AgentArgs)
+	edited, err := editManifest(string(manifest), AgentImage, nettest.JoinPrefixes(c.cfg.ClusterCIDRs), c.cfg.AgentArgs)
 	if err != nil {
 		t.Fatal(err)
 	}

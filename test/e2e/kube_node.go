@@ -120,7 +120,7 @@ func (n *KubeNode) prepareDisk(t testing.TB) {
 	// Pods with dnsPolicy Default get this; nothing answers on the underlay's router.
 	write("resolv.conf", "nameserver "+c.routerAddrs[0].Addr().String()+"\n")
 	write("kubelet.yaml", fmt.Sprintf(kubeletConfig, c.cp.Dir+"/ca.crt", n.disk("resolv.conf"), c.cfg.ClusterDNS))
-	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.Kubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, joinPrefixes(c.cfg.ClusterCIDRs)))
+	write("kube-proxy.yaml", fmt.Sprintf(kubeProxyConfig, c.cp.Kubeconfig(t, "system:kube-proxy"), n.Name, c.cfg.ProxyMode, nettest.JoinPrefixes(c.cfg.ClusterCIDRs)))
 	n.cluster.cp.Kubeconfig(t, "system:node:"+n.Name)
 }
 
@@ -334,14 +334,6 @@ func copyFile(src, dst string, mode os.FileMode) error {
 		return err
 	}
 	return os.WriteFile(dst, b, mode)
-}
-
-func joinPrefixes(ps []netip.Prefix) string {
-	var s []string
-	for _, p := range ps {
-		s = append(s, p.String())
-	}
-	return strings.Join(s, ",")
 }
 
 // kubeletConfig is the node's KubeletConfiguration: cgroupfs without per-QoS cgroups (no

@@ -136,7 +136,7 @@ func (c *KubeCluster) buildUnderlay(t *testing.T) {
 	c.routerAddrs = c.segments[0].router
 	var subnets []string
 	for _, s := range c.segments {
-		subnets = append(subnets, joinPrefixes(s.prefixes[:len(s.router)]))
+		subnets = append(subnets, nettest.JoinPrefixes(s.prefixes[:len(s.router)]))
 	}
 	t.Logf("cluster %s: topology %s, subnets %s", c.Name, topology, strings.Join(subnets, " and "))
 }

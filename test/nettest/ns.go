@@ -35,10 +35,17 @@ func NewNS(t testing.TB) ns.NetNS {
 	if err != nil {
 		t.Fatalf("create netns: %v", err)
 	}
+	return adoptNS(t, n)
+}
+
+// adoptNS brings loopback up in the namespace n, just created, and removes it at cleanup unless
+// the test deleted it already (DeleteNS).
+func adoptNS(t testing.TB, n ns.NetNS) ns.NetNS {
+	t.Helper()
 	t.Cleanup(func() {
 		_ = n.Close()
 		if _, err := os.Stat(n.Path()); err != nil {
-			return // the test deleted it already (DeleteNS)
+			return // the test deleted it already
 		}
 		if err := RemoveNS(n.Path()); err != nil {
 			t.Errorf("remove netns: %v", err)
@@ -69,23 +76,7 @@ func NewNamedNS(t testing.TB, name string) ns.NetNS {
 		_ = RemoveNS(path)
 		t.Fatalf("open netns %s: %v", name, err)
 	}
-	t.Cleanup(func() {
-		_ = n.Close()
-		if _, err := os.Stat(path); err != nil {
-			return // deleted already (DeleteNS)
-		}
-		if err := RemoveNS(path); err != nil {
-			t.Errorf("remove netns: %v", err)
-		}
-	})
-	Do(t, n, func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	})
-	return n
+	return adoptNS(t, n)
 }
 
 // Do runs f inside n on a locked OS thread and fails the test on error.

@@ -3,6 +3,8 @@ package nettest
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"net/netip"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,4 +34,14 @@ func Eventually(timeout time.Duration, f func() error) error {
 			delay *= 2
 		}
 	}
+}
+
+// JoinPrefixes is ps comma-separated, the way Kubernetes flags and configs take a list of CIDRs
+// (--service-cluster-ip-range, --cluster-cidr).
+func JoinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
 }

@@ -1,4 +1,13 @@
-package nft
+// Package nftrender turns planned nftables rules into text close to what `nft list` prints, so
+// that a plan can be read, reviewed and compared as text (the mechanisms' golden tests) without
+// a kernel. Unlike nft it leaves no expression out: the family and protocol matches nft hides as
+// implicit dependencies are printed, because a rule without them matches other packets. A load
+// it cannot name is printed raw (`@nh,96,32`, `reg32 5`), never dropped: every field of every
+// expression shows in the text, so two plans that differ render differently.
+//
+// Only tests use it, so it lives under test/ rather than in internal/nft: product code carries
+// none of it.
+package nftrender
 
 import (
 	"encoding/binary"
@@ -13,38 +22,32 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// Rendering turns planned rules into text close to what `nft list` prints, so that a plan can be
-// read, reviewed and compared as text (the mechanisms' golden tests) without a kernel. Unlike
-// nft it leaves no expression out: the family and protocol matches nft hides as implicit
-// dependencies are printed, because a rule without them matches other packets. A load it cannot
-// name is printed raw (`@nh,96,32`, `reg32 5`), never dropped: every field of every expression
-// shows in the text, so two plans that differ render differently.
-
-// ListedChain is a chain and its planned rules, for RenderTable.
-type ListedChain struct {
+// Chain is a chain and its planned rules, for Table.
+type Chain struct {
 	Chain *nftables.Chain
-	Rules []Rule
+	Rules []nft.Rule
 }
 
-// ListedSet is a set or map and its planned elements, for RenderTable.
-type ListedSet struct {
+// Set is a set or map and its planned elements, for Table.
+type Set struct {
 	Set      *nftables.Set
 	Elements []nftables.SetElement
 }
 
-// RenderTable renders a table the way `nft list table` lays it out: the sets, then the chains in
+// Table renders a table the way `nft list table` lays it out: the sets, then the chains in
 // the given order. A regular chain reached only by jumps and gotos from rules that matched the
 // network or transport protocol (a dispatch chain) is rendered in that protocol's terms.
-func RenderTable(t *nftables.Table, sets []ListedSet, chains []ListedChain) string {
+func Table(t *nftables.Table, sets []Set, chains []Chain) string {
 	defs := map[string]*nftables.Set{}
 	for _, s := range sets {
 		defs[s.Set.Name] = s.Set
 	}
 	entry := entryContexts(t.Family, defs, sets, chains)
 	var b strings.Builder
-	fmt.Fprintf(&b, "table %s %s {\n", familyName(t.Family), t.Name)
+	fmt.Fprintf(&b, "table %s %s {\n", nft.FamilyName(t.Family), t.Name)
 	for _, s := range sets {
 		b.WriteString(renderSet(s))
 		b.WriteString("\n")
@@ -66,12 +69,12 @@ func RenderTable(t *nftables.Table, sets []ListedSet, chains []ListedChain) stri
 	return b.String()
 }
 
-// RenderRule renders one rule of a table of family, its comment last as nft prints it.
-func RenderRule(family nftables.TableFamily, r Rule) string {
+// Rule renders one rule of a table of family, its comment last as nft prints it.
+func Rule(family nftables.TableFamily, r nft.Rule) string {
 	return renderRule(family, nil, protoContext{}, r)
 }
 
-func renderRule(family nftables.TableFamily, sets map[string]*nftables.Set, entry protoContext, r Rule) string {
+func renderRule(family nftables.TableFamily, sets map[string]*nftables.Set, entry protoContext, r nft.Rule) string {
 	s := newRenderer(family, sets, entry).rule(r.Exprs)
 	if r.Comment != "" {
 		s += fmt.Sprintf(" comment %q", r.Comment)
@@ -86,7 +89,7 @@ type protoContext struct{ nh, th string }
 
 // entryContexts finds the protocol context each regular chain is entered with: the one every
 // jump and goto to it has, when they agree and no map sends packets to it.
-func entryContexts(family nftables.TableFamily, defs map[string]*nftables.Set, sets []ListedSet, chains []ListedChain) map[string]protoContext {
+func entryContexts(family nftables.TableFamily, defs map[string]*nftables.Set, sets []Set, chains []Chain) map[string]protoContext {
 	unknown := protoContext{nh: "?"}
 	inMaps := map[string]bool{}
 	for _, s := range sets {
@@ -898,7 +901,7 @@ func allOnes(b []byte) bool { return !slices.ContainsFunc(b, func(x byte) bool {
 func allZero(b []byte) bool { return !slices.ContainsFunc(b, func(x byte) bool { return x != 0 }) }
 
 // renderSet renders a set's definition and elements, one element a line.
-func renderSet(s ListedSet) string {
+func renderSet(s Set) string {
 	set := s.Set
 	var b strings.Builder
 	word := "set"

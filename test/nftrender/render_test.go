@@ -1,12 +1,15 @@
-package nft
+package nftrender
 
 import (
 	"net/netip"
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 // TestRenderRule: each expression the mechanisms use prints as its field and value, and what
@@ -14,20 +17,20 @@ import (
 // render alike.
 func TestRenderRule(t *testing.T) {
 	v4 := netip.MustParsePrefix("10.244.0.0/16")
-	mark := func(v uint32) []byte { return nativeUint32(v) }
+	mark := func(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
 	cases := []struct {
 		name   string
 		family nftables.TableFamily
 		exprs  []expr.Any
 		want   string
 	}{
-		{"prefix source", nftables.TableFamilyINet, append(MatchFamily(v4.Addr()), append(MatchPrefix(Source, v4, false), &expr.Verdict{Kind: expr.VerdictAccept})...),
+		{"prefix source", nftables.TableFamilyINet, append(nft.MatchFamily(v4.Addr()), append(nft.MatchPrefix(nft.Source, v4, false), &expr.Verdict{Kind: expr.VerdictAccept})...),
 			"meta nfproto ipv4 ip saddr 10.244.0.0/16 accept"},
-		{"negated destination", nftables.TableFamilyINet, append(MatchFamily(v4.Addr()), MatchPrefix(Destination, v4, true)...),
+		{"negated destination", nftables.TableFamilyINet, append(nft.MatchFamily(v4.Addr()), nft.MatchPrefix(nft.Destination, v4, true)...),
 			"meta nfproto ipv4 ip daddr != 10.244.0.0/16"},
-		{"no family match: raw offsets", nftables.TableFamilyINet, MatchPrefix(Source, v4, false),
+		{"no family match: raw offsets", nftables.TableFamilyINet, nft.MatchPrefix(nft.Source, v4, false),
 			"@nh,96,32 & 0xffff0000 == 0x0af40000"},
-		{"local destination, masquerade", nftables.TableFamilyINet, append(MatchLocalDestination(true), &expr.Masq{FullyRandom: true}),
+		{"local destination, masquerade", nftables.TableFamilyINet, append(nft.MatchLocalDestination(true), &expr.Masq{FullyRandom: true}),
 			"fib daddr type != local masquerade fully-random"},
 		{"transport ports by protocol", nftables.TableFamilyINet, []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.IPPROTO_SCTP}},
@@ -54,8 +57,8 @@ func TestRenderRule(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := RenderRule(tc.family, Rule{Exprs: tc.exprs}); got != tc.want {
-				t.Errorf("RenderRule =\n%s\nwant\n%s", got, tc.want)
+			if got := Rule(tc.family, nft.Rule{Exprs: tc.exprs}); got != tc.want {
+				t.Errorf("Rule =\n%s\nwant\n%s", got, tc.want)
 			}
 		})
 	}
@@ -64,15 +67,15 @@ func TestRenderRule(t *testing.T) {
 // TestRenderTableEntryContext: a chain entered only by gotos from rules that matched IPv4 reads
 // its payloads as IPv4 fields; one also entered without that match reads them raw.
 func TestRenderTableEntryContext(t *testing.T) {
-	table := BridgeTable("t")
+	table := nft.BridgeTable("t")
 	loop := netip.MustParsePrefix("127.0.0.0/8")
 	ipv4 := []expr.Any{&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{0x08, 0x00}}}
 	goTo := func(c string) expr.Any { return &expr.Verdict{Kind: expr.VerdictGoto, Chain: c} }
 	base := &nftables.Chain{Name: "base", Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter}
-	got := RenderTable(table, nil, []ListedChain{
-		{Chain: &nftables.Chain{Name: "v4", Table: table}, Rules: []Rule{{Exprs: MatchPrefix(Source, loop, false)}}},
-		{Chain: &nftables.Chain{Name: "mixed", Table: table}, Rules: []Rule{{Exprs: MatchPrefix(Source, loop, false)}}},
-		{Chain: base, Rules: []Rule{
+	got := Table(table, nil, []Chain{
+		{Chain: &nftables.Chain{Name: "v4", Table: table}, Rules: []nft.Rule{{Exprs: nft.MatchPrefix(nft.Source, loop, false)}}},
+		{Chain: &nftables.Chain{Name: "mixed", Table: table}, Rules: []nft.Rule{{Exprs: nft.MatchPrefix(nft.Source, loop, false)}}},
+		{Chain: base, Rules: []nft.Rule{
 			{Comment: "to v4", Exprs: append(append([]expr.Any{}, ipv4...), goTo("v4"))},
 			{Exprs: append(append([]expr.Any{}, ipv4...), goTo("mixed"))},
 			{Exprs: []expr.Any{goTo("mixed")}},
@@ -96,6 +99,6 @@ func TestRenderTableEntryContext(t *testing.T) {
 }
 `
 	if got != want {
-		t.Errorf("RenderTable =\n%s\nwant\n%s", got, want)
+		t.Errorf("Table =\n%s\nwant\n%s", got, want)
 	}
 }
