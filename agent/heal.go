@@ -60,6 +60,10 @@ type opener func() (forward func(context.Context) bool, closeFn func(), err erro
 // again; it doubles up to the heal period.
 const resubscribeMin = time.Second
 
+// healRetryMin is the shortest wait before a failed pass is tried again; it doubles up to the
+// heal period.
+const healRetryMin = 100 * time.Millisecond
+
 // The healer's triggers.
 const (
 	healKick          = "kick"           // nftables events, and the agent when the conflist changed
@@ -79,10 +83,15 @@ func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*c
 		// A bridge change alone (one of the many a port joining or leaving makes) calls for a
 		// pass only when the bridge lost its nf_call options, which no nftables event announces.
 		Wanted: func(w loop.Wake) bool { return !w.OnlyFired(healBridgeChanged) || h.bridgeNeedsHeal() },
+		// A failed pass (another tool deleting a table between two of the pass's transactions,
+		// say) is tried again: no event may follow it, and the node would stay as the other
+		// tool left it until the period.
+		BackoffMin: max(minGap, healRetryMin),
+		BackoffMax: max(period, healRetryMin),
 		Pass: func(ctx context.Context, w loop.Wake) loop.Outcome {
 			h.resubscribe(w)
-			h.pass(ctx, w.Start || w.Periodic)
-			return loop.Outcome{After: h.resubscribeLater()}
+			err := h.pass(ctx, w.Start || w.Periodic)
+			return loop.Outcome{Err: err, After: h.resubscribeLater()}
 		},
 	})
 	return h
@@ -215,10 +224,10 @@ func (h *healer) bridgeNeedsHeal() bool {
 }
 
 // pass runs one HealNode with the current configuration.
-func (h *healer) pass(ctx context.Context, full bool) {
+func (h *healer) pass(ctx context.Context, full bool) error {
 	cfg, err := h.config()
 	if cfg == nil && err == nil {
-		return // no pod CIDR yet: nothing is set up, nothing to keep
+		return nil // no pod CIDR yet: nothing is set up, nothing to keep
 	}
 	start := time.Now()
 	p := healPass{full: full}
@@ -240,6 +249,7 @@ func (h *healer) pass(ctx context.Context, full bool) {
 	if h.done != nil {
 		h.done(p)
 	}
+	return p.err
 }
 
 // repaired tells whether the pass found something changed by somebody else and put it back.
