@@ -172,6 +172,13 @@ func Compile(in Input) Result {
 				// A type the API does not have: which directions the policy meant is unknown.
 				ingress, egress, valid = true, true, false
 			}
+			name := np.Namespace + "/" + np.Name
+			if ingress {
+				pp.Ingress.Policies = append(pp.Ingress.Policies, name)
+			}
+			if egress {
+				pp.Egress.Policies = append(pp.Egress.Policies, name)
+			}
 			if !valid {
 				// Isolated in the policy's directions with nothing allowed by it.
 				pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
@@ -193,6 +200,8 @@ func Compile(in Input) Result {
 				}
 			}
 		}
+		slices.Sort(pp.Ingress.Policies)
+		slices.Sort(pp.Egress.Policies)
 		if pp.Ingress.Isolated || pp.Egress.Isolated {
 			res.Isolated++
 		}

@@ -470,3 +470,38 @@ func TestBlockRangesManyExcepts(t *testing.T) {
 		t.Errorf("50 000 excepts of every second address: %d ranges, want 50 000 (10.0.0.1, 10.0.0.3, …, 10.1.134.157, 10.1.134.159-10.255.255.255)", len(rs))
 	}
 }
+
+// TestCompilePolicyNames checks that each direction names exactly the policies that isolate the
+// pod in it: of its namespace, selecting it, of that type (an unknown type isolates both).
+func TestCompilePolicyNames(t *testing.T) {
+	named := func(ns, name string, spec networkingv1.NetworkPolicySpec) *networkingv1.NetworkPolicy {
+		p := np(ns, spec)
+		p.Name = name
+		return p
+	}
+	policies := []*networkingv1.NetworkPolicy{
+		named("a", "z-in", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"), PolicyTypes: ingress}),
+		named("a", "all-eg", networkingv1.NetworkPolicySpec{PodSelector: *sel(), PolicyTypes: egress}),
+		named("a", "both", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"), PolicyTypes: both}),
+		named("a", "odd-type", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "client"), PolicyTypes: []networkingv1.PolicyType{"Sideways"}}),
+		named("a", "bad-selector", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Bogus"}}}, PolicyTypes: ingress}),
+		named("b", "other-ns", networkingv1.NetworkPolicySpec{PodSelector: *sel(), PolicyTypes: both}),
+		named("a", "nobody", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "none"), PolicyTypes: both}),
+	}
+	in := testInput()
+	in.Policies = policies
+	res := Compile(in)
+	got := map[string][2]string{}
+	for _, p := range res.Ruleset.Pods {
+		got[p.Name] = [2]string{strings.Join(p.Ingress.Policies, ","), strings.Join(p.Egress.Policies, ",")}
+	}
+	want := map[string][2]string{
+		"a/server": {"a/bad-selector,a/both,a/z-in", "a/all-eg,a/both"},
+		"a/client": {"a/bad-selector,a/odd-type", "a/all-eg,a/odd-type"},
+	}
+	for pod, w := range want {
+		if got[pod] != w {
+			t.Errorf("%s: policies (ingress, egress) = %q, want %q", pod, got[pod], w)
+		}
+	}
+}

@@ -92,6 +92,10 @@ func (e Entry) Equal(o Entry) bool {
 type Direction struct {
 	Isolated bool
 	Allow    []Entry
+	// Policies names ("namespace/name", sorted) the policies that isolate the pod in this
+	// direction: what logs, metrics and explanations tell an operator. The kernel side does not
+	// read it (two pods with the same Allow share one group whatever their policies).
+	Policies []string
 }
 
 // Pod is one local pod whose policies are known.
