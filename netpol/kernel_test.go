@@ -1011,3 +1011,45 @@ func TestRoutedFragments(t *testing.T) {
 		})
 	}
 }
+
+// TestCutDenied: a connection that a policy change denies keeps flowing without CutDenied (the
+// API's default) and stops at its next packet with it; a connection the change still allows
+// keeps flowing either way, and so does the node's own.
+func TestCutDenied(t *testing.T) {
+	for _, cut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cut=%v", cut), func(t *testing.T) {
+			n := newBridgedNode(t)
+			a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+			n.apply(t, n.open(), Options{})
+			at := func(a netip.Addr) netip.AddrPort { return netip.AddrPortFrom(a, 8080) }
+			denied, allowed, fromNode := nettest.OpenSession(t, a.ns, at(b.v4), 3*time.Second), nettest.OpenSession(t, c.ns, at(b.v6), 3*time.Second), nettest.OpenSession(t, n.node, at(b.v4), 3*time.Second)
+			for _, s := range []*nettest.Session{denied, allowed, fromNode} {
+				if !s.RoundTrip("before", 3*time.Second) {
+					t.Fatalf("%s: no echo before the change", s.Conn.LocalAddr())
+				}
+			}
+			rs := with(n.open(), b.port, allowFrom(tcp8080, c.ips()...), policyrules.Direction{})
+			applied := n.apply(t, rs, Options{})
+			var removed uint
+			if cut {
+				nettest.Do(t, n.node, func() (err error) {
+					removed, err = CutDenied(rs, applied, []netip.Addr{gw4.Addr(), gw6.Addr()})
+					return err
+				})
+				if removed == 0 {
+					t.Errorf("CutDenied removed no entry")
+				}
+			}
+			if got := denied.RoundTrip("after", 2*time.Second); got == cut {
+				t.Errorf("a → b (now denied) after the change: echo %v, want %v", got, !cut)
+			}
+			if !allowed.RoundTrip("after", 3*time.Second) {
+				t.Errorf("c → b (still allowed): no echo after the change")
+			}
+			if !fromNode.RoundTrip("after", 3*time.Second) {
+				t.Errorf("node → b: no echo after the change")
+			}
+			n.expectTCP(t, "new connection a → b", a.ns, b.v4, 8080, false)
+		})
+	}
+}

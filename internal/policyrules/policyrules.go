@@ -193,3 +193,33 @@ type Refusal struct {
 	// is the kernel's answer (a later apply tries again).
 	Err error
 }
+
+// Allows tells whether the direction lets a connection with peer on protocol and port through:
+// not isolated, or one of its entries covers the peer and has no ports or covers the protocol
+// and port. Port rules are of TCP, UDP or SCTP only, so for ICMP only entries without ports
+// match, as in the kernel's sets.
+func (d Direction) Allows(peer netip.Addr, protocol uint8, port uint16) bool {
+	if !d.Isolated {
+		return true
+	}
+	return slices.ContainsFunc(d.Allow, func(e Entry) bool {
+		return e.Peer.Contains(peer) && (e.Ports == nil || (e.Ports.Protocol == protocol && e.Ports.First <= port && port <= e.Ports.Last))
+	})
+}
+
+// AllowsSomePort tells whether the direction lets peer reach at least one port of protocol: what
+// can be said of a connection whose port is not known.
+func (d Direction) AllowsSomePort(peer netip.Addr, protocol uint8) bool {
+	if !d.Isolated {
+		return true
+	}
+	return slices.ContainsFunc(d.Allow, func(e Entry) bool {
+		return e.Peer.Contains(peer) && (e.Ports == nil || e.Ports.Protocol == protocol)
+	})
+}
+
+// Contains tells whether a lies in the range (an IPv4-mapped address counts as IPv4).
+func (r Range) Contains(a netip.Addr) bool {
+	a = a.Unmap()
+	return r.Valid() && a.Is4() == r.First.Is4() && r.First.Compare(a) <= 0 && a.Compare(r.Last) <= 0
+}

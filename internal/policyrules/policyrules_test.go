@@ -87,3 +87,51 @@ func TestEntryEqual(t *testing.T) {
 		t.Errorf("Ports.String = %q", got)
 	}
 }
+
+func TestDirectionAllows(t *testing.T) {
+	addr := netip.MustParseAddr
+	tcp80 := &Ports{Protocol: TCP, First: 80, Last: 80}
+	tcpAll := &Ports{Protocol: TCP, First: 0, Last: 65535}
+	udpRange := &Ports{Protocol: UDP, First: 5000, Last: 5010}
+	d := Direction{Isolated: true, Allow: []Entry{
+		{Peer: rng("10.0.0.0", "10.0.0.255"), Ports: tcp80},
+		{Peer: Single(addr("10.1.0.1")), Ports: nil},
+		{Peer: rng("fd00::", "fd00::ff"), Ports: udpRange},
+		{Peer: Single(addr("10.2.0.1")), Ports: tcpAll},
+	}}
+	tests := []struct {
+		name     string
+		d        Direction
+		peer     string
+		protocol uint8
+		port     uint16
+		want     bool
+		somePort bool
+	}{
+		{"not isolated allows all", Direction{}, "192.0.2.1", TCP, 1, true, true},
+		{"isolated, nothing allowed", Direction{Isolated: true}, "10.0.0.1", TCP, 80, false, false},
+		{"peer and port in", d, "10.0.0.7", TCP, 80, true, true},
+		{"port out", d, "10.0.0.7", TCP, 81, false, true},
+		{"protocol out", d, "10.0.0.7", UDP, 80, false, false},
+		{"peer out", d, "10.0.1.7", TCP, 80, false, false},
+		{"no ports: every protocol", d, "10.1.0.1", SCTP, 9, true, true},
+		{"no ports: ICMP", d, "10.1.0.1", 1, 0, true, true},
+		{"port rule never ICMP", d, "10.0.0.7", 1, 0, false, false},
+		{"range first", d, "fd00::1", UDP, 5000, true, true},
+		{"range last", d, "fd00::ff", UDP, 5010, true, true},
+		{"range past", d, "fd00::1", UDP, 5011, false, true},
+		{"family differs", d, "::ffff:10.1.0.2", TCP, 80, false, false},
+		{"mapped address counts as IPv4", d, "::ffff:10.1.0.1", TCP, 80, true, true},
+		{"every port includes 0", d, "10.2.0.1", TCP, 0, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.d.Allows(addr(tt.peer), tt.protocol, tt.port); got != tt.want {
+				t.Errorf("Allows(%s, %d, %d) = %v, want %v", tt.peer, tt.protocol, tt.port, got, tt.want)
+			}
+			if got := tt.d.AllowsSomePort(addr(tt.peer), tt.protocol); got != tt.somePort {
+				t.Errorf("AllowsSomePort(%s, %d) = %v, want %v", tt.peer, tt.protocol, got, tt.somePort)
+			}
+		})
+	}
+}

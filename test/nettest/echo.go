@@ -223,3 +223,38 @@ func ExpectFrom(r Reply, err error, want netip.Addr) error {
 	}
 	return nil
 }
+
+// Session is one TCP connection to an echo server (StartTCPEcho), kept open across changes
+// of the rules: what an established connection sees of them.
+type Session struct {
+	Conn net.Conn
+	r    *bufio.Reader
+}
+
+// OpenSession connects from n to an echo server at dst, retrying until deadline; the
+// connection is closed when the test ends.
+func OpenSession(t testing.TB, n ns.NetNS, dst netip.AddrPort, deadline time.Duration) *Session {
+	t.Helper()
+	s := &Session{}
+	if err := Eventually(deadline, func() (err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s.Conn, err = DialIn(n)(ctx, "tcp", dst.String())
+		return err
+	}); err != nil {
+		t.Fatalf("connect to %s: %v", dst, err)
+	}
+	t.Cleanup(func() { _ = s.Conn.Close() })
+	s.r = bufio.NewReader(s.Conn)
+	return s
+}
+
+// RoundTrip sends one line and tells whether its echo came back within wait.
+func (s *Session) RoundTrip(line string, wait time.Duration) bool {
+	_ = s.Conn.SetDeadline(time.Now().Add(wait))
+	if _, err := fmt.Fprintln(s.Conn, line); err != nil {
+		return false
+	}
+	got, err := s.r.ReadString('\n')
+	return err == nil && strings.HasPrefix(got, line+" ")
+}

@@ -1,0 +1,96 @@
+package netpol
+
+import (
+	"net/netip"
+
+	vnl "github.com/vishvananda/netlink"
+
+	"github.com/kubenet-dev/kubenet/internal/conntrack"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
+)
+
+// CutDenied removes conntrack's entries of the connections that rs denies: their next packet is
+// then judged as a new connection, by the policies in force, and dropped. Without it a
+// connection established while a policy allowed it keeps flowing until it ends (its packets are
+// established in conntrack, which the groups grant first). Call it after Apply installed rs.
+//
+// A connection is judged in the direction it was opened, as the kernel judged its first packet:
+// by its originator's egress (when a pod of rs) towards the responder's address, protocol and
+// port after DNAT (a Service's backend), and by the responder's ingress (when a pod of rs) from
+// the originator. What the kernel cannot have judged is kept: connections the node opened
+// (nodeAddrs: the node's packets are never filtered), directions whose allow list Apply refused
+// (their pods keep the group they had), and pods not in rs (held: their guards drop everything
+// already). Where it cannot tell exactly it keeps the connection: the responder's ingress denies
+// only when it denies the originator's address both before and after any SNAT, and an SCTP
+// connection (whose ports conntrack's netlink answer does not give here) is cut only when no
+// port of SCTP is allowed.
+func CutDenied(rs policyrules.Ruleset, applied policyrules.Applied, nodeAddrs []netip.Addr) (uint, error) {
+	j := newFlowJudge(rs, applied, nodeAddrs)
+	if len(j.pods) == 0 {
+		return 0, nil
+	}
+	return conntrack.Delete(j.denies)
+}
+
+// flowJudge holds what judging a conntrack entry needs, by address.
+type flowJudge struct {
+	pods map[netip.Addr]*policyrules.Pod
+	node map[netip.Addr]bool
+	// refused names the pods' directions whose allow list was not installed: "in/"+name,
+	// "out/"+name.
+	refused map[string]bool
+}
+
+func newFlowJudge(rs policyrules.Ruleset, applied policyrules.Applied, nodeAddrs []netip.Addr) flowJudge {
+	j := flowJudge{pods: map[netip.Addr]*policyrules.Pod{}, node: map[netip.Addr]bool{}, refused: map[string]bool{}}
+	for i := range rs.Pods {
+		p := &rs.Pods[i]
+		if !p.Ingress.Isolated && !p.Egress.Isolated {
+			continue
+		}
+		for _, a := range p.IPs {
+			j.pods[a.Unmap()] = p
+		}
+	}
+	for _, a := range nodeAddrs {
+		j.node[a.Unmap()] = true
+	}
+	for _, r := range applied.Refused {
+		dir := egressDir
+		if r.Ingress {
+			dir = ingressDir
+		}
+		for _, name := range r.Pods {
+			j.refused[dir+"/"+name] = true
+		}
+	}
+	return j
+}
+
+func addrOf(ip []byte) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
+}
+
+// denies tells whether the connection of f is one the ruleset denies.
+func (j flowJudge) denies(f *vnl.ConntrackFlow) bool {
+	origin, originSeen := addrOf(f.Forward.SrcIP), addrOf(f.Reverse.DstIP)
+	responder, port := addrOf(f.Reverse.SrcIP), f.Reverse.SrcPort
+	protocol := f.Forward.Protocol
+	allowed := func(d policyrules.Direction, peer netip.Addr) bool {
+		switch protocol {
+		case policyrules.TCP, policyrules.UDP:
+			return d.Allows(peer, protocol, port)
+		case policyrules.SCTP:
+			return d.AllowsSomePort(peer, protocol)
+		}
+		return d.Allows(peer, protocol, 0)
+	}
+	if p := j.pods[origin]; p != nil && !j.refused[egressDir+"/"+p.Name] && !allowed(p.Egress, responder) {
+		return true
+	}
+	if p := j.pods[responder]; p != nil && !j.refused[ingressDir+"/"+p.Name] && !j.node[origin] {
+		return !allowed(p.Ingress, origin) && !allowed(p.Ingress, originSeen)
+	}
+	return false
+}
