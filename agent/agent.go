@@ -92,7 +92,10 @@ type Config struct {
 	// Networking is the networking/v1 client the NetworkPolicy controller watches policies
 	// with; required when NetworkPolicy is on.
 	Networking typednetworkingv1.NetworkingV1Interface
-	Logger     *slog.Logger
+	// PolicyCutEstablished removes the conntrack entries of connections a policy change now
+	// denies (policy.Config.CutEstablished); off, they flow until they end, as the API allows.
+	PolicyCutEstablished bool
+	Logger               *slog.Logger
 	// Registry receives the agent's metrics and is what /metrics serves; nil: a private one.
 	Registry *prometheus.Registry
 	// HealPeriod turns the healer on (heal.go): the node-wide state of the network is
@@ -270,7 +273,8 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 	}
 	if cfg.NetworkPolicy {
 		a.policy, err = policy.New(client, cfg.Networking, policy.Config{DataDir: dataDir(cfg), Network: networkName(cfg),
-			Bridge: bridgeName(cfg), NodeName: cfg.NodeName, PodCIDRs: a.podCIDRs, Logger: cfg.Logger, Registry: cfg.Registry})
+			Bridge: bridgeName(cfg), NodeName: cfg.NodeName, PodCIDRs: a.podCIDRs, Logger: cfg.Logger, Registry: cfg.Registry,
+			CutEstablished: cfg.PolicyCutEstablished})
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}

@@ -25,6 +25,11 @@ type PolicyNetwork struct {
 	PodCIDRs []netip.Prefix
 	// Verify reads every group set back and rewrites those that differ (netpol.Options).
 	Verify bool
+	// CutEstablished removes, after an apply that changed the rules, conntrack's entries of the
+	// connections the new rules deny (netpol.CutDenied), so that they stop at their next packet
+	// instead of flowing until they end. CutAgain does it even when nothing changed: the last
+	// pass's cut failed.
+	CutEstablished, CutAgain bool
 }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
@@ -49,6 +54,10 @@ type PolicyPass struct {
 	// Unguarded says why ports could not get their guard (an older kubenet's ingress qdisc in
 	// the way): their pods are judged by the rules all the same, without the backstop.
 	Unguarded error
+	// Cut counts the conntrack entries of denied connections removed (CutEstablished); CutErr
+	// says why they could not be (the rules are applied all the same).
+	Cut    uint
+	CutErr error
 }
 
 // ApplyPolicies installs the node's policies for the network: it reads the attachment records
@@ -92,7 +101,24 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 		}
 	}
 	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
+	if err == nil && n.CutEstablished && (pass.Applied.Changed() || n.CutAgain) {
+		pass.Cut, pass.CutErr = cutDenied(rs, pass.Applied)
+	}
 	return pass, err
+}
+
+// cutDenied removes the conntrack entries of connections rs denies; the node's own addresses,
+// on every link, are those of connections the node opened, which no policy filters.
+func cutDenied(rs policyrules.Ruleset, applied policyrules.Applied) (uint, error) {
+	addrs, err := linkAddrs(nil)
+	if err != nil {
+		return 0, err
+	}
+	n, err := netpol.CutDenied(rs, applied, addrs)
+	if err != nil {
+		return n, fmt.Errorf("network policy: cut denied connections: %w", err)
+	}
+	return n, nil
 }
 
 // readLocals finds the bridge and its ports, then reads the attachment records and pairs each
@@ -122,11 +148,15 @@ func readLocals(network, bridgeName string, records Records, afterLinks func()) 
 	return br, locals, nil
 }
 
-// linkAddrs are the addresses of a link, both families.
+// linkAddrs are the addresses of a link (nil: of every link), both families.
 func linkAddrs(l netlink.Link) ([]netip.Addr, error) {
 	addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
 	if err != nil {
-		return nil, fmt.Errorf("network policy: addresses of %s: %w", l.Attrs().Name, err)
+		name := "the node's links"
+		if l != nil {
+			name = l.Attrs().Name
+		}
+		return nil, fmt.Errorf("network policy: addresses of %s: %w", name, err)
 	}
 	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {

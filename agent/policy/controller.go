@@ -56,7 +56,10 @@ type Config struct {
 	// PodCIDRs are this node's pod CIDRs (a function: the agent learns them after it starts).
 	PodCIDRs func() []netip.Prefix
 	Resync   time.Duration
-	Logger   *slog.Logger
+	// CutEstablished removes, after every pass that changed the rules, conntrack's entries of
+	// the connections they now deny (core.PolicyNetwork.CutEstablished).
+	CutEstablished bool
+	Logger         *slog.Logger
 	// Registry receives the controller's metrics; nil: none.
 	Registry prometheus.Registerer
 	// Events records the Events on policies whose allow lists were refused; nil: Run records
@@ -89,6 +92,9 @@ type Controller struct {
 	// (each is recorded once, when it appears).
 	events   record.EventRecorder
 	reported map[string]bool
+	// cutFailed says the last pass could not cut the connections its rules deny: the next pass
+	// cuts even if it changes nothing.
+	cutFailed bool
 }
 
 // Pass is what one pass did.
@@ -102,8 +108,11 @@ type Pass struct {
 	Unknown       int // local attachments whose pod the API does not have: still denied
 	// Unplugged counts local attachments whose veth is not a port of the bridge (yet): held.
 	Unplugged int
-	Took      time.Duration
-	Err       error
+	// Cut counts conntrack entries of connections the new rules deny that were removed
+	// (Config.CutEstablished).
+	Cut  uint
+	Took time.Duration
+	Err  error
 }
 
 // New builds the controller over the core/v1 (pods, namespaces) and networking/v1 clients.
@@ -303,7 +312,8 @@ func (c *Controller) pass(verify bool) Pass {
 		cidrs := c.cfg.PodCIDRs()
 		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
 		var pass core.PolicyPass
-		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify},
+		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
+			CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutFailed},
 			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = LocalsOf(locals)
 				for _, l := range locals {
@@ -316,7 +326,11 @@ func (c *Controller) pass(verify bool) Pass {
 				c.metrics.observe(in, res)
 				return res.Ruleset
 			})
-		p.Applied, p.Guarded, p.NetfilterCall = pass.Applied, pass.Guarded, pass.NetfilterCall
+		p.Applied, p.Guarded, p.NetfilterCall, p.Cut = pass.Applied, pass.Guarded, pass.NetfilterCall, pass.Cut
+		if err == nil {
+			// The rules are in force; a failed cut fails the pass, so that it is tried again.
+			c.cutFailed, err = pass.CutErr != nil, pass.CutErr
+		}
 		if pass.Unguarded != nil {
 			c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
 		}
@@ -333,7 +347,7 @@ func (c *Controller) pass(verify bool) Pass {
 		a := p.Applied
 		c.log.Info("network policy applied", "groups", a.Groups, "newGroups", a.NewGroups, "repairedGroups", a.RepairedGroups,
 			"removedGroups", a.RemovedGroups, "mapChanges", a.MapChanges, "released", a.Released, "conntrackRemoved", a.Conntrack,
-			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "verified", verify, "took", p.Took)
+			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "cutConnections", p.Cut, "verified", verify, "took", p.Took)
 	}
 	if c.passed != nil {
 		c.passed(p)

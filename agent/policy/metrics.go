@@ -15,6 +15,7 @@ type metrics struct {
 	passTime prometheus.Histogram
 	released prometheus.Counter
 	repairs  *prometheus.CounterVec
+	cut      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -56,11 +57,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_network_policy_repairs_total",
 			Help: "What passes found removed or changed by somebody else and put back, by what (guard, bridge_netfilter_call, group, fixed).",
 		}, []string{"what"}),
+		cut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_network_policy_cut_connections_total",
+			Help: "Conntrack entries of established connections removed because a policy change denies them (--policy-cut-established).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs} {
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs, m.cut} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -92,6 +97,7 @@ func (m *metrics) pass(p Pass) {
 	m.groups.Set(float64(p.Applied.Groups))
 	m.refused.Set(float64(len(p.Applied.Refused)))
 	m.released.Add(float64(p.Applied.Released))
+	m.cut.Add(float64(p.Cut))
 	m.repaired(p.Guarded, p.NetfilterCall)
 	m.repairs.WithLabelValues("group").Add(float64(p.Applied.RepairedGroups))
 	if p.Applied.FixedWritten && p.Applied.Released == 0 && p.Applied.Groups > 0 {
