@@ -402,7 +402,7 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 			}
 		}
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.dir, g.group))
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.dir, g.group, g.audit))
 	return nil
 }
 
@@ -486,6 +486,7 @@ type desired struct {
 
 type plannedGroup struct {
 	dir   string
+	audit bool // only staged policies isolate its pods (policyrules.Direction.Audit)
 	group group
 	cost  int
 	ports []int    // the ports that use it
@@ -539,10 +540,10 @@ func plan(rs policyrules.Ruleset) desired {
 				refuse(fmt.Errorf("%w: more than %d set elements", policyrules.ErrTooBig, maxGroupCost))
 				continue
 			}
-			name := g.named(dir.name)
+			name := g.named(dir.name, dir.d.Audit)
 			pg, seen := d.groups[name]
 			if !seen {
-				pg = plannedGroup{dir: dir.name, group: g.group, cost: g.cost()}
+				pg = plannedGroup{dir: dir.name, audit: dir.d.Audit, group: g.group, cost: g.cost()}
 			}
 			pg.ports, pg.pods = append(pg.ports, p.Port), append(pg.pods, p.Name)
 			d.groups[name] = pg
@@ -607,12 +608,16 @@ func (m *groupMemo) of(allow []policyrules.Entry) (*memoGroup, bool) {
 	return g, g.ok
 }
 
-// named is the group's name in direction dir.
-func (g *memoGroup) named(dir string) string {
-	if _, ok := g.names[dir]; !ok {
-		g.names[dir] = g.name(dir)
+// named is the group's name in direction dir, enforced or audit.
+func (g *memoGroup) named(dir string, audit bool) string {
+	key := dir
+	if audit {
+		key = dir + auditInfix
 	}
-	return g.names[dir]
+	if _, ok := g.names[key]; !ok {
+		g.names[key] = g.name(key)
+	}
+	return g.names[key]
 }
 
 // byCost lists the groups, the cheapest first (then by name).
@@ -687,7 +692,7 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 			return groupSetsDiffer
 		}
 	}
-	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(name, g.dir, g.group)) != nil {
+	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(name, g.dir, g.group, g.audit)) != nil {
 		return groupRulesDiffer
 	}
 	return groupOK

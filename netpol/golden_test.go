@@ -46,6 +46,21 @@ func TestGolden(t *testing.T) {
 				{Port: 9, Name: "ns/open", IPs: []netip.Addr{a("fd00:10:244:1::9")}},
 			},
 		}},
+		// The same allow list enforced (ns/web) and staged (ns/staged): two groups, the audit
+		// one passing what it does not allow; a staged deny-all egress (ns/staged).
+		{"audit", policyrules.Ruleset{
+			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24")},
+			NodeAddrs: []netip.Addr{a("10.244.1.1")},
+			Pods: []policyrules.Pod{
+				{Port: 5, Name: "ns/web", IPs: []netip.Addr{a("10.244.1.5")},
+					Ingress: policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{
+						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}}}}},
+				{Port: 6, Name: "ns/staged", IPs: []netip.Addr{a("10.244.1.6")},
+					Ingress: policyrules.Direction{Isolated: true, Audit: true, Allow: []policyrules.Entry{
+						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}}}},
+					Egress: policyrules.Direction{Isolated: true, Audit: true}},
+			},
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,7 +97,7 @@ func TestGolden(t *testing.T) {
 				for _, s := range groupSets(bt, name, g.group, true) {
 					sets = append(sets, nftrender.Set{Set: s.set, Elements: s.elements})
 				}
-				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.dir, g.group)})
+				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.dir, g.group, g.audit)})
 			}
 			var inet []nftrender.Chain
 			inetRules := InetRules()

@@ -1053,3 +1053,32 @@ func TestCutDenied(t *testing.T) {
 		})
 	}
 }
+
+// TestAuditGroupsPass: a direction isolated only by audit policies passes everything, what its
+// list allows and what it does not, on every family, for pods and the outside host; the same
+// list enforced drops what it does not allow.
+func TestAuditGroupsPass(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	staged := allowFrom(tcp8080, c.ips()...)
+	staged.Audit = true
+	stagedDeny := policyrules.Direction{Isolated: true, Audit: true}
+	rs := with(n.open(), b.port, staged, stagedDeny)
+	n.apply(t, rs, Options{})
+	for _, dst := range []netip.Addr{b.v4, b.v6} {
+		n.expectTCP(t, "audit: c → b (allowed by the staged policy)", c.ns, dst, 8080, true)
+		n.expectTCP(t, "audit: a → b (the staged policy would drop it)", a.ns, dst, 8080, true)
+		n.expectTCP(t, "audit: x → b", n.x, dst, 8080, true)
+	}
+	n.expectTCP(t, "audit: b → a (staged deny-all egress)", b.ns, a.v4, 8080, true)
+	n.expectTCP(t, "audit: b → x", b.ns, x4, 9000, true)
+	enforced := allowFrom(tcp8080, c.ips()...)
+	n.apply(t, with(n.open(), b.port, enforced, policyrules.Direction{Isolated: true}), Options{})
+	n.expectTCP(t, "enforced: c → b", c.ns, b.v4, 8080, true)
+	n.expectTCP(t, "enforced: a → b", a.ns, b.v4, 8080, false)
+	n.expectTCP(t, "enforced: b → a", b.ns, a.v4, 8080, false)
+	if again := n.apply(t, rs, Options{Verify: true}); again.NewGroups == 0 {
+		t.Errorf("back to the staged lists: no group made (%+v); the enforced ones were reused", again)
+	}
+	n.expectTCP(t, "audit again: a → b", a.ns, b.v4, 8080, true)
+}

@@ -54,6 +54,9 @@ const (
 
 	ingressDir = "in"
 	egressDir  = "out"
+	// auditInfix follows the direction in an audit group's name ("in-audit-<hash>"): the same
+	// allow list enforced and staged are two groups, whose last rules differ.
+	auditInfix = "-audit"
 )
 
 // Hook priorities. The bridge chains run after br_netfilter (bridge priority 0), which has by
@@ -596,7 +599,9 @@ func laterFragments(bit uint32) []nft.Rule {
 // groupRules are the rules of a group's chain: grant the direction's mark to packets of
 // connections conntrack knows (replies) and to packets whose peer, protocol and port one of the
 // sets holds; drop the rest. The peer is the source for ingress and the destination for egress.
-func groupRules(name, dir string, g group) []nft.Rule {
+// An audit group (only staged policies isolate its pods) grants the rest too: its last rule
+// marks what the staged policies would drop, and changes no verdict.
+func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 	peer, bit := nft.Source, MarkIngress
 	if dir == egressDir {
 		peer, bit = nft.Destination, MarkEgress
@@ -633,6 +638,9 @@ func groupRules(name, dir string, g group) []nft.Rule {
 					&expr.Lookup{SourceRegister: cat(0), SetName: set}}, grant(bit)),
 			})
 		}
+	}
+	if audit {
+		return append(rules, nft.Rule{Comment: "not allowed by the pod's audit policies: they would drop it; passed", Exprs: grant(bit)})
 	}
 	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
 }

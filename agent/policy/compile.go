@@ -36,6 +36,20 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
+// AuditAnnotation on a NetworkPolicy set to AuditMode stages it: compiled, but not enforced —
+// what it would drop is counted and logged as such (policyrules.Direction.Audit). Any other
+// value, or none, enforces the policy: a typo never leaves a pod open that its author meant to
+// protect.
+const (
+	AuditAnnotation = "kubenet.dev/policy-mode"
+	AuditMode       = "audit"
+)
+
+// isAudit tells whether a policy is staged.
+func isAudit(np *networkingv1.NetworkPolicy) bool {
+	return np.Annotations[AuditAnnotation] == AuditMode
+}
+
 // Local is one attachment on this node, from its record.
 type Local struct {
 	// Port is the interface index of the pod's bridge port: the kernel judges every frame of
@@ -142,6 +156,14 @@ func Compile(in Input) Result {
 		c.byKey[c.pods[i].pod.Namespace+"/"+c.pods[i].pod.Name] = &c.pods[i]
 	}
 
+	var enforced, staged []*networkingv1.NetworkPolicy
+	for _, np := range in.Policies {
+		if isAudit(np) {
+			staged = append(staged, np)
+		} else {
+			enforced = append(enforced, np)
+		}
+	}
 	var res Result
 	for _, l := range in.Local {
 		if l.Port <= 0 {
@@ -159,44 +181,14 @@ func Compile(in Input) Result {
 			res.Unknown = append(res.Unknown, l)
 			continue
 		}
-		for _, np := range in.Policies {
-			if np.Namespace != l.Namespace {
-				continue
-			}
-			selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
-			if !selected {
-				continue
-			}
-			ingress, egress, known := policyTypes(np)
-			if !known {
-				// A type the API does not have: which directions the policy meant is unknown.
-				ingress, egress, valid = true, true, false
-			}
-			name := np.Namespace + "/" + np.Name
-			if ingress {
-				pp.Ingress.Policies = append(pp.Ingress.Policies, name)
-			}
-			if egress {
-				pp.Egress.Policies = append(pp.Egress.Policies, name)
-			}
-			if !valid {
-				// Isolated in the policy's directions with nothing allowed by it.
-				pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
-				pp.Egress.Isolated = pp.Egress.Isolated || egress
-				continue
-			}
-			if ingress {
-				pp.Ingress.Isolated = true
-				for i := range np.Spec.Ingress {
-					r := &np.Spec.Ingress[i]
-					pp.Ingress.Allow = c.addRule(pp.Ingress.Allow, ruleKey{np, true, i}, r.From, r.Ports, target)
-				}
-			}
-			if egress {
-				pp.Egress.Isolated = true
-				for i := range np.Spec.Egress {
-					r := &np.Spec.Egress[i]
-					pp.Egress.Allow = c.addRule(pp.Egress.Allow, ruleKey{np, false, i}, r.To, r.Ports, target)
+		c.isolate(&pp, l.Namespace, target, enforced)
+		if len(staged) > 0 {
+			var audit policyrules.Pod
+			c.isolate(&audit, l.Namespace, target, staged)
+			for _, d := range []struct{ pod, audit *policyrules.Direction }{{&pp.Ingress, &audit.Ingress}, {&pp.Egress, &audit.Egress}} {
+				if !d.pod.Isolated && d.audit.Isolated {
+					*d.pod = *d.audit
+					d.pod.Audit = true
 				}
 			}
 		}
@@ -208,6 +200,52 @@ func Compile(in Input) Result {
 		res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
 	}
 	return res
+}
+
+// isolate adds to pp what the policies of the pod's namespace that select it isolate and allow,
+// direction by direction.
+func (c *compiler) isolate(pp *policyrules.Pod, namespace string, target *peerPod, policies []*networkingv1.NetworkPolicy) {
+	for _, np := range policies {
+		if np.Namespace != namespace {
+			continue
+		}
+		selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
+		if !selected {
+			continue
+		}
+		ingress, egress, known := policyTypes(np)
+		if !known {
+			// A type the API does not have: which directions the policy meant is unknown.
+			ingress, egress, valid = true, true, false
+		}
+		name := np.Namespace + "/" + np.Name
+		if ingress {
+			pp.Ingress.Policies = append(pp.Ingress.Policies, name)
+		}
+		if egress {
+			pp.Egress.Policies = append(pp.Egress.Policies, name)
+		}
+		if !valid {
+			// Isolated in the policy's directions with nothing allowed by it.
+			pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
+			pp.Egress.Isolated = pp.Egress.Isolated || egress
+			continue
+		}
+		if ingress {
+			pp.Ingress.Isolated = true
+			for i := range np.Spec.Ingress {
+				r := &np.Spec.Ingress[i]
+				pp.Ingress.Allow = c.addRule(pp.Ingress.Allow, ruleKey{np, true, i}, r.From, r.Ports, target)
+			}
+		}
+		if egress {
+			pp.Egress.Isolated = true
+			for i := range np.Spec.Egress {
+				r := &np.Spec.Egress[i]
+				pp.Egress.Allow = c.addRule(pp.Egress.Allow, ruleKey{np, false, i}, r.To, r.Ports, target)
+			}
+		}
+	}
 }
 
 // addRule appends the entries of one rule of a policy for the local pod target to allow, up to

@@ -505,3 +505,81 @@ func TestCompilePolicyNames(t *testing.T) {
 		}
 	}
 }
+
+// TestCompileAudit: a staged policy isolates only a direction no enforced policy isolates, and
+// then as an audit direction; it never changes an enforced direction, and any other value of
+// the annotation enforces the policy.
+func TestCompileAudit(t *testing.T) {
+	policy := func(name, mode string, spec networkingv1.NetworkPolicySpec) *networkingv1.NetworkPolicy {
+		p := np("a", spec)
+		p.Name = name
+		if mode != "" {
+			p.Annotations = map[string]string{AuditAnnotation: mode}
+		}
+		return p
+	}
+	fromClient := []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "client")}}}}
+	denyServerIn := networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"), PolicyTypes: ingress}
+	allowClientIn := networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"), PolicyTypes: ingress, Ingress: fromClient}
+	denyAllEg := networkingv1.NetworkPolicySpec{PodSelector: *sel(), PolicyTypes: egress}
+	type dir struct {
+		render   string
+		audit    bool
+		policies string
+	}
+	tests := []struct {
+		name                    string
+		policies                []*networkingv1.NetworkPolicy
+		serverIn, serverEg, cEg dir
+	}{
+		{"audit deny alone", []*networkingv1.NetworkPolicy{policy("stage", AuditMode, denyServerIn)},
+			dir{"deny", true, "a/stage"}, dir{"-", false, ""}, dir{"-", false, ""}},
+		{"audit allow alone", []*networkingv1.NetworkPolicy{policy("stage", AuditMode, allowClientIn)},
+			dir{"10.0.1.11, fd00::11", true, "a/stage"}, dir{"-", false, ""}, dir{"-", false, ""}},
+		{"enforced deny wins; audit changes nothing", []*networkingv1.NetworkPolicy{policy("stage", AuditMode, allowClientIn), policy("real", "", denyServerIn)},
+			dir{"deny", false, "a/real"}, dir{"-", false, ""}, dir{"-", false, ""}},
+		{"audit egress next to enforced ingress", []*networkingv1.NetworkPolicy{policy("real", "", allowClientIn), policy("stage", AuditMode, denyAllEg)},
+			dir{"10.0.1.11, fd00::11", false, "a/real"}, dir{"deny", true, "a/stage"}, dir{"deny", true, "a/stage"}},
+		{"two audit policies: their union", []*networkingv1.NetworkPolicy{policy("s1", AuditMode, denyServerIn), policy("s2", AuditMode, allowClientIn)},
+			dir{"10.0.1.11, fd00::11", true, "a/s1,a/s2"}, dir{"-", false, ""}, dir{"-", false, ""}},
+		{"another value enforces", []*networkingv1.NetworkPolicy{policy("typo", "Audit", denyServerIn)},
+			dir{"deny", false, "a/typo"}, dir{"-", false, ""}, dir{"-", false, ""}},
+		{"empty value enforces", []*networkingv1.NetworkPolicy{policy("empty", " ", denyServerIn)},
+			dir{"deny", false, "a/empty"}, dir{"-", false, ""}, dir{"-", false, ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := testInput()
+			in.Policies = tt.policies
+			res := Compile(in)
+			got := func(d policyrules.Direction) dir { return dir{render(d), d.Audit, strings.Join(d.Policies, ",")} }
+			server, client := res.Ruleset.Pods[0], res.Ruleset.Pods[1]
+			for _, c := range []struct {
+				what      string
+				got, want dir
+			}{{"server ingress", got(server.Ingress), tt.serverIn}, {"server egress", got(server.Egress), tt.serverEg}, {"client egress", got(client.Egress), tt.cEg}} {
+				if c.got != c.want {
+					t.Errorf("%s = %+v, want %+v", c.what, c.got, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestSlimMetaKeepsAuditMode: the informers' transform drops annotations (kubectl's copy of the
+// object) but the policy mode, which decides whether a policy is enforced.
+func TestSlimMetaKeepsAuditMode(t *testing.T) {
+	p := np("a", networkingv1.NetworkPolicySpec{})
+	p.Annotations = map[string]string{AuditAnnotation: AuditMode, "kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 4096)}
+	out, err := slimMeta(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out.(*networkingv1.NetworkPolicy).Annotations; len(got) != 1 || got[AuditAnnotation] != AuditMode || !isAudit(p) {
+		t.Errorf("annotations after slimMeta: %v, want only %s=%s", got, AuditAnnotation, AuditMode)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a", Annotations: map[string]string{"x": "y"}}}
+	if out, _ := slimMeta(ns); out.(*corev1.Namespace).Annotations != nil {
+		t.Errorf("a namespace keeps annotations %v", out.(*corev1.Namespace).Annotations)
+	}
+}

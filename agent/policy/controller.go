@@ -482,11 +482,16 @@ func portsOnly(cs []corev1.Container) []corev1.Container {
 }
 
 // slimMeta drops what no controller reads of namespaces and policies (managed fields and
-// annotations, which hold a copy of the whole object after kubectl apply).
+// annotations, which hold a copy of the whole object after kubectl apply), but a policy's
+// AuditAnnotation.
 func slimMeta(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
-		m.SetAnnotations(nil)
+		var keep map[string]string
+		if mode, ok := m.GetAnnotations()[AuditAnnotation]; ok {
+			keep = map[string]string{AuditAnnotation: mode}
+		}
+		m.SetAnnotations(keep)
 	}
 	return obj, nil
 }

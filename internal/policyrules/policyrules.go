@@ -96,6 +96,11 @@ type Direction struct {
 	// direction: what logs, metrics and explanations tell an operator. The kernel side does not
 	// read it (two pods with the same Allow share one group whatever their policies).
 	Policies []string
+	// Audit says only audit (staged) policies isolate the pod in this direction: nothing is
+	// enforced; what Allow does not hold is counted and logged as what they would drop, and
+	// passes. An enforced policy that isolates the direction makes it an enforced one, and the
+	// audit policies then change nothing (they could only add to the union of what is allowed).
+	Audit bool
 }
 
 // Pod is one local pod whose policies are known.
