@@ -49,6 +49,9 @@ type PolicyPass struct {
 	// Unguarded says why ports could not get their guard (an older kubenet's ingress qdisc in
 	// the way): their pods are judged by the rules all the same, without the backstop.
 	Unguarded error
+	// Unrecorded says why the pass, applied, could not be recorded in PolicyStateFile: the
+	// kernel holds the rules, operators' tools only miss the policies' names.
+	Unrecorded error
 }
 
 // ApplyPolicies installs the node's policies for the network: it reads the attachment records
@@ -92,7 +95,22 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 		}
 	}
 	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
+	if err == nil {
+		pass.Unrecorded = writePolicyState(dir.root(), rs, pass.Applied)
+	}
 	return pass, err
+}
+
+// ReadPolicyLocals reads the network's attachment records with each one's bridge port, as a
+// policy pass pairs them (operators' tools: which port is a pod's). It only reads.
+func ReadPolicyLocals(dataDir, network, bridgeName string) ([]PolicyLocal, error) {
+	dir, err := openDir(dataDir, network)
+	if err != nil {
+		return nil, fmt.Errorf("address store: %w", err)
+	}
+	defer dir.Close()
+	_, locals, err := readLocals(network, bridgeName, dir.records, nil)
+	return locals, err
 }
 
 // readLocals finds the bridge and its ports, then reads the attachment records and pairs each

@@ -141,9 +141,22 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 	return out
 }
 
+// GroupDirection tells whether name is a group's (a chain or set name prefix of one), and
+// whether the group is an ingress one.
+func GroupDirection(name string) (ingress, ok bool) {
+	switch {
+	case strings.HasPrefix(name, ingressDir+"-"):
+		return true, true
+	case strings.HasPrefix(name, egressDir+"-"):
+		return false, true
+	}
+	return false, false
+}
+
 // decodeGroup decodes the group name's sets and checks its chain.
 func decodeGroup(bt *nftables.Table, name string, st state) InstalledGroup {
-	g := InstalledGroup{Name: name, Ingress: strings.HasPrefix(name, ingressDir+"-")}
+	ingress, _ := GroupDirection(name)
+	g := InstalledGroup{Name: name, Ingress: ingress}
 	dir := egressDir
 	if g.Ingress {
 		dir = ingressDir
