@@ -101,6 +101,23 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 	return pass, err
 }
 
+// InstalledPolicies is what the kernel holds of a network's policy tables, decoded
+// (netpol.Installed): operators' tools explain and trace from it.
+type InstalledPolicies = netpol.Installed
+
+// PolicyPacket is a connection's first packet as InstalledPolicies.Trace judges it.
+type PolicyPacket = netpol.Packet
+
+// The chains the map element of a direction a pod is not isolated in names.
+const (
+	PolicyAllowIngress = netpol.ChainAllowIngress
+	PolicyAllowEgress  = netpol.ChainAllowEgress
+)
+
+// InspectPolicies reads the network's policy tables back from the kernel of the current network
+// namespace (netpol.Inspect). It only reads.
+func InspectPolicies(network string) (InstalledPolicies, error) { return netpol.Inspect(network) }
+
 // ReadPolicyLocals reads the network's attachment records with each one's bridge port, as a
 // policy pass pairs them (operators' tools: which port is a pod's). It only reads.
 func ReadPolicyLocals(dataDir, network, bridgeName string) ([]PolicyLocal, error) {
