@@ -105,6 +105,12 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 // (netpol.Installed): operators' tools explain and trace from it.
 type InstalledPolicies = netpol.Installed
 
+// InstalledPort and InstalledGroup are parts of InstalledPolicies.
+type (
+	InstalledPort  = netpol.InstalledPort
+	InstalledGroup = netpol.InstalledGroup
+)
+
 // PolicyPacket is a connection's first packet as InstalledPolicies.Trace judges it.
 type PolicyPacket = netpol.Packet
 
@@ -117,6 +123,12 @@ const (
 // InspectPolicies reads the network's policy tables back from the kernel of the current network
 // namespace (netpol.Inspect). It only reads.
 func InspectPolicies(network string) (InstalledPolicies, error) { return netpol.Inspect(network) }
+
+// PolicyGroupFor is the group the policy tables make of an allow list in a direction: its name
+// (the chain a port's map element goes to) and entries; false when it is over a limit.
+func PolicyGroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
+	return netpol.GroupFor(ingress, allow)
+}
 
 // ReadPolicyLocals reads the network's attachment records with each one's bridge port, as a
 // policy pass pairs them (operators' tools: which port is a pod's). It only reads.

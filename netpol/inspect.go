@@ -141,6 +141,24 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 	return out
 }
 
+// GroupFor is the group Apply makes of an allow list in a direction: its name and its entries
+// as the kernel will hold them; false when the list is over a limit on what one group may cost
+// (Apply refuses it). Pure.
+func GroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
+	if len(allow) > policyrules.MaxAllowEntries {
+		return "", nil, false
+	}
+	g, ok := canonical(allow, maxGroupCost)
+	if !ok || g.cost() > maxGroupCost {
+		return "", nil, false
+	}
+	dir := egressDir
+	if ingress {
+		dir = ingressDir
+	}
+	return g.name(dir), g.entries(), true
+}
+
 // GroupDirection tells whether name is a group's (a chain or set name prefix of one), and
 // whether the group is an ingress one.
 func GroupDirection(name string) (ingress, ok bool) {

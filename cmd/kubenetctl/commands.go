@@ -90,8 +90,8 @@ func commands() []command {
 			run:     runPeers,
 		},
 		{
-			name: "policy explain", args: []string{"NAMESPACE/POD"}, flags: []string{"json", "o"}, synopsis: "NAMESPACE/POD [-o text|json]",
-			summary: "print, read back from the kernel, whether a pod of this node is isolated in each direction, by which policies, and the peers and ports it allows; say when the kernel differs from the agent's last pass or the pod is held (reads only; works with the agent down)",
+			name: "policy explain", args: []string{"NAMESPACE/POD"}, flags: []string{"json", "o", "kubeconfig"}, synopsis: "NAMESPACE/POD [--kubeconfig FILE] [-o text|json]",
+			summary: "print, read back from the kernel, whether a pod of this node is isolated in each direction, by which policies, and the peers and ports it allows; say when the kernel differs from the agent's last pass or the pod is held, and with --kubeconfig from what the API's objects mean now (reads only; works with the agent down)",
 			run:     runPolicyExplain,
 		},
 		{

@@ -49,6 +49,7 @@ type options struct {
 	all         bool
 	agent       string
 	output      string
+	kubeconfig  string
 }
 
 // newFlagSet registers every flag on a set that reports errors only through Parse's result (so
@@ -80,6 +81,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.valid, "valid", "an attachment to keep, ID or ID/IFNAME, comma-separated or repeated (gc)")
 	fs.BoolVar(&o.all, "all", false, "remove every attachment (gc)")
 	fs.StringVar(&o.output, "o", "text", `output format: "text" or "json" (policy explain, policy trace)`)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file, as kubectl's: compare the kernel with what the API's objects mean now (policy explain)")
 	fs.StringVar(&o.agent, "agent", "http://127.0.0.1:9309", "kubenet-agent's HTTP address (its --metrics-bind-address) (peers)")
 	return fs
 }

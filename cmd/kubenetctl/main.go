@@ -13,7 +13,7 @@
 //	kubenetctl [flags] gc (--valid ID[/IFNAME]... | --all)
 //	kubenetctl [flags] node [--json]
 //	kubenetctl [flags] peers [--agent URL] [--json]
-//	kubenetctl [flags] policy explain NAMESPACE/POD [-o text|json]
+//	kubenetctl [flags] policy explain NAMESPACE/POD [--kubeconfig FILE] [-o text|json]
 //	kubenetctl [flags] policy trace SRC DST PORT/PROTO [-o text|json]
 //
 // The commands are one table (commands.go); the usage text is made from it. Exit status: 0

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"k8s.io/client-go/rest"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
@@ -116,8 +117,8 @@ type explanation struct {
 	Egress  directionExplanation `json:"egress"`
 	// Agent says what the agent's record of its last pass adds, or why it adds nothing.
 	Agent agentRecord `json:"agent"`
-	// API says whether the kernel holds what the API's objects mean now.
-	API string `json:"api"`
+	// API says whether the kernel holds what the API's objects mean now (with --kubeconfig).
+	API apiComparison `json:"api"`
 }
 
 type directionExplanation struct {
@@ -152,6 +153,12 @@ func runPolicyExplain(in *invocation) error {
 	if err != nil {
 		return err
 	}
+	var kube *rest.Config
+	if in.o.kubeconfig != "" {
+		if kube, err = loadKubeconfig(in.o.kubeconfig); err != nil {
+			return err
+		}
+	}
 	v, err := readNode(in.o)
 	if err != nil {
 		return err
@@ -161,7 +168,18 @@ func runPolicyExplain(in *invocation) error {
 		return err
 	}
 	e := v.explain(l)
-	e.API = "not compared: only the kernel and the node's data dir were read"
+	e.API = notCompared
+	if kube != nil {
+		apiIn, err := fetchAPIInput(kube)
+		if err != nil {
+			return err
+		}
+		cidrs, err := nodePodCIDRs(in.o)
+		if err != nil {
+			return err
+		}
+		e.API = v.compareWithAPI(apiIn, cidrs, l)
+	}
 	if in.o.asJSON() {
 		return json.NewEncoder(in.stdout).Encode(e)
 	}
@@ -227,11 +245,7 @@ func (v nodeView) direction(port int, chain, open string, rec core.PolicyStateDi
 		}
 		d.Damage = g.Damage
 		for _, e := range g.Entries {
-			a := allowed{Peer: e.Peer.String(), Ports: "any"}
-			if e.Ports != nil {
-				a.Ports = e.Ports.String()
-			}
-			d.Allows = append(d.Allows, a)
+			d.Allows = append(d.Allows, allowedOf(e))
 		}
 	}
 	return d
@@ -291,8 +305,8 @@ func (e explanation) print(w io.Writer) error {
 		agent = fmt.Sprintf("%s (pass %d at %s)", agent, e.Agent.Generation, e.Agent.Written.Format(time.RFC3339))
 	}
 	fmt.Fprintln(w, "agent:", agent)
-	_, err := fmt.Fprintln(w, "API:", e.API)
-	return err
+	e.API.print(w)
+	return nil
 }
 
 func joinAddrs(as []netip.Addr) string {

@@ -19,6 +19,8 @@ func TestPolicyArgumentErrors(t *testing.T) {
 		{[]string{"policy", "explain", "ns/a/b"}, `NAMESPACE/POD "ns/a/b"`},
 		{[]string{"policy", "explain", "ns/a", "-o", "yaml"}, `-o "yaml": want text or json`},
 		{[]string{"policy", "explain", "ns/a", "--all"}, "policy explain does not take --all"},
+		{[]string{"policy", "explain", "ns/a", "--kubeconfig", "/nonexistent/kubeconfig"}, `--kubeconfig "/nonexistent/kubeconfig"`},
+		{[]string{"policy", "trace", "ns/a", "ns/b", "80/tcp", "--kubeconfig", "/x"}, "policy trace does not take --kubeconfig"},
 		{[]string{"policy", "trace", "ns/a", "ns/b"}, "policy trace needs SRC DST PORT/PROTO, got 2"},
 		{[]string{"policy", "trace", "ns/a", "ns/b", "80"}, `PORT/PROTO "80": want the protocol too (80/tcp)`},
 		{[]string{"policy", "trace", "ns/a", "ns/b", "80/tcpx"}, `protocol "tcpx"`},
