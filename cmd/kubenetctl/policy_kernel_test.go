@@ -15,7 +15,9 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/netpol"
@@ -99,28 +101,65 @@ func newPolicyNode(t *testing.T) *policyNode {
 // pass installs: b takes TCP 8080 from a (policy ns/allow-a); a sends nothing (ns/deny-out).
 func (n *policyNode) pass(t *testing.T) {
 	t.Helper()
+	n.apply(t, func(locals []core.PolicyLocal) policyrules.Ruleset {
+		var rs policyrules.Ruleset
+		for _, l := range locals {
+			p := policyrules.Pod{Port: l.Port, Name: l.Pod, IPs: []netip.Addr{l.IPs[0].Addr()}}
+			switch l.Pod {
+			case n.a.name:
+				p.Egress = policyrules.Direction{Isolated: true, Policies: []string{"ns/deny-out"}}
+			case n.b.name:
+				p.Ingress = policyrules.Direction{Isolated: true, Policies: []string{"ns/allow-a"}, Allow: []policyrules.Entry{
+					{Peer: policyrules.Single(n.a.addr), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}}}}
+			}
+			rs.Pods = append(rs.Pods, p)
+		}
+		return rs
+	})
+}
+
+// apply runs a policy pass as the agent does, with compile.
+func (n *policyNode) apply(t *testing.T, compile func([]core.PolicyLocal) policyrules.Ruleset) {
+	t.Helper()
 	nettest.Do(t, n.node, func() error {
-		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: n.dataDir, Network: policyNetwork, Bridge: policyBridge},
-			func(locals []core.PolicyLocal) policyrules.Ruleset {
-				var rs policyrules.Ruleset
-				for _, l := range locals {
-					p := policyrules.Pod{Port: l.Port, Name: l.Pod, IPs: []netip.Addr{l.IPs[0].Addr()}}
-					switch l.Pod {
-					case n.a.name:
-						p.Egress = policyrules.Direction{Isolated: true, Policies: []string{"ns/deny-out"}}
-					case n.b.name:
-						p.Ingress = policyrules.Direction{Isolated: true, Policies: []string{"ns/allow-a"}, Allow: []policyrules.Entry{
-							{Peer: policyrules.Single(n.a.addr), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}}}}
-					}
-					rs.Pods = append(rs.Pods, p)
-				}
-				return rs
-			})
+		_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: n.dataDir, Network: policyNetwork, Bridge: policyBridge}, compile)
 		if err != nil && strings.Contains(err.Error(), "br_netfilter") {
 			t.Skipf("this kernel: %v", err)
 		}
 		return err
 	})
+}
+
+// TestPolicyExplainNamedPort: a policy whose port is a name, compiled by the agent's compiler
+// and installed by a pass, reads back as the number the name resolved to, with the policy's
+// name; --kubeconfig's comparison of the same objects finds it in sync.
+func TestPolicyExplainNamedPort(t *testing.T) {
+	n := newPolicyNode(t)
+	in := allowFromA(intstr.FromString("http"))
+	n.apply(t, func(locals []core.PolicyLocal) policyrules.Ruleset {
+		in.Local = policy.LocalsOf(locals)
+		return policy.Compile(in).Ruleset
+	})
+	expectLines(t, "explain ns/b", n.ctl(t, "policy", "explain", "ns/b"),
+		"ingress: isolated by ns/allow-a (group in-", "allows from 10.244.0.2 tcp/8080", "egress: not isolated",
+		"agent: the kernel holds what the agent's last pass installed")
+	var v nodeView
+	nettest.Do(t, n.node, func() (err error) {
+		o := &options{dataDir: n.dataDir, network: policyNetwork, bridge: policyBridge}
+		v, err = readNode(o)
+		return err
+	})
+	l, err := v.pod("ns/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmp := v.compareWithAPI(allowFromA(intstr.FromString("http")), nil, l); !cmp.InSync {
+		t.Errorf("the objects the pass compiled, compared: %+v", cmp)
+	}
+	if cmp := v.compareWithAPI(allowFromA(intstr.FromInt32(8081)), nil, l); cmp.InSync || cmp.Ingress == nil ||
+		len(cmp.Ingress.Missing) == 0 || cmp.Ingress.Missing[0] != (allowed{Peer: "10.244.0.2", Ports: "tcp/8081"}) {
+		t.Errorf("the policy on another port, compared: %+v", cmp)
+	}
 }
 
 func (n *policyNode) ctl(t *testing.T, args ...string) string {

@@ -15,23 +15,18 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
-// TestCompareWithAPI: explain --kubeconfig compiles the API's objects as the agent does and
-// says in sync when the kernel holds their group, pending with what is missing and extra when it
-// holds another (or none), and that a pod the API does not have stays held.
-func TestCompareWithAPI(t *testing.T) {
-	local := func(pod, addr string, port int) core.PolicyLocal {
-		return core.PolicyLocal{Record: core.Record{Pod: pod, IPs: []netip.Prefix{netip.MustParsePrefix(addr)}}, Port: port}
-	}
-	a, b, c := local("ns/a", "10.244.0.2/24", 4), local("ns/b", "10.244.0.3/24", 6), local("ns/c", "10.244.0.4/24", 8)
-	pod := func(name, app string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{"app": app}},
-			Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+// allowFromA is a cluster of pods a and b of namespace ns on node n1 (b's container port "http"
+// is 8080) and the policy ns/allow-a: b takes TCP on port from a.
+func allowFromA(port intstr.IntOrString) policy.Input {
+	pod := func(name string, ports ...corev1.ContainerPort) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{"app": name}},
+			Spec:   corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Ports: ports}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 	}
 	tcp := corev1.ProtocolTCP
-	port := intstr.FromInt32(8080)
-	in := policy.Input{
+	return policy.Input{
 		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "ns"}}},
-		Pods:       []*corev1.Pod{pod("a", "a"), pod("b", "b")},
+		Pods:       []*corev1.Pod{pod("a"), pod("b", corev1.ContainerPort{Name: "http", ContainerPort: 8080, Protocol: tcp})},
 		Policies: []*networkingv1.NetworkPolicy{{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "allow-a"},
 			Spec: networkingv1.NetworkPolicySpec{
@@ -43,6 +38,17 @@ func TestCompareWithAPI(t *testing.T) {
 			},
 		}},
 	}
+}
+
+// TestCompareWithAPI: explain --kubeconfig compiles the API's objects as the agent does and
+// says in sync when the kernel holds their group, pending with what is missing and extra when it
+// holds another (or none), and that a pod the API does not have stays held.
+func TestCompareWithAPI(t *testing.T) {
+	local := func(pod, addr string, port int) core.PolicyLocal {
+		return core.PolicyLocal{Record: core.Record{Pod: pod, IPs: []netip.Prefix{netip.MustParsePrefix(addr)}}, Port: port}
+	}
+	a, b, c := local("ns/a", "10.244.0.2/24", 4), local("ns/b", "10.244.0.3/24", 6), local("ns/c", "10.244.0.4/24", 8)
+	in := allowFromA(intstr.FromInt32(8080))
 	fromA := policyrules.Entry{Peer: policyrules.Single(netip.MustParseAddr("10.244.0.2")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}}
 	group, entries, ok := core.PolicyGroupFor(true, []policyrules.Entry{fromA})
 	if !ok {
