@@ -169,11 +169,19 @@ func readLocals(network, bridgeName string, records Records, afterLinks func()) 
 	return br, locals, nil
 }
 
-// linkAddrs are the addresses of a link, both families.
+// NodeAddrs are the addresses of every link of the current network namespace: the node's own,
+// whose packets reach every pod that is not held (operators' tools tell them from a peer's).
+func NodeAddrs() ([]netip.Addr, error) { return linkAddrs(nil) }
+
+// linkAddrs are the addresses of a link (nil: of every link), both families.
 func linkAddrs(l netlink.Link) ([]netip.Addr, error) {
 	addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
 	if err != nil {
-		return nil, fmt.Errorf("network policy: addresses of %s: %w", l.Attrs().Name, err)
+		name := "the node's links"
+		if l != nil {
+			name = l.Attrs().Name
+		}
+		return nil, fmt.Errorf("network policy: addresses of %s: %w", name, err)
 	}
 	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {

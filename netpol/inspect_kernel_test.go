@@ -168,12 +168,14 @@ func TestTraceMatchesTraffic(t *testing.T) {
 	d := n.addPod(t, "d", 5, 5) // after the apply: held
 	in := n.inspect(t)
 	type end struct {
-		pod  *testPod // nil: the outside host x
+		pod  *testPod // nil: the outside host x, or the node
 		addr netip.Addr
+		node bool
 	}
-	pod := func(p *testPod, a netip.Addr) end { return end{p, a} }
-	xAt := end{nil, x4}
-	xAt6 := end{nil, netip.MustParseAddr("fd00:4::2")}
+	pod := func(p *testPod, a netip.Addr) end { return end{pod: p, addr: a} }
+	xAt := end{addr: x4}
+	xAt6 := end{addr: netip.MustParseAddr("fd00:4::2")}
+	nodeAt := end{addr: gw4.Addr(), node: true}
 	cases := []struct {
 		name     string
 		src, dst end
@@ -195,6 +197,8 @@ func TestTraceMatchesTraffic(t *testing.T) {
 		{"b → a: open both ways", pod(b, b.v4), pod(a, a.v4), policyrules.TCP, 8080, true},
 		{"x → a v6: a's ingress is open", xAt6, pod(a, a.v6), policyrules.TCP, 8080, true},
 		{"b → d: d is held", pod(b, b.v4), pod(d, d.v4), policyrules.TCP, 8080, false},
+		{"node → b: the node's packets pass b's ingress", nodeAt, pod(b, b.v4), policyrules.TCP, 8080, true},
+		{"node → d: not to a held pod", nodeAt, pod(d, d.v4), policyrules.TCP, 8080, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -205,7 +209,7 @@ func TestTraceMatchesTraffic(t *testing.T) {
 			if c.dst.pod != nil {
 				dstPort = c.dst.pod.port
 			}
-			v, err := in.Trace(Packet{Src: c.src.addr, Dst: c.dst.addr, Protocol: c.proto, Port: c.port}, srcPort, dstPort)
+			v, err := in.Trace(Packet{Src: c.src.addr, Dst: c.dst.addr, Protocol: c.proto, Port: c.port, FromNode: c.src.node}, srcPort, dstPort)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -213,8 +217,11 @@ func TestTraceMatchesTraffic(t *testing.T) {
 				t.Errorf("trace says allowed %v, the ruleset means %v: %+v", v.Allowed, c.want, v.Steps)
 			}
 			from := n.x
-			if c.src.pod != nil {
+			switch {
+			case c.src.pod != nil:
 				from = c.src.pod.ns
+			case c.src.node:
+				from = n.node
 			}
 			switch c.proto {
 			case policyrules.TCP:

@@ -15,6 +15,9 @@ type Packet struct {
 	Protocol uint8
 	// Port is the destination port (TCP, UDP, SCTP); the policies look at no other protocol's.
 	Port uint16
+	// FromNode says the node itself sends it (Src is one of its own addresses): the node's own
+	// packets reach every pod that is not held, whatever its ingress policies.
+	FromNode bool
 }
 
 // Verdict is what the installed rules do with a packet, and why.
@@ -91,6 +94,9 @@ func (in Installed) judge(p Packet, port int, ingress, routedIn bool) Step {
 	switch {
 	case s.Chain == "":
 		s.Reason = fmt.Sprintf("port %d has no element in %s: held (its policies are not installed), %s drops it", port, m, guard)
+		return s
+	case ingress && routedIn && p.FromNode:
+		s.Allowed, s.Reason = true, "the node's own packets reach every pod that is not held (the inet table's "+ChainNode+" chain marks them)"
 		return s
 	case routedIn && in.isLocalPodAddr(p.Src):
 		s.Reason = fmt.Sprintf("%s is an address only the node's pods have (%s), routed in without coming through its pod's port: no mark, %s drops it",

@@ -40,31 +40,35 @@ func TestTrace(t *testing.T) {
 		allowed          bool
 		reasons          []string // one per step, a substring each
 	}{
-		{"both groups match", Packet{a4, b4, policyrules.TCP, 8080}, 10, 11, true,
+		{"both groups match", Packet{a4, b4, policyrules.TCP, 8080, false}, 10, 11, true,
 			[]string{"group out-a allows it: element 10.3.0.3 tcp/8000-8080", "group in-b allows it: element 10.3.0.2 tcp/8000-8080"}},
-		{"port past the range", Packet{a4, b4, policyrules.TCP, 8081}, 10, 11, false,
+		{"port past the range", Packet{a4, b4, policyrules.TCP, 8081, false}, 10, 11, false,
 			[]string{"no element of group out-a matches 10.3.0.3 tcp/8081: dropped by its last rule", "no element of group in-b matches 10.3.0.2 tcp/8081"}},
-		{"other protocol on the port", Packet{a4, b4, policyrules.UDP, 8080}, 10, 11, false,
+		{"other protocol on the port", Packet{a4, b4, policyrules.UDP, 8080, false}, 10, 11, false,
 			[]string{"no element of group out-a matches 10.3.0.3 udp/8080", "no element of group in-b"}},
-		{"ICMP to an any-port range", Packet{a4, addr("192.0.2.77"), policyrules.ICMP, 0}, 10, 0, true,
+		{"ICMP to an any-port range", Packet{a4, addr("192.0.2.77"), policyrules.ICMP, 0, false}, 10, 0, true,
 			[]string{"element 192.0.2.0-192.0.2.255 (every protocol and port)"}},
-		{"ICMP where only ports are allowed", Packet{a4, b4, policyrules.ICMP, 0}, 10, 11, false,
+		{"ICMP where only ports are allowed", Packet{a4, b4, policyrules.ICMP, 0, false}, 10, 11, false,
 			[]string{"no element of group out-a matches 10.3.0.3 icmp", "no element of group in-b matches 10.3.0.2 icmp"}},
-		{"IPv6: egress by ports, ingress by range", Packet{a6, b6, policyrules.UDP, 53}, 10, 11, true,
+		{"IPv6: egress by ports, ingress by range", Packet{a6, b6, policyrules.UDP, 53, false}, 10, 11, true,
 			[]string{"element fd00:3::3 udp/53", "element fd00:3::-fd00:3::ff (every protocol and port)"}},
-		{"IPv6 peer out of the range family-wise", Packet{a6, b6, policyrules.TCP, 8080}, 10, 11, false,
+		{"IPv6 peer out of the range family-wise", Packet{a6, b6, policyrules.TCP, 8080, false}, 10, 11, false,
 			[]string{"no element of group out-a matches fd00:3::3 tcp/8080", "fd00:3::-fd00:3::ff"}},
-		{"not isolated both ways", Packet{b4, a4, policyrules.TCP, 1}, 11, 10, true,
+		{"not isolated both ways", Packet{b4, a4, policyrules.TCP, 1, false}, 11, 10, true,
 			[]string{"not isolated for egress (allow-egress)", "not isolated for ingress (allow-ingress)"}},
-		{"held sender", Packet{addr("10.3.0.4"), a4, policyrules.TCP, 1}, 12, 10, false,
+		{"held sender", Packet{addr("10.3.0.4"), a4, policyrules.TCP, 1, false}, 12, 10, false,
 			[]string{"port 12 has no element in egress-ports: held", "not isolated for ingress"}},
-		{"held receiver", Packet{a4, addr("10.3.0.4"), policyrules.TCP, 8080}, 0, 12, false,
+		{"held receiver", Packet{a4, addr("10.3.0.4"), policyrules.TCP, 8080, false}, 0, 12, false,
 			[]string{"port 12 has no element in ingress-ports: held"}},
-		{"a source the port may not use", Packet{b4, a4, policyrules.TCP, 1}, 10, 0, false,
+		{"a source the port may not use", Packet{b4, a4, policyrules.TCP, 1, false}, 10, 0, false,
 			[]string{"10.3.0.3 is not an address port 10 may send from (egress-sources-ipv4)"}},
-		{"an outside peer allowed by range", Packet{addr("fd00:3::99"), b6, policyrules.SCTP, 9}, 0, 11, true,
+		{"an outside peer allowed by range", Packet{addr("fd00:3::99"), b6, policyrules.SCTP, 9, false}, 0, 11, true,
 			[]string{"element fd00:3::-fd00:3::ff"}},
-		{"a local pod's address routed in from outside", Packet{addr("10.3.0.9"), a4, policyrules.TCP, 1}, 0, 10, false,
+		{"the node to an isolated pod", Packet{Src: addr("10.3.0.1"), Dst: b4, Protocol: policyrules.TCP, Port: 22, FromNode: true}, 0, 11, true,
+			[]string{"the node's own packets reach every pod that is not held"}},
+		{"the node to a held pod", Packet{Src: addr("10.3.0.1"), Dst: addr("10.3.0.4"), Protocol: policyrules.TCP, Port: 22, FromNode: true}, 0, 12, false,
+			[]string{"port 12 has no element in ingress-ports: held"}},
+		{"a local pod's address routed in from outside", Packet{addr("10.3.0.9"), a4, policyrules.TCP, 1, false}, 0, 10, false,
 			[]string{"only the node's pods have (local-pods-ipv4)"}},
 	}
 	for _, c := range cases {
@@ -87,7 +91,7 @@ func TestTrace(t *testing.T) {
 		})
 	}
 	held := Installed{}
-	v, err := held.Trace(Packet{a4, b4, policyrules.TCP, 80}, 10, 11)
+	v, err := held.Trace(Packet{a4, b4, policyrules.TCP, 80, false}, 10, 11)
 	if err != nil || v.Allowed || !strings.Contains(v.Steps[0].Reason, "no policy tables") {
 		t.Errorf("without tables: %+v, %v; want denied, saying there are no tables", v, err)
 	}
@@ -96,8 +100,8 @@ func TestTrace(t *testing.T) {
 		srcPort, dstPort int
 		want             string
 	}{
-		{Packet{a4, b6, policyrules.TCP, 80}, 10, 11, "different families"},
-		{Packet{a4, b4, policyrules.TCP, 80}, 0, 0, "neither end"},
+		{Packet{a4, b6, policyrules.TCP, 80, false}, 10, 11, "different families"},
+		{Packet{a4, b4, policyrules.TCP, 80, false}, 0, 0, "neither end"},
 		{Packet{Dst: b4}, 10, 0, "source and a destination"},
 	} {
 		if _, err := in.Trace(bad.p, bad.srcPort, bad.dstPort); err == nil || !strings.Contains(err.Error(), bad.want) {

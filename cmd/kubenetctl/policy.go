@@ -27,6 +27,7 @@ import (
 type nodeView struct {
 	locals    []core.PolicyLocal
 	installed core.InstalledPolicies
+	nodeAddrs []netip.Addr // the node's own addresses
 	state     *core.PolicyState
 	stateErr  error // the record could not be read: the kernel alone speaks
 }
@@ -38,6 +39,9 @@ func readNode(o *options) (nodeView, error) {
 	read := func() error {
 		var err error
 		if v.locals, err = core.ReadPolicyLocals(o.dataDir, o.network, o.bridge); err != nil {
+			return err
+		}
+		if v.nodeAddrs, err = core.NodeAddrs(); err != nil {
 			return err
 		}
 		v.installed, err = core.InspectPolicies(o.network)
@@ -441,7 +445,8 @@ func runPolicyTrace(in *invocation) error {
 	if (src.pod != nil && src.pod.Port <= 0) || (dst.pod != nil && dst.pod.Port <= 0) {
 		return fmt.Errorf("%s: its veth is not a port of the bridge (being set up or torn down): held, denied", firstUnplugged(src, dst))
 	}
-	verdict, err := v.installed.Trace(core.PolicyPacket{Src: src.addr, Dst: dst.addr, Protocol: proto, Port: port}, portOf(src), portOf(dst))
+	fromNode := src.pod == nil && slices.Contains(v.nodeAddrs, src.addr)
+	verdict, err := v.installed.Trace(core.PolicyPacket{Src: src.addr, Dst: dst.addr, Protocol: proto, Port: port, FromNode: fromNode}, portOf(src), portOf(dst))
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -76,6 +77,9 @@ func newPolicyNode(t *testing.T) *policyNode {
 	nettest.Do(t, n.node, func() error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: policyBridge}}
 		if err := netlink.LinkAdd(br); err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(br, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("10.244.0.1"), Mask: net.CIDRMask(24, 32)}}); err != nil {
 			return err
 		}
 		for i, p := range []*policyPod{&n.a, &n.b} {
@@ -216,6 +220,8 @@ func TestPolicyExplainAndTrace(t *testing.T) {
 		"ingress of ns/b", "allows: group in-", "element 10.244.0.2 tcp/8080", "note: this judges a connection's first packet")
 	expectLines(t, "trace b → a", n.ctl(t, "policy", "trace", "ns/b", "10.244.0.2", "9/udp"),
 		"9/udp from ns/b (10.244.0.3) to 10.244.0.2 (10.244.0.2): allowed", "not isolated for egress", "not isolated for ingress")
+	expectLines(t, "trace node → b", n.ctl(t, "policy", "trace", "10.244.0.1", "ns/b", "8080/tcp"),
+		"8080/tcp from 10.244.0.1 (10.244.0.1) to ns/b (10.244.0.3): allowed", "the node's own packets reach every pod that is not held")
 	expectLines(t, "trace outside → b", n.ctl(t, "policy", "trace", "192.0.2.1", "ns/b", "icmp"),
 		"icmp from 192.0.2.1 (192.0.2.1) to ns/b (10.244.0.3): denied", "no element of group in-")
 
