@@ -107,9 +107,10 @@ func (d *networkDir) serializeNetfilter(f func() error) error {
 
 // IsNodeFile tells whether name, in a network's directory of the data dir, is one of the files
 // that belong to the node rather than to an attachment: the node-wide settings, the backend
-// record and the verified rules. Audits of what a pod left behind skip them.
+// record, the verified rules and the last policy pass. Audits of what a pod left behind skip
+// them.
 func IsNodeFile(name string) bool {
-	return name == NodeSettingsFile || name == NetfilterFile || name == VerifiedRulesFile
+	return name == NodeSettingsFile || name == NetfilterFile || name == VerifiedRulesFile || name == PolicyStateFile
 }
 
 // readNodeFile reads the JSON file name (one of the node's files of a network: NodeSettingsFile,

@@ -58,6 +58,9 @@ type PolicyPass struct {
 	// says why they could not be (the rules are applied all the same).
 	Cut    uint
 	CutErr error
+	// Unrecorded says why the pass, applied, could not be recorded in PolicyStateFile: the
+	// kernel holds the rules, operators' tools only miss the policies' names.
+	Unrecorded error
 }
 
 // ApplyPolicies installs the node's policies for the network: it reads the attachment records
@@ -101,6 +104,9 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 		}
 	}
 	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
+	if err == nil {
+		pass.Unrecorded = writePolicyState(dir.root(), rs, pass.Applied)
+	}
 	if err == nil && n.CutEstablished && (pass.Applied.Changed() || n.CutAgain) {
 		pass.Cut, pass.CutErr = cutDenied(rs, pass.Applied)
 	}
@@ -119,6 +125,47 @@ func cutDenied(rs policyrules.Ruleset, applied policyrules.Applied) (uint, error
 		return n, fmt.Errorf("network policy: cut denied connections: %w", err)
 	}
 	return n, nil
+}
+
+// InstalledPolicies is what the kernel holds of a network's policy tables, decoded
+// (netpol.Installed): operators' tools explain and trace from it.
+type InstalledPolicies = netpol.Installed
+
+// InstalledPort and InstalledGroup are parts of InstalledPolicies.
+type (
+	InstalledPort  = netpol.InstalledPort
+	InstalledGroup = netpol.InstalledGroup
+)
+
+// PolicyPacket is a connection's first packet as InstalledPolicies.Trace judges it.
+type PolicyPacket = netpol.Packet
+
+// The chains the map element of a direction a pod is not isolated in names.
+const (
+	PolicyAllowIngress = netpol.ChainAllowIngress
+	PolicyAllowEgress  = netpol.ChainAllowEgress
+)
+
+// InspectPolicies reads the network's policy tables back from the kernel of the current network
+// namespace (netpol.Inspect). It only reads.
+func InspectPolicies(network string) (InstalledPolicies, error) { return netpol.Inspect(network) }
+
+// PolicyGroupFor is the group the policy tables make of an allow list in a direction: its name
+// (the chain a port's map element goes to) and entries; false when it is over a limit.
+func PolicyGroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
+	return netpol.GroupFor(ingress, allow)
+}
+
+// ReadPolicyLocals reads the network's attachment records with each one's bridge port, as a
+// policy pass pairs them (operators' tools: which port is a pod's). It only reads.
+func ReadPolicyLocals(dataDir, network, bridgeName string) ([]PolicyLocal, error) {
+	dir, err := openDir(dataDir, network)
+	if err != nil {
+		return nil, fmt.Errorf("address store: %w", err)
+	}
+	defer dir.Close()
+	_, locals, err := readLocals(network, bridgeName, dir.records, nil)
+	return locals, err
 }
 
 // readLocals finds the bridge and its ports, then reads the attachment records and pairs each
@@ -147,6 +194,10 @@ func readLocals(network, bridgeName string, records Records, afterLinks func()) 
 	}
 	return br, locals, nil
 }
+
+// NodeAddrs are the addresses of every link of the current network namespace: the node's own,
+// whose packets reach every pod that is not held (operators' tools tell them from a peer's).
+func NodeAddrs() ([]netip.Addr, error) { return linkAddrs(nil) }
 
 // linkAddrs are the addresses of a link (nil: of every link), both families.
 func linkAddrs(l netlink.Link) ([]netip.Addr, error) {

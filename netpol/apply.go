@@ -88,6 +88,7 @@ func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.App
 	res.Groups, res.Refused = len(want.groups), want.refused
 
 	final := portChains(want, cur.maps)
+	res.Dispatch = dispatchOf(final)
 	released := releasedPods(rs.Pods, cur.maps, final)
 	res.Released = len(released)
 	if res.Conntrack, err = flushConntrack(podAddrs(released)); err != nil {
@@ -114,6 +115,22 @@ func portChains(want desired, have map[string]map[int]string) map[string]map[int
 		}
 	}
 	return final
+}
+
+// dispatchOf turns the map name → port → chain form into the per-port one. Pure.
+func dispatchOf(chains map[string]map[int]string) map[int]policyrules.Dispatch {
+	out := map[int]policyrules.Dispatch{}
+	for port, chain := range chains[MapEgress] {
+		d := out[port]
+		d.Egress = chain
+		out[port] = d
+	}
+	for port, chain := range chains[MapIngress] {
+		d := out[port]
+		d.Ingress = chain
+		out[port] = d
+	}
+	return out
 }
 
 // releasedPods are the pods whose ports had no element in either map and get one now: their

@@ -1072,6 +1072,16 @@ func TestAuditGroupsPass(t *testing.T) {
 	}
 	n.expectTCP(t, "audit: b → a (staged deny-all egress)", b.ns, a.v4, 8080, true)
 	n.expectTCP(t, "audit: b → x", b.ns, x4, 9000, true)
+	in := n.inspect(t)
+	for _, chain := range []string{in.Ports[b.port].Ingress, in.Ports[b.port].Egress} {
+		if g := in.Groups[chain]; !g.Audit || len(g.Damage) > 0 {
+			t.Errorf("inspect: b's group %s: audit %v, damage %v; want an undamaged audit group", chain, g.Audit, g.Damage)
+		}
+	}
+	v, err := in.Trace(Packet{Src: a.v4, Dst: b.v4, Protocol: policyrules.TCP, Port: 8080}, a.port, b.port)
+	if err != nil || !v.Allowed || !strings.Contains(v.Steps[len(v.Steps)-1].Reason, "would drop") {
+		t.Errorf("trace a → b: %+v, %v; want allowed, by an audit group that would drop it", v, err)
+	}
 	enforced := allowFrom(tcp8080, c.ips()...)
 	n.apply(t, with(n.open(), b.port, enforced, policyrules.Direction{Isolated: true}), Options{})
 	n.expectTCP(t, "enforced: c → b", c.ns, b.v4, 8080, true)

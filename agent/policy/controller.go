@@ -334,6 +334,9 @@ func (c *Controller) pass(verify bool) Pass {
 		if pass.Unguarded != nil {
 			c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
 		}
+		if pass.Unrecorded != nil {
+			c.log.Warn("network policy: applied, but not recorded for kubenetctl policy explain", "err", pass.Unrecorded)
+		}
 	}
 	p.Took, p.Err = time.Since(start), err
 	c.metrics.pass(p)

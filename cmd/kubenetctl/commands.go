@@ -89,6 +89,16 @@ func commands() []command {
 			summary: "print how kubenet-agent reaches each other node's pod CIDRs: direct or through the VXLAN overlay, the next hop, and why (asks the agent)",
 			run:     runPeers,
 		},
+		{
+			name: "policy explain", args: []string{"NAMESPACE/POD"}, flags: []string{"json", "o", "kubeconfig"}, synopsis: "NAMESPACE/POD [--kubeconfig FILE] [-o text|json]",
+			summary: "print, read back from the kernel, whether a pod of this node is isolated in each direction, by which policies, and the peers and ports it allows; say when the kernel differs from the agent's last pass or the pod is held, and with --kubeconfig from what the API's objects mean now (reads only; works with the agent down)",
+			run:     runPolicyExplain,
+		},
+		{
+			name: "policy trace", args: []string{"SRC", "DST", "PORT/PROTO"}, flags: []string{"json", "o"}, synopsis: "SRC DST PORT/PROTO [-o text|json]",
+			summary: "say whether the installed policies allow a new connection from SRC to DST (NAMESPACE/POD of this node, or an address) on PORT/PROTO (8080/tcp, 53/udp, icmp), and which rule or missing rule decides (reads only)",
+			run:     runPolicyTrace,
+		},
 	}
 }
 
@@ -123,9 +133,13 @@ func execute(args []string, stdout, stderr io.Writer) error {
 	if len(pos) == 0 {
 		return usagef("missing command (%s)", commandNames())
 	}
-	cmd, ok := findCommand(pos[0])
+	name := pos[0]
+	if name == "policy" && len(pos) > 1 {
+		name, pos = name+" "+pos[1], pos[1:]
+	}
+	cmd, ok := findCommand(name)
 	if !ok {
-		return usagef("unknown command %q (%s)", pos[0], commandNames())
+		return usagef("unknown command %q (%s)", name, commandNames())
 	}
 	pos = pos[1:]
 	if err := checkCommandFlags(fs, cmd); err != nil {

@@ -48,6 +48,8 @@ type options struct {
 	valid       validList
 	all         bool
 	agent       string
+	output      string
+	kubeconfig  string
 }
 
 // newFlagSet registers every flag on a set that reports errors only through Parse's result (so
@@ -75,9 +77,11 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.id, "id", "", "the pod sandbox ID (default: derived from --netns)")
 	fs.Var(&o.ports, "port", "a host port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP] (setup; repeatable)")
 	fs.Var(&o.annotations, "annotation", "a pod annotation K=V, e.g. kubernetes.io/ingress-bandwidth=10M (setup; repeatable)")
-	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations, node, peers)")
+	fs.BoolVar(&o.json, "json", false, "print JSON (setup, status, allocations, node, peers, policy explain, policy trace)")
 	fs.Var(&o.valid, "valid", "an attachment to keep, ID or ID/IFNAME, comma-separated or repeated (gc)")
 	fs.BoolVar(&o.all, "all", false, "remove every attachment (gc)")
+	fs.StringVar(&o.output, "o", "text", `output format: "text" or "json" (policy explain, policy trace)`)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file, as kubectl's: compare the kernel with what the API's objects mean now (policy explain)")
 	fs.StringVar(&o.agent, "agent", "http://127.0.0.1:9309", "kubenet-agent's HTTP address (its --metrics-bind-address) (peers)")
 	return fs
 }
@@ -87,6 +91,9 @@ func newFlagSet(o *options) *flag.FlagSet {
 func (o *options) validate() error {
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return usagef("--log-level %q: %v", o.logLevel, err)
+	}
+	if o.output != "text" && o.output != "json" {
+		return usagef("-o %q: want text or json", o.output)
 	}
 	if !network.HairpinMode(o.hairpin).Valid() {
 		return usagef("--hairpin-mode %q: valid values are %q, %q and %q", o.hairpin, network.HairpinVeth, network.PromiscuousBridge, network.HairpinNone)
@@ -108,6 +115,9 @@ func (o *options) validate() error {
 	}
 	return nil
 }
+
+// asJSON tells whether the command prints JSON (--json or -o json).
+func (o *options) asJSON() bool { return o.json || o.output == "json" }
 
 // parse reads flags anywhere among the positional arguments, which it returns.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {

@@ -1,9 +1,9 @@
 // Command kubenetctl drives the network plugin layer (network/) the way kubelet's dockershim did,
 // one operation per run, with kubelet's flag names: select a plugin (--network-plugin=kubenet,
 // cni or ""), give it the node's pod CIDR, and set up, inspect or tear down one pod sandbox
-// given by its network namespace. It also lists and collects kubenet's allocations and shows who
-// owns the node-wide settings. Shims embed network/ instead; kubenetctl is for operators,
-// scripts and tests.
+// given by its network namespace. It also lists and collects kubenet's allocations, shows who
+// owns the node-wide settings, and explains the node's NetworkPolicy state from the kernel.
+// Shims embed network/ instead; kubenetctl is for operators, scripts and tests.
 //
 //	kubenetctl [flags] setup NAMESPACE NAME --netns PATH [--port HOSTPORT:CONTAINERPORT[/PROTO][@HOSTIP]]... [--annotation K=V]... [--json]
 //	kubenetctl [flags] teardown NAMESPACE NAME --netns PATH
@@ -13,6 +13,8 @@
 //	kubenetctl [flags] gc (--valid ID[/IFNAME]... | --all)
 //	kubenetctl [flags] node [--json]
 //	kubenetctl [flags] peers [--agent URL] [--json]
+//	kubenetctl [flags] policy explain NAMESPACE/POD [--kubeconfig FILE] [-o text|json]
+//	kubenetctl [flags] policy trace SRC DST PORT/PROTO [-o text|json]
 //
 // The commands are one table (commands.go); the usage text is made from it. Exit status: 0
 // success, 1 the operation failed (or the plugin is not ready), 2 bad usage (an unknown command

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
@@ -60,6 +62,37 @@ func (p Ports) String() string {
 	return fmt.Sprintf("%s/%d-%d", protoName(p.Protocol), p.First, p.Last)
 }
 
+// Protocol numbers without ports that an operator names (trace).
+const (
+	ICMP   uint8 = 1
+	ICMPv6 uint8 = 58
+)
+
+// ProtocolName names a protocol for operators: tcp, udp, sctp, icmp, icmpv6, or its number.
+func ProtocolName(p uint8) string {
+	switch p {
+	case ICMP:
+		return "icmp"
+	case ICMPv6:
+		return "icmpv6"
+	}
+	return protoName(p)
+}
+
+// ParseProtocol reads a protocol as ProtocolName writes it (any case), or as a number 0-255.
+func ParseProtocol(s string) (uint8, error) {
+	if n, err := strconv.ParseUint(s, 10, 8); err == nil {
+		return uint8(n), nil
+	}
+	for p := range 256 {
+		if strings.EqualFold(s, ProtocolName(uint8(p))) {
+			return uint8(p), nil
+		}
+	}
+	return 0, fmt.Errorf("protocol %q: want tcp, udp, sctp, icmp, icmpv6 or a number 0-255", s)
+}
+
+// protoName is the name a group's content address is made from: it must never change.
 func protoName(p uint8) string {
 	switch p {
 	case TCP:
@@ -181,6 +214,17 @@ type Applied struct {
 	// kernel. Their pods keep, in that direction, the group they had (none: denied; a pod that
 	// was not isolated in it is denied too, never left open); everything else is applied.
 	Refused []Refusal
+	// Dispatch is, per port, the chain each direction's map element names once this Apply is
+	// done: what the agent records of its pass, so that an operator's tool reading the kernel
+	// later can tell a change made since from the agent's own.
+	Dispatch map[int]Dispatch
+}
+
+// Dispatch names the chains a port's map elements go to: a group, the allow chain of a
+// direction the pod is not isolated in, or "" (no element: held, denied).
+type Dispatch struct {
+	Ingress string `json:"ingress,omitempty"`
+	Egress  string `json:"egress,omitempty"`
 }
 
 // Changed tells whether the apply wrote anything.

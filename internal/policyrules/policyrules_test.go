@@ -3,6 +3,7 @@ package policyrules
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -133,5 +134,28 @@ func TestDirectionAllows(t *testing.T) {
 				t.Errorf("AllowsSomePort(%s, %d) = %v, want %v", tt.peer, tt.protocol, got, tt.somePort)
 			}
 		})
+	}
+}
+
+func TestParseProtocol(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want uint8
+		err  bool
+	}{
+		{"tcp", TCP, false}, {"UDP", UDP, false}, {"sctp", SCTP, false}, {"icmp", ICMP, false}, {"ICMPv6", ICMPv6, false},
+		{"6", TCP, false}, {"47", 47, false}, {"0", 0, false},
+		{"256", 0, true}, {"-1", 0, true}, {"tcpx", 0, true}, {"", 0, true},
+	} {
+		got, err := ParseProtocol(c.in)
+		if (err != nil) != c.err || (!c.err && got != c.want) {
+			t.Errorf("ParseProtocol(%q) = %d, %v; want %d, error %v", c.in, got, err, c.want, c.err)
+		}
+		if err != nil && !strings.Contains(err.Error(), `"`+c.in+`"`) {
+			t.Errorf("ParseProtocol(%q): error %q does not name the value", c.in, err)
+		}
+		if !c.err && c.in != "0" && c.in != "47" && c.in != "6" && !strings.EqualFold(ProtocolName(got), c.in) {
+			t.Errorf("ProtocolName(%d) = %q, want %q", got, ProtocolName(got), c.in)
+		}
 	}
 }

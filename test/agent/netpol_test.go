@@ -21,6 +21,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubenet-dev/kubenet/agent/policy"
@@ -254,8 +255,10 @@ func TestAgentNetworkPolicy(t *testing.T) {
 		return in, out, pod
 	}
 
+	var target1 *nettest.Pod
 	t.Run("pod start: denied from its first packet", func(t *testing.T) {
-		in, out, _ := startWindow(t, "target-1", 1)
+		var in, out int64
+		in, out, target1 = startWindow(t, "target-1", 1)
 		if in != 0 || out != 0 {
 			t.Errorf("%d connections reached the new pod and %d left it, before or after its policy was in force; want none", in, out)
 		}
@@ -320,6 +323,88 @@ func TestAgentNetworkPolicy(t *testing.T) {
 			t.Fatalf("after nft flush ruleset: %v", err)
 		}
 		t.Logf("the policies were back %v after the flush", time.Since(start).Round(time.Millisecond))
+	})
+
+	t.Run("explain and trace: from the kernel, against traffic and the API", func(t *testing.T) {
+		if target1 == nil {
+			t.Fatal("target-1 was not started (its subtest failed)")
+		}
+		target := netip.AddrPortFrom(podAddr(1)[0], 7777)
+		targetDenied(t, target)
+		ctl := func(args ...string) string {
+			return nettest.Run(t, n.ns, testBins.ctl, append([]string{"--kubenet-data-dir", n.cni.DataDir()}, args...)...)
+		}
+		explain := func() string {
+			return ctl("policy", "explain", namespace+"/target-1", "--kubeconfig", cp.AdminKubeconfig)
+		}
+		expectSaid := func(what, out string, want ...string) {
+			t.Helper()
+			flat := strings.Join(strings.Fields(out), " ")
+			for _, w := range want {
+				if !strings.Contains(flat, w) {
+					t.Errorf("%s does not say %q:\n%s", what, w, out)
+				}
+			}
+		}
+		reaches := func() bool {
+			_, err := nettest.TCPRequest(client.NS, target, "x", 700*time.Millisecond)
+			return err == nil
+		}
+		expectSaid("explain, settled", explain(),
+			"ingress: isolated by np/deny-target (group in-", "egress: isolated by np/deny-target (group out-", "allows nothing",
+			"agent: the kernel holds what the agent's last pass installed", "API: in sync")
+		expectSaid("trace client → target-1", ctl("policy", "trace", "np/client", "np/target-1", "7777/tcp"),
+			"7777/tcp from np/client (10.244.1.100) to np/target-1 (10.244.1.101): denied", "egress of np/client", "not isolated for egress",
+			"ingress of np/target-1", "no element of group in-", "dropped by its last rule", "isolated for ingress by np/deny-target")
+		if reaches() {
+			t.Error("trace says denied, the client reaches target-1")
+		}
+
+		// The agent down and a policy allowing the client: the kernel is behind the API.
+		n.agent.Kill()
+		port := intstr.FromInt32(7777)
+		allowIn := netpolOf(namespace, "allow-client-in", networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "target"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
+			}},
+		})
+		if _, err := api.NetworkingV1().NetworkPolicies(namespace).Create(ctx, allowIn, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		expectSaid("explain, agent down", explain(), "API: pending", "ingress: the API's objects mean in-",
+			"(isolated by np/allow-client-in, np/deny-target)", "to allow, not in the kernel: 10.244.1.100 tcp/7777")
+		expectSaid("trace, agent down", ctl("policy", "trace", "np/client", "np/target-1", "7777/tcp"), "denied", "no element of group in-")
+		if reaches() {
+			t.Error("agent down: trace says denied, the client reaches target-1")
+		}
+
+		// The agent back: the kernel catches up, and trace's verdict with the traffic.
+		n.startAgent(t)
+		if err := nettest.Eventually(converge, func() error {
+			if !reaches() {
+				return errors.New("the client does not reach target-1")
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("%v\n%s", err, policyTable(t, n))
+		}
+		expectSaid("explain, agent back", explain(), "API: in sync",
+			"ingress: isolated by np/allow-client-in, np/deny-target (group in-", "allows from 10.244.1.100 tcp/7777",
+			"agent: the kernel holds what the agent's last pass installed")
+		expectSaid("trace, agent back", ctl("policy", "trace", "np/client", "np/target-1", "7777/tcp"),
+			"7777/tcp from np/client (10.244.1.100) to np/target-1 (10.244.1.101): allowed", "element 10.244.1.100 tcp/7777")
+		expectSaid("trace, other port", ctl("policy", "trace", "np/client", "np/target-1", "7778/tcp"), "denied")
+		expectSaid("trace target-1 → client", ctl("policy", "trace", "np/target-1", "np/client", "7777/tcp", "-o", "json"), `"allowed":false`, `"direction":"egress"`)
+		if _, err := nettest.TCPRequest(target1.NS, netip.AddrPortFrom(podAddr(0)[0], 7777), "x", 700*time.Millisecond); err == nil {
+			t.Error("trace says target-1's egress denies, target-1 reaches the client")
+		}
+		if err := api.NetworkingV1().NetworkPolicies(namespace).Delete(ctx, "allow-client-in", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		targetDenied(t, target)
 	})
 
 	t.Run("agent down: rules kept; back: reconciled", func(t *testing.T) {

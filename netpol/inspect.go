@@ -1,0 +1,306 @@
+package netpol
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
+)
+
+// Installed is what the kernel holds of one network's policy tables, decoded back into the
+// vocabulary of the ruleset: which chain each port's map elements go to, the addresses each port
+// may send from, and each group's allow list as its sets' elements say. It is read from the
+// kernel alone (Inspect), so an operator's tool can explain a pod's policies with the agent down.
+type Installed struct {
+	// Tables says the bridge table exists. Without it every guarded pod is denied everything.
+	Tables bool
+	// Damage lists what of the fixed layout (chains, maps and sets every network has) differs
+	// from what Apply writes; the agent's next pass rewrites it. Empty: as written.
+	Damage []string
+	// Ports are the ports that have a map element or a source address.
+	Ports map[int]InstalledPort
+	// Groups are the group chains and sets there are, by group name.
+	Groups map[string]InstalledGroup
+	// LocalPods are the node's pod CIDRs without the node's own addresses (SetLocalPodsIPv4,
+	// SetLocalPodsIPv6): a packet routed in from one of them without the egress bit is forged.
+	LocalPods []policyrules.Range
+}
+
+// InstalledPort is what the dispatch maps and the sources sets hold for one port.
+type InstalledPort struct {
+	// Egress and Ingress name the chain the port's map element goes to: a group, ChainAllowEgress
+	// or ChainAllowIngress (not isolated), or "" (no element: held, denied everything).
+	Egress, Ingress string
+	// Sources are the addresses the port's pod may send from; a packet from any other gets no
+	// egress.
+	Sources []netip.Addr
+}
+
+// InstalledGroup is one group as the kernel holds it.
+type InstalledGroup struct {
+	Name    string
+	Ingress bool // its direction: the peer is the source (ingress) or the destination (egress)
+	// Audit: only staged policies isolate its pods; what its entries do not allow passes.
+	Audit bool
+	// Entries are its sets' elements (disjoint boxes: overlapping port ranges cut, neighbouring
+	// peers joined), in the canonical order.
+	Entries []policyrules.Entry
+	// Damage lists what is wrong with it: a missing chain, elements that cannot be decoded or
+	// that are not the allow list its name stands for, rules that are not the ones its elements
+	// call for. Empty: as Apply writes it.
+	Damage []string
+}
+
+// Inspect reads the network's policy tables back from the kernel of the current network
+// namespace. Missing tables read as Installed{Tables: false}.
+func Inspect(network string) (Installed, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return Installed{}, fmt.Errorf("policy rules: netlink: %w", err)
+	}
+	bt := BridgeTable(network)
+	st, err := readState(c, bt, true)
+	if err != nil {
+		return Installed{}, err
+	}
+	return installedOf(bt, st), nil
+}
+
+// installedOf decodes what readState read (with verify: every group set's elements). Pure.
+func installedOf(bt *nftables.Table, st state) Installed {
+	in := Installed{Tables: st.bridgeExists, Ports: map[int]InstalledPort{}, Groups: map[string]InstalledGroup{}}
+	if !st.bridgeExists {
+		return in
+	}
+	in.Damage = fixedDamage(bt, st)
+	for port, chain := range st.maps[MapEgress] {
+		p := in.Ports[port]
+		p.Egress = chain
+		in.Ports[port] = p
+	}
+	for port, chain := range st.maps[MapIngress] {
+		p := in.Ports[port]
+		p.Ingress = chain
+		in.Ports[port] = p
+	}
+	for _, set := range []string{SetSourcesIPv4, SetSourcesIPv6} {
+		for _, e := range st.sources[set] {
+			if port, a, ok := parseSourceKey(e.Key); ok {
+				p := in.Ports[port]
+				p.Sources = append(p.Sources, a)
+				in.Ports[port] = p
+			}
+		}
+	}
+	for _, set := range []string{SetLocalPodsIPv4, SetLocalPodsIPv6} {
+		in.LocalPods = append(in.LocalPods, intervalRanges(st.localPods[set], set == SetLocalPodsIPv6)...)
+	}
+	names := map[string]bool{}
+	for name := range st.groupChains {
+		names[name] = true
+	}
+	for _, s := range st.sets {
+		if g, ok := groupOfSet(s); ok {
+			names[g] = true
+		}
+	}
+	for _, m := range st.maps {
+		for _, chain := range m {
+			if chain != ChainAllowEgress && chain != ChainAllowIngress {
+				names[chain] = true
+			}
+		}
+	}
+	for name := range names {
+		in.Groups[name] = decodeGroup(bt, name, st)
+	}
+	return in
+}
+
+// fixedDamage lists the fixed objects that differ from Apply's layout.
+func fixedDamage(bt *nftables.Table, st state) []string {
+	var out []string
+	if !st.inetOK {
+		out = append(out, "table inet "+bt.Name+": its chains are missing or differ")
+	}
+	rules := BridgeRules()
+	for _, ch := range bridgeChains(bt) {
+		if d := nft.Compare(ch, st.bridgeRules[ch.Name], rules[ch.Name]); d != nil {
+			out = append(out, "chain "+ch.Name+": "+d.Error())
+		}
+	}
+	for _, s := range fixedSets(bt) {
+		if !slices.Contains(st.sets, s.Name) {
+			out = append(out, "set "+s.Name+" is missing")
+		}
+	}
+	return out
+}
+
+// GroupFor is the group Apply makes of an allow list in a direction: its name and its entries
+// as the kernel will hold them; false when the list is over a limit on what one group may cost
+// (Apply refuses it). Pure.
+func GroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
+	if len(allow) > policyrules.MaxAllowEntries {
+		return "", nil, false
+	}
+	g, ok := canonical(allow, maxGroupCost)
+	if !ok || g.cost() > maxGroupCost {
+		return "", nil, false
+	}
+	dir := egressDir
+	if ingress {
+		dir = ingressDir
+	}
+	return g.name(dir), g.entries(), true
+}
+
+// GroupDirection tells whether name is a group's (a chain or set name prefix of one), and
+// whether the group is an ingress one.
+func GroupDirection(name string) (ingress, ok bool) {
+	switch {
+	case strings.HasPrefix(name, ingressDir+"-"):
+		return true, true
+	case strings.HasPrefix(name, egressDir+"-"):
+		return false, true
+	}
+	return false, false
+}
+
+// decodeGroup decodes the group name's sets and checks its chain.
+func decodeGroup(bt *nftables.Table, name string, st state) InstalledGroup {
+	ingress, _ := GroupDirection(name)
+	g := InstalledGroup{Name: name, Ingress: ingress}
+	dir := egressDir
+	if g.Ingress {
+		dir = ingressDir
+	}
+	g.Audit = strings.HasPrefix(name, dir+auditInfix+"-")
+	nameDir := dir
+	if g.Audit {
+		nameDir = dir + auditInfix
+	}
+	var entries []policyrules.Entry
+	for _, is6 := range []bool{false, true} {
+		for _, set := range []string{anySetName(name, is6), portsSetName(name, is6)} {
+			for _, el := range st.setElements[set] {
+				e, err := decodeElement(el, is6, strings.Contains(set, "-ports-"))
+				if err != nil {
+					g.Damage = append(g.Damage, fmt.Sprintf("set %s: %v", set, err))
+					continue
+				}
+				entries = append(entries, e)
+			}
+		}
+	}
+	canon, _ := canonical(entries, math.MaxInt)
+	g.Entries = canon.entries()
+	if !st.groupChains[name] {
+		g.Damage = append(g.Damage, "its chain is missing")
+		return g
+	}
+	if canon.name(nameDir) != name {
+		g.Damage = append(g.Damage, "its sets do not hold the allow list its name stands for (elements missing or added)")
+	}
+	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(name, dir, canon, g.Audit)); d != nil {
+		g.Damage = append(g.Damage, "its rules are not the ones its sets call for: "+d.Error())
+	}
+	return g
+}
+
+// decodeElement turns one element of a group set back into an entry: an "any" element is
+// peer . protocol 0-255, a "ports" element peer . protocol . port range.
+func decodeElement(el nftables.SetElement, is6, ports bool) (policyrules.Entry, error) {
+	n := int(addrBytes(is6))
+	want := n + 4
+	if ports {
+		want += 4
+	}
+	if len(el.Key) != want || len(el.KeyEnd) != want {
+		return policyrules.Entry{}, fmt.Errorf("an element of %d and %d bytes, want %d", len(el.Key), len(el.KeyEnd), want)
+	}
+	first, _ := netip.AddrFromSlice(el.Key[:n])
+	last, _ := netip.AddrFromSlice(el.KeyEnd[:n])
+	e := policyrules.Entry{Peer: policyrules.Range{First: first, Last: last}}
+	if !e.Peer.Valid() {
+		return e, fmt.Errorf("an element with the address range %s", e.Peer)
+	}
+	protoFirst, protoLast := el.Key[n], el.KeyEnd[n]
+	if !ports {
+		if protoFirst != 0 || protoLast != 255 {
+			return e, fmt.Errorf("element %s with protocols %d-%d, want every protocol", e.Peer, protoFirst, protoLast)
+		}
+		return e, nil
+	}
+	if protoFirst != protoLast {
+		return e, fmt.Errorf("element %s with protocols %d-%d, want one", e.Peer, protoFirst, protoLast)
+	}
+	p := &policyrules.Ports{Protocol: protoFirst,
+		First: uint16(el.Key[n+4])<<8 | uint16(el.Key[n+5]), Last: uint16(el.KeyEnd[n+4])<<8 | uint16(el.KeyEnd[n+5])}
+	if p.First > p.Last {
+		return e, fmt.Errorf("element %s with the ports %d-%d", e.Peer, p.First, p.Last)
+	}
+	e.Ports = p
+	return e, nil
+}
+
+// entries lists the group's content as allow entries.
+func (g group) entries() []policyrules.Entry {
+	var out []policyrules.Entry
+	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
+		for _, r := range rs {
+			out = append(out, policyrules.Entry{Peer: r})
+		}
+	}
+	for _, bs := range [][]box{g.ports4, g.ports6} {
+		for _, b := range bs {
+			out = append(out, policyrules.Entry{Peer: b.addrs, Ports: &b.ports})
+		}
+	}
+	return out
+}
+
+// intervalRanges decodes the elements of a plain interval set of addresses (start elements and
+// IntervalEnd elements one past a range's last address, in any order).
+func intervalRanges(els []nftables.SetElement, is6 bool) []policyrules.Range {
+	type bound struct {
+		at  netip.Addr
+		end bool
+	}
+	var bs []bound
+	for _, el := range els {
+		if a, ok := netip.AddrFromSlice(el.Key); ok && a.Is6() == is6 {
+			bs = append(bs, bound{a, el.IntervalEnd})
+		}
+	}
+	slices.SortFunc(bs, func(a, b bound) int { return a.at.Compare(b.at) })
+	var out []policyrules.Range
+	var start netip.Addr // valid while a range is open
+	for _, b := range bs {
+		switch {
+		case !b.end && !start.IsValid():
+			start = b.at
+		case b.end && start.IsValid() && b.at.Compare(start) > 0:
+			out = append(out, policyrules.Range{First: start, Last: b.at.Prev()})
+			start = netip.Addr{}
+		}
+	}
+	if start.IsValid() {
+		out = append(out, policyrules.Range{First: start, Last: maxAddr(is6)})
+	}
+	return out
+}
+
+// maxAddr is the last address of a family.
+func maxAddr(is6 bool) netip.Addr {
+	if is6 {
+		return netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	}
+	return netip.AddrFrom4([4]byte{0xff, 0xff, 0xff, 0xff})
+}
