@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
@@ -42,9 +43,11 @@ var (
 //     kubenet's inet table, as the localnet guard was before it moved to the bridge's ingress;
 //   - "- inet table": kubenet's inet table deleted (SNAT, host ports, localnet guard), and
 //     with it conntrack and NAT's hooks, which nothing else then needs;
-//   - "- inet table, + empty NAT chain": the same with an empty NAT chain in a table of its own,
+//   - "- inet table + empty NAT chain": the same with an empty NAT chain in a table of its own,
 //     which keeps conntrack and NAT's hooks as any node with NAT rules has them (the
 //     reference chain's are NAT chains): what the inet table costs beyond them;
+//   - "- localnet guard": the localnet guard's two chains deleted (hostport.ChainLocalnetNAT,
+//     hostport.ChainLocalnetBridge), the rest of the inet table kept;
 //   - "- bridge table": kubenet's bridge table deleted (isolation);
 //   - "no tables": every table deleted: the bridge, conntrack and the veths alone.
 //
@@ -112,8 +115,13 @@ func BenchmarkPacketCost(b *testing.B) {
 		{"kubenet", func() {}, func() {}},
 		{"+ prerouting filter chain", nftDo("-f", prerouting), nftDo("delete", "chain", "inet", inet.Name, "packetcost-prerouting")},
 		{"- inet table", nftDo("delete", "table", "inet", inet.Name), restore},
-		{"- inet table, + empty NAT chain", func() { nftDo("delete", "table", "inet", inet.Name)(); nftDo("-f", natOnly)() },
+		{"- inet table + empty NAT chain", func() { nftDo("delete", "table", "inet", inet.Name)(); nftDo("-f", natOnly)() },
 			func() { nftDo("delete", "table", "ip", "packetcost")(); restore() }},
+		{"- localnet guard", func() {
+			for _, ch := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetBridge} {
+				nftDo("delete", "chain", "inet", inet.Name, ch)()
+			}
+		}, restore},
 		{"- bridge table", nftDo("delete", "table", "bridge", bridge.Name), restore},
 		{"no tables", nftDo("flush", "ruleset"), restore},
 	}
