@@ -282,11 +282,18 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 			retype = true
 		}
 	}
+	existing, err := existingChains(c, table)
+	if err != nil {
+		return err
+	}
 	if retype {
 		// A map of the wrong type can only go once no rule refers to it: empty every chain,
-		// delete the maps, then write everything anew, in this one transaction.
+		// delete the maps, then write everything anew, in this one transaction. (The chain on
+		// the bridge's ingress refers to none, and is replaced below.)
 		for _, ch := range chains(table, cfg.Bridge) {
-			c.FlushChain(c.AddChain(ch))
+			if ch.Device == "" {
+				c.FlushChain(c.AddChain(ch))
+			}
 		}
 		for _, name := range missing {
 			if slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == name }) {
@@ -308,19 +315,19 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 		if !retype && !rewrite(ch.Name) {
 			continue
 		}
-		if ch.Device != "" {
+		if ch.Device != "" && existing[ch.Name] {
 			// A chain hooked to another device (the bridge of an earlier configuration) is not
 			// moved by adding it again: it goes, and comes back bound to this one.
-			if existing, err := existingChains(c, table); err != nil {
-				return err
-			} else if existing[ch.Name] {
-				c.DelChain(ch)
-			}
+			c.DelChain(ch)
 		}
 		nft.ReplaceChain(c, ch, byChain[ch.Name])
 	}
-	if err := deleteRetired(c, table); err != nil {
-		return err
+	// A retired chain goes with rules or without (a base chain costs every packet of its hook
+	// even empty); only a write, which the check found due, pays the listing above.
+	for _, ch := range retiredChains(table) {
+		if existing[ch.Name] {
+			c.DelChain(ch)
+		}
 	}
 	return b.flush(c, fmt.Sprintf("hostport rules for network %q", cfg.Network))
 }
@@ -338,22 +345,6 @@ func existingChains(c *nftables.Conn, table *nftables.Table) (map[string]bool, e
 		}
 	}
 	return out, nil
-}
-
-// deleteRetired queues the deletion of every retired chain that table still holds, with rules or
-// without (a base chain costs every packet of its hook even empty). Only a write, which the
-// check found due, pays the listing.
-func deleteRetired(c *nftables.Conn, table *nftables.Table) error {
-	existing, err := existingChains(c, table)
-	if err != nil {
-		return err
-	}
-	for _, ch := range retiredChains(table) {
-		if existing[ch.Name] {
-			c.DelChain(ch)
-		}
-	}
-	return nil
 }
 
 // restoreElements puts every reservation of the index whose kernel entry is missing or
