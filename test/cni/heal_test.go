@@ -415,16 +415,16 @@ func TestHealLeavesAttachmentInFlight(t *testing.T) {
 }
 
 // TestLocalnetGuardAfterBridgeRecreated: the localnet guard's ingress chain hooks the bridge
-// device, so deleting the bridge (a person, a network manager) unbinds it: kernels before 6.16
-// delete the chain with the device, later ones keep it and bind it to the next device of that
-// name. Either way the guard must hold once the bridge is back: CheckNode names the chain when
+// device, so deleting the bridge (a person, a network manager) unbinds it: older kernels
+// (before the dynamic netdev hooks of about 6.16) delete the chain with the device, later ones
+// keep it and bind it to the next device of that name. Either way the guard must hold once the bridge is back: CheckNode names the chain when
 // it is gone, and the heal or the next ADD (which makes the bridge again) puts it back. The
 // guard's ingress chain is tested alone (the bridge's loopback guard and the guard's NAT chain
 // emptied): the attack fails, and works once that chain is emptied too.
 func TestLocalnetGuardAfterBridgeRecreated(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		chainGoes bool // as on kernels before 6.16
+		chainGoes bool // as on older kernels
 		heal      bool // else the next ADD repairs
 	}{
 		{"chain kept, heal", false, true},
