@@ -52,7 +52,7 @@ func TestGolden(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{Network: "golden", PodCIDRs: tc.podCIDRs}
+			cfg := Config{Network: "golden", Bridge: "cbr0", PodCIDRs: tc.podCIDRs}
 			var rs []Reservation
 			for _, pd := range tc.pods {
 				entries, err := Plan(pd.mappings, pd.ips)
@@ -90,9 +90,9 @@ func renderNFTables(cfg Config, rs []Reservation) string {
 		sets = append(sets, nftrender.Set{Set: hairpinSetDef(table, is6), Elements: els})
 	}
 	var chainList []nftrender.Chain
-	for _, ch := range chains(table) {
+	for _, ch := range chains(table, cfg.Bridge) {
 		var rules []nft.Rule
-		for _, r := range Rules(cfg.PodCIDRs) {
+		for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
 			if r.Chain == ch.Name {
 				rules = append(rules, nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 			}

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
@@ -60,7 +63,7 @@ func TestEnsureNodeReadsBackWhatItWrote(t *testing.T) {
 				t.Fatalf("CheckNode on an empty node = %v, want missing chains and maps", err)
 			}
 			// Per family: the two maps and the hairpin set.
-			if rep := w.ensure(t, false); len(rep.Chains) != 5-boolInt(len(cidrs) == 1 && cidrs[0].Addr().Is6()) || len(rep.Maps) != 3*len(cidrs) {
+			if rep := w.ensure(t, false); len(rep.Chains) != 6-boolInt(len(cidrs) == 1 && cidrs[0].Addr().Is6()) || len(rep.Maps) != 3*len(cidrs) {
 				t.Errorf("first EnsureNode: %v, want every chain with rules and %d maps and sets", rep, 3*len(cidrs))
 			}
 			if err := w.checkNode(t); err != nil {
@@ -101,7 +104,7 @@ func TestEnsureNodeAfterFlushedRuleset(t *testing.T) {
 	for _, d := range missing {
 		objects = append(objects, d.Object)
 	}
-	for _, want := range []string{"chain " + ChainLocalnet, "chain " + ChainDNAT, "map " + MapIPv4, "map " + MapIPv6Addr, "map " + SetHairpinIPv4} {
+	for _, want := range []string{"chain " + ChainLocalnetBridge, "chain " + ChainLocalnetNAT, "chain " + ChainDNAT, "map " + MapIPv4, "map " + MapIPv6Addr, "map " + SetHairpinIPv4} {
 		if !slices.Contains(objects, want) {
 			t.Errorf("CheckNode after the flush reports missing %v, want %s among them (error: %v)", objects, want, err)
 		}
@@ -171,32 +174,32 @@ func TestEnsureNodeAllRepairsElements(t *testing.T) {
 func TestRuleChangedInPlace(t *testing.T) {
 	w := newWorld(t)
 	w.add(t, ownerA, entry("tcp", 80, any4, pod4, 8080))
-	want := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnet)
-	listing := w.nft(t, "-a", "list", "chain", "inet", "kubenet-t", ChainLocalnet)
+	want := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
+	listing := w.nft(t, "-a", "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
 	m := regexp.MustCompile(`(?m)^\s*(.* drop (comment "drop packets from [^"]*")) # handle (\d+)$`).FindStringSubmatch(listing)
 	if m == nil {
 		t.Fatalf("no localnet drop rule in\n%s", listing)
 	}
 	edited := strings.Replace(m[1], " drop ", " accept ", 1)
-	w.nft(t, "replace", "rule", "inet", "kubenet-t", ChainLocalnet, "handle", m[3], edited)
-	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnet); !strings.Contains(got, "accept "+m[2]) {
+	w.nft(t, "replace", "rule", "inet", "kubenet-t", ChainLocalnetBridge, "handle", m[3], edited)
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, "accept "+m[2]) {
 		t.Fatalf("the edit did not take:\n%s", got)
 	}
 
 	err := w.checkNode(t)
 	var d *nft.Difference
-	if !errors.As(err, &d) || d.Missing || d.Object != "chain "+ChainLocalnet || !strings.Contains(d.Error(), "changed in place") {
-		t.Fatalf("CheckNode after the edit = %v, want a changed (not missing) %s", err, ChainLocalnet)
+	if !errors.As(err, &d) || d.Missing || d.Object != "chain "+ChainLocalnetBridge || !strings.Contains(d.Error(), "changed in place") {
+		t.Fatalf("CheckNode after the edit = %v, want a changed (not missing) %s", err, ChainLocalnetBridge)
 	}
 	var checkErr error
 	w.do(t, func() error { checkErr = Check(w.cfg, ownerA, []Entry{entry("tcp", 80, any4, pod4, 8080)}); return nil })
-	if checkErr == nil || !strings.Contains(checkErr.Error(), ChainLocalnet) {
-		t.Errorf("Check after the edit = %v, want it to name %s", checkErr, ChainLocalnet)
+	if checkErr == nil || !strings.Contains(checkErr.Error(), ChainLocalnetBridge) {
+		t.Errorf("Check after the edit = %v, want it to name %s", checkErr, ChainLocalnetBridge)
 	}
-	if rep := w.ensure(t, false); !slices.Equal(rep.Chains, []string{"chain " + ChainLocalnet}) {
-		t.Errorf("EnsureNode after the edit: %v, want %s rewritten", rep, ChainLocalnet)
+	if rep := w.ensure(t, false); !slices.Equal(rep.Chains, []string{"chain " + ChainLocalnetBridge}) {
+		t.Errorf("EnsureNode after the edit: %v, want %s rewritten", rep, ChainLocalnetBridge)
 	}
-	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnet); got != want {
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); got != want {
 		t.Errorf("chain after EnsureNode:\n%s\nwant\n%s", got, want)
 	}
 }
@@ -312,5 +315,76 @@ func TestUninstallSplitsLargeRemovals(t *testing.T) {
 	})
 	if got := len(w.kernelElements(t)); got != 0 {
 		t.Errorf("%d elements left after GC", got)
+	}
+}
+
+// TestEnsureNodeDeletesRetiredLocalnetChain: a node set up by a release before the guard moved
+// off the bridged path holds the old filter prerouting chain, which costs every bridged packet.
+// CheckNode reports it (a difference, not a missing object: the node is guarded), EnsureNode
+// deletes it, and once gone the node is as planned. An emptied one (`nft flush table` keeps
+// chains) goes with the next write too: an empty base chain still costs every packet.
+func TestEnsureNodeDeletesRetiredLocalnetChain(t *testing.T) {
+	w := newWorld(t)
+	w.add(t, ownerA, entry("tcp", 80, any4, pod4, 8080))
+	old := `add chain inet kubenet-t hostport-localnet { type filter hook prerouting priority mangle; }
+add rule inet kubenet-t hostport-localnet meta nfproto ipv4 iifname != "lo" ip saddr 127.0.0.0/8 drop comment "drop packets from 127.0.0.0/8 that did not arrive on lo (route_localnet is on for localhost hostPorts)"
+add rule inet kubenet-t hostport-localnet meta nfproto ipv4 iifname != "lo" ip daddr 127.0.0.0/8 drop comment "drop packets to 127.0.0.0/8 that did not arrive on lo (route_localnet is on for localhost hostPorts)"
+`
+	chainsOf := func() string { return w.nft(t, "list", "chains", "inet") }
+	for _, tc := range []struct {
+		name, script string
+	}{
+		{"with its rules", old},
+		{"emptied, beside an emptied table", "add chain inet kubenet-t hostport-localnet { type filter hook prerouting priority mangle; }\nflush table inet kubenet-t\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			script := filepath.Join(t.TempDir(), "retired.nft")
+			if err := os.WriteFile(script, []byte(tc.script), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			w.nft(t, "-f", script)
+			if !strings.Contains(chainsOf(), "chain hostport-localnet {") {
+				t.Fatalf("the retired chain was not made:\n%s", chainsOf())
+			}
+			err := w.checkNode(t)
+			var d *nft.Difference
+			if !errors.As(err, &d) {
+				t.Fatalf("CheckNode with the retired chain = %v, want a difference", err)
+			}
+			if tc.script == old && (len(nft.Missing(err)) > 0 || !strings.Contains(err.Error(), "chain hostport-localnet of table")) {
+				t.Errorf("CheckNode with the retired chain = %v, want it named as changed, nothing missing", err)
+			}
+			w.ensure(t, false)
+			if got := chainsOf(); strings.Contains(got, "chain hostport-localnet {") || !strings.Contains(got, "chain "+ChainLocalnetBridge+" {") {
+				t.Errorf("chains after EnsureNode:\n%s\nwant the retired one gone and %s there", got, ChainLocalnetBridge)
+			}
+			if err := w.checkNode(t); err != nil {
+				t.Errorf("CheckNode after EnsureNode: %v", err)
+			}
+		})
+	}
+}
+
+// TestLocalnetChainFollowsTheBridge: the bridge's ingress chain is bound to the configured
+// bridge; with another bridge configured the plan differs (the comments name the device), and
+// EnsureNode binds the chain to the new one.
+func TestLocalnetChainFollowsTheBridge(t *testing.T) {
+	w := newWorld(t)
+	w.add(t, ownerA, entry("tcp", 80, any4, pod4, 8080))
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, `hook ingress device "br0"`) {
+		t.Fatalf("the guard's chain is not on br0's ingress:\n%s", got)
+	}
+	w.do(t, func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br1"}}) })
+	w.cfg.Bridge = "br1"
+	if err := w.checkNode(t); err == nil || !strings.Contains(err.Error(), ChainLocalnetBridge) {
+		t.Fatalf("CheckNode with another bridge = %v, want %s named", err, ChainLocalnetBridge)
+	}
+	w.ensure(t, false)
+	got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
+	if !strings.Contains(got, `hook ingress device "br1"`) || strings.Contains(got, "br0") {
+		t.Errorf("the guard's chain after EnsureNode:\n%s\nwant it on br1's ingress only", got)
+	}
+	if err := w.checkNode(t); err != nil {
+		t.Errorf("CheckNode after EnsureNode: %v", err)
 	}
 }

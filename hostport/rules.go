@@ -24,9 +24,24 @@ const (
 	ChainDNAT = "hostport-dnat"
 	// ChainMasquerade (nat, postrouting, srcnat-10) masquerades what ChainDNAT marked.
 	ChainMasquerade = "hostport-masquerade"
-	// ChainLocalnet (filter, prerouting, mangle) drops 127.0.0.0/8 traffic that does not come
-	// from the loopback device; route_localnet on the bridge would otherwise accept it.
-	ChainLocalnet = "hostport-localnet"
+	// The localnet guard: route_localnet on the bridge (localhost hostPorts need it) would let a
+	// pod reach the node's 127.0.0.0/8, so 127.0.0.0/8 from or to a pod is dropped in the two
+	// places it could pass, neither of which a packet bridged from pod to pod runs through (with
+	// bridge netfilter on, every bridged packet runs the IP prerouting hook's base chains: a
+	// filter chain there cost every pod-to-pod packet about 2 µs of kernel CPU, docs/bench.md).
+	//
+	// ChainLocalnetBridge (filter, ingress of the bridge device) sees what the bridge hands up
+	// to the node's IP stack, where route_localnet applies: every packet a pod sends to the node
+	// or through it, and no frame the bridge forwards between pods.
+	ChainLocalnetBridge = "hostport-localnet-bridge"
+	// ChainLocalnetNAT (nat, prerouting, mangle: ahead of every dstnat chain) sees the first
+	// packet of each connection, before anything translates it: a pod's 127.0.0.0/8 connection
+	// that a dstnat rule would send back over the bridge to a pod (127.0.0.1:hostPort) never
+	// reaches the bridge device's ingress, and is dropped here.
+	ChainLocalnetNAT = "hostport-localnet-nat"
+	// chainLocalnetRetired is the guard's chain of kubenet releases before the two above
+	// (filter, prerouting, mangle): it is deleted where it is found.
+	chainLocalnetRetired = "hostport-localnet"
 
 	// The maps, one pair per family: "<map>" is keyed by protocol . port (any local address of
 	// the family), "<map>-addr" by hostIP . protocol . port; both give pod address . port.
@@ -64,6 +79,13 @@ type Rule struct {
 	Comment string
 	Exprs   []expr.Any
 }
+
+// What conntrack's expressions read (uapi nf_conntrack_common.h): the direction of a reply
+// (IP_CT_DIR_REPLY) and the status bit of a connection whose source is translated (IPS_SRC_NAT).
+const (
+	ctDirectionReply = 1
+	ctStatusSrcNAT   = 1 << 4
+)
 
 // Registers. nftables has 16 32-bit registers (the first four overlaying the 128-bit register
 // 1); a concatenation takes consecutive ones, each component padded to 32 bits. They are
@@ -182,8 +204,9 @@ func decodeElement(mapName string, el nftables.SetElement) (Entry, bool) {
 	}, protocol != ""
 }
 
-// chains returns the definitions of the chains; table is the network's inet table.
-func chains(table *nftables.Table) []*nftables.Chain {
+// chains returns the definitions of the chains; table is the network's inet table, bridge the
+// device whose ingress ChainLocalnetBridge hooks.
+func chains(table *nftables.Table, bridge string) []*nftables.Chain {
 	mangle := nftables.ChainPriorityMangle
 	srcnat := *nftables.ChainPriorityNATSource - 10 // ahead of other srcnat chains, as portmap puts its MASQ first
 	return []*nftables.Chain{
@@ -191,15 +214,22 @@ func chains(table *nftables.Table) []*nftables.Chain {
 		{Name: ChainPrerouting, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest},
 		{Name: ChainOutput, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest},
 		{Name: ChainMasquerade, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: &srcnat},
-		{Name: ChainLocalnet, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: mangle},
+		{Name: ChainLocalnetNAT, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: mangle},
+		{Name: ChainLocalnetBridge, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nft.ChainHookInetIngress, Priority: nftables.ChainPriorityFilter, Device: bridge},
 	}
 }
 
+// retiredChains are chains of earlier releases that the plan no longer has: each is checked
+// for having no rules and deleted where found (a base chain costs every packet of its hook).
+func retiredChains(table *nftables.Table) []*nftables.Chain {
+	return []*nftables.Chain{{Name: chainLocalnetRetired, Table: table}}
+}
+
 // Rules returns the fixed rules of every chain for the node's pod CIDRs, in order. Their number
-// depends only on the configuration (at most 16), never on pods or ports: mappings live in the
+// depends only on the configuration (at most 24), never on pods or ports: mappings live in the
 // maps. Each comment names everything its rule depends on, so comparing comments tells whether
 // the kernel's rules are current. Pure, so the plan is tested without a kernel.
-func Rules(podCIDRs []netip.Prefix) []Rule {
+func Rules(podCIDRs []netip.Prefix, bridge string) []Rule {
 	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: ChainDNAT}
 	rules := []Rule{
 		{Chain: ChainPrerouting, Comment: "hostPorts: only traffic to a local address of the node", Exprs: append(nft.MatchLocalDestination(false), jump)},
@@ -246,23 +276,70 @@ func Rules(podCIDRs []netip.Prefix) []Rule {
 		}
 	}
 	rules = append(rules, masqueradeRules(podCIDRs, hasV4)...)
-	if hasV4 {
+	rules = append(rules, localnetRules(podCIDRs, bridge)...)
+	return rules
+}
+
+// localnetRules are the localnet guard's rules for the families of podCIDRs. bridge names the
+// device whose ingress ChainLocalnetBridge hooks: it is in the comments, so a rule dump of another
+// bridge's chain is not this plan.
+//
+// The NAT chain covers both families: a dstnat rule would translate a pod's connection to
+// 127.0.0.1 or ::1 (both local addresses) and the bridge would forward it to a pod without the
+// node's IP stack, which drops ::1 from any device but lo, ever seeing it. The bridge's ingress
+// chain is IPv4's: route_localnet has no IPv6 counterpart, and what the bridge hands up to the
+// node with ::1 is dropped by the kernel itself.
+func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
+	const why = "(route_localnet is on for localhost hostPorts)"
+	notFromLo := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: nft.IfName("lo")},
+	}
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	var rules []Rule
+	hasV4 := false
+	for _, pod := range podCIDRs {
+		is6 := pod.Addr().Is6()
+		hasV4 = hasV4 || !is6
+		lo, reason := loopback4, why
+		if is6 {
+			lo, reason = loopback6, "(a hostPort would translate it)"
+		}
+		fam := nft.MatchFamily(lo.Addr())
 		for _, d := range []struct {
 			dir  nft.Direction
 			name string
 		}{{nft.Source, "from"}, {nft.Destination, "to"}} {
-			exprs := append(nft.MatchFamily(loopback4.Addr()),
-				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: nft.IfName("lo")})
-			exprs = append(exprs, nft.MatchPrefix(d.dir, loopback4, false)...)
-			rules = append(rules, Rule{
-				Chain:   ChainLocalnet,
-				Comment: fmt.Sprintf("drop packets %s 127.0.0.0/8 that did not arrive on lo (route_localnet is on for localhost hostPorts)", d.name),
-				Exprs:   append(exprs, &expr.Verdict{Kind: expr.VerdictDrop}),
-			})
+			rules = append(rules, Rule{Chain: ChainLocalnetNAT,
+				Comment: fmt.Sprintf("drop connections %s %s that did not arrive on lo, before any dstnat %s", d.name, lo, reason),
+				Exprs:   slices.Concat(fam, notFromLo, nft.MatchPrefix(d.dir, lo, false), []expr.Any{drop})})
 		}
 	}
-	return rules
+	if !hasV4 {
+		return rules
+	}
+	// A reply of a connection from localhost to a hostPort (masqueraded to the bridge's address
+	// on its way to the pod) has its destination translated back to 127.0.0.1 by the time the
+	// bridge hands it up: bridge netfilter ran the prerouting hook, NAT included, when the frame
+	// entered the bridge. Only a masqueraded connection's replies are translated back, and the
+	// prerouting hook has seen their unchanged destination (the node's address, not 127/8).
+	reply := []expr.Any{
+		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ctDirectionReply}},
+		&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(ctStatusSrcNAT), Xor: native(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
+	}
+	v4 := nft.MatchFamily(loopback4.Addr())
+	from, to := nft.MatchPrefix(nft.Source, loopback4, false), nft.MatchPrefix(nft.Destination, loopback4, false)
+	return append(rules,
+		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets from 127.0.0.0/8 that bridge " + bridge + " hands to the node " + why,
+			Exprs: slices.Concat(v4, from, []expr.Any{drop})},
+		Rule{Chain: ChainLocalnetBridge, Comment: "accept replies translated back to 127.0.0.0/8 of masqueraded connections (localhost to a hostPort)",
+			Exprs: slices.Concat(v4, to, reply, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
+		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets to 127.0.0.0/8 that bridge " + bridge + " hands to the node " + why,
+			Exprs: slices.Concat(v4, to, []expr.Any{drop})},
+	)
 }
 
 // masqueradeRules are ChainMasquerade's rules: marked connections of a pod to itself (per family

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
@@ -31,15 +32,17 @@ func TestRulesPerConfiguration(t *testing.T) {
 		want map[string]int
 	}{
 		// Per IPv4 CIDR: 2 maps x (pods, localhost, others); per IPv6 CIDR: the ::1 return, then
-		// 2 maps x (pods, others). The localnet guard exists only with IPv4. Masquerade: a pod
-		// to itself per family, localhost with IPv4, and the rule that keeps other sources.
-		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnet: 2}},
-		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnet: 2}},
-		{"IPv6", []netip.Prefix{cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 5, ChainMasquerade: 2}},
+		// 2 maps x (pods, others). The localnet guard: from and to the family's loopback
+		// addresses in the NAT chain; with IPv4 the bridge's ingress chain, with the accept of
+		// localhost's translated replies. Masquerade: a pod to itself per family, localhost with
+		// IPv4, and the rule that keeps other sources.
+		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnetNAT: 4, ChainLocalnetBridge: 3}},
+		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnetNAT: 2, ChainLocalnetBridge: 3}},
+		{"IPv6", []netip.Prefix{cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 5, ChainMasquerade: 2, ChainLocalnetNAT: 2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := rulesByChain(Rules(tc.pods))
+			got := rulesByChain(Rules(tc.pods, "cbr0"))
 			if len(got) != len(tc.want) {
 				t.Errorf("chains %v, want %v", got, tc.want)
 			}
@@ -55,7 +58,7 @@ func TestRulesPerConfiguration(t *testing.T) {
 // TestRulesEnterOnlyForLocalDestinations: the base chains are the only way into the DNAT chain,
 // and both require a local destination (the GHSA-jv3w-x3r3-g6rm fix).
 func TestRulesEnterOnlyForLocalDestinations(t *testing.T) {
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
 		var jumps, fibLocal bool
 		for _, e := range r.Exprs {
 			switch e := e.(type) {
@@ -74,10 +77,95 @@ func TestRulesEnterOnlyForLocalDestinations(t *testing.T) {
 	}
 }
 
+// TestNoFilterChainOnTheBridgedPath: with bridge netfilter on (kubeadm requires it), every
+// frame the bridge forwards from pod to pod runs the base chains of the IP prerouting and
+// forward hooks, and each base chain there costs every packet of every pod whatever its rules
+// (about 2 µs of kernel CPU per request and response, docs/bench.md). The plan has none there
+// but NAT chains, which run only for a connection's first packet; the localnet guard's filter
+// hooks the bridge device's ingress, which sees only what the bridge hands up to the node.
+func TestNoFilterChainOnTheBridgedPath(t *testing.T) {
+	for _, ch := range chains(nft.InetTable("x"), "cbr0") {
+		if ch.Hooknum == nil {
+			continue
+		}
+		bridged := *ch.Hooknum == *nftables.ChainHookPrerouting || *ch.Hooknum == *nftables.ChainHookForward ||
+			*ch.Hooknum == *nftables.ChainHookPostrouting
+		if bridged && ch.Type != nftables.ChainTypeNAT {
+			t.Errorf("chain %s (type %s, hook %d) runs for every bridged packet", ch.Name, ch.Type, *ch.Hooknum)
+		}
+		if *ch.Hooknum == *nft.ChainHookInetIngress && ch.Device != "cbr0" {
+			t.Errorf("chain %s hooks the ingress of %q, want the bridge cbr0", ch.Name, ch.Device)
+		}
+	}
+}
+
+// TestLocalnetGuardDropsBothDirections: each of the guard's chains drops 127.0.0.0/8 as source
+// and as destination (the NAT chain ::1 too); the NAT chain only what did not arrive on lo
+// (connections of the node's own), the bridge's ingress chain whatever the bridge hands up,
+// except the replies of masqueraded connections (conntrack's reply direction with the
+// source-NAT status bit), which bridge netfilter has already translated back to 127.0.0.1 there.
+func TestLocalnetGuardDropsBothDirections(t *testing.T) {
+	type shape struct {
+		verdict   expr.VerdictKind
+		offset    uint32 // of the address matched: 12 source, 16 destination
+		notFromLo bool
+		reply     bool
+	}
+	got := map[string][]shape{}
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+		if r.Chain != ChainLocalnetNAT && r.Chain != ChainLocalnetBridge {
+			continue
+		}
+		var s shape
+		for i, e := range r.Exprs {
+			switch e := e.(type) {
+			case *expr.Verdict:
+				s.verdict = e.Kind
+			case *expr.Payload:
+				s.offset = e.Offset
+				c, ok := r.Exprs[i+1].(*expr.Cmp) // ::1/128: no mask
+				if !ok {
+					c, ok = r.Exprs[i+2].(*expr.Cmp)
+				}
+				if !ok || c.Op != expr.CmpOpEq || !(bytes.Equal(c.Data, []byte{127, 0, 0, 0}) || bytes.Equal(c.Data, netip.IPv6Loopback().AsSlice())) {
+					t.Errorf("rule %q: the address is not matched against 127.0.0.0/8 or ::1", r.Comment)
+				}
+			case *expr.Meta:
+				if e.Key == expr.MetaKeyIIFNAME {
+					c := r.Exprs[i+1].(*expr.Cmp)
+					s.notFromLo = c.Op == expr.CmpOpNeq && bytes.Equal(c.Data, nft.IfName("lo"))
+				}
+			case *expr.Ct:
+				if e.Key == expr.CtKeyDIRECTION {
+					s.reply = bytes.Equal(r.Exprs[i+1].(*expr.Cmp).Data, []byte{ctDirectionReply})
+				}
+			}
+		}
+		got[r.Chain] = append(got[r.Chain], s)
+	}
+	want := map[string][]shape{
+		ChainLocalnetNAT: {{expr.VerdictDrop, 12, true, false}, {expr.VerdictDrop, 16, true, false},
+			{expr.VerdictDrop, 8, true, false}, {expr.VerdictDrop, 24, true, false}},
+		ChainLocalnetBridge: {{expr.VerdictDrop, 12, false, false}, {expr.VerdictAccept, 16, false, true},
+			{expr.VerdictDrop, 16, false, false}},
+	}
+	for chain, w := range want {
+		if len(got[chain]) != len(w) {
+			t.Errorf("chain %s: %+v, want %+v", chain, got[chain], w)
+			continue
+		}
+		for i := range w {
+			if got[chain][i] != w[i] {
+				t.Errorf("chain %s rule %d: %+v, want %+v", chain, i, got[chain][i], w[i])
+			}
+		}
+	}
+}
+
 // TestRulesTouchOnlyTheirMarkBit: every write of the packet mark keeps all bits but Mark.
 func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 	marks := 0
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
 		for i, e := range r.Exprs {
 			m, ok := e.(*expr.Meta)
 			if !ok || m.Key != expr.MetaKeyMARK || !m.SourceRegister {
@@ -105,7 +193,7 @@ func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 // TestRulesMarkAfterLookup: in each DNAT rule the mark is set after the map lookup, so a
 // connection that no mapping translates keeps its mark.
 func TestRulesMarkAfterLookup(t *testing.T) {
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
 		lookup := -1
 		for i, e := range r.Exprs {
 			switch e := e.(type) {

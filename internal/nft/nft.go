@@ -31,6 +31,12 @@ func BridgeTable(network string) *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyBridge, Name: TableName(network)}
 }
 
+// ChainHookInetIngress is the ingress hook of an inet-family chain (kernel 5.10 and later), whose
+// Device names the one device it sees packets of. The kernel numbers it NF_INET_INGRESS, after
+// the IP hooks (NF_INET_NUMHOOKS); nftables.ChainHookIngress is the netdev family's number (0,
+// which in the inet family is prerouting).
+var ChainHookInetIngress = nftables.ChainHookRef(unix.NF_INET_NUMHOOKS)
+
 // Comment encodes s as rule user data the way the nft tool shows it (`comment "..."`).
 func Comment(s string) []byte { return userdata.AppendString(nil, userdata.TypeComment, s) }
 

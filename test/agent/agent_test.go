@@ -27,6 +27,7 @@ import (
 
 	"github.com/kubenet-dev/kubenet/agent"
 	"github.com/kubenet-dev/kubenet/agent/routes"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
@@ -190,7 +191,7 @@ func TestAgentCluster(t *testing.T) {
 			nettest.Run(t, n1.ns, "nft", "flush", "ruleset")
 			flushed := time.Now()
 			err = nettest.Eventually(converge, func() error {
-				out, err := nettest.Output(n1.ns, "nft", "list", "chain", "inet", "kubenet-kubenet", "hostport-localnet")
+				out, err := nettest.Output(n1.ns, "nft", "list", "chain", "inet", "kubenet-kubenet", hostport.ChainLocalnetBridge)
 				if err != nil || strings.Count(out, " drop ") != 2 {
 					return fmt.Errorf("localnet guard not back: %v\n%s", err, out)
 				}

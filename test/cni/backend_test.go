@@ -251,7 +251,7 @@ func (b *backendNode) emptyGuard(t *testing.T, which string) {
 	case which == "bridge":
 		nettest.Run(t, b.node.NS, "ebtables", "-t", "nat", "-F", "KUBENET-GUARD-"+ipt.ChainSuffix("kubenet"))
 	case b.backend == "nftables":
-		nettest.Run(t, b.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnet)
+		testkit.FlushLocalnetGuard(t, b.node)
 	default:
 		nettest.Run(t, b.node.NS, "iptables", "-t", "mangle", "-F", "KUBENET-LOCALNET-"+ipt.ChainSuffix("kubenet"))
 	}

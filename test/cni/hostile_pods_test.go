@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
@@ -665,4 +668,118 @@ func TestAntiSpoofingOff(t *testing.T) {
 		t.Errorf("the guard's set %s lacks evil's port:\n%s", isolation.SetPodPorts, out)
 	}
 	t.Run("honest traffic", h.honestTrafficWorks)
+}
+
+// TestLocalnetGuardAlone: the localnet guard by itself, with every other layer that would stop
+// these frames taken away (anti-spoofing off, the bridge's loopback guards emptied): the evil
+// pod writes UDP datagrams to and from the node's loopback addresses, through the gateway's MAC,
+// broadcast, a VLAN-0 tag, a made-up source MAC and another pod's MAC, and to the victim's host
+// port through 127.0.0.1 or from a 127.0.0.1 source (which the host-port rules would take for the
+// node's own and masquerade). None may arrive, with the guard whole and with each of its chains
+// alone: the NAT chain drops a connection's first packet before any dstnat (the host port through
+// 127.0.0.1 or ::1 never reaches the node's stack: the bridge forwards the translated frame to
+// the victim); the bridge's ingress chain drops what conntrack does not track (here a notrack rule
+// of another tool; invalid packets alike), which no NAT chain sees. Emptying the chain that
+// held shows it was what stopped them. The node's own use of its host ports through 127.0.0.1
+// works with the guard (TestFlushedRulesetHealedByNextAdd's reachable).
+func TestLocalnetGuardAlone(t *testing.T) {
+	h := newHostileNode(t, "hairpin-veth", "nftables", testkit.DualStack(), map[string]any{"antiSpoofing": false})
+	for _, chain := range []string{isolation.ChainGuardIPv4, isolation.ChainGuardIPv6} {
+		nettest.Run(t, h.node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, chain)
+	}
+	const anyPort = 7200
+	anyAddr := nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), anyPort)) // every address, both families
+	madeUp := net.HardwareAddr{0x02, 0, 0, 0, 0x26, 0x01}
+	type attempt struct {
+		name     string
+		dstMAC   net.HardwareAddr
+		srcMAC   net.HardwareAddr
+		src, dst netip.AddrPort
+		tagged   bool
+		server   *nettest.EchoServer
+	}
+	var attempts []attempt
+	evilMAC := h.mac[h.evil]
+	const (
+		toLoopback   = "IPv4 to the node's loopback service, to the gateway's MAC"
+		hostPortByLo = "IPv4 to the victim's host port through loopback"
+	)
+	// The source ports change from round to round: a datagram that arrived has been answered,
+	// and conntrack would take the next one with the same ports for a reply of that answer.
+	for is6, gw := range h.gateway {
+		evil := netip.AddrPortFrom(h.evil.IP(gw), 40010)
+		lo := pick(is6, netip.IPv6Loopback(), netip.MustParseAddr("127.0.0.1"))
+		local, fromLocal := netip.AddrPortFrom(lo, nodeLocalPort), netip.AddrPortFrom(lo, 40011)
+		family := pick(is6, "IPv6", "IPv4")
+		attempts = append(attempts,
+			attempt{family + " to the node's loopback service, to the gateway's MAC", h.bridgeMAC, evilMAC, evil, local, false, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, broadcast", testkit.Broadcast, evilMAC, evil, local, false, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, VLAN 0", h.bridgeMAC, evilMAC, evil, local, true, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, from a made-up MAC", h.bridgeMAC, madeUp, evil, local, false, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, to the honest pod's MAC", h.mac[h.honest], evilMAC, evil, local, false, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service from a loopback source", h.bridgeMAC, evilMAC, fromLocal, local, false, h.nodeLocal[is6]},
+			attempt{family + " from a loopback source to the gateway's address", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, anyPort), false, anyAddr},
+			attempt{family + " to the victim's host port through loopback", h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(lo, hostileHostPort), false, h.victimUDP},
+			attempt{family + " from a loopback source to the victim's host port", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, hostileHostPort), false, h.victimUDP},
+		)
+	}
+	round := 0
+	try := func(t *testing.T) map[string]int {
+		t.Helper()
+		round++
+		var frames [][]byte
+		for i, a := range attempts {
+			srcPort := a.src.Port() + uint16(100*round)
+			frame := testkit.IPFrame(a.dstMAC, a.srcMAC, testkit.UDPPacket(a.src.Addr(), a.dst.Addr(), srcPort, a.dst.Port(), fmt.Appendf(nil, "localnet-%d-%d", round, i)))
+			if a.tagged {
+				frame = testkit.PriorityTagged(frame)
+			}
+			frames = append(frames, frame)
+		}
+		h.send(t, frames...)
+		// Each server handles its queue in order: a request of the node's own, answered, comes
+		// after every attempt that got into the queue.
+		h.flushVictimUDP(t)
+		for _, srv := range []*nettest.EchoServer{h.nodeLocal[false], h.nodeLocal[true], anyAddr} {
+			if _, err := nettest.UDPRequest(h.node.NS, srv.Addr, "flush", testkit.TrafficTimeout); err != nil {
+				t.Fatalf("the node's own request to %s: %v", srv.Addr, err)
+			}
+		}
+		got := map[string]int{}
+		for i, a := range attempts {
+			got[a.name] = a.server.Received(fmt.Sprintf("localnet-%d-%d", round, i))
+		}
+		return got
+	}
+	notrack := "table inet kubenet-test-notrack {\n\tchain raw {\n\t\ttype filter hook prerouting priority raw;\n\t\tiifname \"cbr0\" notrack\n\t}\n}\n"
+	script := filepath.Join(t.TempDir(), "notrack.nft")
+	if err := os.WriteFile(script, []byte(notrack), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		name   string
+		change func()
+		arrive []string // what must arrive; nothing else may
+	}{
+		{"the whole guard", func() {}, nil},
+		{"conntrack bypassed (notrack): the bridge's ingress chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
+		{"conntrack bypassed, the ingress chain emptied", func() {
+			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
+		}, []string{toLoopback}},
+		{"the NAT chain alone", func() { nettest.Run(t, h.node.NS, "nft", "delete", "table", "inet", "kubenet-test-notrack") }, nil},
+		{"both chains emptied", func() {
+			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
+		}, []string{toLoopback, hostPortByLo}},
+	} {
+		r.change()
+		got := try(t)
+		for _, a := range attempts {
+			switch want := slices.Contains(r.arrive, a.name); {
+			case want && got[a.name] == 0:
+				t.Errorf("%s: %s did not arrive: the test does not show that the emptied chain stopped it", r.name, a.name)
+			case !want && got[a.name] > 0 && r.arrive == nil:
+				t.Errorf("%s: %s arrived %d times", r.name, a.name, got[a.name])
+			}
+		}
+	}
 }

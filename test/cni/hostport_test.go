@@ -797,7 +797,7 @@ func TestHostPortLocalnetGuard(t *testing.T) {
 	// ports' localnet chain the routed packets.
 	nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
 	testkit.ExpectAttackFails(t, attack, "with the bridge's guard emptied")
-	nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnet)
+	testkit.FlushLocalnetGuard(t, node)
 	testkit.ExpectAttackWorks(t, attack, "with both guard chains emptied")
 }
 

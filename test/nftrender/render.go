@@ -145,7 +145,10 @@ func chainHeader(family nftables.TableFamily, c *nftables.Chain) string {
 		*nftables.ChainHookOutput: "output", *nftables.ChainHookPostrouting: "postrouting",
 	}
 	hook, ok := hooks[*c.Hooknum]
-	if !ok || family == nftables.TableFamilyNetdev {
+	switch {
+	case family == nftables.TableFamilyINet && *c.Hooknum == *nft.ChainHookInetIngress:
+		hook = fmt.Sprintf("ingress device %q", c.Device)
+	case !ok || family == nftables.TableFamilyNetdev:
 		hook = fmt.Sprintf("%d", *c.Hooknum)
 	}
 	s := fmt.Sprintf("type %s hook %s", c.Type, hook)
@@ -179,6 +182,8 @@ const (
 	kindICMPv6   // ICMPv6 type
 	kindMark     // host-order 32 bits, hex
 	kindCtState  // host-order bit mask
+	kindCtStatus // host-order bit mask, printed in hex
+	kindCtDir    // one byte: original or reply
 	kindAddrType // host-order route type (fib)
 	kindIfindex  // host-order 32 bits, decimal
 )
@@ -339,15 +344,20 @@ func (r *renderer) expr(e expr.Any) {
 			r.emit("ct %s set %s", ctKeyName(e.Key), bitwiseText(r.at(e.Register)))
 			return
 		}
-		k := kindHex
-		if e.Key == expr.CtKeySTATE {
+		k, n := kindHex, uint32(4)
+		switch e.Key {
+		case expr.CtKeySTATE:
 			k = kindCtState
+		case expr.CtKeySTATUS:
+			k = kindCtStatus
+		case expr.CtKeyDIRECTION:
+			k, n = kindCtDir, 1
 		}
 		text := "ct " + ctKeyName(e.Key)
 		if e.Direction != 0 {
 			text += fmt.Sprintf(" direction %d", e.Direction)
 		}
-		r.store(e.Register, &load{text: text, len: 4, fields: []field{{text, 4, k}}})
+		r.store(e.Register, &load{text: text, len: n, fields: []field{{text, n, k}}})
 	case *expr.Exthdr:
 		if e.SourceRegister != 0 || e.Op != expr.ExthdrOpIpv6 {
 			r.emit("<exthdr %+v>", *e)
@@ -422,6 +432,8 @@ func ctKeyName(k expr.CtKey) string {
 		return "mark"
 	case expr.CtKeySTATUS:
 		return "status"
+	case expr.CtKeyDIRECTION:
+		return "direction"
 	}
 	return fmt.Sprintf("key %d", k)
 }
@@ -721,7 +733,7 @@ func hexValue(l *load, b []byte) string {
 	if len(l.fields) == 1 && l.fields[0].kind == kindCtState && len(b) == 4 {
 		return ctStateName(binary.NativeEndian.Uint32(b))
 	}
-	if len(l.fields) == 1 && l.fields[0].kind == kindMark && len(b) == 4 {
+	if len(l.fields) == 1 && (l.fields[0].kind == kindMark || l.fields[0].kind == kindCtStatus) && len(b) == 4 {
 		return fmt.Sprintf("0x%08x", binary.NativeEndian.Uint32(b))
 	}
 	return fmt.Sprintf("0x%x", b)
@@ -822,6 +834,14 @@ func formatField(k kind, b []byte) string {
 	case kindCtState:
 		if len(b) == 4 {
 			return ctStateName(binary.NativeEndian.Uint32(b))
+		}
+	case kindCtStatus:
+		if len(b) == 4 {
+			return fmt.Sprintf("0x%08x", binary.NativeEndian.Uint32(b))
+		}
+	case kindCtDir:
+		if len(b) == 1 && b[0] <= 1 {
+			return []string{"original", "reply"}[b[0]]
 		}
 	case kindAddrType:
 		if len(b) == 4 {

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
@@ -58,6 +59,16 @@ func LocalnetAttack(t testing.TB, node *nettest.Node, pod *nettest.Pod, port uin
 	return func(timeout time.Duration) error {
 		r, err := nettest.TCPRequest(pod.NS, private.Addr, "sneak", timeout)
 		return nettest.ExpectFrom(r, err, pod.IP(nettest.NodeUplink4.Addr()))
+	}
+}
+
+// FlushLocalnetGuard empties both chains of the localnet guard (nftables backend): the NAT
+// chain that drops a connection's first packet and the bridge's ingress chain that drops every
+// packet handed up to the node. Either alone stops the plain attack.
+func FlushLocalnetGuard(t testing.TB, node *nettest.Node) {
+	t.Helper()
+	for _, chain := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetBridge} {
+		nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", HostPortTable, chain)
 	}
 }
 
