@@ -25,6 +25,8 @@ type PolicyNetwork struct {
 	PodCIDRs []netip.Prefix
 	// Verify reads every group set back and rewrites those that differ (netpol.Options).
 	Verify bool
+	// Log is whether and how the drop chains log (off: no log action in the rules).
+	Log PolicyDropLog
 }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
@@ -91,7 +93,7 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 			return pass, err
 		}
 	}
-	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
+	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
 	return pass, err
 }
 
