@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -31,20 +30,7 @@ func TestAgentPolicyDropLog(t *testing.T) {
 	api := cp.Admin
 	ctx := context.Background()
 	n := newSimNode(t, u, cp, "node-1", 1, agentUser)
-	createNode(t, api, nodeObject(n.name, n.addrs, podCIDRs(1)))
-	n.startAgent(t, "--policy-log")
-	if err := nettest.Eventually(converge, func() error {
-		if code, body, err := n.get("/readyz"); err != nil || code != 200 {
-			return fmt.Errorf("/readyz %d %q %v", code, body, err)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	list, err := libcni.ConfListFromFile(n.confFile())
-	if err != nil {
-		t.Fatal(err)
-	}
+	list := startPolicyNode(t, api, n, "--policy-log")
 
 	const namespace = "drops"
 	createPod(t, api, namespace, "client", n.name, map[string]string{"app": "client"})
@@ -100,6 +86,7 @@ func TestAgentPolicyDropLog(t *testing.T) {
 
 	var line map[string]any
 	if err := nettest.Eventually(3*time.Second, func() error {
+		var err error
 		line, err = dropLogLine(n.logFile(), "drops", "target", "ingress")
 		return err
 	}); err != nil {
