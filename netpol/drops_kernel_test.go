@@ -293,7 +293,7 @@ func TestDropLog(t *testing.T) {
 
 	// Logging off: no log action in the rules, nothing reaches the reader.
 	n.apply(t, n.dropsRuleset(), Options{})
-	if out := nftOut(t, n.node, "list", "chain", "bridge", TableName(n.network), ChainDropEgress); strings.Contains(out, " log ") {
+	if out := nftOut(t, n.node, "list", "chain", "bridge", TableName(n.network), ChainDropEgress); strings.Contains(out, "log prefix") {
 		t.Errorf("logging off, the drop chain still logs:\n%s", out)
 	}
 	_, logged := lc.find(func(Drop) bool { return true })
