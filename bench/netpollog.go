@@ -108,6 +108,9 @@ type logResult struct {
 	onWall, onCPU, floodWall                           []float64
 	floodSent, floodDropped, floodLogged, floodLimited []float64 // per second, one per flood sample
 	lost, overruns                                     int64
+	// overBound counts the flood samples that logged more than the limit allows: its burst and
+	// its rate over the sample's time (and a tenth of a second for messages in flight).
+	overBound int
 }
 
 // npDropLog runs the drop log workload: per round, new connections with 100 policies and
@@ -197,7 +200,11 @@ func npDropLog(b *testing.B, nPolicies, rounds int) logResult {
 			res.floodSent = append(res.floodSent, float64(sent)/took)
 			res.floodDropped = append(res.floodDropped, float64(dropped1-dropped0)/took)
 			res.floodLimited = append(res.floodLimited, float64(limited1-limited0)/took)
-			res.floodLogged = append(res.floodLogged, float64(lc.received.Load()-logged0)/took)
+			logged := lc.received.Load() - logged0
+			res.floodLogged = append(res.floodLogged, float64(logged)/took)
+			if float64(logged) > npLogRate+npLogRate*(took+0.1) {
+				res.overBound++
+			}
 			b.Logf("round %d flood: %.0f sent/s, %.0f dropped/s, %.0f logged/s, %.0f rate-limited/s; %.0f connections/s (%d failed)",
 				round, float64(sent)/took, float64(dropped1-dropped0)/took, float64(lc.received.Load()-logged0)/took, float64(limited1-limited0)/took, c.perSecond, c.failed)
 		}
@@ -241,12 +248,15 @@ func npLogReport(r logResult, nPolicies, rounds int, env []string, began time.Ti
 	ci := "too few rounds"
 	if lo, hi, cov, ok := medianCI(r.onWall, 0.95); ok {
 		ci = fmt.Sprintf("confidence interval of the median %.3f – %.3f (%.1f%%)", lo, hi, 100*cov)
+		if lo < 0.98 && hi >= 0.98 {
+			ci += ": reaches across the bound, so this run cannot tell the outcome from noise"
+		}
 	}
 	out("| new connections/s with logging on and %d policies ≥ 0.98 × off | median of the rounds' ratios %.3f (by CPU %.3f), rounds %.3f – %.3f; %s | %s |\n",
 		nPolicies, med, nettest.Median(r.onCPU), slices.Min(r.onWall), slices.Max(r.onWall), ci, yesNo(med >= 0.98))
 	maxLogged := slices.Max(r.floodLogged)
-	out("| a flood of denied packets keeps the log bounded | at most %.0f drops/s logged of a sample (the flood is the server's ingress: %d/s and a burst of %d at most) while %.0f drops/s | %s |\n",
-		maxLogged, npLogRate, npLogRate, nettest.Median(r.floodDropped), yesNo(maxLogged <= 2*npLogRate))
+	out("| a flood of denied packets keeps the log bounded | at most %.0f drops/s logged in a sample (the flood is the server's ingress: %d/s and a burst of %d at most; %d of %d samples over that) while %.0f drops/s | %s |\n",
+		maxLogged, npLogRate, npLogRate, r.overBound, len(r.floodLogged), nettest.Median(r.floodDropped), yesNo(r.overBound == 0))
 	out("| allowed traffic during the flood | new connections/s with the flood / without: median %.3f, rounds %.3f – %.3f (the flood and the connections share the machine's two cores: this is their contention, not the log's) | see note |\n",
 		nettest.Median(r.floodWall), slices.Min(r.floodWall), slices.Max(r.floodWall))
 	return string(b)
