@@ -71,9 +71,6 @@ type Config struct {
 	DropLog core.PolicyDropLog
 	// DropLogOut receives the drop log's lines (default os.Stdout).
 	DropLogOut io.Writer
-	// DropLogNetNS is the network namespace whose NFLOG group Run reads (a file descriptor; 0:
-	// the agent's own).
-	DropLogNetNS int
 }
 
 // EventPolicyRefused is the reason of the Event on a NetworkPolicy when the allow list of a pod
@@ -265,12 +262,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 
 	if c.cfg.DropLog.Group != 0 {
-		r, err := core.OpenPolicyDropLog(c.cfg.DropLog.Group, c.cfg.DropLogNetNS)
+		r, err := core.OpenPolicyDropLog(c.cfg.DropLog.Group, 0)
 		if err != nil {
 			// The rules log all the same (to nobody): drops stay counted, enforcement is whole.
 			c.log.Error("network policy: no drop log", "err", err)
 		} else {
-			l := &dropLog{out: c.cfg.DropLogOut, node: c.cfg.NodeName, log: c.log, names: c.names.Load,
+			l := &dropLog{out: c.cfg.DropLogOut, network: c.cfg.Network, node: c.cfg.NodeName, log: c.log, names: c.names.Load,
 				remote: remotePod(podInf.GetIndexer()), lost: &c.logLost, lines: c.metrics.logLines.Inc, now: time.Now}
 			running.Go(func() { l.run(informerCtx, r) })
 		}

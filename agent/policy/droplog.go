@@ -71,14 +71,15 @@ type dropReader interface {
 
 // dropLog turns the kernel's drop log into JSON lines, one per burst.
 type dropLog struct {
-	out    io.Writer
-	node   string
-	log    *slog.Logger
-	names  func() *dropNames
-	remote func(netip.Addr) string // "namespace/name" of another node's pod by address; "" unknown
-	lost   *dropLost
-	lines  func() // counts a line written
-	now    func() time.Time
+	out     io.Writer
+	network string // the drops of other networks' tables (another agent's) are not this log's
+	node    string
+	log     *slog.Logger
+	names   func() *dropNames
+	remote  func(netip.Addr) string // "namespace/name" of another node's pod by address; "" unknown
+	lost    *dropLost
+	lines   func() // counts a line written
+	now     func() time.Time
 
 	mu   sync.Mutex
 	open map[burstKey]*burst
@@ -150,6 +151,9 @@ func (l *dropLog) add(ds []core.PolicyDrop) {
 	defer l.mu.Unlock()
 	now := l.now()
 	for _, d := range ds {
+		if d.Network != l.network {
+			continue
+		}
 		k := burstKey{ingress: d.Ingress, port: d.Port, proto: d.Proto, dport: d.DstPort, icmp: d.ICMPType, peer: d.Dst}
 		if d.Ingress {
 			k.peer = d.Src

@@ -35,7 +35,7 @@ func TestDropLogLines(t *testing.T) {
 	}
 	t0 := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
 	udp := func(ingress bool, port int, src, dst string, dport uint16, at time.Duration) core.PolicyDrop {
-		return core.PolicyDrop{Time: t0.Add(at), Ingress: ingress, Port: port, Src: a(src), Dst: a(dst), Proto: 17, SrcPort: 40000, DstPort: dport, ICMPType: -1}
+		return core.PolicyDrop{Time: t0.Add(at), Network: "kubenet", Ingress: ingress, Port: port, Src: a(src), Dst: a(dst), Proto: 17, SrcPort: 40000, DstPort: dport, ICMPType: -1}
 	}
 	tests := []struct {
 		name  string
@@ -62,9 +62,10 @@ func TestDropLogLines(t *testing.T) {
 			},
 		},
 		{
-			name: "between two local pods, ICMP, on a port no pass knows",
-			drops: []core.PolicyDrop{{Time: t0, Ingress: true, Port: 5, Src: a("10.244.1.7"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8},
-				{Time: t0, Ingress: true, Port: 99, Src: a("10.244.1.7"), Dst: a("10.244.1.99"), Proto: 1, ICMPType: 8}},
+			name: "between two local pods, ICMP, on a port no pass knows; another network's drop is not this log's",
+			drops: []core.PolicyDrop{{Time: t0, Network: "kubenet", Ingress: true, Port: 5, Src: a("10.244.1.7"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8},
+				{Time: t0, Network: "kubenet", Ingress: true, Port: 99, Src: a("10.244.1.7"), Dst: a("10.244.1.99"), Proto: 1, ICMPType: 8},
+				{Time: t0, Network: "other", Ingress: true, Port: 5, Src: a("10.244.1.8"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8}},
 			want: []dropLine{
 				{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Protocol: "icmp", ICMPType: ptr(8),
 					Src: dropEndpoint{IP: "10.244.1.7", Namespace: "shop", Pod: "db"}, Dst: dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
@@ -79,7 +80,7 @@ func TestDropLogLines(t *testing.T) {
 			var out bytes.Buffer
 			lines := 0
 			now := t0
-			l := &dropLog{out: &out, node: "n1", log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
+			l := &dropLog{out: &out, network: "kubenet", node: "n1", log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
 				remote: remote, lost: &dropLost{}, lines: func() { lines++ }, now: func() time.Time { return now }, open: map[burstKey]*burst{}}
 			l.add(tt.drops)
 			l.flush(false)
@@ -105,7 +106,7 @@ func TestDropLogLines(t *testing.T) {
 	t.Run("bounded", func(t *testing.T) {
 		lost := &dropLost{}
 		var out bytes.Buffer
-		l := &dropLog{out: &out, log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
+		l := &dropLog{out: &out, network: "kubenet", log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
 			lost: lost, lines: func() {}, now: time.Now, open: map[burstKey]*burst{}}
 		var ds []core.PolicyDrop
 		for i := range maxOpenBursts + 100 {
