@@ -89,6 +89,10 @@ type Config struct {
 	// networkPolicy key). Off, the agent removes the policy table once the conflist without the
 	// key is written.
 	NetworkPolicy bool
+	// PolicyDropLog turns the NetworkPolicy drop log on (Group not 0; agent/policy): what the
+	// policies drop is sent rate-limited to that NFLOG group and written as JSON lines on
+	// stdout. The drop counters (metrics) are there either way.
+	PolicyDropLog core.PolicyDropLog
 	// Networking is the networking/v1 client the NetworkPolicy controller watches policies
 	// with; required when NetworkPolicy is on.
 	Networking typednetworkingv1.NetworkingV1Interface
@@ -274,7 +278,7 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 	if cfg.NetworkPolicy {
 		a.policy, err = policy.New(client, cfg.Networking, policy.Config{DataDir: dataDir(cfg), Network: networkName(cfg),
 			Bridge: bridgeName(cfg), NodeName: cfg.NodeName, PodCIDRs: a.podCIDRs, Logger: cfg.Logger, Registry: cfg.Registry,
-			CutEstablished: cfg.PolicyCutEstablished})
+			CutEstablished: cfg.PolicyCutEstablished, DropLog: cfg.PolicyDropLog})
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}

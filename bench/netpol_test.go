@@ -24,7 +24,7 @@ var (
 	npPolicies  = flag.Int("bench.netpol-policies", 100, "policies selecting both pods in the data-path workload")
 	npRounds    = flag.Int("bench.netpol-rounds", 16, "rounds of the data-path workload")
 	npWindow    = flag.Duration("bench.netpol-window", 2*time.Second, "length of one throughput sample, after its warm-up")
-	npParts     = flag.String("bench.netpol-parts", "datapath,big", "comma-separated parts to run: datapath (two pods, 100 policies), big (one policy with many ipBlock peers)")
+	npParts     = flag.String("bench.netpol-parts", "datapath,big,droplog", "comma-separated parts to run: datapath (two pods, 100 policies), big (one policy with many ipBlock peers), droplog (logging's cost, a flood of drops)")
 	npBigSizes  = flag.String("bench.netpol-big-sizes", "100,1000,10000,50000", "comma-separated ipBlock peers of the big policy, one row each")
 	npBigRounds = flag.Int("bench.netpol-big-rounds", 10, "rounds of new connections (A B B A) per size of the big policy")
 )
@@ -54,7 +54,7 @@ func BenchmarkNetworkPolicy(b *testing.B) {
 			rounds = 2
 		}
 		dp := npDataPath(b, rounds)
-		env := []string{"kernel " + unameRelease(), fmt.Sprintf("%s; load average at start %s, at end %s", cpuModel(), loadStart, loadAverage()), "kubenet " + gitDescribe()}
+		env := npEnv(loadStart)
 		writeReport(b, "data path", npReport(dp, rounds, env, began))
 	}
 	if selected(*npParts, "big") {
@@ -75,9 +75,26 @@ func BenchmarkNetworkPolicy(b *testing.B) {
 			}
 			rows = append(rows, nn.bigRow(b, base, n, rounds))
 		}
-		env := []string{"kernel " + unameRelease(), fmt.Sprintf("%s; load average at start %s, at end %s", cpuModel(), loadStart, loadAverage()), "kubenet " + gitDescribe()}
+		env := npEnv(loadStart)
 		writeReport(b, "big policy", npBigReport(rows, rounds, env, began))
 	}
+	if selected(*npParts, "droplog") {
+		began := time.Now()
+		loadStart := loadAverage()
+		rounds := *npRounds
+		if *quick {
+			rounds = 2
+		}
+		r := npDropLog(b, *npPolicies, rounds)
+		env := npEnv(loadStart)
+		writeReport(b, "drop log", npLogReport(r, *npPolicies, rounds, env, began))
+	}
+}
+
+// npEnv describes the machine and the run for a report: the kernel, the CPU, the load average
+// at the part's start and now, the commit.
+func npEnv(loadStart string) []string {
+	return []string{"kernel " + unameRelease(), fmt.Sprintf("%s; load average at start %s, at end %s", cpuModel(), loadStart, loadAverage()), "kubenet " + gitDescribe()}
 }
 
 // writeReport prints md and, with -bench.netpol-out, puts it into the file's generated block

@@ -116,7 +116,7 @@ func (n *npNode) groupElements(b *testing.B) int {
 			return err
 		}
 		for _, s := range sets {
-			if !netpol.IsPodState(s.Name) || s.Name == netpol.MapEgress || s.Name == netpol.MapIngress {
+			if !netpol.IsPodState(s.Name) || s.Name == netpol.MapEgress || s.Name == netpol.MapIngress || s.Name == netpol.SetDropsEgress || s.Name == netpol.SetDropsIngress {
 				continue
 			}
 			els, err := c.GetSetElements(s)

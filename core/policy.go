@@ -30,6 +30,8 @@ type PolicyNetwork struct {
 	// instead of flowing until they end. CutAgain does it even when nothing changed: the last
 	// pass's cut failed.
 	CutEstablished, CutAgain bool
+	// Log is whether and how the drop chains log (off: no log action in the rules).
+	Log PolicyDropLog
 }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
@@ -103,7 +105,7 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 			return pass, err
 		}
 	}
-	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify})
+	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
 	if err == nil {
 		pass.Unrecorded = writePolicyState(dir.root(), rs, pass.Applied)
 	}

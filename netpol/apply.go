@@ -44,6 +44,9 @@ type Options struct {
 	// differ (the agent's periodic and repair passes). Without it a group whose chain holds its
 	// planned rules and whose sets exist is trusted.
 	Verify bool
+	// Log is whether and how the drop chains log what they drop (off: no log action in the
+	// rules). Rules follow it at every Apply.
+	Log DropLog
 	// transactionElements, when set, caps the set elements of one transaction instead of
 	// maxElementsPerTransaction (tests).
 	transactionElements int
@@ -76,6 +79,9 @@ func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.App
 	}
 	want := plan(rs)
 	w := newWriter(c, &res, network, opt)
+	if opt.Log.Group != 0 && opt.Log.Rate == 0 {
+		return res, fmt.Errorf("policy drop log of network %q: group %d with a rate of 0 packets/s", network, opt.Log.Group)
+	}
 
 	// Groups: build the missing ones, repair the damaged ones.
 	refused, err := w.buildGroups(bt, want, cur, opt.Verify)
@@ -180,7 +186,53 @@ func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.R
 			return err
 		}
 	}
+	names := make(map[int]string, len(rs.Pods))
+	for _, p := range rs.Pods {
+		names[p.Port] = p.Name
+	}
+	for _, dir := range []string{egressDir, ingressDir} {
+		set := dropsSet(bt, dir)
+		del, add := dropsDiff(cur.drops[set.Name], dropsElements(final[mapOf(dir)], names))
+		if err := w.replaceElements(set, del, add); err != nil {
+			return err
+		}
+	}
 	return w.flush("policy switch")
+}
+
+// dropsElements are the drop counters of the ports whose chain in a dispatch map is a group
+// (only a group drops), named after their pods. Pure.
+func dropsElements(chains map[int]string, names map[int]string) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, port := range slices.Sorted(maps.Keys(chains)) {
+		if c := chains[port]; c != ChainAllowEgress && c != ChainAllowIngress {
+			out = append(out, dropsElement(port, names[port]))
+		}
+	}
+	return out
+}
+
+// dropsDiff returns the counters to delete (a port that goes, or whose pod is another: its
+// count starts again) and to add. Pure.
+func dropsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElement) {
+	id := func(e nftables.SetElement) string { return string(e.Key) + "\x00" + e.Comment }
+	wantIDs := make(map[string]bool, len(want))
+	for _, e := range want {
+		wantIDs[id(e)] = true
+	}
+	haveIDs := make(map[string]bool, len(have))
+	for _, e := range have {
+		haveIDs[id(e)] = true
+		if !wantIDs[id(e)] {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	for _, e := range want {
+		if !haveIDs[id(e)] {
+			add = append(add, e)
+		}
+	}
+	return del, add
 }
 
 // replaceElements queues the deletion of del and the addition of add in set, and counts them.
@@ -260,6 +312,7 @@ type writer struct {
 	c                 *nftables.Conn
 	res               *policyrules.Applied
 	network           string
+	log               DropLog
 	maxPerTransaction int
 	perTransaction    int // set elements the next transaction may carry
 	queued            int // set elements queued since the last flush
@@ -267,7 +320,7 @@ type writer struct {
 }
 
 func newWriter(c *nftables.Conn, res *policyrules.Applied, network string, opt Options) *writer {
-	w := &writer{c: c, res: res, network: network, maxPerTransaction: maxElementsPerTransaction}
+	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction}
 	if opt.transactionElements > 0 {
 		w.maxPerTransaction = opt.transactionElements
 	}
@@ -423,11 +476,15 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 	return nil
 }
 
-// begin starts a transaction with the table, so that each one stands alone (a transaction sent
-// again after a refusal of a bigger one, or the table deleted meanwhile by somebody else).
+// begin starts a transaction with the table and the drop chains the groups go to (their rules
+// come with the fixed chains'), so that each one stands alone (a transaction sent again after a
+// refusal of a bigger one, or the table deleted meanwhile by somebody else).
 func (w *writer) begin(bt *nftables.Table) {
 	if !w.dirty {
 		w.c.AddTable(bt)
+		for _, name := range []string{ChainDropEgress, ChainDropIngress} {
+			w.c.AddChain(&nftables.Chain{Table: bt, Name: name})
+		}
 		w.dirty = true
 	}
 }
@@ -453,6 +510,10 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 			return false, fmt.Errorf("policy set %s: %w", s.Name, err)
 		}
 	}
+	if !cur.rateLimited {
+		w.c.AddObj(rateLimitedCounter(bt))
+		wrote = true
+	}
 	if onLink := onLinkElements(rs.PodCIDRs); !sameElements(cur.onLink, onLink) {
 		s := onLinkSet(bt)
 		if slices.Contains(cur.sets, SetOnLink) {
@@ -477,7 +538,7 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		}
 		wrote = true
 	}
-	rules := BridgeRules()
+	rules := BridgeRules(w.network, w.log)
 	for _, ch := range bridgeChains(bt) {
 		if nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
 			continue
@@ -683,6 +744,8 @@ type state struct {
 	onLink       []nftables.SetElement
 	localPods    map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
 	sources      map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
+	drops        map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
+	rateLimited  bool                             // the CounterLogRateLimited object exists
 	// setElements holds the elements of every group set (read only with Verify).
 	setElements map[string][]nftables.SetElement
 }
@@ -761,7 +824,7 @@ func elementsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElem
 // readState reads the tables; missing ones read as empty.
 func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
 	st := state{groupChains: map[string]bool{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
-		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}}
+		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}, drops: map[string][]nftables.SetElement{}}
 	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
 	inetRules, err := nft.TableRules(it)
 	if err != nil && !nft.IsNotExist(err) {
@@ -829,6 +892,18 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 			}
 		}
 	}
+	for _, dir := range []string{egressDir, ingressDir} {
+		set := dropsSet(bt, dir)
+		if !slices.Contains(st.sets, set.Name) {
+			continue
+		}
+		if st.drops[set.Name], err = c.GetSetElements(set); err != nil {
+			return st, fmt.Errorf("read set %s: %w", set.Name, err)
+		}
+	}
+	if st.rateLimited, err = hasCounter(c, bt, CounterLogRateLimited); err != nil {
+		return st, err
+	}
 	if verify {
 		for _, s := range st.sets {
 			if _, ok := groupOfSet(s); !ok {
@@ -840,6 +915,18 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 		}
 	}
 	return st, nil
+}
+
+// hasCounter tells whether the table has the named counter.
+func hasCounter(c *nftables.Conn, bt *nftables.Table, name string) (bool, error) {
+	objs, err := c.GetNamedObjects(bt)
+	if err != nil && !nft.IsNotExist(err) {
+		return false, fmt.Errorf("list objects: %w", err)
+	}
+	return slices.ContainsFunc(objs, func(o nftables.Obj) bool {
+		n, ok := o.(*nftables.NamedObj)
+		return ok && n.Name == name && n.Type == nftables.ObjTypeCounter
+	}), nil
 }
 
 // setNames lists the table's sets.
@@ -965,23 +1052,26 @@ func Forget(network string, ports []int) error {
 			return err
 		}
 	}
-	for _, is6 := range []bool{false, true} {
-		set := sourcesSet(bt, is6)
-		have, err := c.GetSetElements(set)
-		if nft.IsNotExist(err) {
-			continue
+	portOfDrops := func(k []byte) (int, bool) {
+		if len(k) != 4 {
+			return 0, false
 		}
+		return int(binary.NativeEndian.Uint32(k)), true
+	}
+	portOfSource := func(k []byte) (int, bool) {
+		port, _, ok := parseSourceKey(k)
+		return port, ok
+	}
+	for _, s := range []struct {
+		set    *nftables.Set
+		portOf func([]byte) (int, bool)
+	}{{dropsSet(bt, egressDir), portOfDrops}, {dropsSet(bt, ingressDir), portOfDrops}, {sourcesSet(bt, false), portOfSource}, {sourcesSet(bt, true), portOfSource}} {
+		del, err := portElements(c, s.set, ports, s.portOf)
 		if err != nil {
-			return fmt.Errorf("read set %s: %w", set.Name, err)
-		}
-		var del []nftables.SetElement
-		for _, e := range have {
-			if port, _, ok := parseSourceKey(e.Key); ok && slices.Contains(ports, port) {
-				del = append(del, nftables.SetElement{Key: e.Key})
-			}
+			return err
 		}
 		n += len(del)
-		if err := deleteElements(c, set, del); err != nil {
+		if err := deleteElements(c, s.set, del); err != nil {
 			return err
 		}
 	}
@@ -992,6 +1082,25 @@ func Forget(network string, ports []int) error {
 		return fmt.Errorf("forget ports %v in the policies of network %q: %w", ports, network, err)
 	}
 	return nil
+}
+
+// portElements reads set and returns the keys of its elements whose port (portOf) is one of
+// ports. A missing set has none.
+func portElements(c *nftables.Conn, set *nftables.Set, ports []int, portOf func([]byte) (int, bool)) ([]nftables.SetElement, error) {
+	have, err := c.GetSetElements(set)
+	if nft.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read set %s: %w", set.Name, err)
+	}
+	var del []nftables.SetElement
+	for _, e := range have {
+		if port, ok := portOf(e.Key); ok && slices.Contains(ports, port) {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	return del, nil
 }
 
 // parseSourceKey splits an element key of SetSourcesIPv4 or SetSourcesIPv6.

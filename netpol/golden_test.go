@@ -26,8 +26,9 @@ func TestGolden(t *testing.T) {
 	cases := []struct {
 		name string
 		rs   policyrules.Ruleset
+		log  DropLog
 	}{
-		{"no-pods-ipv4", policyrules.Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}},
+		{"no-pods-ipv4", policyrules.Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}, DropLog{}},
 		{"pods-dual-stack", policyrules.Ruleset{
 			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24"), p("fd00:10:244:1::/64")},
 			NodeAddrs: []netip.Addr{a("10.244.1.1"), a("fd00:10:244:1::1")},
@@ -45,7 +46,7 @@ func TestGolden(t *testing.T) {
 					}}},
 				{Port: 9, Name: "ns/open", IPs: []netip.Addr{a("fd00:10:244:1::9")}},
 			},
-		}},
+		}, DropLog{}},
 		// The same allow list enforced (ns/web) and staged (ns/staged): two groups, the audit
 		// one passing what it does not allow; a staged deny-all egress (ns/staged).
 		{"audit", policyrules.Ruleset{
@@ -60,7 +61,17 @@ func TestGolden(t *testing.T) {
 						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}}}},
 					Egress: policyrules.Direction{Isolated: true, Audit: true}},
 			},
-		}},
+		}, DropLog{Group: DefaultLogGroup, Rate: DefaultLogRate, Burst: DefaultLogBurst}},
+		{"drop-log", policyrules.Ruleset{
+			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24")},
+			NodeAddrs: []netip.Addr{a("10.244.1.1")},
+			Pods: []policyrules.Pod{
+				{Port: 5, Name: "ns/web", IPs: []netip.Addr{a("10.244.1.5")},
+					Ingress: policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{
+						{Peer: policyrules.PrefixRange(p("10.244.2.0/24")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}},
+					}}},
+			},
+		}, DropLog{Group: DefaultLogGroup, Rate: DefaultLogRate, Burst: DefaultLogBurst}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,10 +95,20 @@ func TestGolden(t *testing.T) {
 					els = localPodsElements(tc.rs.PodCIDRs, tc.rs.NodeAddrs, s.Name == SetLocalPodsIPv6)
 				case SetSourcesIPv4, SetSourcesIPv6:
 					els = d.sources[s.Name]
+				case SetDropsEgress, SetDropsIngress:
+					names := map[int]string{}
+					for _, p := range tc.rs.Pods {
+						names[p.Port] = p.Name
+					}
+					dir := egressDir
+					if s.Name == SetDropsIngress {
+						dir = ingressDir
+					}
+					els = dropsElements(d.maps[mapOf(dir)], names)
 				}
 				sets = append(sets, nftrender.Set{Set: s, Elements: els})
 			}
-			rules := BridgeRules()
+			rules := BridgeRules(network, tc.log)
 			var chains []nftrender.Chain
 			for _, ch := range bridgeChains(bt) {
 				chains = append(chains, nftrender.Chain{Chain: ch, Rules: rules[ch.Name]})

@@ -125,13 +125,20 @@ func installedOf(bt *nftables.Table, st state) Installed {
 
 // fixedDamage lists the fixed objects that differ from Apply's layout.
 func fixedDamage(bt *nftables.Table, st state) []string {
+	network := strings.TrimPrefix(bt.Name, TableName(""))
 	var out []string
 	if !st.inetOK {
 		out = append(out, "table inet "+bt.Name+": its chains are missing or differ")
 	}
-	rules := BridgeRules()
+	rules := BridgeRules(network, DropLog{})
 	for _, ch := range bridgeChains(bt) {
-		if d := nft.Compare(ch, st.bridgeRules[ch.Name], rules[ch.Name]); d != nil {
+		have := st.bridgeRules[ch.Name]
+		if (ch.Name == ChainDropEgress || ch.Name == ChainDropIngress) && len(have) == len(rules[ch.Name])+2 {
+			// With --policy-log, two rules between the count and the drop (rate and log),
+			// whose group and rate only the agent knows: the rest must be as without.
+			have = []*nftables.Rule{have[0], have[len(have)-1]}
+		}
+		if d := nft.Compare(ch, have, rules[ch.Name]); d != nil {
 			out = append(out, "chain "+ch.Name+": "+d.Error())
 		}
 	}

@@ -2,7 +2,9 @@ package netpol
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -36,9 +38,18 @@ const (
 	ChainOutput       = "output"  // hook output: frames the node sends or routes into the bridge
 	ChainAllowEgress  = "allow-egress"
 	ChainAllowIngress = "allow-ingress"
-	MapEgress         = "egress-ports"  // port (ifindex) → the pod's egress group or allow-egress
-	MapIngress        = "ingress-ports" // port (ifindex) → the pod's ingress group or allow-ingress
-	SetOnLink         = "onlink-ipv6"   // source . destination pairs of on-link neighbour discovery
+	// Where a group sends what none of its entries allows: count it on the pod's port, log it
+	// (DropLog), drop it. Groups are shared by every pod with the same allow list; these sets,
+	// keyed by port, make the count per pod.
+	ChainDropEgress  = "drop-egress"
+	ChainDropIngress = "drop-ingress"
+	SetDropsEgress   = "drops-egress"  // port (ifindex) of an isolated pod, with a counter and the pod's name
+	SetDropsIngress  = "drops-ingress" // the same for ingress
+	// CounterLogRateLimited counts the drops not sent to NFLOG because the log's rate was over.
+	CounterLogRateLimited = "log-rate-limited"
+	MapEgress             = "egress-ports"  // port (ifindex) → the pod's egress group or allow-egress
+	MapIngress            = "ingress-ports" // port (ifindex) → the pod's ingress group or allow-ingress
+	SetOnLink             = "onlink-ipv6"   // source . destination pairs of on-link neighbour discovery
 	// Port . address of the port's pod: the addresses a pod's IP packets may come from. The
 	// policies judge a peer by its address, so a packet from another address gets no egress.
 	SetSourcesIPv4 = "egress-sources-ipv4"
@@ -114,6 +125,8 @@ func bridgeChains(t *nftables.Table) []*nftables.Chain {
 		base(ChainOutput, nftables.ChainHookOutput),
 		{Name: ChainAllowEgress, Table: t},
 		{Name: ChainAllowIngress, Table: t},
+		{Name: ChainDropEgress, Table: t},
+		{Name: ChainDropIngress, Table: t},
 	}
 }
 
@@ -132,7 +145,125 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 		onLinkSet(t),
 		sourcesSet(t, false), sourcesSet(t, true),
 		localPodsSet(t, false), localPodsSet(t, true),
+		dropsSet(t, egressDir), dropsSet(t, ingressDir),
 	}
+}
+
+// dropsName is the drop counters' set of a direction.
+func dropsName(dir string) string {
+	if dir == ingressDir {
+		return SetDropsIngress
+	}
+	return SetDropsEgress
+}
+
+// dropsSet holds a counter per port of a pod isolated in the direction: the drop chain's lookup
+// counts the packet on its port's element. The element's comment names the pod, so that a port
+// index that comes back for another pod gets a new element (and count).
+func dropsSet(t *nftables.Table, dir string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: dropsName(dir), KeyType: nftables.TypeIFIndex, Counter: true}
+}
+
+// maxDropsComment bounds the pod name in a drop counter's comment (libnftnl's bound for
+// comments; the kernel's userdata holds 255 bytes).
+const maxDropsComment = 128
+
+// dropsElement is the counter element of a port and its pod.
+func dropsElement(port int, pod string) nftables.SetElement {
+	if len(pod) > maxDropsComment {
+		pod = pod[:maxDropsComment]
+	}
+	return nftables.SetElement{Key: portKey(port), Comment: pod}
+}
+
+// rateLimitedCounter is the named counter of CounterLogRateLimited.
+func rateLimitedCounter(t *nftables.Table) *nftables.NamedObj {
+	return &nftables.NamedObj{Table: t, Name: CounterLogRateLimited, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}}
+}
+
+// DropLog says whether and how the drop chains send what they drop to the agent (NFLOG). Off
+// (Group 0) the rules have no log action at all.
+type DropLog struct {
+	// Group is the NFLOG group (netlink multicast group of nfnetlink_log); 0: no logging.
+	Group uint16
+	// Rate and Burst bound the packets logged per second, per direction: the rest is counted
+	// (CounterLogRateLimited) and dropped unlogged.
+	Rate, Burst uint32
+}
+
+// Defaults of DropLog.
+const (
+	DefaultLogGroup = 2700
+	DefaultLogRate  = 100
+	DefaultLogBurst = 100
+	// LogSnaplen is how much of a dropped packet is sent: its IP header (IPv6 with a few
+	// extension headers) and the transport header's ports.
+	LogSnaplen = 128
+)
+
+// LogPrefix is the NFLOG prefix of the drops of a network in a direction ("egress" or
+// "ingress"): the reader tells the direction, and the network, by it.
+func LogPrefix(network string, ingress bool) string {
+	if ingress {
+		return "kubenet " + network + " ingress"
+	}
+	return "kubenet " + network + " egress"
+}
+
+// ParseLogPrefix is the inverse of LogPrefix.
+func ParseLogPrefix(prefix string) (network string, ingress, ok bool) {
+	rest, ok := strings.CutPrefix(prefix, "kubenet ")
+	if !ok {
+		return "", false, false
+	}
+	if n, ok := strings.CutSuffix(rest, " ingress"); ok && n != "" {
+		return n, true, true
+	}
+	if n, ok := strings.CutSuffix(rest, " egress"); ok && n != "" {
+		return n, false, true
+	}
+	return "", false, false
+}
+
+// dropRules are the rules of a direction's drop chain: count the packet on its pod's port
+// (SetDropsEgress by the input port, SetDropsIngress by the output port); with logging, send it
+// to NFLOG within the rate, count what is over it as lost; drop. Only packets a policy drops get
+// here: logging costs allowed traffic nothing.
+func dropRules(network, dir string, log DropLog) []nft.Rule {
+	key := expr.MetaKeyIIF
+	if dir == ingressDir {
+		key = expr.MetaKeyOIF
+	}
+	set := dropsName(dir)
+	rules := []nft.Rule{{
+		Comment: "count the drop on the pod's port (" + set + ")",
+		Exprs:   []expr.Any{&expr.Meta{Key: key, Register: reg1}, &expr.Lookup{SourceRegister: reg1, SetName: set}},
+	}}
+	if log.Group != 0 {
+		rules = append(rules,
+			nft.Rule{
+				Comment: "over the log's rate: dropped unlogged, counted (" + CounterLogRateLimited + ")",
+				Exprs: []expr.Any{
+					&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(log.Rate), Over: true, Unit: expr.LimitTimeSecond, Burst: log.Burst},
+					&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterLogRateLimited},
+					&expr.Verdict{Kind: expr.VerdictDrop},
+				},
+			},
+			nft.Rule{
+				Comment: fmt.Sprintf("log to NFLOG group %d", log.Group),
+				Exprs: []expr.Any{
+					&expr.Log{
+						Key:        1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
+						Group:      log.Group,
+						Snaplen:    LogSnaplen,
+						QThreshold: 1, // each drop is sent at once: the rate bounds the messages
+						Data:       []byte(LogPrefix(network, dir == ingressDir)),
+					},
+					&expr.Verdict{Kind: expr.VerdictDrop},
+				},
+			})
+	}
+	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
 }
 
 func sourcesName(is6 bool) string {
@@ -423,8 +554,9 @@ func heldFromNode() nft.Rule {
 }
 
 // BridgeRules returns the rules of the bridge table's fixed chains, in order. Their number is
-// fixed: the per-pod state lives in the maps, the per-policy state in the groups.
-func BridgeRules() map[string][]nft.Rule {
+// fixed: the per-pod state lives in the maps, the per-policy state in the groups. log says
+// whether the drop chains log (the network names the log's prefix).
+func BridgeRules(network string, log DropLog) map[string][]nft.Rule {
 	return map[string][]nft.Rule{
 		ChainEgress: {
 			arpPasses(),
@@ -450,6 +582,8 @@ func BridgeRules() map[string][]nft.Rule {
 		},
 		ChainAllowEgress:  {{Comment: "a pod no policy isolates for egress", Exprs: grant(MarkEgress)}},
 		ChainAllowIngress: {{Comment: "a pod no policy isolates for ingress", Exprs: grant(MarkIngress)}},
+		ChainDropEgress:   dropRules(network, egressDir, log),
+		ChainDropIngress:  dropRules(network, ingressDir, log),
 	}
 }
 
@@ -602,9 +736,9 @@ func laterFragments(bit uint32) []nft.Rule {
 // An audit group (only staged policies isolate its pods) grants the rest too: its last rule
 // marks what the staged policies would drop, and changes no verdict.
 func groupRules(name, dir string, g group, audit bool) []nft.Rule {
-	peer, bit := nft.Source, MarkIngress
+	peer, bit, drop := nft.Source, MarkIngress, ChainDropIngress
 	if dir == egressDir {
-		peer, bit = nft.Destination, MarkEgress
+		peer, bit, drop = nft.Destination, MarkEgress, ChainDropEgress
 	}
 	rules := []nft.Rule{{
 		Comment: "packets of connections conntrack knows (the inet table's mark)",
@@ -642,7 +776,8 @@ func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 	if audit {
 		return append(rules, nft.Rule{Comment: "not allowed by the pod's audit policies: they would drop it; passed", Exprs: grant(bit)})
 	}
-	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
+	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod: counted, logged if logging is on, dropped (" + drop + ")",
+		Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: drop}}})
 }
 
 // IsPodState tells whether an object of the policy tables, by name, holds per-pod or per-policy
@@ -650,8 +785,8 @@ func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 // the on-link set, which stay whatever the node's pods: the residue audit's question.
 func IsPodState(name string) bool {
 	switch name {
-	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainConntrack, ChainNode, SetOnLink,
-		SetLocalPodsIPv4, SetLocalPodsIPv6:
+	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainDropEgress, ChainDropIngress,
+		ChainConntrack, ChainNode, SetOnLink, SetLocalPodsIPv4, SetLocalPodsIPv6, CounterLogRateLimited:
 		return false
 	}
 	return true

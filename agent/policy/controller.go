@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,6 +68,12 @@ type Config struct {
 	// Events records the Events on policies whose allow lists were refused; nil: Run records
 	// them through the core/v1 client.
 	Events record.EventRecorder
+	// DropLog turns the drop log on (Group not 0): the rules send what the policies drop to
+	// that NFLOG group, rate-limited, and Run writes it to DropLogOut as JSON lines. Off, the
+	// rules have no log action. The drop counters are there either way.
+	DropLog core.PolicyDropLog
+	// DropLogOut receives the drop log's lines (default os.Stdout).
+	DropLogOut io.Writer
 }
 
 // EventPolicyRefused is the reason of the Event on a NetworkPolicy when the allow list of a pod
@@ -95,6 +104,10 @@ type Controller struct {
 	// cutFailed says the last pass could not cut the connections its rules deny: the next pass
 	// cuts even if it changes nothing.
 	cutFailed bool
+	// names is who is on each port of the node at the last pass, for the drop log and metrics.
+	names atomic.Pointer[dropNames]
+	// logLost counts what the drop log lost in the agent.
+	logLost dropLost
 }
 
 // Pass is what one pass did.
@@ -142,8 +155,17 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 	if err != nil {
 		return nil, fmt.Errorf("network policy metrics: %w", err)
 	}
+	if cfg.DropLogOut == nil {
+		cfg.DropLogOut = os.Stdout
+	}
 	c := &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, metrics: m,
 		events: cfg.Events, reported: map[string]bool{}}
+	c.names.Store(namesOf(policyrules.Ruleset{}))
+	if cfg.Registry != nil {
+		if err := cfg.Registry.Register(newDropsCollector(cfg.Network, c.names.Load, &c.logLost)); err != nil {
+			return nil, fmt.Errorf("network policy metrics: %w", err)
+		}
+	}
 	c.loop = loop.New(c.loopConfig())
 	return c, nil
 }
@@ -200,6 +222,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return fmt.Errorf("network policy: %w", err)
 		}
 	}
+	if err := podInf.AddIndexers(cache.Indexers{podIPIndex: indexPodIPs}); err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
 	wake := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.wake() },
 		UpdateFunc: func(o, n any) { c.wakeOnChange(o, n) },
@@ -245,8 +270,58 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.events = broadcaster.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: "kubenet-agent", Host: c.cfg.NodeName})
 	}
 
+	if c.cfg.DropLog.Group != 0 {
+		r, err := core.OpenPolicyDropLog(c.cfg.DropLog.Group, 0)
+		if err != nil {
+			// The rules log all the same (to nobody): drops stay counted, enforcement is whole.
+			c.log.Error("network policy: no drop log", "err", err)
+		} else {
+			l := &dropLog{out: c.cfg.DropLogOut, network: c.cfg.Network, node: c.cfg.NodeName, log: c.log, names: c.names.Load,
+				remote: remotePod(podInf.GetIndexer()), lost: &c.logLost, lines: c.metrics.logLines.Inc, now: time.Now}
+			running.Go(func() { l.run(informerCtx, r) })
+		}
+	}
+
 	c.loop.Run(ctx)
 	return nil
+}
+
+// podIPIndex indexes the pods by their addresses (the drop log names the other end's pod).
+const podIPIndex = "podIP"
+
+func indexPodIPs(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.HostNetwork {
+		return nil, nil
+	}
+	var out []string
+	for _, a := range podIPs(p) {
+		out = append(out, a.String())
+	}
+	return out, nil
+}
+
+// remotePod names the pod that has an address in the API ("" when none or several running
+// ones do): the other end of a drop, when it is not one of the node's pods.
+func remotePod(pods cache.Indexer) func(netip.Addr) string {
+	return func(a netip.Addr) string {
+		objs, err := pods.ByIndex(podIPIndex, a.String())
+		if err != nil {
+			return ""
+		}
+		name := ""
+		for _, o := range objs {
+			p, ok := o.(*corev1.Pod)
+			if !ok || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				continue
+			}
+			if name != "" {
+				return "" // two pods claim it: say neither
+			}
+			name = p.Namespace + "/" + p.Name
+		}
+		return name
+	}
 }
 
 // loopConfig is the controller's loop. Passes that read every set back (verify): the first
@@ -313,7 +388,7 @@ func (c *Controller) pass(verify bool) Pass {
 		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
 		var pass core.PolicyPass
 		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
-			CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutFailed},
+			Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutFailed},
 			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = LocalsOf(locals)
 				for _, l := range locals {
@@ -322,6 +397,7 @@ func (c *Controller) pass(verify bool) Pass {
 					}
 				}
 				res := Compile(in)
+				c.names.Store(namesOf(res.Ruleset))
 				p.Unknown = len(res.Unknown)
 				c.metrics.observe(in, res)
 				return res.Ruleset

@@ -1,7 +1,12 @@
 package policy
 
 import (
+	"strings"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // metrics are the controller's Prometheus series.
@@ -16,6 +21,8 @@ type metrics struct {
 	released prometheus.Counter
 	repairs  *prometheus.CounterVec
 	cut      prometheus.Counter
+	// logLines counts the drop log's lines written.
+	logLines prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -61,11 +68,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_network_policy_cut_connections_total",
 			Help: "Conntrack entries of established connections removed because a policy change denies them (--policy-cut-established).",
 		}),
+		logLines: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_networkpolicy_log_lines_total",
+			Help: "Lines the drop log (--policy-log) wrote: one per burst of drops of one pod, direction, peer, protocol and port.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs, m.cut} {
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs, m.cut, m.logLines} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -103,4 +114,70 @@ func (m *metrics) pass(p Pass) {
 	if p.Applied.FixedWritten && p.Applied.Released == 0 && p.Applied.Groups > 0 {
 		m.repairs.WithLabelValues("fixed").Inc()
 	}
+}
+
+// dropsCollector reads the kernel's drop counters at every scrape: one series per isolated
+// pod of the node and direction, gone with the pod's counter (cardinality: at most two per
+// local pod). It also gives the drop log's losses: the kernel's count of drops over the log's
+// rate and the agent's own (socket overruns, the aggregation's bound).
+type dropsCollector struct {
+	network string
+	names   func() *dropNames
+	lost    *dropLost
+	drops   *prometheus.Desc
+	logLost *prometheus.Desc
+
+	mu sync.Mutex
+	// rateLimited accumulates the kernel's counter, which starts again when the table is made
+	// anew (a flushed ruleset): the metric stays a counter.
+	rateLimited, lastKernel uint64
+}
+
+func newDropsCollector(network string, names func() *dropNames, lost *dropLost) *dropsCollector {
+	return &dropsCollector{network: network, names: names, lost: lost,
+		drops: prometheus.NewDesc("kubenet_networkpolicy_drops_total",
+			"Packets the NetworkPolicies dropped, by the node's pod (its namespace and name) and direction (ingress: to the pod, egress: from it), as the kernel counts them.",
+			[]string{"namespace", "pod", "direction"}, nil),
+		logLost: prometheus.NewDesc("kubenet_networkpolicy_log_lost_total",
+			"Drops the drop log did not write, by reason: rate_limit (over the log's rate, counted by the kernel), overrun (the agent's socket overflowed), aggregation (too many bursts at once).",
+			[]string{"reason"}, nil),
+	}
+}
+
+func (c *dropsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.drops
+	ch <- c.logLost
+}
+
+func (c *dropsCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, limited, err := core.PolicyDropCounts(c.network)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.drops, err)
+		return
+	}
+	names := c.names()
+	for _, d := range counts {
+		name := d.Pod // as the kernel's comment holds it, cut at 128 bytes
+		if p, ok := names.ports[d.Port]; ok && strings.HasPrefix(p.name, d.Pod) {
+			name = p.name
+		}
+		ns, pod := splitPod(name)
+		dir := "egress"
+		if d.Ingress {
+			dir = "ingress"
+		}
+		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(d.Packets), ns, pod, dir)
+	}
+	c.mu.Lock()
+	if limited >= c.lastKernel {
+		c.rateLimited += limited - c.lastKernel
+	} else {
+		c.rateLimited += limited
+	}
+	c.lastKernel = limited
+	rateLimited := c.rateLimited
+	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.logLost, prometheus.CounterValue, float64(rateLimited), "rate_limit")
+	ch <- prometheus.MustNewConstMetric(c.logLost, prometheus.CounterValue, float64(c.lost.overrun.Load()), "overrun")
+	ch <- prometheus.MustNewConstMetric(c.logLost, prometheus.CounterValue, float64(c.lost.aggregation.Load()), "aggregation")
 }

@@ -59,6 +59,28 @@ func TestParseFlags(t *testing.T) {
 		{name: "iptables backend with policies", args: []string{"--netfilter-backend=iptables"}, wantErr: "--network-policy needs the nftables backend"},
 		{name: "negative interval", args: []string{"--stale-gc-interval=-1s"}, wantErr: "must be positive"},
 		{
+			name: "drop log off by default",
+			args: []string{},
+			check: func(t *testing.T, o *options) {
+				if o.cfg.PolicyDropLog.Group != 0 {
+					t.Errorf("drop log %+v, want off", o.cfg.PolicyDropLog)
+				}
+			},
+		},
+		{
+			name: "drop log on, its group and rate",
+			args: []string{"--policy-log", "--policy-log-group=31", "--policy-log-rate=7"},
+			check: func(t *testing.T, o *options) {
+				if l := o.cfg.PolicyDropLog; l.Group != 31 || l.Rate != 7 || l.Burst != 7 {
+					t.Errorf("drop log %+v", l)
+				}
+			},
+		},
+		{name: "drop log group 0", args: []string{"--policy-log", "--policy-log-group=0"}, wantErr: "--policy-log-group 0: must be between 1 and 65535"},
+		{name: "drop log group too big", args: []string{"--policy-log-group=65536"}, wantErr: "--policy-log-group 65536"},
+		{name: "drop log rate 0", args: []string{"--policy-log-rate=0"}, wantErr: "--policy-log-rate 0"},
+		{name: "drop log without policies", args: []string{"--policy-log", "--network-policy=false", "--netfilter-backend=iptables"}, wantErr: "--policy-log needs --network-policy"},
+		{
 			name: "service CIDRs",
 			args: []string{"--service-cidr=10.96.0.0/12,fd00:10:96::/112"},
 			check: func(t *testing.T, o *options) {

@@ -321,12 +321,14 @@ type policyState struct {
 }
 
 var (
-	// The dispatch maps and the pods' source sets change as pods come and go (a pod added while
-	// the agent is down, say); the rest of the listing must come back line for line.
-	dispatchMapLine = regexp.MustCompile(`^\s*(?:map (?:` + netpol.MapEgress + `|` + netpol.MapIngress + `)|set (?:` + netpol.SetSourcesIPv4 + `|` + netpol.SetSourcesIPv6 + `)) \{$`)
-	groupName       = regexp.MustCompile(`^` + group + `$`)
-	groupChain      = regexp.MustCompile(`(?m)^\s*chain (` + group + `) \{$`)
-	groupSet        = regexp.MustCompile(`(?m)^\s*set (` + group + `)-(?:any|ports)-ipv[46] \{$`)
+	// The dispatch maps, the pods' source sets and drop counters change as pods come and go (a
+	// pod added while the agent is down, say); the rest of the listing must come back line for
+	// line.
+	dispatchMapLine = regexp.MustCompile(`^\s*(?:map (?:` + netpol.MapEgress + `|` + netpol.MapIngress + `)|set (?:` + netpol.SetSourcesIPv4 + `|` + netpol.SetSourcesIPv6 +
+		`|` + netpol.SetDropsEgress + `|` + netpol.SetDropsIngress + `)) \{$`)
+	groupName  = regexp.MustCompile(`^` + group + `$`)
+	groupChain = regexp.MustCompile(`(?m)^\s*chain (` + group + `) \{$`)
+	groupSet   = regexp.MustCompile(`(?m)^\s*set (` + group + `)-(?:any|ports)-ipv[46] \{$`)
 )
 
 // group is how a group (an allow list's chain and sets) is named.

@@ -383,6 +383,12 @@ func (r *renderer) expr(e expr.Any) {
 		r.emit("notrack")
 	case *expr.Counter:
 		r.emit("counter")
+	case *expr.Limit:
+		r.emit("%s", limitText(e))
+	case *expr.Log:
+		r.emit("%s", logText(e))
+	case *expr.Objref:
+		r.emit("%s name %q", map[int]string{1: "counter", 2: "quota", 4: "limit"}[e.Type], e.Name)
 	default:
 		r.emit("<%T %+v>", e, e)
 	}
@@ -946,6 +952,9 @@ func renderSet(s Set) string {
 	if len(flags) > 0 {
 		fmt.Fprintf(&b, "\t\tflags %s\n", strings.Join(flags, ","))
 	}
+	if set.Counter {
+		b.WriteString("\t\tcounter\n")
+	}
 	if len(s.Elements) > 0 {
 		b.WriteString("\t\telements = {\n")
 		for _, e := range elementTexts(set, s.Elements) {
@@ -955,6 +964,46 @@ func renderSet(s Set) string {
 	}
 	b.WriteString("\t}\n")
 	return b.String()
+}
+
+// limitText renders a limit as nft prints it.
+func limitText(e *expr.Limit) string {
+	unit := map[expr.LimitTime]string{expr.LimitTimeSecond: "second", expr.LimitTimeMinute: "minute", expr.LimitTimeHour: "hour", expr.LimitTimeDay: "day", expr.LimitTimeWeek: "week"}[e.Unit]
+	s := "limit rate "
+	if e.Over {
+		s += "over "
+	}
+	s += fmt.Sprintf("%d", e.Rate)
+	if e.Type == expr.LimitTypePktBytes {
+		s += " bytes"
+	}
+	s += "/" + unit
+	if e.Burst != 0 {
+		s += fmt.Sprintf(" burst %d packets", e.Burst)
+	}
+	return s
+}
+
+// logText renders a log statement as nft prints it (the attributes its Key names).
+func logText(e *expr.Log) string {
+	s := "log"
+	has := func(attr int) bool { return e.Key&(1<<attr) != 0 }
+	if has(unix.NFTA_LOG_PREFIX) {
+		s += fmt.Sprintf(" prefix %q", string(e.Data))
+	}
+	if has(unix.NFTA_LOG_GROUP) {
+		s += fmt.Sprintf(" group %d", e.Group)
+	}
+	if has(unix.NFTA_LOG_SNAPLEN) {
+		s += fmt.Sprintf(" snaplen %d", e.Snaplen)
+	}
+	if has(unix.NFTA_LOG_QTHRESHOLD) {
+		s += fmt.Sprintf(" queue-threshold %d", e.QThreshold)
+	}
+	if has(unix.NFTA_LOG_LEVEL) {
+		s += fmt.Sprintf(" level %d", e.Level)
+	}
+	return s
 }
 
 // typeFields are the fields of a set's key or data type, one per concatenated type.

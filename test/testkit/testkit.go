@@ -186,7 +186,7 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 	} else if strings.Contains(ruleset, `"`+owner+`"`) {
 		t.Errorf("leak: nftables still holds elements of %s:\n%s", owner, ruleset)
 	}
-	// The policy maps and source sets are keyed by port index: an element of a port that no
+	// The policy maps, source sets and drop counters are keyed by port index: an element of a port that no
 	// longer exists is the deleted pod's.
 	nettest.Do(t, node.NS, func() error {
 		maps, err := netpol.Dispatch(network)
@@ -207,6 +207,15 @@ func AssertNoResidue(t testing.TB, node *nettest.Node, network string, att core.
 		for port, addrs := range sources {
 			if _, err := netlink.LinkByIndex(port); err != nil {
 				t.Errorf("leak: the policy's source sets hold port %d (%v), which no link has (%v)", port, addrs, err)
+			}
+		}
+		drops, _, err := netpol.DropCounts(network)
+		if err != nil {
+			return err
+		}
+		for _, d := range drops {
+			if _, err := netlink.LinkByIndex(d.Port); err != nil {
+				t.Errorf("leak: the policy's drop counters hold port %d (%s, ingress %v), which no link has (%v)", d.Port, d.Pod, d.Ingress, err)
 			}
 		}
 		return nil
