@@ -19,9 +19,10 @@ import (
 // port after DNAT (a Service's backend), and by the responder's ingress (when a pod of rs) from
 // the originator. What the kernel cannot have judged is kept: connections the node opened
 // (nodeAddrs: the node's packets are never filtered), directions whose allow list Apply refused
-// (their pods keep the group they had), and pods not in rs (held: their guards drop everything
-// already). Where it cannot tell exactly it keeps the connection: the responder's ingress denies
-// only when it denies the originator's address both before and after any SNAT, and an SCTP
+// (their pods keep the group they had), pods not in rs (held: their guards drop everything
+// already), and addresses that more than one pod of rs lists (whose connection it is, conntrack
+// does not say). Where it cannot tell exactly it keeps the connection: the responder's ingress
+// denies only when it denies the originator's address both before and after any SNAT, and an SCTP
 // connection (whose ports conntrack's netlink answer does not give here) is cut only when no
 // port of SCTP is allowed.
 func CutDenied(rs policyrules.Ruleset, applied policyrules.Applied, nodeAddrs []netip.Addr) (uint, error) {
@@ -43,13 +44,26 @@ type flowJudge struct {
 
 func newFlowJudge(rs policyrules.Ruleset, applied policyrules.Applied, nodeAddrs []netip.Addr) flowJudge {
 	j := flowJudge{pods: map[netip.Addr]*policyrules.Pod{}, node: map[netip.Addr]bool{}, refused: map[string]bool{}}
+	// An address two pods list cannot tell whose an entry is (the kernel judges a pod by its
+	// port, which conntrack does not record): it stands for no pod, so its entries are kept.
+	owner, shared := map[netip.Addr]int{}, map[netip.Addr]bool{}
+	for i, p := range rs.Pods {
+		for _, a := range p.IPs {
+			if o, ok := owner[a.Unmap()]; ok && o != i {
+				shared[a.Unmap()] = true
+			}
+			owner[a.Unmap()] = i
+		}
+	}
 	for i := range rs.Pods {
 		p := &rs.Pods[i]
 		if !p.Ingress.Isolated && !p.Egress.Isolated {
 			continue
 		}
 		for _, a := range p.IPs {
-			j.pods[a.Unmap()] = p
+			if !shared[a.Unmap()] {
+				j.pods[a.Unmap()] = p
+			}
 		}
 	}
 	for _, a := range nodeAddrs {

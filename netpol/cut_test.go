@@ -71,3 +71,29 @@ func TestFlowJudge(t *testing.T) {
 		})
 	}
 }
+
+// TestFlowJudgeSharedAddress: an address two pods of the ruleset list cannot say whose
+// connection an entry is (the kernel judges a pod by its port, which conntrack does not
+// record): the entry is kept, whichever pod comes last, rather than judged by the other pod's
+// policies.
+func TestFlowJudgeSharedAddress(t *testing.T) {
+	addr := netip.MustParseAddr
+	shared, peer := addr("10.3.0.7"), addr("192.0.2.9")
+	denyAll := policyrules.Pod{Name: "a/deny-all", Port: 7, IPs: []netip.Addr{shared}, Egress: policyrules.Direction{Isolated: true}, Ingress: policyrules.Direction{Isolated: true}}
+	open := policyrules.Pod{Name: "a/open", Port: 8, IPs: []netip.Addr{shared}}
+	for _, order := range [][]policyrules.Pod{{denyAll, open}, {open, denyAll}} {
+		j := newFlowJudge(policyrules.Ruleset{Pods: order}, policyrules.Applied{}, nil)
+		for _, f := range []*vnl.ConntrackFlow{tcpFlow(shared, peer, 443), tcpFlow(peer, shared, 80)} {
+			if j.denies(f) {
+				t.Errorf("pods %s, %s: %s → %s judged denied, want kept (either pod's)", order[0].Name, order[1].Name, addrOf(f.Forward.SrcIP), addrOf(f.Forward.DstIP))
+			}
+		}
+	}
+}
+
+func tcpFlow(origin, responder netip.Addr, port uint16) *vnl.ConntrackFlow {
+	f := &vnl.ConntrackFlow{}
+	f.Forward = vnl.IPTuple{Protocol: policyrules.TCP, SrcIP: origin.AsSlice(), DstIP: responder.AsSlice(), SrcPort: 40000, DstPort: port}
+	f.Reverse = vnl.IPTuple{Protocol: policyrules.TCP, SrcIP: responder.AsSlice(), DstIP: origin.AsSlice(), SrcPort: port, DstPort: 40000}
+	return f
+}
