@@ -27,8 +27,9 @@ type PolicyNetwork struct {
 	Verify bool
 	// CutEstablished removes, after an apply that changed the rules, conntrack's entries of the
 	// connections the new rules deny (netpol.CutDenied), so that they stop at their next packet
-	// instead of flowing until they end. CutAgain does it even when nothing changed: the last
-	// pass's cut failed.
+	// instead of flowing until they end. CutAgain does it even when nothing changed: the rules in
+	// force may deny connections no cut has removed yet (the agent's first pass, the pass after a
+	// failed one).
 	CutEstablished, CutAgain bool
 }
 

@@ -92,9 +92,12 @@ type Controller struct {
 	// (each is recorded once, when it appears).
 	events   record.EventRecorder
 	reported map[string]bool
-	// cutFailed says the last pass could not cut the connections its rules deny: the next pass
-	// cuts even if it changes nothing.
-	cutFailed bool
+	// cutPending says the rules in force may deny connections no pass has cut yet: the next
+	// pass cuts even if it changes nothing. True at start (an agent stopped between an apply and
+	// its cut, or started with CutEstablished newly on, finds rules in force that its first pass
+	// does not change) and after a pass that failed (its apply may have changed rules, its cut
+	// may not have run or not to the end).
+	cutPending bool
 }
 
 // Pass is what one pass did.
@@ -143,7 +146,7 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 		return nil, fmt.Errorf("network policy metrics: %w", err)
 	}
 	c := &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, metrics: m,
-		events: cfg.Events, reported: map[string]bool{}}
+		events: cfg.Events, reported: map[string]bool{}, cutPending: true}
 	c.loop = loop.New(c.loopConfig())
 	return c, nil
 }
@@ -313,7 +316,7 @@ func (c *Controller) pass(verify bool) Pass {
 		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
 		var pass core.PolicyPass
 		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
-			CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutFailed},
+			CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending},
 			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = LocalsOf(locals)
 				for _, l := range locals {
@@ -329,8 +332,9 @@ func (c *Controller) pass(verify bool) Pass {
 		p.Applied, p.Guarded, p.NetfilterCall, p.Cut = pass.Applied, pass.Guarded, pass.NetfilterCall, pass.Cut
 		if err == nil {
 			// The rules are in force; a failed cut fails the pass, so that it is tried again.
-			c.cutFailed, err = pass.CutErr != nil, pass.CutErr
+			err = pass.CutErr
 		}
+		c.cutPending = err != nil
 		if pass.Unguarded != nil {
 			c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
 		}
