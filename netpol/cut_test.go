@@ -58,8 +58,9 @@ func TestFlowJudge(t *testing.T) {
 		{"the node's own connection", direct(policyrules.TCP, node, server, 22), false},
 		{"an ingress-isolated pod opening to an open pod", direct(policyrules.TCP, server, open, 8080), false},
 		{"refused list: kept", direct(policyrules.TCP, open, refused, 80), false},
-		{"SCTP: some port allowed keeps it", direct(policyrules.SCTP, open, server, 0), false},
-		{"SCTP: no port allowed", direct(policyrules.SCTP, client, server, 0), true},
+		{"SCTP: the allowed port", direct(policyrules.SCTP, open, server, 9000), false},
+		{"SCTP: another port of the peer", direct(policyrules.SCTP, open, server, 9001), true},
+		{"SCTP: no port allowed", direct(policyrules.SCTP, client, server, 9000), true},
 		{"neither end a pod of the node", direct(policyrules.TCP, addr("192.0.2.1"), addr("192.0.2.2"), 80), false},
 		{"not isolated pod to not isolated peer", direct(policyrules.TCP, open, addr("192.0.2.2"), 80), false},
 	}

@@ -56,7 +56,7 @@ type Config struct {
 	// PodCIDRs are this node's pod CIDRs (a function: the agent learns them after it starts).
 	PodCIDRs func() []netip.Prefix
 	Resync   time.Duration
-	// CutEstablished removes, after every pass that changed the rules, conntrack's entries of
+	// CutEstablished marks cut, after every pass that changed the rules, conntrack's entries of
 	// the connections they now deny (core.PolicyNetwork.CutEstablished).
 	CutEstablished bool
 	Logger         *slog.Logger
@@ -111,7 +111,7 @@ type Pass struct {
 	Unknown       int // local attachments whose pod the API does not have: still denied
 	// Unplugged counts local attachments whose veth is not a port of the bridge (yet): held.
 	Unplugged int
-	// Cut counts conntrack entries of connections the new rules deny that were removed
+	// Cut counts conntrack entries of connections the new rules deny that were marked cut
 	// (Config.CutEstablished).
 	Cut  uint
 	Took time.Duration

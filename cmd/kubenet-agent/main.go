@@ -69,7 +69,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cfg.BinDir, "cni-bin-dir", agent.DefaultBinDir, "CNI bin dir the runtime executes plugins from")
 	fs.StringVar(&o.cfg.BinSource, "cni-bin-source", "", "kubenet binary to install into --cni-bin-dir when it differs; empty: install nothing")
 	fs.BoolVar(&o.cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy on this node (off: the policy table is removed); needs the nftables backend")
-	fs.BoolVar(&o.cfg.PolicyCutEstablished, "policy-cut-established", false, "when a policy change denies a connection that is already established, remove its conntrack entries so that it stops at its next packet (off: it flows until it ends, as the API allows)")
+	fs.BoolVar(&o.cfg.PolicyCutEstablished, "policy-cut-established", false, "when a policy change denies a connection that is already established, mark its conntrack entry cut so that its packets are dropped, whichever end sends (off: it flows until it ends, as the API allows)")
 	fs.StringVar(&o.cfg.ToolRoot, "tool-root", "", "the node's root file system mounted into the agent (deploy/kubenet.yaml: /host/root): with the iptables backend the agent runs the node's own iptables, ip6tables and ebtables from it, chrooted, in the node's legacy or nft mode; empty: the tools on the agent's PATH")
 	fs.StringVar(&o.cfg.Conflist.NetfilterBackend, "netfilter-backend", "", `the conflist's netfilterBackend: "auto" (nftables where the kernel holds kubenet's rules, else iptables), "nftables" or "iptables"; empty leaves the key out (auto)`)
 	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")

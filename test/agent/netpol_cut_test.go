@@ -15,23 +15,31 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
+	"github.com/kubenet-dev/kubenet/netpol"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
-// tracked tells whether the node's conntrack has the session's connection.
-func tracked(t *testing.T, n *simNode, s *nettest.Session) bool {
+// ctMark is the mark of the node's conntrack entry of the session's connection, and whether
+// there is one.
+func ctMark(t *testing.T, n *simNode, s *nettest.Session) (mark uint32, found bool) {
 	t.Helper()
 	local := netip.MustParseAddrPort(s.Conn.LocalAddr().String())
-	found := false
 	nettest.Do(t, n.ns, func() error {
 		flows, err := conntrack.List()
 		for _, f := range flows {
-			src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
-			found = found || (src.Unmap() == local.Addr().Unmap() && f.Forward.SrcPort == local.Port())
+			if src, _ := netip.AddrFromSlice(f.Forward.SrcIP); src.Unmap() == local.Addr().Unmap() && f.Forward.SrcPort == local.Port() {
+				mark, found = f.Mark, true
+			}
 		}
 		return err
 	})
-	return found
+	return mark, found
+}
+
+// cut tells whether the session's connection is cut: its entry carries netpol.CtMarkCut.
+func cut(t *testing.T, n *simNode, s *nettest.Session) bool {
+	mark, found := ctMark(t, n, s)
+	return found && mark&netpol.CtMarkCut != 0
 }
 
 // cutBed is one node with a server and two clients, each with an established connection to the
@@ -71,8 +79,8 @@ func newCutBed(t *testing.T, agentFlags ...string) *cutBed {
 	b.server = netip.AddrPortFrom(b.pods["server"].IPs()[0], 7777)
 	b.denied, b.allowed = nettest.OpenSession(t, b.pods["client-a"].NS, b.server, converge), nettest.OpenSession(t, b.pods["client-b"].NS, b.server, converge)
 	for _, s := range []*nettest.Session{b.denied, b.allowed} {
-		if !s.RoundTrip("before", 3*time.Second) || !tracked(t, b.n, s) {
-			t.Fatalf("session from %s: no echo or no conntrack entry before the policy", s.Conn.LocalAddr())
+		if _, found := ctMark(t, b.n, s); !s.RoundTrip("before", 3*time.Second) || !found || cut(t, b.n, s) {
+			t.Fatalf("session from %s: no echo, no conntrack entry or a cut one before the policy", s.Conn.LocalAddr())
 		}
 	}
 	return b
@@ -90,13 +98,13 @@ func (b *cutBed) createOnlyB(t *testing.T) {
 	}
 }
 
-// expectCut waits until the denied session's entry is gone and checks that it no longer
-// flows while the allowed one does.
+// expectCut waits until the denied session's entry is marked cut and checks that it no longer
+// flows while the allowed one does, unmarked.
 func (b *cutBed) expectCut(t *testing.T) {
 	t.Helper()
 	if err := nettest.Eventually(converge, func() error {
-		if tracked(t, b.n, b.denied) {
-			return fmt.Errorf("the denied connection is still in conntrack")
+		if !cut(t, b.n, b.denied) {
+			return fmt.Errorf("the denied connection's conntrack entry is not marked cut")
 		}
 		return nil
 	}); err != nil {
@@ -105,20 +113,20 @@ func (b *cutBed) expectCut(t *testing.T) {
 	if b.denied.RoundTrip("after", 2*time.Second) {
 		t.Errorf("client-a's established connection still flows after only-b")
 	}
-	if !b.allowed.RoundTrip("after", 3*time.Second) || !tracked(t, b.n, b.allowed) {
+	if !b.allowed.RoundTrip("after", 3*time.Second) || cut(t, b.n, b.allowed) {
 		t.Errorf("client-b's established connection (still allowed) was cut")
 	}
 }
 
 // TestAgentPolicyCutEstablished: with --policy-cut-established, a new policy that denies an
-// established connection removes its conntrack entry, and the connection stops at its next
+// established connection marks its conntrack entry cut, and the connection stops at its next
 // packet; a connection the policy still allows keeps flowing.
 func TestAgentPolicyCutEstablished(t *testing.T) {
 	b := newCutBed(t, "--policy-cut-established")
 	start := time.Now()
 	b.createOnlyB(t)
 	b.expectCut(t)
-	t.Logf("the denied connection's entry was gone %v after the policy was created", time.Since(start).Round(time.Millisecond))
+	t.Logf("the denied connection was cut %v after the policy was created", time.Since(start).Round(time.Millisecond))
 	if m, err := b.n.metrics(); err != nil || m["kubenet_agent_network_policy_cut_connections_total"] < 1 {
 		t.Errorf("kubenet_agent_network_policy_cut_connections_total = %v (%v), want ≥ 1", m["kubenet_agent_network_policy_cut_connections_total"], err)
 	}

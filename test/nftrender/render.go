@@ -340,8 +340,11 @@ func (r *renderer) expr(e expr.Any) {
 			return
 		}
 		k := kindHex
-		if e.Key == expr.CtKeySTATE {
+		switch e.Key {
+		case expr.CtKeySTATE:
 			k = kindCtState
+		case expr.CtKeyMARK:
+			k = kindMark // host order, as the packet's
 		}
 		text := "ct " + ctKeyName(e.Key)
 		if e.Direction != 0 {
