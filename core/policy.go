@@ -25,10 +25,11 @@ type PolicyNetwork struct {
 	PodCIDRs []netip.Prefix
 	// Verify reads every group set back and rewrites those that differ (netpol.Options).
 	Verify bool
-	// CutEstablished removes, after an apply that changed the rules, conntrack's entries of the
+	// CutEstablished marks cut, after an apply that changed the rules, conntrack's entries of the
 	// connections the new rules deny (netpol.CutDenied), so that they stop at their next packet
-	// instead of flowing until they end. CutAgain does it even when nothing changed: the last
-	// pass's cut failed.
+	// instead of flowing until they end. CutAgain does it even when nothing changed: the rules in
+	// force may deny connections no cut has removed yet (the agent's first pass, the pass after a
+	// failed one).
 	CutEstablished, CutAgain bool
 	// Log is whether and how the drop chains log (off: no log action in the rules).
 	Log PolicyDropLog
@@ -56,7 +57,7 @@ type PolicyPass struct {
 	// Unguarded says why ports could not get their guard (an older kubenet's ingress qdisc in
 	// the way): their pods are judged by the rules all the same, without the backstop.
 	Unguarded error
-	// Cut counts the conntrack entries of denied connections removed (CutEstablished); CutErr
+	// Cut counts the conntrack entries of denied connections marked cut (CutEstablished); CutErr
 	// says why they could not be (the rules are applied all the same).
 	Cut    uint
 	CutErr error
@@ -115,7 +116,7 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 	return pass, err
 }
 
-// cutDenied removes the conntrack entries of connections rs denies; the node's own addresses,
+// cutDenied marks cut the conntrack entries of connections rs denies; the node's own addresses,
 // on every link, are those of connections the node opened, which no policy filters.
 func cutDenied(rs policyrules.Ruleset, applied policyrules.Applied) (uint, error) {
 	addrs, err := linkAddrs(nil)

@@ -58,8 +58,9 @@ func TestFlowJudge(t *testing.T) {
 		{"the node's own connection", direct(policyrules.TCP, node, server, 22), false},
 		{"an ingress-isolated pod opening to an open pod", direct(policyrules.TCP, server, open, 8080), false},
 		{"refused list: kept", direct(policyrules.TCP, open, refused, 80), false},
-		{"SCTP: some port allowed keeps it", direct(policyrules.SCTP, open, server, 0), false},
-		{"SCTP: no port allowed", direct(policyrules.SCTP, client, server, 0), true},
+		{"SCTP: the allowed port", direct(policyrules.SCTP, open, server, 9000), false},
+		{"SCTP: another port of the peer", direct(policyrules.SCTP, open, server, 9001), true},
+		{"SCTP: no port allowed", direct(policyrules.SCTP, client, server, 9000), true},
 		{"neither end a pod of the node", direct(policyrules.TCP, addr("192.0.2.1"), addr("192.0.2.2"), 80), false},
 		{"not isolated pod to not isolated peer", direct(policyrules.TCP, open, addr("192.0.2.2"), 80), false},
 	}
@@ -70,4 +71,30 @@ func TestFlowJudge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFlowJudgeSharedAddress: an address two pods of the ruleset list cannot say whose
+// connection an entry is (the kernel judges a pod by its port, which conntrack does not
+// record): the entry is kept, whichever pod comes last, rather than judged by the other pod's
+// policies.
+func TestFlowJudgeSharedAddress(t *testing.T) {
+	addr := netip.MustParseAddr
+	shared, peer := addr("10.3.0.7"), addr("192.0.2.9")
+	denyAll := policyrules.Pod{Name: "a/deny-all", Port: 7, IPs: []netip.Addr{shared}, Egress: policyrules.Direction{Isolated: true}, Ingress: policyrules.Direction{Isolated: true}}
+	open := policyrules.Pod{Name: "a/open", Port: 8, IPs: []netip.Addr{shared}}
+	for _, order := range [][]policyrules.Pod{{denyAll, open}, {open, denyAll}} {
+		j := newFlowJudge(policyrules.Ruleset{Pods: order}, policyrules.Applied{}, nil)
+		for _, f := range []*vnl.ConntrackFlow{tcpFlow(shared, peer, 443), tcpFlow(peer, shared, 80)} {
+			if j.denies(f) {
+				t.Errorf("pods %s, %s: %s → %s judged denied, want kept (either pod's)", order[0].Name, order[1].Name, addrOf(f.Forward.SrcIP), addrOf(f.Forward.DstIP))
+			}
+		}
+	}
+}
+
+func tcpFlow(origin, responder netip.Addr, port uint16) *vnl.ConntrackFlow {
+	f := &vnl.ConntrackFlow{}
+	f.Forward = vnl.IPTuple{Protocol: policyrules.TCP, SrcIP: origin.AsSlice(), DstIP: responder.AsSlice(), SrcPort: 40000, DstPort: port}
+	f.Reverse = vnl.IPTuple{Protocol: policyrules.TCP, SrcIP: responder.AsSlice(), DstIP: origin.AsSlice(), SrcPort: port, DstPort: 40000}
+	return f
 }

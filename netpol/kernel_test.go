@@ -1,6 +1,8 @@
 package netpol
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -1091,4 +1093,79 @@ func TestAuditGroupsPass(t *testing.T) {
 		t.Errorf("back to the staged lists: no group made (%+v); the enforced ones were reused", again)
 	}
 	n.expectTCP(t, "audit again: a → b", a.ns, b.v4, 8080, true)
+}
+
+// connPair is one TCP connection whose both ends the test holds: the client's in one pod, the
+// server's in another.
+type connPair struct{ client, server net.Conn }
+
+func openPair(t *testing.T, from, to *testPod, port uint16) connPair {
+	t.Helper()
+	var l net.Listener
+	nettest.Do(t, to.ns, func() (err error) {
+		l, err = net.Listen("tcp", netip.AddrPortFrom(to.v4, port).String())
+		return err
+	})
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	client, err := nettest.DialIn(from.ns)(ctx, "tcp", netip.AddrPortFrom(to.v4, port).String())
+	if err != nil {
+		t.Fatalf("connect %s → %s:%d: %v", from.name, to.name, port, err)
+	}
+	server := <-accepted
+	if server == nil {
+		t.Fatalf("%s:%d accepted nothing", to.name, port)
+	}
+	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
+	return connPair{client, server}
+}
+
+// carries tells whether a line written on from arrives on to within wait.
+func carries(from, to net.Conn, line string, wait time.Duration) bool {
+	_ = from.SetWriteDeadline(time.Now().Add(wait))
+	if _, err := fmt.Fprintln(from, line); err != nil {
+		return false
+	}
+	_ = to.SetReadDeadline(time.Now().Add(wait))
+	got, err := bufio.NewReader(to).ReadString('\n')
+	return err == nil && got == line+"\n"
+}
+
+// TestCutDeniedWhicheverEndSendsFirst: a cut connection stays cut whichever end sends next. With
+// the kernel's default nf_conntrack_tcp_loose, a mid-stream segment without an entry starts a new
+// one in the direction it travels, and the policies judge it as a connection of its sender: a
+// server whose egress and client whose ingress are open would take the denied connection back
+// up by sending first, and the client's segments would then pass as its replies.
+func TestCutDeniedWhicheverEndSendsFirst(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b := n.pods["a"], n.pods["b"]
+	n.apply(t, n.open(), Options{})
+	c := openPair(t, a, b, 9100)
+	if !carries(c.client, c.server, "before", 3*time.Second) || !carries(c.server, c.client, "before", 3*time.Second) {
+		t.Fatal("no traffic before the change")
+	}
+	rs := with(n.open(), b.port, allowFrom(tcp8080, n.pods["c"].ips()...), policyrules.Direction{})
+	applied := n.apply(t, rs, Options{})
+	nettest.Do(t, n.node, func() error {
+		removed, err := CutDenied(rs, applied, []netip.Addr{gw4.Addr(), gw6.Addr()})
+		if err == nil && removed == 0 {
+			err = fmt.Errorf("CutDenied removed no entry")
+		}
+		return err
+	})
+	if carries(c.server, c.client, "server first", 2*time.Second) {
+		t.Errorf("b → a on a → b's cut connection: the server's segment reached the client")
+	}
+	if carries(c.client, c.server, "client then", 2*time.Second) {
+		t.Errorf("a → b on the cut connection after b sent: the client's segment reached the server")
+	}
 }

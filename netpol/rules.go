@@ -28,6 +28,11 @@ const (
 	// MarkConntracked: conntrack knows the packet's connection (established or related), set
 	// in the IP prerouting hook, which br_netfilter runs before the bridge's prerouting chains.
 	MarkConntracked uint32 = 0x04000000
+	// CtMarkCut, in a conntrack entry's mark (not the packet's): the connection is one the
+	// policies deny and CutDenied cut; the inet table drops its packets, whichever end sends.
+	// Not one of the packet bits above, so that a tool that copies the connection's mark into
+	// the packet's grants nothing.
+	CtMarkCut uint32 = 0x08000000
 )
 
 // Names of the fixed objects of the policy tables.
@@ -618,6 +623,18 @@ func InetRules() map[string][]nft.Rule {
 	related := conntracked(expr.CtStateBitRELATED, "ICMP errors about known connections, but from a bridge's ports",
 		&expr.Meta{Key: metaKeyIIFKind, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifName("bridge")})
+	// Dropped before conntrack's mark could grant anything: a cut connection stays cut whichever
+	// end sends next (a deleted entry would be picked up again, mid-stream, in the direction of
+	// whoever sends first, and judged as that end's connection).
+	cut := nft.Rule{
+		Comment: "packets of connections the policies deny (cut: conntrack mark bit)",
+		Exprs: []expr.Any{
+			&expr.Ct{Register: reg1, Key: expr.CtKeyMARK},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(CtMarkCut), Xor: native(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		},
+	}
 	node := nft.Rule{
 		Comment: "the node's own packets reach every pod",
 		Exprs: []expr.Any{
@@ -626,7 +643,7 @@ func InetRules() map[string][]nft.Rule {
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
 		},
 	}
-	return map[string][]nft.Rule{ChainConntrack: {fresh, established, related}, ChainNode: {node}}
+	return map[string][]nft.Rule{ChainConntrack: {fresh, cut, established, related}, ChainNode: {cut, node}}
 }
 
 // Names of a group's sets.

@@ -59,7 +59,7 @@ type Config struct {
 	// PodCIDRs are this node's pod CIDRs (a function: the agent learns them after it starts).
 	PodCIDRs func() []netip.Prefix
 	Resync   time.Duration
-	// CutEstablished removes, after every pass that changed the rules, conntrack's entries of
+	// CutEstablished marks cut, after every pass that changed the rules, conntrack's entries of
 	// the connections they now deny (core.PolicyNetwork.CutEstablished).
 	CutEstablished bool
 	Logger         *slog.Logger
@@ -101,9 +101,12 @@ type Controller struct {
 	// (each is recorded once, when it appears).
 	events   record.EventRecorder
 	reported map[string]bool
-	// cutFailed says the last pass could not cut the connections its rules deny: the next pass
-	// cuts even if it changes nothing.
-	cutFailed bool
+	// cutPending says the rules in force may deny connections no pass has cut yet: the next
+	// pass cuts even if it changes nothing. True at start (an agent stopped between an apply and
+	// its cut, or started with CutEstablished newly on, finds rules in force that its first pass
+	// does not change) and after a pass that failed (its apply may have changed rules, its cut
+	// may not have run or not to the end).
+	cutPending bool
 	// names is who is on each port of the node at the last pass, for the drop log and metrics.
 	names atomic.Pointer[dropNames]
 	// logLost counts what the drop log lost in the agent.
@@ -121,7 +124,7 @@ type Pass struct {
 	Unknown       int // local attachments whose pod the API does not have: still denied
 	// Unplugged counts local attachments whose veth is not a port of the bridge (yet): held.
 	Unplugged int
-	// Cut counts conntrack entries of connections the new rules deny that were removed
+	// Cut counts conntrack entries of connections the new rules deny that were marked cut
 	// (Config.CutEstablished).
 	Cut  uint
 	Took time.Duration
@@ -159,7 +162,7 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 		cfg.DropLogOut = os.Stdout
 	}
 	c := &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, metrics: m,
-		events: cfg.Events, reported: map[string]bool{}}
+		events: cfg.Events, reported: map[string]bool{}, cutPending: true}
 	c.names.Store(namesOf(policyrules.Ruleset{}))
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(newDropsCollector(cfg.Network, c.names.Load, &c.logLost)); err != nil {
@@ -388,7 +391,7 @@ func (c *Controller) pass(verify bool) Pass {
 		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
 		var pass core.PolicyPass
 		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
-			Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutFailed},
+			Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending},
 			func(locals []core.PolicyLocal) policyrules.Ruleset {
 				in.Local = LocalsOf(locals)
 				for _, l := range locals {
@@ -405,8 +408,9 @@ func (c *Controller) pass(verify bool) Pass {
 		p.Applied, p.Guarded, p.NetfilterCall, p.Cut = pass.Applied, pass.Guarded, pass.NetfilterCall, pass.Cut
 		if err == nil {
 			// The rules are in force; a failed cut fails the pass, so that it is tried again.
-			c.cutFailed, err = pass.CutErr != nil, pass.CutErr
+			err = pass.CutErr
 		}
+		c.cutPending = err != nil
 		if pass.Unguarded != nil {
 			c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
 		}

@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"what"}),
 		cut: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kubenet_agent_network_policy_cut_connections_total",
-			Help: "Conntrack entries of established connections removed because a policy change denies them (--policy-cut-established).",
+			Help: "Conntrack entries of established connections marked cut (their packets dropped) because a policy change denies them (--policy-cut-established).",
 		}),
 		logLines: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kubenet_networkpolicy_log_lines_total",

@@ -72,7 +72,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cfg.BinDir, "cni-bin-dir", agent.DefaultBinDir, "CNI bin dir the runtime executes plugins from")
 	fs.StringVar(&o.cfg.BinSource, "cni-bin-source", "", "kubenet binary to install into --cni-bin-dir when it differs; empty: install nothing")
 	fs.BoolVar(&o.cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy on this node (off: the policy table is removed); needs the nftables backend")
-	fs.BoolVar(&o.cfg.PolicyCutEstablished, "policy-cut-established", false, "when a policy change denies a connection that is already established, remove its conntrack entries so that it stops at its next packet (off: it flows until it ends, as the API allows)")
+	fs.BoolVar(&o.cfg.PolicyCutEstablished, "policy-cut-established", false, "when a policy change denies a connection that is already established, mark its conntrack entry cut so that its packets are dropped, whichever end sends (off: it flows until it ends, as the API allows)")
 	fs.BoolVar(&o.policyLog, "policy-log", false, "log what NetworkPolicies drop: one JSON line per burst on stdout (pods, addresses, protocol, port, the policies), sent by the kernel rate-limited to an NFLOG group; off: the rules have no log action (the drop counters are there either way)")
 	fs.UintVar(&o.logGroup, "policy-log-group", core.DefaultPolicyLogGroup, "the NFLOG group (1-65535) of --policy-log; no other process on the node may bind it")
 	fs.UintVar(&o.logRate, "policy-log-rate", core.DefaultPolicyLogRate, "drops per second and direction --policy-log sends at most (bursts of as many); the rest is counted in kubenet_networkpolicy_log_lost_total")

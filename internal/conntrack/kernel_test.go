@@ -96,3 +96,62 @@ func count(m Match) int {
 	}
 	return n
 }
+
+// TestSetMark: the bit is set on the entries the match selects and taken off the others, every
+// other bit of their marks kept.
+func TestSetMark(t *testing.T) {
+	nettest.RequireRoot(t)
+	n := trackingNS(t)
+	nettest.Do(t, n, func() error {
+		for _, port := range []int{40001, 40002} {
+			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+			if err != nil {
+				return err
+			}
+			_, err = c.Write([]byte("x"))
+			c.Close()
+			if err != nil {
+				return err
+			}
+		}
+		toPort := func(port uint16) Match {
+			return func(f *netlink.ConntrackFlow) bool {
+				return f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstPort == port
+			}
+		}
+		all := func(*netlink.ConntrackFlow) bool { return true }
+		marks := func() map[uint16]uint32 {
+			out := map[uint16]uint32{}
+			flows, _ := netlink.ConntrackTableList(netlink.ConntrackTable, 0)
+			for _, f := range flows {
+				out[f.Forward.DstPort] = f.Mark
+			}
+			return out
+		}
+		steps := []struct {
+			name       string
+			bit        uint32
+			match      Match
+			wantMarked uint
+			want       map[uint16]uint32
+		}{
+			{"another bit on every entry", 0x1, all, 2, map[uint16]uint32{40001: 0x1, 40002: 0x1}},
+			{"the bit on one", 0x8, toPort(40001), 1, map[uint16]uint32{40001: 0x9, 40002: 0x1}},
+			{"the same again: nothing to do", 0x8, toPort(40001), 0, map[uint16]uint32{40001: 0x9, 40002: 0x1}},
+			{"on the other one only", 0x8, toPort(40002), 1, map[uint16]uint32{40001: 0x1, 40002: 0x9}},
+			{"on none", 0x8, func(*netlink.ConntrackFlow) bool { return false }, 0, map[uint16]uint32{40001: 0x1, 40002: 0x1}},
+		}
+		for _, s := range steps {
+			marked, err := SetMark(s.bit, s.match)
+			if err != nil || marked != s.wantMarked {
+				return fmt.Errorf("%s: SetMark = %d, %v; want %d", s.name, marked, err, s.wantMarked)
+			}
+			for port, want := range s.want {
+				if got := marks()[port]; got != want {
+					return fmt.Errorf("%s: mark of the flow to %d = %#x, want %#x", s.name, port, got, want)
+				}
+			}
+		}
+		return nil
+	})
+}

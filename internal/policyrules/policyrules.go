@@ -256,17 +256,6 @@ func (d Direction) Allows(peer netip.Addr, protocol uint8, port uint16) bool {
 	})
 }
 
-// AllowsSomePort tells whether the direction lets peer reach at least one port of protocol: what
-// can be said of a connection whose port is not known.
-func (d Direction) AllowsSomePort(peer netip.Addr, protocol uint8) bool {
-	if !d.Isolated {
-		return true
-	}
-	return slices.ContainsFunc(d.Allow, func(e Entry) bool {
-		return e.Peer.Contains(peer) && (e.Ports == nil || e.Ports.Protocol == protocol)
-	})
-}
-
 // Contains tells whether a lies in the range (an IPv4-mapped address counts as IPv4).
 func (r Range) Contains(a netip.Addr) bool {
 	a = a.Unmap()

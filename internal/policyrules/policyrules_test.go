@@ -107,31 +107,27 @@ func TestDirectionAllows(t *testing.T) {
 		protocol uint8
 		port     uint16
 		want     bool
-		somePort bool
 	}{
-		{"not isolated allows all", Direction{}, "192.0.2.1", TCP, 1, true, true},
-		{"isolated, nothing allowed", Direction{Isolated: true}, "10.0.0.1", TCP, 80, false, false},
-		{"peer and port in", d, "10.0.0.7", TCP, 80, true, true},
-		{"port out", d, "10.0.0.7", TCP, 81, false, true},
-		{"protocol out", d, "10.0.0.7", UDP, 80, false, false},
-		{"peer out", d, "10.0.1.7", TCP, 80, false, false},
-		{"no ports: every protocol", d, "10.1.0.1", SCTP, 9, true, true},
-		{"no ports: ICMP", d, "10.1.0.1", 1, 0, true, true},
-		{"port rule never ICMP", d, "10.0.0.7", 1, 0, false, false},
-		{"range first", d, "fd00::1", UDP, 5000, true, true},
-		{"range last", d, "fd00::ff", UDP, 5010, true, true},
-		{"range past", d, "fd00::1", UDP, 5011, false, true},
-		{"family differs", d, "::ffff:10.1.0.2", TCP, 80, false, false},
-		{"mapped address counts as IPv4", d, "::ffff:10.1.0.1", TCP, 80, true, true},
-		{"every port includes 0", d, "10.2.0.1", TCP, 0, true, true},
+		{"not isolated allows all", Direction{}, "192.0.2.1", TCP, 1, true},
+		{"isolated, nothing allowed", Direction{Isolated: true}, "10.0.0.1", TCP, 80, false},
+		{"peer and port in", d, "10.0.0.7", TCP, 80, true},
+		{"port out", d, "10.0.0.7", TCP, 81, false},
+		{"protocol out", d, "10.0.0.7", UDP, 80, false},
+		{"peer out", d, "10.0.1.7", TCP, 80, false},
+		{"no ports: every protocol", d, "10.1.0.1", SCTP, 9, true},
+		{"no ports: ICMP", d, "10.1.0.1", 1, 0, true},
+		{"port rule never ICMP", d, "10.0.0.7", 1, 0, false},
+		{"range first", d, "fd00::1", UDP, 5000, true},
+		{"range last", d, "fd00::ff", UDP, 5010, true},
+		{"range past", d, "fd00::1", UDP, 5011, false},
+		{"family differs", d, "::ffff:10.1.0.2", TCP, 80, false},
+		{"mapped address counts as IPv4", d, "::ffff:10.1.0.1", TCP, 80, true},
+		{"every port includes 0", d, "10.2.0.1", TCP, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := tt.d.Allows(addr(tt.peer), tt.protocol, tt.port); got != tt.want {
 				t.Errorf("Allows(%s, %d, %d) = %v, want %v", tt.peer, tt.protocol, tt.port, got, tt.want)
-			}
-			if got := tt.d.AllowsSomePort(addr(tt.peer), tt.protocol); got != tt.somePort {
-				t.Errorf("AllowsSomePort(%s, %d) = %v, want %v", tt.peer, tt.protocol, got, tt.somePort)
 			}
 		})
 	}

@@ -352,6 +352,8 @@ func (r *renderer) expr(e expr.Any) {
 			k = kindCtStatus
 		case expr.CtKeyDIRECTION:
 			k, n = kindCtDir, 1
+		case expr.CtKeyMARK:
+			k = kindMark // host order, as the packet's
 		}
 		text := "ct " + ctKeyName(e.Key)
 		if e.Direction != 0 {
