@@ -26,6 +26,7 @@ package policy
 import (
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -81,20 +82,25 @@ var (
 
 // peerPod is a pod that can be a peer: its labels, addresses and named ports.
 type peerPod struct {
+	key string // namespace/name
 	pod *corev1.Pod
 	ips []netip.Addr
 }
 
-// compiler holds the indexes of one Compile call.
+// compiler holds the indexes of a compile: of one Compile call, or kept from pass to pass by
+// Incremental, which updates them with the changes.
 type compiler struct {
 	nsLabels map[string]labels.Set
-	pods     []peerPod           // every pod that can be a peer
+	pods     []*peerPod          // every pod that can be a peer, by key: the order of the entries
 	byKey    map[string]*peerPod // namespace/name → pod
-	selCache map[selectorKey][]*peerPod
+	selCache map[selectorKey]*selection
 	// rules holds the expansions of rules that are the same for every pod the policy selects
 	// (all but ingress rules with named ports): a policy with thousands of peers is expanded
 	// once per pass, not once per local pod.
-	rules map[ruleKey][]policyrules.Entry
+	rules map[ruleKey]*expansion
+	// reads collects what the local pod being compiled reads of the pods (Incremental knows by
+	// it which pods' changes call for compiling it again).
+	reads *reads
 }
 
 type ruleKey struct {
@@ -104,110 +110,193 @@ type ruleKey struct {
 }
 
 type selectorKey struct {
-	namespace string // the policy's namespace
-	peer      *networkingv1.NetworkPolicyPeer
+	policy *networkingv1.NetworkPolicy
+	peer   *networkingv1.NetworkPolicyPeer
 }
 
-// Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset.
+// selection is the pods one pod or namespace selector peer of a policy selects.
+type selection struct {
+	namespace     string          // the policy's
+	podSel, nsSel labels.Selector // nsSel nil: the policy's namespace only
+	valid         bool            // false: a selector did not parse, and selects nothing
+	pods          []*peerPod      // by key
+}
+
+// expansion is a rule's entries and what they were made of.
+type expansion struct {
+	entries []policyrules.Entry
+	reads   reads
+}
+
+// reads are the selections an expansion or a local pod's ruleset was made of, and whether it
+// looked at every pod (an egress rule with a named port and an ipBlock).
+type reads struct {
+	selections map[*selection]bool
+	allPods    bool
+}
+
+func (r *reads) add(o *reads) {
+	if r == nil {
+		return
+	}
+	for s := range o.selections {
+		r.addSelection(s)
+	}
+	r.allPods = r.allPods || o.allPods
+}
+
+func (r *reads) addSelection(s *selection) {
+	if r == nil {
+		return
+	}
+	if r.selections == nil {
+		r.selections = map[*selection]bool{}
+	}
+	r.selections[s] = true
+}
+
+func newCompiler() *compiler {
+	return &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey]*selection{}, rules: map[ruleKey]*expansion{}}
+}
+
+// Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset,
+// whatever the order of its pods and policies.
 func Compile(in Input) Result {
-	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}, rules: map[ruleKey][]policyrules.Entry{}}
+	c := newCompiler()
 	for _, ns := range in.Namespaces {
 		c.nsLabels[ns.Name] = labels.Set(ns.Labels)
 	}
-	localIPs := map[string][]netip.Addr{}
-	for _, l := range in.Local {
-		if l.Name != "" {
-			localIPs[l.Namespace+"/"+l.Name] = append(localIPs[l.Namespace+"/"+l.Name], l.IPs...)
-		}
-	}
+	localIPs := localAddrs(in.Local)
 	for _, p := range in.Pods {
-		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
+		if pp := newPeerPod(p, localIPs, in.NodeName, in.LocalCIDRs); pp != nil {
+			c.pods = append(c.pods, pp)
 		}
-		key := p.Namespace + "/" + p.Name
-		// This node's pods are known by their records, before the API's status has them, and
-		// only by them: a pod of this node without a record has no address here.
-		ips := localIPs[key]
-		if ips == nil && (in.NodeName == "" || p.Spec.NodeName != in.NodeName) {
-			ips = slices.DeleteFunc(podIPs(p), func(a netip.Addr) bool {
-				return slices.ContainsFunc(in.LocalCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
-			})
-		}
-		if len(ips) == 0 {
-			continue
-		}
-		c.pods = append(c.pods, peerPod{pod: p, ips: ips})
 	}
-	for i := range c.pods {
-		c.byKey[c.pods[i].pod.Namespace+"/"+c.pods[i].pod.Name] = &c.pods[i]
+	slices.SortStableFunc(c.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
+	for _, pp := range c.pods {
+		c.byKey[pp.key] = pp
 	}
-
+	byNamespace := map[string][]*networkingv1.NetworkPolicy{}
+	for _, np := range in.Policies {
+		byNamespace[np.Namespace] = append(byNamespace[np.Namespace], np)
+	}
+	for _, nps := range byNamespace {
+		slices.SortStableFunc(nps, func(a, b *networkingv1.NetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
+	}
 	var res Result
 	for _, l := range in.Local {
-		if l.Port <= 0 {
-			continue // not on the bridge (yet, or any more): held
-		}
-		pp := policyrules.Pod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
-		if l.Name == "" {
-			// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
-			// can select it.
-			res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
-			continue
-		}
-		target, ok := c.byKey[l.Namespace+"/"+l.Name]
-		if !ok {
-			res.Unknown = append(res.Unknown, l)
-			continue
-		}
-		for _, np := range in.Policies {
-			if np.Namespace != l.Namespace {
-				continue
-			}
-			selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
-			if !selected {
-				continue
-			}
-			ingress, egress, known := policyTypes(np)
-			if !known {
-				// A type the API does not have: which directions the policy meant is unknown.
-				ingress, egress, valid = true, true, false
-			}
-			name := np.Namespace + "/" + np.Name
-			if ingress {
-				pp.Ingress.Policies = append(pp.Ingress.Policies, name)
-			}
-			if egress {
-				pp.Egress.Policies = append(pp.Egress.Policies, name)
-			}
-			if !valid {
-				// Isolated in the policy's directions with nothing allowed by it.
-				pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
-				pp.Egress.Isolated = pp.Egress.Isolated || egress
-				continue
-			}
-			if ingress {
-				pp.Ingress.Isolated = true
-				for i := range np.Spec.Ingress {
-					r := &np.Spec.Ingress[i]
-					pp.Ingress.Allow = c.addRule(pp.Ingress.Allow, ruleKey{np, true, i}, r.From, r.Ports, target)
-				}
-			}
-			if egress {
-				pp.Egress.Isolated = true
-				for i := range np.Spec.Egress {
-					r := &np.Spec.Egress[i]
-					pp.Egress.Allow = c.addRule(pp.Egress.Allow, ruleKey{np, false, i}, r.To, r.Ports, target)
-				}
-			}
-		}
-		slices.Sort(pp.Ingress.Policies)
-		slices.Sort(pp.Egress.Policies)
-		if pp.Ingress.Isolated || pp.Egress.Isolated {
-			res.Isolated++
-		}
-		res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
+		res.add(l, c.local(l, byNamespace[l.Namespace]))
 	}
 	return res
+}
+
+// localAddrs are the local pods' addresses by namespace/name.
+func localAddrs(local []Local) map[string][]netip.Addr {
+	out := map[string][]netip.Addr{}
+	for _, l := range local {
+		if l.Name != "" {
+			out[l.Namespace+"/"+l.Name] = append(out[l.Namespace+"/"+l.Name], l.IPs...)
+		}
+	}
+	return out
+}
+
+// newPeerPod is p as a peer; nil when it can be none (host network, ended, no address).
+func newPeerPod(p *corev1.Pod, localIPs map[string][]netip.Addr, nodeName string, localCIDRs []netip.Prefix) *peerPod {
+	if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil
+	}
+	key := p.Namespace + "/" + p.Name
+	// This node's pods are known by their records, before the API's status has them, and
+	// only by them: a pod of this node without a record has no address here.
+	ips := localIPs[key]
+	if ips == nil && (nodeName == "" || p.Spec.NodeName != nodeName) {
+		ips = slices.DeleteFunc(podIPs(p), func(a netip.Addr) bool {
+			return slices.ContainsFunc(localCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
+		})
+	}
+	if len(ips) == 0 {
+		return nil
+	}
+	return &peerPod{key: key, pod: p, ips: ips}
+}
+
+// localResult is what compiling one local attachment gave.
+type localResult struct {
+	pod     policyrules.Pod
+	skip    bool // not on the bridge: left out
+	unknown bool // its pod is not in the API (yet)
+}
+
+func (r *Result) add(l Local, lr localResult) {
+	switch {
+	case lr.skip:
+	case lr.unknown:
+		r.Unknown = append(r.Unknown, l)
+	default:
+		if lr.pod.Ingress.Isolated || lr.pod.Egress.Isolated {
+			r.Isolated++
+		}
+		r.Ruleset.Pods = append(r.Ruleset.Pods, lr.pod)
+	}
+}
+
+// local compiles one local attachment with the policies of its namespace, by name.
+func (c *compiler) local(l Local, policies []*networkingv1.NetworkPolicy) localResult {
+	if l.Port <= 0 {
+		return localResult{skip: true} // not on the bridge (yet, or any more): held
+	}
+	pp := policyrules.Pod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
+	if l.Name == "" {
+		// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
+		// can select it.
+		return localResult{pod: pp}
+	}
+	target, ok := c.byKey[l.Namespace+"/"+l.Name]
+	if !ok {
+		return localResult{unknown: true}
+	}
+	for _, np := range policies {
+		selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
+		if !selected {
+			continue
+		}
+		ingress, egress, known := policyTypes(np)
+		if !known {
+			// A type the API does not have: which directions the policy meant is unknown.
+			ingress, egress, valid = true, true, false
+		}
+		name := np.Namespace + "/" + np.Name
+		if ingress {
+			pp.Ingress.Policies = append(pp.Ingress.Policies, name)
+		}
+		if egress {
+			pp.Egress.Policies = append(pp.Egress.Policies, name)
+		}
+		if !valid {
+			// Isolated in the policy's directions with nothing allowed by it.
+			pp.Ingress.Isolated = pp.Ingress.Isolated || ingress
+			pp.Egress.Isolated = pp.Egress.Isolated || egress
+			continue
+		}
+		if ingress {
+			pp.Ingress.Isolated = true
+			for i := range np.Spec.Ingress {
+				r := &np.Spec.Ingress[i]
+				pp.Ingress.Allow = c.addRule(pp.Ingress.Allow, ruleKey{np, true, i}, r.From, r.Ports, target)
+			}
+		}
+		if egress {
+			pp.Egress.Isolated = true
+			for i := range np.Spec.Egress {
+				r := &np.Spec.Egress[i]
+				pp.Egress.Allow = c.addRule(pp.Egress.Allow, ruleKey{np, false, i}, r.To, r.Ports, target)
+			}
+		}
+	}
+	slices.Sort(pp.Ingress.Policies)
+	slices.Sort(pp.Egress.Policies)
+	return localResult{pod: pp}
 }
 
 // addRule appends the entries of one rule of a policy for the local pod target to allow, up to
@@ -219,14 +308,20 @@ func (c *compiler) addRule(allow []policyrules.Entry, key ruleKey, peers []netwo
 		return allow
 	}
 	if got, ok := c.rules[key]; ok {
-		return append(allow, got[:min(len(got), room)]...)
+		c.reads.add(&got.reads)
+		return append(allow, got.entries[:min(len(got.entries), room)]...)
 	}
-	got := c.rule(key.policy.Namespace, peers, ports, target, key.ingress, room)
+	outer := c.reads
+	c.reads = &reads{}
+	got := c.rule(key.policy, peers, ports, target, key.ingress, room)
+	read := c.reads
+	c.reads = outer
+	c.reads.add(read)
 	samePerPod := !key.ingress || !slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool {
 		return p.Port != nil && p.Port.Type == intstr.String
 	})
 	if samePerPod && len(got) < room { // complete: not cut at room
-		c.rules[key] = got
+		c.rules[key] = &expansion{entries: got, reads: *read}
 	}
 	return append(allow, got...)
 }
@@ -264,11 +359,11 @@ func policySelects(sel *metav1.LabelSelector, l map[string]string) (selected, va
 	return s.Matches(labels.Set(l)), true
 }
 
-// rule expands one ingress (from) or egress (to) rule of a policy in namespace for the local pod
+// rule expands one ingress (from) or egress (to) rule of a policy for the local pod
 // target into at most room entries (a rule's peers times its ports can be many more than the
 // policy's size: the expansion stops where the direction is over policyrules.MaxAllowEntries,
 // which refuses it whole).
-func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []policyrules.Entry {
+func (c *compiler) rule(policy *networkingv1.NetworkPolicy, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []policyrules.Entry {
 	type peerSet struct {
 		ranges []policyrules.Range // ipBlocks, or everything
 		pods   []*peerPod
@@ -283,7 +378,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 			ps.ranges = append(ps.ranges, blockRanges(p.IPBlock)...)
 			continue
 		}
-		ps.pods = append(ps.pods, c.selectPeers(namespace, p)...)
+		ps.pods = append(ps.pods, c.selectPeers(policy, p)...)
 	}
 
 	var out []policyrules.Entry
@@ -361,8 +456,9 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 			selected[pod] = true
 		}
 		if len(ps.ranges) > 0 {
-			for i := range c.pods {
-				if pod := &c.pods[i]; !selected[pod] && slices.ContainsFunc(pod.ips, inRanges.contains) {
+			c.reads.allPods = true
+			for _, pod := range c.pods {
+				if !selected[pod] && slices.ContainsFunc(pod.ips, inRanges.contains) {
 					dests = append(dests, pod)
 				}
 			}
@@ -384,43 +480,57 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 	return out
 }
 
-// selectPeers returns the pods a pod or namespace selector peer of a policy in namespace selects.
-func (c *compiler) selectPeers(namespace string, p *networkingv1.NetworkPolicyPeer) []*peerPod {
-	key := selectorKey{namespace, p}
-	if got, ok := c.selCache[key]; ok {
-		return got
-	}
-	var podSel, nsSel labels.Selector = labels.Everything(), nil
-	if p.PodSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(p.PodSelector)
-		if err != nil {
-			return nil
+// selectPeers returns the pods a pod or namespace selector peer of policy selects.
+func (c *compiler) selectPeers(policy *networkingv1.NetworkPolicy, p *networkingv1.NetworkPolicyPeer) []*peerPod {
+	key := selectorKey{policy, p}
+	s, ok := c.selCache[key]
+	if !ok {
+		s = newSelection(policy.Namespace, p)
+		for _, pod := range c.pods {
+			if s.matches(pod, c.nsLabels) {
+				s.pods = append(s.pods, pod)
+			}
 		}
-		podSel = s
+		c.selCache[key] = s
+	}
+	c.reads.addSelection(s)
+	return s.pods
+}
+
+// newSelection parses a peer's selectors; a selector that does not parse selects no pod.
+func newSelection(namespace string, p *networkingv1.NetworkPolicyPeer) *selection {
+	s := &selection{namespace: namespace, podSel: labels.Everything()}
+	if p.PodSelector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(p.PodSelector)
+		if err != nil {
+			return s
+		}
+		s.podSel = sel
 	}
 	if p.NamespaceSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
+		sel, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
 		if err != nil {
-			return nil
+			return s
 		}
-		nsSel = s
+		s.nsSel = sel
 	}
-	var out []*peerPod
-	for i := range c.pods {
-		pod := c.pods[i].pod
-		if nsSel == nil {
-			if pod.Namespace != namespace {
-				continue
-			}
-		} else if nsl, ok := c.nsLabels[pod.Namespace]; !ok || !nsSel.Matches(nsl) {
-			continue
-		}
-		if podSel.Matches(labels.Set(pod.Labels)) {
-			out = append(out, &c.pods[i])
-		}
+	s.valid = true
+	return s
+}
+
+// matches tells whether the selection takes pod, with the namespaces' labels nsLabels.
+func (s *selection) matches(pod *peerPod, nsLabels map[string]labels.Set) bool {
+	if !s.valid {
+		return false
 	}
-	c.selCache[key] = out
-	return out
+	if s.nsSel == nil {
+		if pod.pod.Namespace != s.namespace {
+			return false
+		}
+	} else if nsl, ok := nsLabels[pod.pod.Namespace]; !ok || !s.nsSel.Matches(nsl) {
+		return false
+	}
+	return s.podSel.Matches(labels.Set(pod.pod.Labels))
 }
 
 // rangeSet answers whether an address is in a union of ranges, in O(log n).
