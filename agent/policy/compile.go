@@ -24,6 +24,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"net/netip"
 	"slices"
 	"strings"
@@ -91,13 +92,23 @@ type peerPod struct {
 // Incremental, which updates them with the changes.
 type compiler struct {
 	nsLabels map[string]labels.Set
-	pods     []*peerPod          // every pod that can be a peer, by key: the order of the entries
-	byKey    map[string]*peerPod // namespace/name → pod
+	pods     []*peerPod            // every pod that can be a peer, by key: the order of the entries
+	byKey    map[string]*peerPod   // namespace/name → pod
+	byNS     map[string][]*peerPod // namespace → its pods, by key
 	selCache map[selectorKey]*selection
+	// selections are the selections by what they select (shared: policies often have the same
+	// peers, and a pod change is then matched against each once).
+	selections map[string]*selection
 	// rules holds the expansions of rules that are the same for every pod the policy selects
 	// (all but ingress rules with named ports): a policy with thousands of peers is expanded
 	// once per pass, not once per local pod.
 	rules map[ruleKey]*expansion
+	// expansions are the expansions by what they allow (ruleID), shared by the rules that
+	// allow the same.
+	expansions map[string]*expansion
+	ruleIDs    map[ruleKey]string
+	// targets are the policies' own pod selectors, parsed (nil: does not parse).
+	targets map[*networkingv1.NetworkPolicy]labels.Selector
 	// reads collects what the local pod being compiled reads of the pods (Incremental knows by
 	// it which pods' changes call for compiling it again).
 	reads *reads
@@ -119,6 +130,7 @@ type selection struct {
 	namespace     string          // the policy's
 	podSel, nsSel labels.Selector // nsSel nil: the policy's namespace only
 	valid         bool            // false: a selector did not parse, and selects nothing
+	id            string          // what it selects: equal for equal selections
 	pods          []*peerPod      // by key
 }
 
@@ -156,8 +168,50 @@ func (r *reads) addSelection(s *selection) {
 }
 
 func newCompiler() *compiler {
-	return &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey]*selection{}, rules: map[ruleKey]*expansion{}}
+	return &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, byNS: map[string][]*peerPod{},
+		selCache: map[selectorKey]*selection{}, selections: map[string]*selection{}, rules: map[ruleKey]*expansion{}, expansions: map[string]*expansion{},
+		ruleIDs: map[ruleKey]string{}, targets: map[*networkingv1.NetworkPolicy]labels.Selector{}}
 }
+
+// index sorts the pods by key and indexes them.
+func (c *compiler) index() {
+	slices.SortStableFunc(c.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
+	for _, pp := range c.pods {
+		c.byKey[pp.key] = pp
+		c.byNS[pp.pod.Namespace] = append(c.byNS[pp.pod.Namespace], pp)
+	}
+}
+
+// setPod puts pod (nil: none) in place of the peer of key namespace/name in the indexes.
+func (c *compiler) setPod(namespace, key string, pod *peerPod) {
+	c.pods = replaceByKey(c.pods, key, pod)
+	if c.byNS[namespace] = replaceByKey(c.byNS[namespace], key, pod); len(c.byNS[namespace]) == 0 {
+		delete(c.byNS, namespace)
+	}
+	if pod == nil {
+		delete(c.byKey, key)
+	} else {
+		c.byKey[key] = pod
+	}
+}
+
+// replaceByKey puts pod in place of the pod of key in pods (sorted by key): inserted if there is
+// none, removed if pod is nil.
+func replaceByKey(pods []*peerPod, key string, pod *peerPod) []*peerPod {
+	i, found := slices.BinarySearchFunc(pods, key, byKey)
+	switch {
+	case found && pod == nil:
+		return slices.Delete(pods, i, i+1)
+	case found:
+		pods[i] = pod
+		return pods
+	case pod == nil:
+		return pods
+	}
+	return slices.Insert(pods, i, pod)
+}
+
+func byKey(p *peerPod, key string) int { return strings.Compare(p.key, key) }
 
 // Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset,
 // whatever the order of its pods and policies.
@@ -172,10 +226,7 @@ func Compile(in Input) Result {
 			c.pods = append(c.pods, pp)
 		}
 	}
-	slices.SortStableFunc(c.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
-	for _, pp := range c.pods {
-		c.byKey[pp.key] = pp
-	}
+	c.index()
 	byNamespace := map[string][]*networkingv1.NetworkPolicy{}
 	for _, np := range in.Policies {
 		byNamespace[np.Namespace] = append(byNamespace[np.Namespace], np)
@@ -257,7 +308,7 @@ func (c *compiler) local(l Local, policies []*networkingv1.NetworkPolicy) localR
 		return localResult{unknown: true}
 	}
 	for _, np := range policies {
-		selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
+		selected, valid := c.selects(np, target.pod.Labels)
 		if !selected {
 			continue
 		}
@@ -307,23 +358,52 @@ func (c *compiler) addRule(allow []policyrules.Entry, key ruleKey, peers []netwo
 	if room <= 0 {
 		return allow
 	}
-	if got, ok := c.rules[key]; ok {
+	samePerPod := !key.ingress || !slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool {
+		return p.Port != nil && p.Port.Type == intstr.String
+	})
+	var id string
+	got, ok := c.rules[key]
+	if !ok && samePerPod {
+		var known bool
+		if id, known = c.ruleIDs[key]; !known {
+			id = ruleID(key, peers, ports)
+			c.ruleIDs[key] = id
+		}
+		if got, ok = c.expansions[id]; ok {
+			c.rules[key] = got
+		}
+	}
+	if ok {
 		c.reads.add(&got.reads)
 		return append(allow, got.entries[:min(len(got.entries), room)]...)
 	}
 	outer := c.reads
 	c.reads = &reads{}
-	got := c.rule(key.policy, peers, ports, target, key.ingress, room)
+	entries := c.rule(key.policy, peers, ports, target, key.ingress, room)
 	read := c.reads
 	c.reads = outer
 	c.reads.add(read)
-	samePerPod := !key.ingress || !slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool {
-		return p.Port != nil && p.Port.Type == intstr.String
-	})
-	if samePerPod && len(got) < room { // complete: not cut at room
-		c.rules[key] = &expansion{entries: got, reads: *read}
+	if samePerPod && len(entries) < room { // complete: not cut at room
+		e := &expansion{entries: entries, reads: *read}
+		c.rules[key], c.expansions[id] = e, e
 	}
-	return append(allow, got...)
+	return append(allow, entries...)
+}
+
+// ruleID says what a rule that is the same for every pod allows: rules with the same ID have the
+// same expansion (policies often share rules, "from the monitoring namespace").
+func ruleID(key ruleKey, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) string {
+	namespace := "" // a peer without a namespace selector selects in the policy's namespace
+	if slices.ContainsFunc(peers, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock == nil && p.NamespaceSelector == nil }) {
+		namespace = key.policy.Namespace
+	}
+	id, _ := json.Marshal(struct {
+		Namespace string
+		Ingress   bool
+		Peers     []networkingv1.NetworkPolicyPeer
+		Ports     []networkingv1.NetworkPolicyPort
+	}{namespace, key.ingress, peers, ports})
+	return string(id)
 }
 
 // policyTypes says which directions np isolates, and whether every type it lists is one the API
@@ -343,6 +423,22 @@ func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress, known bool) {
 		}
 	}
 	return ingress, egress, true
+}
+
+// selects is policySelects with the policy's selector parsed once.
+func (c *compiler) selects(np *networkingv1.NetworkPolicy, l map[string]string) (selected, valid bool) {
+	s, ok := c.targets[np]
+	if !ok {
+		var err error
+		if s, err = metav1.LabelSelectorAsSelector(&np.Spec.PodSelector); err != nil {
+			s = nil
+		}
+		c.targets[np] = s
+	}
+	if s == nil {
+		return true, false
+	}
+	return s.Matches(labels.Set(l)), true
 }
 
 // policySelects applies a policy's own podSelector to a pod's labels. The API server validates
@@ -384,11 +480,22 @@ func (c *compiler) rule(policy *networkingv1.NetworkPolicy, peers []networkingv1
 	var out []policyrules.Entry
 	// add appends rs on ports, up to room entries in all; false once room is used up.
 	add := func(rs []policyrules.Range, ports *policyrules.Ports) bool {
-		if len(out)+len(rs) > room {
-			out = append(out, entries(rs[:room-len(out)], ports)...)
-			return false
+		for _, r := range rs {
+			if len(out) == room {
+				return false
+			}
+			out = append(out, policyrules.Entry{Peer: r, Ports: ports})
 		}
-		out = append(out, entries(rs, ports)...)
+		return true
+	}
+	// addAddrs appends single addresses on ports, like add.
+	addAddrs := func(ips []netip.Addr, ports *policyrules.Ports) bool {
+		for _, a := range ips {
+			if len(out) == room {
+				return false
+			}
+			out = append(out, policyrules.Entry{Peer: policyrules.Single(a), Ports: ports})
+		}
 		return true
 	}
 	// addPeers appends every peer on ports.
@@ -397,7 +504,7 @@ func (c *compiler) rule(policy *networkingv1.NetworkPolicy, peers []networkingv1
 			return false
 		}
 		for _, pod := range ps.pods {
-			if !add(singles(pod.ips), ports) {
+			if !addAddrs(pod.ips, ports) {
 				return false
 			}
 		}
@@ -471,7 +578,7 @@ func (c *compiler) rule(policy *networkingv1.NetworkPolicy, peers []networkingv1
 						ips = append(ips, a)
 					}
 				}
-				if !add(singles(ips), &policyrules.Ports{Protocol: proto, First: n, Last: n}) {
+				if !addAddrs(ips, &policyrules.Ports{Protocol: proto, First: n, Last: n}) {
 					return out
 				}
 			}
@@ -486,10 +593,11 @@ func (c *compiler) selectPeers(policy *networkingv1.NetworkPolicy, p *networking
 	s, ok := c.selCache[key]
 	if !ok {
 		s = newSelection(policy.Namespace, p)
-		for _, pod := range c.pods {
-			if s.matches(pod, c.nsLabels) {
-				s.pods = append(s.pods, pod)
-			}
+		if shared, ok := c.selections[s.id]; ok {
+			s = shared
+		} else {
+			c.fill(s)
+			c.selections[s.id] = s
 		}
 		c.selCache[key] = s
 	}
@@ -503,6 +611,7 @@ func newSelection(namespace string, p *networkingv1.NetworkPolicyPeer) *selectio
 	if p.PodSelector != nil {
 		sel, err := metav1.LabelSelectorAsSelector(p.PodSelector)
 		if err != nil {
+			s.id = "invalid"
 			return s
 		}
 		s.podSel = sel
@@ -510,12 +619,54 @@ func newSelection(namespace string, p *networkingv1.NetworkPolicyPeer) *selectio
 	if p.NamespaceSelector != nil {
 		sel, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
 		if err != nil {
+			s.id = "invalid"
 			return s
 		}
 		s.nsSel = sel
 	}
 	s.valid = true
+	// What the selection selects, exactly (JSON quotes every value and orders the maps); the
+	// policy's namespace counts only without a namespace selector.
+	id, _ := json.Marshal(struct {
+		Namespace   string                `json:"n,omitempty"`
+		PodSelector *metav1.LabelSelector `json:"p,omitempty"`
+		NSSelector  *metav1.LabelSelector `json:"s,omitempty"`
+	}{PodSelector: p.PodSelector, NSSelector: p.NamespaceSelector})
+	if p.NamespaceSelector == nil {
+		id, _ = json.Marshal(struct {
+			Namespace   string                `json:"n"`
+			PodSelector *metav1.LabelSelector `json:"p,omitempty"`
+		}{namespace, p.PodSelector})
+	}
+	s.id = string(id)
 	return s
+}
+
+// fill finds the selection's pods.
+func (c *compiler) fill(s *selection) {
+	s.pods = s.pods[:0]
+	if !s.valid {
+		return
+	}
+	if s.nsSel == nil {
+		for _, pod := range c.byNS[s.namespace] {
+			if s.podSel.Matches(labels.Set(pod.pod.Labels)) {
+				s.pods = append(s.pods, pod)
+			}
+		}
+		return
+	}
+	for ns, pods := range c.byNS {
+		if nsl, ok := c.nsLabels[ns]; !ok || !s.nsSel.Matches(nsl) {
+			continue
+		}
+		for _, pod := range pods {
+			if s.podSel.Matches(labels.Set(pod.pod.Labels)) {
+				s.pods = append(s.pods, pod)
+			}
+		}
+	}
+	slices.SortFunc(s.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
 }
 
 // matches tells whether the selection takes pod, with the namespaces' labels nsLabels.
@@ -563,22 +714,6 @@ func (s rangeSet) contains(a netip.Addr) bool {
 
 func inRange(a netip.Addr, r policyrules.Range) bool {
 	return a.Is4() == r.First.Is4() && a.Compare(r.First) >= 0 && a.Compare(r.Last) <= 0
-}
-
-func singles(ips []netip.Addr) []policyrules.Range {
-	out := make([]policyrules.Range, 0, len(ips))
-	for _, a := range ips {
-		out = append(out, policyrules.Single(a))
-	}
-	return out
-}
-
-func entries(rs []policyrules.Range, ports *policyrules.Ports) []policyrules.Entry {
-	out := make([]policyrules.Entry, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, policyrules.Entry{Peer: r, Ports: ports})
-	}
-	return out
 }
 
 // protocol maps a NetworkPolicyPort's protocol (default TCP) to its number; 0 for one the API

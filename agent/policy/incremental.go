@@ -190,13 +190,12 @@ func (x *Incremental) rebuild(localIPs map[string][]netip.Addr, cidrs []netip.Pr
 	for _, ns := range x.namespaces {
 		x.c.nsLabels[ns.Name] = labels.Set(ns.Labels)
 	}
-	for key, p := range x.pods {
+	for _, p := range x.pods {
 		if pp := newPeerPod(p, localIPs, x.nodeName, cidrs); pp != nil {
 			x.c.pods = append(x.c.pods, pp)
-			x.c.byKey[key] = pp
 		}
 	}
-	slices.SortFunc(x.c.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
+	x.c.index()
 	x.byNS = map[string][]*networkingv1.NetworkPolicy{}
 	for _, np := range x.policies {
 		x.byNS[np.Namespace] = append(x.byNS[np.Namespace], np)
@@ -224,6 +223,7 @@ func (x *Incremental) update(localIPs map[string][]netip.Addr) {
 	}
 	x.localIPs = localIPs
 
+	pruneSelections := false
 	for key, old := range x.changedPolicies {
 		ns, _, _ := strings.Cut(key, "/")
 		if old != nil {
@@ -232,7 +232,14 @@ func (x *Incremental) update(localIPs map[string][]netip.Addr) {
 					delete(x.c.selCache, k)
 				}
 			}
-			for k := range x.c.rules {
+			pruneSelections = true
+			delete(x.c.targets, old)
+			for k := range x.c.ruleIDs {
+				if k.policy == old {
+					delete(x.c.ruleIDs, k)
+				}
+			}
+			for k := range x.c.rules { // their expansions may be other policies' too
 				if k.policy == old {
 					delete(x.c.rules, k)
 				}
@@ -246,6 +253,27 @@ func (x *Incremental) update(localIPs map[string][]netip.Addr) {
 		}
 		if len(x.byNS[ns]) == 0 {
 			delete(x.byNS, ns)
+		}
+	}
+	if pruneSelections {
+		// Selections no policy has any more: every pod change would be matched against them.
+		used := make(map[*selection]bool, len(x.c.selCache))
+		for _, s := range x.c.selCache {
+			used[s] = true
+		}
+		for id, s := range x.c.selections {
+			if !used[s] {
+				delete(x.c.selections, id)
+			}
+		}
+		usedRules := make(map[*expansion]bool, len(x.c.rules))
+		for _, e := range x.c.rules {
+			usedRules[e] = true
+		}
+		for id, e := range x.c.expansions {
+			if !usedRules[e] {
+				delete(x.c.expansions, id)
+			}
 		}
 	}
 }
@@ -265,17 +293,11 @@ func (x *Incremental) applyPodChanges() (dirty map[*selection]bool, anyPod bool)
 		} else {
 			delete(x.c.nsLabels, name)
 		}
-		for _, s := range x.c.selCache {
+		for _, s := range x.c.selections {
 			if s.nsSel == nil || !s.valid || (had && s.nsSel.Matches(old)) == (has && s.nsSel.Matches(now)) {
 				continue
 			}
-			// The namespace's pods entered or left the selection.
-			s.pods = s.pods[:0]
-			for _, pod := range x.c.pods {
-				if s.matches(pod, x.c.nsLabels) {
-					s.pods = append(s.pods, pod)
-				}
-			}
+			x.c.fill(s) // the namespace's pods entered or left the selection
 			dirty[s] = true
 		}
 	}
@@ -292,13 +314,9 @@ func (x *Incremental) applyPodChanges() (dirty map[*selection]bool, anyPod bool)
 			continue
 		}
 		anyPod = true
-		x.c.pods = replaceByKey(x.c.pods, key, now)
-		if now == nil {
-			delete(x.c.byKey, key)
-		} else {
-			x.c.byKey[key] = now
-		}
-		for _, s := range x.c.selCache {
+		ns, _, _ := strings.Cut(key, "/")
+		x.c.setPod(ns, key, now)
+		for _, s := range x.c.selections {
 			_, was := slices.BinarySearchFunc(s.pods, key, byKey)
 			is := now != nil && s.matches(now, x.c.nsLabels)
 			if !was && !is {
@@ -317,23 +335,10 @@ func (x *Incremental) applyPodChanges() (dirty map[*selection]bool, anyPod bool)
 			delete(x.c.rules, k)
 		}
 	}
+	for id, e := range x.c.expansions {
+		if e.reads.stale(dirty, anyPod) {
+			delete(x.c.expansions, id)
+		}
+	}
 	return dirty, anyPod
 }
-
-// replaceByKey puts pod in place of the pod of key in pods (sorted by key): inserted if there is
-// none, removed if pod is nil.
-func replaceByKey(pods []*peerPod, key string, pod *peerPod) []*peerPod {
-	i, found := slices.BinarySearchFunc(pods, key, byKey)
-	switch {
-	case found && pod == nil:
-		return slices.Delete(pods, i, i+1)
-	case found:
-		pods[i] = pod
-		return pods
-	case pod == nil:
-		return pods
-	}
-	return slices.Insert(pods, i, pod)
-}
-
-func byKey(p *peerPod, key string) int { return strings.Compare(p.key, key) }
