@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -227,23 +228,12 @@ func (x *Incremental) update(localIPs map[string][]netip.Addr) {
 	for key, old := range x.changedPolicies {
 		ns, _, _ := strings.Cut(key, "/")
 		if old != nil {
-			for k := range x.c.selCache {
-				if k.policy == old {
-					delete(x.c.selCache, k)
-				}
-			}
-			pruneSelections = true
+			maps.DeleteFunc(x.c.selCache, func(k selectorKey, _ *selection) bool { return k.policy == old })
+			maps.DeleteFunc(x.c.ruleIDs, func(k ruleKey, _ string) bool { return k.policy == old })
+			// Their expansions may be other policies' too: pruned below.
+			maps.DeleteFunc(x.c.rules, func(k ruleKey, _ *expansion) bool { return k.policy == old })
 			delete(x.c.targets, old)
-			for k := range x.c.ruleIDs {
-				if k.policy == old {
-					delete(x.c.ruleIDs, k)
-				}
-			}
-			for k := range x.c.rules { // their expansions may be other policies' too
-				if k.policy == old {
-					delete(x.c.rules, k)
-				}
-			}
+			pruneSelections = true
 			x.byNS[ns] = slices.DeleteFunc(x.byNS[ns], func(np *networkingv1.NetworkPolicy) bool { return np == old })
 		}
 		if np, ok := x.policies[key]; ok {
@@ -257,25 +247,18 @@ func (x *Incremental) update(localIPs map[string][]netip.Addr) {
 	}
 	if pruneSelections {
 		// Selections no policy has any more: every pod change would be matched against them.
-		used := make(map[*selection]bool, len(x.c.selCache))
-		for _, s := range x.c.selCache {
-			used[s] = true
-		}
-		for id, s := range x.c.selections {
-			if !used[s] {
-				delete(x.c.selections, id)
-			}
-		}
-		usedRules := make(map[*expansion]bool, len(x.c.rules))
-		for _, e := range x.c.rules {
-			usedRules[e] = true
-		}
-		for id, e := range x.c.expansions {
-			if !usedRules[e] {
-				delete(x.c.expansions, id)
-			}
-		}
+		dropUnused(x.c.selections, x.c.selCache)
+		dropUnused(x.c.expansions, x.c.rules)
 	}
+}
+
+// dropUnused deletes the entries of m whose value is no value of users.
+func dropUnused[K1, K2, V comparable](m map[K1]V, users map[K2]V) {
+	used := make(map[V]bool, len(users))
+	for _, v := range users {
+		used[v] = true
+	}
+	maps.DeleteFunc(m, func(_ K1, v V) bool { return !used[v] })
 }
 
 // applyPodChanges brings the pods and namespaces of the indexes up to date and returns the
