@@ -31,8 +31,10 @@ type Incremental struct {
 	localIPs map[string][]netip.Addr
 	byNS     map[string][]*networkingv1.NetworkPolicy // by name
 	results  map[localID]compiledLocal
-	// compiled counts the local pods the last Compile compiled (the others kept their result).
+	// compiled counts the local pods the last Compile compiled (the others kept their result);
+	// full says it compiled everything from the objects.
 	compiled int
+	full     bool
 
 	// The changes since the last Compile, by key.
 	changedPods       map[string]bool
@@ -117,6 +119,12 @@ func (x *Incremental) Input(local []Local, localCIDRs []netip.Prefix) Input {
 	return in
 }
 
+// Built tells whether the next Compile is an incremental one.
+func (x *Incremental) Built() bool { return x.built }
+
+// Full tells whether the last Compile compiled everything from the objects.
+func (x *Incremental) Full() bool { return x.full }
+
 // Compiled is how many local pods the last Compile compiled; the others kept their result.
 func (x *Incremental) Compiled() int { return x.compiled }
 
@@ -133,7 +141,8 @@ func (x *Incremental) Pod(key string) (*corev1.Pod, bool) {
 // last call can affect.
 func (x *Incremental) Compile(local []Local, localCIDRs []netip.Prefix) Result {
 	localIPs := localAddrs(local)
-	if !x.built || !slices.Equal(x.cidrs, localCIDRs) {
+	x.full = !x.built || !slices.Equal(x.cidrs, localCIDRs)
+	if x.full {
 		x.rebuild(localIPs, localCIDRs)
 	} else {
 		x.update(localIPs)

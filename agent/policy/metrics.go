@@ -15,6 +15,9 @@ type metrics struct {
 	passTime prometheus.Histogram
 	released prometheus.Counter
 	repairs  *prometheus.CounterVec
+	// divergences counts full compiles that found the incremental result different.
+	divergences prometheus.Counter
+	compiled    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -56,11 +59,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_agent_network_policy_repairs_total",
 			Help: "What passes found removed or changed by somebody else and put back, by what (guard, bridge_netfilter_call, group, fixed).",
 		}, []string{"what"}),
+		divergences: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_network_policy_incremental_divergences_total",
+			Help: "Checks (at the periodic resync) that found the incremental compile's result different from a full compile's; the full one was used. Not 0: a bug, please report.",
+		}),
+		compiled: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubenet_agent_network_policy_compiled_pods",
+			Help:    "Local pods compiled by one pass (the others kept their rules).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 7),
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs} {
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs, m.divergences, m.compiled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -76,8 +88,8 @@ func (m *metrics) repaired(guards int, netfilterCall bool) {
 	}
 }
 
-func (m *metrics) observe(in Input, res Result) {
-	m.policies.Set(float64(len(in.Policies)))
+func (m *metrics) observe(policies int, res Result) {
+	m.policies.Set(float64(policies))
 	m.isolated.Set(float64(res.Isolated))
 	m.unknown.Set(float64(len(res.Unknown)))
 }
@@ -89,6 +101,7 @@ func (m *metrics) pass(p Pass) {
 		return
 	}
 	m.passes.WithLabelValues("ok").Inc()
+	m.compiled.Observe(float64(p.Compiled))
 	m.groups.Set(float64(p.Applied.Groups))
 	m.refused.Set(float64(len(p.Applied.Refused)))
 	m.released.Add(float64(p.Applied.Released))
