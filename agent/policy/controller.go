@@ -425,6 +425,9 @@ func (c *Controller) pass(verify bool) Pass {
 			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "verified", verify,
 			"compiledPods", p.Compiled, "full", p.Full, "took", p.Took)
 	}
+	if err == nil && c.incr.Full() { // the first pass, or one after the compiler started over
+		c.log.Info("network policy: compiled everything", "localPods", p.Compiled, "policies", c.incr.Policies(), "took", p.Took)
+	}
 	if c.passed != nil {
 		c.passed(p)
 	}
