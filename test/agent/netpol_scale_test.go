@@ -47,6 +47,10 @@ type controlPlaneResult struct {
 	podChanges []time.Duration // API update of a pod's labels → the node's group of a local pod changed
 	churnCPU   float64         // the agent's CPU, % of one core, while pods change at cpChurnRate a second
 	churned    int             // pod changes made during the churn
+	// churnPasses and churnPassTime are the passes during the churn and their time in all
+	// (the agent's metrics): how much of the CPU the passes are.
+	churnPasses   float64
+	churnPassTime time.Duration
 	firstPass  time.Duration   // the first pass after a restart (the agent's log)
 	idleRSS    int64           // the agent's resident memory before the objects were created
 	rss, peak  int64           // at the end, and the highest sampled (every 100 ms)
@@ -216,7 +220,15 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 			res.churned = c + 1
 		}
 	})
+	passMetrics := func() (count, seconds float64) {
+		m, err := n.metrics()
+		must(err)
+		return m["kubenet_agent_network_policy_pass_seconds_count"], m["kubenet_agent_network_policy_pass_seconds_sum"]
+	}
+	count0, sum0 := passMetrics()
 	res.churnCPU = measureCPU(b, n.agent.Pid(), *netpolChurn)
+	count1, sum1 := passMetrics()
+	res.churnPasses, res.churnPassTime = count1-count0, time.Duration((sum1-sum0)*float64(time.Second))
 	stopChurn()
 	churning.Wait()
 	res.rss = procStatus(b, n.agent.Pid(), "VmRSS")
@@ -270,6 +282,7 @@ func cpReport(res controlPlaneResult, began time.Time) string {
 	fmt.Fprintf(&b, "| policy change → node's rules, p50 | %s |\n| policy change → node's rules, max of %d | %s |\n", p50.Round(100*time.Microsecond), len(res.latencies), worst.Round(100*time.Microsecond))
 	fmt.Fprintf(&b, "| pod label change → node's rules, p50 / p99 of %d | %s / %s |\n", len(res.podChanges), pod50.Round(100*time.Microsecond), pod99.Round(100*time.Microsecond))
 	fmt.Fprintf(&b, "| agent CPU while %d pods change a second (%d changes) | %.1f %% of a core |\n", cpChurnRate, res.churned, res.churnCPU)
+	fmt.Fprintf(&b, "| passes meanwhile, and their time in all | %.0f, %s |\n", res.churnPasses, res.churnPassTime.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| first pass after a restart (the agent's log) | %s |\n", res.firstPass.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| %d pods added one after another on the node → all released (policies in force) | %s |\n", size.Local, res.converge.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| agent RSS before the objects / at the end / peak (sampled every 100 ms) | %.1f / %.1f / %.1f MiB |\n", mib(res.idleRSS), mib(res.rss), mib(res.peak))
