@@ -51,9 +51,9 @@ type controlPlaneResult struct {
 	// (the agent's metrics): how much of the CPU the passes are.
 	churnPasses   float64
 	churnPassTime time.Duration
-	firstPass  time.Duration   // the first pass after a restart (the agent's log)
-	idleRSS    int64           // the agent's resident memory before the objects were created
-	rss, peak  int64           // at the end, and the highest sampled (every 100 ms)
+	firstPass     time.Duration // the first pass after a restart (the agent's log)
+	idleRSS       int64         // the agent's resident memory before the objects were created
+	rss, peak     int64         // at the end, and the highest sampled (every 100 ms)
 }
 
 var netpolOut = flag.String("netpol.out", "", "markdown file whose control-plane block receives BenchmarkNetworkPolicyScale's table (docs/networkpolicy.md)")
