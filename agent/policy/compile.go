@@ -375,7 +375,7 @@ func (c *compiler) addRule(allow []policyrules.Entry, key ruleKey, peers []netwo
 	}
 	if ok {
 		c.reads.add(&got.reads)
-		return append(allow, got.entries[:min(len(got.entries), room)]...)
+		return appendShared(allow, got.entries[:min(len(got.entries), room)])
 	}
 	outer := c.reads
 	c.reads = &reads{}
@@ -386,6 +386,17 @@ func (c *compiler) addRule(allow []policyrules.Entry, key ruleKey, peers []netwo
 	if samePerPod && len(entries) < room { // complete: not cut at room
 		e := &expansion{entries: entries, reads: *read}
 		c.rules[key], c.expansions[id] = e, e
+		return appendShared(allow, entries)
+	}
+	return append(allow, entries...)
+}
+
+// appendShared appends an expansion's entries, which are shared, to allow: a direction made of
+// one rule is the expansion itself (a hundred pods with the same policy are one list, not a
+// hundred copies), clipped so that appending to it copies. Nobody writes into an allow list.
+func appendShared(allow, entries []policyrules.Entry) []policyrules.Entry {
+	if len(allow) == 0 && len(entries) > 0 {
+		return entries[:len(entries):len(entries)]
 	}
 	return append(allow, entries...)
 }
