@@ -7,11 +7,15 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	fakecorev1 "k8s.io/client-go/kubernetes/typed/core/v1/fake"
+	fakenetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -158,5 +162,30 @@ func TestControllerChanges(t *testing.T) {
 	check(Compile(in), true)
 	if got := testutil.ToFloat64(m.divergences); got != 1 {
 		t.Errorf("after the full compile: divergences %v, want still 1", got)
+	}
+}
+
+// TestMinGap: passes that only changes ask for keep the configured gap (by default
+// DefaultMinGap; a negative one turns it off), and the resync and the first pass stay.
+func TestMinGap(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  time.Duration
+		want time.Duration
+	}{
+		{"default", 0, DefaultMinGap},
+		{"set", 300 * time.Millisecond, 300 * time.Millisecond},
+		{"off", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(&fakecorev1.FakeCoreV1{Fake: &k8stesting.Fake{}}, &fakenetworkingv1.FakeNetworkingV1{Fake: &k8stesting.Fake{}},
+				Config{Network: "kubenet", MinGap: tc.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg := c.loopConfig(); cfg.MinGap != tc.want || !cfg.AtStart || cfg.Period != DefaultResync {
+				t.Errorf("loop: min gap %v, at start %v, period %v; want %v, true, %v", cfg.MinGap, cfg.AtStart, cfg.Period, tc.want, DefaultResync)
+			}
+		})
 	}
 }
