@@ -109,7 +109,8 @@ type Pass struct {
 	// Unplugged counts local attachments whose veth is not a port of the bridge (yet): held.
 	Unplugged int
 	// Compiled counts the local pods compiled (the others kept their rules); Full says the pass
-	// compiled everything (the first) or checked the incremental result against a full compile.
+	// compiled everything (the first) or checked the incremental result against a full compile
+	// (the periodic resync).
 	Compiled int
 	Full     bool
 	Took     time.Duration
@@ -265,7 +266,7 @@ func (c *Controller) loopConfig() loop.Config {
 			c.log.Warn("network policy pass failed, retrying", "err", err, "in", retryIn)
 		},
 		Pass: func(_ context.Context, w loop.Wake) loop.Outcome {
-			p := c.pass(w.Start || w.Periodic || w.Retry || w.Fired(triggerVerify))
+			p := c.pass(w.Start || w.Periodic || w.Retry || w.Fired(triggerVerify), w.Periodic)
 			if p.Err != nil || kernelRefused(p.Applied.Refused) {
 				return loop.Outcome{Err: p.Err, Retry: true}
 			}
@@ -383,8 +384,9 @@ func (c *Controller) compile(local []Local, cidrs []netip.Prefix, full bool, p *
 	return res
 }
 
-// pass compiles and applies once; verify reads every set back.
-func (c *Controller) pass(verify bool) Pass {
+// pass compiles and applies once; verify reads every set back, check compares the incremental
+// compile with a full one.
+func (c *Controller) pass(verify, check bool) Pass {
 	start := time.Now()
 	p := Pass{Verified: verify}
 	c.sync()
@@ -397,7 +399,7 @@ func (c *Controller) pass(verify bool) Pass {
 					p.Unplugged++
 				}
 			}
-			res := c.compile(local, cidrs, verify && c.incr.Built(), &p)
+			res := c.compile(local, cidrs, check && c.incr.Built(), &p)
 			p.Unknown = len(res.Unknown)
 			c.metrics.observe(c.incr.Policies(), res)
 			return res.Ruleset
