@@ -24,8 +24,10 @@
 package policy
 
 import (
+	"encoding/json"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -95,20 +97,35 @@ var (
 
 // peerPod is a pod that can be a peer: its labels, addresses and named ports.
 type peerPod struct {
+	key string // namespace/name
 	pod *corev1.Pod
 	ips []netip.Addr
 }
 
-// compiler holds the indexes of one Compile call.
+// compiler holds the indexes of a compile: of one Compile call, or kept from pass to pass by
+// Incremental, which updates them with the changes.
 type compiler struct {
 	nsLabels map[string]labels.Set
-	pods     []peerPod           // every pod that can be a peer
-	byKey    map[string]*peerPod // namespace/name → pod
-	selCache map[selectorKey][]*peerPod
+	pods     []*peerPod            // every pod that can be a peer, by key: the order of the entries
+	byKey    map[string]*peerPod   // namespace/name → pod
+	byNS     map[string][]*peerPod // namespace → its pods, by key
+	selCache map[selectorKey]*selection
+	// selections are the selections by what they select (shared: policies often have the same
+	// peers, and a pod change is then matched against each once).
+	selections map[string]*selection
 	// rules holds the expansions of rules that are the same for every pod the policy selects
 	// (all but ingress rules with named ports): a policy with thousands of peers is expanded
 	// once per pass, not once per local pod.
-	rules map[ruleKey][]policyrules.Entry
+	rules map[ruleKey]*expansion
+	// expansions are the expansions by what they allow (ruleID), shared by the rules that
+	// allow the same.
+	expansions map[string]*expansion
+	ruleIDs    map[ruleKey]string
+	// targets are the policies' own pod selectors, parsed (nil: does not parse).
+	targets map[*networkingv1.NetworkPolicy]labels.Selector
+	// reads collects what the local pod being compiled reads of the pods (Incremental knows by
+	// it which pods' changes call for compiling it again).
+	reads *reads
 }
 
 type ruleKey struct {
@@ -118,98 +135,216 @@ type ruleKey struct {
 }
 
 type selectorKey struct {
-	namespace string // the policy's namespace
-	peer      *networkingv1.NetworkPolicyPeer
+	policy *networkingv1.NetworkPolicy
+	peer   *networkingv1.NetworkPolicyPeer
 }
 
-// Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset.
+// selection is the pods one pod or namespace selector peer of a policy selects.
+type selection struct {
+	namespace     string          // the policy's
+	podSel, nsSel labels.Selector // nsSel nil: the policy's namespace only
+	valid         bool            // false: a selector did not parse, and selects nothing
+	id            string          // what it selects: equal for equal selections
+	pods          []*peerPod      // by key
+}
+
+// expansion is a rule's entries and what they were made of.
+type expansion struct {
+	entries []policyrules.Entry
+	reads   reads
+}
+
+// reads are the selections an expansion or a local pod's ruleset was made of, and whether it
+// looked at every pod (an egress rule with a named port and an ipBlock).
+type reads struct {
+	selections map[*selection]bool
+	allPods    bool
+}
+
+func (r *reads) add(o *reads) {
+	if r == nil {
+		return
+	}
+	for s := range o.selections {
+		r.addSelection(s)
+	}
+	r.allPods = r.allPods || o.allPods
+}
+
+func (r *reads) addSelection(s *selection) {
+	if r == nil {
+		return
+	}
+	if r.selections == nil {
+		r.selections = map[*selection]bool{}
+	}
+	r.selections[s] = true
+}
+
+func newCompiler() *compiler {
+	return &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, byNS: map[string][]*peerPod{},
+		selCache: map[selectorKey]*selection{}, selections: map[string]*selection{}, rules: map[ruleKey]*expansion{}, expansions: map[string]*expansion{},
+		ruleIDs: map[ruleKey]string{}, targets: map[*networkingv1.NetworkPolicy]labels.Selector{}}
+}
+
+// index sorts the pods by key and indexes them.
+func (c *compiler) index() {
+	slices.SortStableFunc(c.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
+	for _, pp := range c.pods {
+		c.byKey[pp.key] = pp
+		c.byNS[pp.pod.Namespace] = append(c.byNS[pp.pod.Namespace], pp)
+	}
+}
+
+// setPod puts pod (nil: none) in place of the peer of key namespace/name in the indexes.
+func (c *compiler) setPod(namespace, key string, pod *peerPod) {
+	c.pods = replaceByKey(c.pods, key, pod)
+	if c.byNS[namespace] = replaceByKey(c.byNS[namespace], key, pod); len(c.byNS[namespace]) == 0 {
+		delete(c.byNS, namespace)
+	}
+	if pod == nil {
+		delete(c.byKey, key)
+	} else {
+		c.byKey[key] = pod
+	}
+}
+
+// replaceByKey puts pod in place of the pod of key in pods (sorted by key): inserted if there is
+// none, removed if pod is nil.
+func replaceByKey(pods []*peerPod, key string, pod *peerPod) []*peerPod {
+	i, found := slices.BinarySearchFunc(pods, key, byKey)
+	switch {
+	case found && pod == nil:
+		return slices.Delete(pods, i, i+1)
+	case found:
+		pods[i] = pod
+		return pods
+	case pod == nil:
+		return pods
+	}
+	return slices.Insert(pods, i, pod)
+}
+
+func byKey(p *peerPod, key string) int { return strings.Compare(p.key, key) }
+
+// Compile computes the ruleset of the local pods. Pure: the same input gives the same ruleset,
+// whatever the order of its pods and policies.
 func Compile(in Input) Result {
-	c := &compiler{nsLabels: map[string]labels.Set{}, byKey: map[string]*peerPod{}, selCache: map[selectorKey][]*peerPod{}, rules: map[ruleKey][]policyrules.Entry{}}
+	c := newCompiler()
 	for _, ns := range in.Namespaces {
 		c.nsLabels[ns.Name] = labels.Set(ns.Labels)
 	}
-	localIPs := map[string][]netip.Addr{}
-	for _, l := range in.Local {
-		if l.Name != "" {
-			localIPs[l.Namespace+"/"+l.Name] = append(localIPs[l.Namespace+"/"+l.Name], l.IPs...)
-		}
-	}
+	localIPs := localAddrs(in.Local)
 	for _, p := range in.Pods {
-		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
+		if pp := newPeerPod(p, localIPs, in.NodeName, in.LocalCIDRs); pp != nil {
+			c.pods = append(c.pods, pp)
 		}
-		key := p.Namespace + "/" + p.Name
-		// This node's pods are known by their records, before the API's status has them, and
-		// only by them: a pod of this node without a record has no address here.
-		ips := localIPs[key]
-		if ips == nil && (in.NodeName == "" || p.Spec.NodeName != in.NodeName) {
-			ips = slices.DeleteFunc(podIPs(p), func(a netip.Addr) bool {
-				return slices.ContainsFunc(in.LocalCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
-			})
-		}
-		if len(ips) == 0 {
-			continue
-		}
-		c.pods = append(c.pods, peerPod{pod: p, ips: ips})
 	}
-	for i := range c.pods {
-		c.byKey[c.pods[i].pod.Namespace+"/"+c.pods[i].pod.Name] = &c.pods[i]
-	}
-
-	var enforced, staged []*networkingv1.NetworkPolicy
+	c.index()
+	byNamespace := map[string][]*networkingv1.NetworkPolicy{}
 	for _, np := range in.Policies {
-		if isAudit(np) {
-			staged = append(staged, np)
-		} else {
-			enforced = append(enforced, np)
-		}
+		byNamespace[np.Namespace] = append(byNamespace[np.Namespace], np)
+	}
+	for _, nps := range byNamespace {
+		slices.SortStableFunc(nps, func(a, b *networkingv1.NetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
 	}
 	var res Result
 	for _, l := range in.Local {
-		if l.Port <= 0 {
-			continue // not on the bridge (yet, or any more): held
-		}
-		pp := policyrules.Pod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
-		if l.Name == "" {
-			// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
-			// can select it.
-			res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
-			continue
-		}
-		target, ok := c.byKey[l.Namespace+"/"+l.Name]
-		if !ok {
-			res.Unknown = append(res.Unknown, l)
-			continue
-		}
-		c.isolate(&pp, l.Namespace, target, enforced)
-		if len(staged) > 0 {
-			var audit policyrules.Pod
-			c.isolate(&audit, l.Namespace, target, staged)
-			for _, d := range []struct{ pod, audit *policyrules.Direction }{{&pp.Ingress, &audit.Ingress}, {&pp.Egress, &audit.Egress}} {
-				if !d.pod.Isolated && d.audit.Isolated {
-					*d.pod = *d.audit
-					d.pod.Audit = true
-				}
-			}
-		}
-		slices.Sort(pp.Ingress.Policies)
-		slices.Sort(pp.Egress.Policies)
-		if pp.Ingress.Isolated || pp.Egress.Isolated {
-			res.Isolated++
-		}
-		res.Ruleset.Pods = append(res.Ruleset.Pods, pp)
+		res.add(l, c.local(l, byNamespace[l.Namespace]))
 	}
 	return res
 }
 
-// isolate adds to pp what the policies of the pod's namespace that select it isolate and allow,
-// direction by direction.
-func (c *compiler) isolate(pp *policyrules.Pod, namespace string, target *peerPod, policies []*networkingv1.NetworkPolicy) {
+// localAddrs are the local pods' addresses by namespace/name.
+func localAddrs(local []Local) map[string][]netip.Addr {
+	out := map[string][]netip.Addr{}
+	for _, l := range local {
+		if l.Name != "" {
+			out[l.Namespace+"/"+l.Name] = append(out[l.Namespace+"/"+l.Name], l.IPs...)
+		}
+	}
+	return out
+}
+
+// newPeerPod is p as a peer; nil when it can be none (host network, ended, no address).
+func newPeerPod(p *corev1.Pod, localIPs map[string][]netip.Addr, nodeName string, localCIDRs []netip.Prefix) *peerPod {
+	if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil
+	}
+	key := p.Namespace + "/" + p.Name
+	// This node's pods are known by their records, before the API's status has them, and
+	// only by them: a pod of this node without a record has no address here.
+	ips := localIPs[key]
+	if ips == nil && (nodeName == "" || p.Spec.NodeName != nodeName) {
+		ips = slices.DeleteFunc(podIPs(p), func(a netip.Addr) bool {
+			return slices.ContainsFunc(localCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
+		})
+	}
+	if len(ips) == 0 {
+		return nil
+	}
+	return &peerPod{key: key, pod: p, ips: ips}
+}
+
+// localResult is what compiling one local attachment gave.
+type localResult struct {
+	pod     policyrules.Pod
+	skip    bool // not on the bridge: left out
+	unknown bool // its pod is not in the API (yet)
+}
+
+func (r *Result) add(l Local, lr localResult) {
+	switch {
+	case lr.skip:
+	case lr.unknown:
+		r.Unknown = append(r.Unknown, l)
+	default:
+		if lr.pod.Ingress.Isolated || lr.pod.Egress.Isolated {
+			r.Isolated++
+		}
+		r.Ruleset.Pods = append(r.Ruleset.Pods, lr.pod)
+	}
+}
+
+// local compiles one local attachment with the policies of its namespace, by name.
+func (c *compiler) local(l Local, policies []*networkingv1.NetworkPolicy) localResult {
+	if l.Port <= 0 {
+		return localResult{skip: true} // not on the bridge (yet, or any more): held
+	}
+	pp := policyrules.Pod{Port: l.Port, Name: l.Namespace + "/" + l.Name, IPs: l.IPs}
+	if l.Name == "" {
+		// Not a Kubernetes pod (a container a runtime started outside Kubernetes): no policy
+		// can select it.
+		return localResult{pod: pp}
+	}
+	target, ok := c.byKey[l.Namespace+"/"+l.Name]
+	if !ok {
+		return localResult{unknown: true}
+	}
+	c.isolate(&pp, target, policies, false)
+	if slices.ContainsFunc(policies, isAudit) {
+		var audit policyrules.Pod
+		c.isolate(&audit, target, policies, true)
+		for _, d := range []struct{ pod, audit *policyrules.Direction }{{&pp.Ingress, &audit.Ingress}, {&pp.Egress, &audit.Egress}} {
+			if !d.pod.Isolated && d.audit.Isolated {
+				*d.pod = *d.audit
+				d.pod.Audit = true
+			}
+		}
+	}
+	slices.Sort(pp.Ingress.Policies)
+	slices.Sort(pp.Egress.Policies)
+	return localResult{pod: pp}
+}
+
+// isolate adds to pp what the policies (of the pod's namespace) that select it isolate and allow,
+// direction by direction: the enforced ones, or (audit) the staged ones.
+func (c *compiler) isolate(pp *policyrules.Pod, target *peerPod, policies []*networkingv1.NetworkPolicy, audit bool) {
 	for _, np := range policies {
-		if np.Namespace != namespace {
+		if isAudit(np) != audit {
 			continue
 		}
-		selected, valid := policySelects(&np.Spec.PodSelector, target.pod.Labels)
+		selected, valid := c.selects(np, target.pod.Labels)
 		if !selected {
 			continue
 		}
@@ -256,17 +391,63 @@ func (c *compiler) addRule(allow []policyrules.Entry, key ruleKey, peers []netwo
 	if room <= 0 {
 		return allow
 	}
-	if got, ok := c.rules[key]; ok {
-		return append(allow, got[:min(len(got), room)]...)
-	}
-	got := c.rule(key.policy.Namespace, peers, ports, target, key.ingress, room)
 	samePerPod := !key.ingress || !slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool {
 		return p.Port != nil && p.Port.Type == intstr.String
 	})
-	if samePerPod && len(got) < room { // complete: not cut at room
-		c.rules[key] = got
+	var id string
+	got, ok := c.rules[key]
+	if !ok && samePerPod {
+		var known bool
+		if id, known = c.ruleIDs[key]; !known {
+			id = ruleID(key, peers, ports)
+			c.ruleIDs[key] = id
+		}
+		if got, ok = c.expansions[id]; ok {
+			c.rules[key] = got
+		}
 	}
-	return append(allow, got...)
+	if ok {
+		c.reads.add(&got.reads)
+		return appendShared(allow, got.entries[:min(len(got.entries), room)])
+	}
+	outer := c.reads
+	c.reads = &reads{}
+	entries := c.rule(key.policy, peers, ports, target, key.ingress, room)
+	read := c.reads
+	c.reads = outer
+	c.reads.add(read)
+	if samePerPod && len(entries) < room { // complete: not cut at room
+		e := &expansion{entries: entries, reads: *read}
+		c.rules[key], c.expansions[id] = e, e
+		return appendShared(allow, entries)
+	}
+	return append(allow, entries...)
+}
+
+// appendShared appends an expansion's entries, which are shared, to allow: a direction made of
+// one rule is the expansion itself (a hundred pods with the same policy are one list, not a
+// hundred copies), clipped so that appending to it copies. Nobody writes into an allow list.
+func appendShared(allow, entries []policyrules.Entry) []policyrules.Entry {
+	if len(allow) == 0 && len(entries) > 0 {
+		return entries[:len(entries):len(entries)]
+	}
+	return append(allow, entries...)
+}
+
+// ruleID says what a rule that is the same for every pod allows: rules with the same ID have the
+// same expansion (policies often share rules, "from the monitoring namespace").
+func ruleID(key ruleKey, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) string {
+	namespace := "" // a peer without a namespace selector selects in the policy's namespace
+	if slices.ContainsFunc(peers, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock == nil && p.NamespaceSelector == nil }) {
+		namespace = key.policy.Namespace
+	}
+	id, _ := json.Marshal(struct {
+		Namespace string
+		Ingress   bool
+		Peers     []networkingv1.NetworkPolicyPeer
+		Ports     []networkingv1.NetworkPolicyPort
+	}{namespace, key.ingress, peers, ports})
+	return string(id)
 }
 
 // policyTypes says which directions np isolates, and whether every type it lists is one the API
@@ -288,6 +469,22 @@ func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress, known bool) {
 	return ingress, egress, true
 }
 
+// selects is policySelects with the policy's selector parsed once.
+func (c *compiler) selects(np *networkingv1.NetworkPolicy, l map[string]string) (selected, valid bool) {
+	s, ok := c.targets[np]
+	if !ok {
+		var err error
+		if s, err = metav1.LabelSelectorAsSelector(&np.Spec.PodSelector); err != nil {
+			s = nil
+		}
+		c.targets[np] = s
+	}
+	if s == nil {
+		return true, false
+	}
+	return s.Matches(labels.Set(l)), true
+}
+
 // policySelects applies a policy's own podSelector to a pod's labels. The API server validates
 // selectors, so one that does not parse is a corrupted object; leaving the policy out would fail
 // open (the pods it was written to isolate would not be), so it selects every pod of the
@@ -302,11 +499,11 @@ func policySelects(sel *metav1.LabelSelector, l map[string]string) (selected, va
 	return s.Matches(labels.Set(l)), true
 }
 
-// rule expands one ingress (from) or egress (to) rule of a policy in namespace for the local pod
+// rule expands one ingress (from) or egress (to) rule of a policy for the local pod
 // target into at most room entries (a rule's peers times its ports can be many more than the
 // policy's size: the expansion stops where the direction is over policyrules.MaxAllowEntries,
 // which refuses it whole).
-func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []policyrules.Entry {
+func (c *compiler) rule(policy *networkingv1.NetworkPolicy, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, target *peerPod, ingress bool, room int) []policyrules.Entry {
 	type peerSet struct {
 		ranges []policyrules.Range // ipBlocks, or everything
 		pods   []*peerPod
@@ -321,17 +518,28 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 			ps.ranges = append(ps.ranges, blockRanges(p.IPBlock)...)
 			continue
 		}
-		ps.pods = append(ps.pods, c.selectPeers(namespace, p)...)
+		ps.pods = append(ps.pods, c.selectPeers(policy, p)...)
 	}
 
 	var out []policyrules.Entry
 	// add appends rs on ports, up to room entries in all; false once room is used up.
 	add := func(rs []policyrules.Range, ports *policyrules.Ports) bool {
-		if len(out)+len(rs) > room {
-			out = append(out, entries(rs[:room-len(out)], ports)...)
-			return false
+		for _, r := range rs {
+			if len(out) == room {
+				return false
+			}
+			out = append(out, policyrules.Entry{Peer: r, Ports: ports})
 		}
-		out = append(out, entries(rs, ports)...)
+		return true
+	}
+	// addAddrs appends single addresses on ports, like add.
+	addAddrs := func(ips []netip.Addr, ports *policyrules.Ports) bool {
+		for _, a := range ips {
+			if len(out) == room {
+				return false
+			}
+			out = append(out, policyrules.Entry{Peer: policyrules.Single(a), Ports: ports})
+		}
 		return true
 	}
 	// addPeers appends every peer on ports.
@@ -340,7 +548,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 			return false
 		}
 		for _, pod := range ps.pods {
-			if !add(singles(pod.ips), ports) {
+			if !addAddrs(pod.ips, ports) {
 				return false
 			}
 		}
@@ -399,8 +607,9 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 			selected[pod] = true
 		}
 		if len(ps.ranges) > 0 {
-			for i := range c.pods {
-				if pod := &c.pods[i]; !selected[pod] && slices.ContainsFunc(pod.ips, inRanges.contains) {
+			c.reads.allPods = true
+			for _, pod := range c.pods {
+				if !selected[pod] && slices.ContainsFunc(pod.ips, inRanges.contains) {
 					dests = append(dests, pod)
 				}
 			}
@@ -413,7 +622,7 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 						ips = append(ips, a)
 					}
 				}
-				if !add(singles(ips), &policyrules.Ports{Protocol: proto, First: n, Last: n}) {
+				if !addAddrs(ips, &policyrules.Ports{Protocol: proto, First: n, Last: n}) {
 					return out
 				}
 			}
@@ -422,43 +631,101 @@ func (c *compiler) rule(namespace string, peers []networkingv1.NetworkPolicyPeer
 	return out
 }
 
-// selectPeers returns the pods a pod or namespace selector peer of a policy in namespace selects.
-func (c *compiler) selectPeers(namespace string, p *networkingv1.NetworkPolicyPeer) []*peerPod {
-	key := selectorKey{namespace, p}
-	if got, ok := c.selCache[key]; ok {
-		return got
-	}
-	var podSel, nsSel labels.Selector = labels.Everything(), nil
-	if p.PodSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(p.PodSelector)
-		if err != nil {
-			return nil
+// selectPeers returns the pods a pod or namespace selector peer of policy selects.
+func (c *compiler) selectPeers(policy *networkingv1.NetworkPolicy, p *networkingv1.NetworkPolicyPeer) []*peerPod {
+	key := selectorKey{policy, p}
+	s, ok := c.selCache[key]
+	if !ok {
+		s = newSelection(policy.Namespace, p)
+		if shared, ok := c.selections[s.id]; ok {
+			s = shared
+		} else {
+			c.fill(s)
+			c.selections[s.id] = s
 		}
-		podSel = s
+		c.selCache[key] = s
+	}
+	c.reads.addSelection(s)
+	return s.pods
+}
+
+// newSelection parses a peer's selectors; a selector that does not parse selects no pod.
+func newSelection(namespace string, p *networkingv1.NetworkPolicyPeer) *selection {
+	s := &selection{namespace: namespace, podSel: labels.Everything()}
+	if p.PodSelector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(p.PodSelector)
+		if err != nil {
+			s.id = "invalid"
+			return s
+		}
+		s.podSel = sel
 	}
 	if p.NamespaceSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
+		sel, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
 		if err != nil {
-			return nil
+			s.id = "invalid"
+			return s
 		}
-		nsSel = s
+		s.nsSel = sel
 	}
-	var out []*peerPod
-	for i := range c.pods {
-		pod := c.pods[i].pod
-		if nsSel == nil {
-			if pod.Namespace != namespace {
-				continue
+	s.valid = true
+	// What the selection selects, exactly (JSON quotes every value and orders the maps); the
+	// policy's namespace counts only without a namespace selector.
+	id, _ := json.Marshal(struct {
+		Namespace   string                `json:"n,omitempty"`
+		PodSelector *metav1.LabelSelector `json:"p,omitempty"`
+		NSSelector  *metav1.LabelSelector `json:"s,omitempty"`
+	}{PodSelector: p.PodSelector, NSSelector: p.NamespaceSelector})
+	if p.NamespaceSelector == nil {
+		id, _ = json.Marshal(struct {
+			Namespace   string                `json:"n"`
+			PodSelector *metav1.LabelSelector `json:"p,omitempty"`
+		}{namespace, p.PodSelector})
+	}
+	s.id = string(id)
+	return s
+}
+
+// fill finds the selection's pods.
+func (c *compiler) fill(s *selection) {
+	s.pods = s.pods[:0]
+	if !s.valid {
+		return
+	}
+	if s.nsSel == nil {
+		for _, pod := range c.byNS[s.namespace] {
+			if s.podSel.Matches(labels.Set(pod.pod.Labels)) {
+				s.pods = append(s.pods, pod)
 			}
-		} else if nsl, ok := c.nsLabels[pod.Namespace]; !ok || !nsSel.Matches(nsl) {
+		}
+		return
+	}
+	for ns, pods := range c.byNS {
+		if nsl, ok := c.nsLabels[ns]; !ok || !s.nsSel.Matches(nsl) {
 			continue
 		}
-		if podSel.Matches(labels.Set(pod.Labels)) {
-			out = append(out, &c.pods[i])
+		for _, pod := range pods {
+			if s.podSel.Matches(labels.Set(pod.pod.Labels)) {
+				s.pods = append(s.pods, pod)
+			}
 		}
 	}
-	c.selCache[key] = out
-	return out
+	slices.SortFunc(s.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
+}
+
+// matches tells whether the selection takes pod, with the namespaces' labels nsLabels.
+func (s *selection) matches(pod *peerPod, nsLabels map[string]labels.Set) bool {
+	if !s.valid {
+		return false
+	}
+	if s.nsSel == nil {
+		if pod.pod.Namespace != s.namespace {
+			return false
+		}
+	} else if nsl, ok := nsLabels[pod.pod.Namespace]; !ok || !s.nsSel.Matches(nsl) {
+		return false
+	}
+	return s.podSel.Matches(labels.Set(pod.pod.Labels))
 }
 
 // rangeSet answers whether an address is in a union of ranges, in O(log n).
@@ -491,22 +758,6 @@ func (s rangeSet) contains(a netip.Addr) bool {
 
 func inRange(a netip.Addr, r policyrules.Range) bool {
 	return a.Is4() == r.First.Is4() && a.Compare(r.First) >= 0 && a.Compare(r.Last) <= 0
-}
-
-func singles(ips []netip.Addr) []policyrules.Range {
-	out := make([]policyrules.Range, 0, len(ips))
-	for _, a := range ips {
-		out = append(out, policyrules.Single(a))
-	}
-	return out
-}
-
-func entries(rs []policyrules.Range, ports *policyrules.Ports) []policyrules.Entry {
-	out := make([]policyrules.Entry, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, policyrules.Entry{Peer: r, Ports: ports})
-	}
-	return out
 }
 
 // protocol maps a NetworkPolicyPort's protocol (default TCP) to its number; 0 for one the API

@@ -20,13 +20,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	typednetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -44,6 +41,9 @@ const (
 	// retryMin and retryMax bound the backoff after a failed pass.
 	retryMin = 200 * time.Millisecond
 	retryMax = 30 * time.Second
+	// DefaultMinGap is the shortest time between two passes that only changes ask for: a
+	// tenant churning labels gets the node's rules updated this often, not once per change.
+	DefaultMinGap = 20 * time.Millisecond
 	// unpluggedMin is the first wait before a pass looks again for the bridge port of an
 	// attachment whose record is there but whose veth is not a port yet (doubling up to retryMax).
 	unpluggedMin = 50 * time.Millisecond
@@ -62,7 +62,10 @@ type Config struct {
 	// CutEstablished marks cut, after every pass that changed the rules, conntrack's entries of
 	// the connections they now deny (core.PolicyNetwork.CutEstablished).
 	CutEstablished bool
-	Logger         *slog.Logger
+	// MinGap is the shortest time between passes that only changes ask for (default
+	// DefaultMinGap; negative: none).
+	MinGap time.Duration
+	Logger *slog.Logger
 	// Registry receives the controller's metrics; nil: none.
 	Registry prometheus.Registerer
 	// Events records the Events on policies whose allow lists were refused; nil: Run records
@@ -82,8 +85,9 @@ const EventPolicyRefused = "KubenetPolicyRefused"
 
 // Controller keeps the node's policy table equal to what the cluster's NetworkPolicies say about
 // the node's pods. Every event (a policy, pod or namespace changed in the API; an attachment
-// record written or removed on the node) asks for one pass; a pass compiles everything and
-// applies the difference. Passes never overlap and a burst of events collapses into one.
+// record written or removed on the node) asks for one pass; a pass compiles what the changes since
+// the last one can affect (Incremental) and applies the difference. Passes never overlap and a
+// burst of events collapses into one.
 type Controller struct {
 	cfg        Config
 	core       typedcorev1.CoreV1Interface
@@ -92,9 +96,11 @@ type Controller struct {
 	loop       *loop.Loop // the passes: on every trigger, every Resync, after failures, for unplugged ports
 	metrics    *metrics
 
-	policies   func() ([]*networkingv1.NetworkPolicy, error)
-	namespaces func() ([]*corev1.Namespace, error)
-	pods       func() ([]*corev1.Pod, error)
+	// The informers' stores; the changes noted since the last pass, by kind and key; the
+	// compiler, which has the objects as of the last pass.
+	stores  map[objectKind]cache.Store
+	changes changes
+	incr    *Incremental
 	// passed, when set, is told of every pass (tests).
 	passed func(Pass)
 	// events records Events on policies; reported are the refusals recorded at the last pass
@@ -126,9 +132,14 @@ type Pass struct {
 	Unplugged int
 	// Cut counts conntrack entries of connections the new rules deny that were marked cut
 	// (Config.CutEstablished).
-	Cut  uint
-	Took time.Duration
-	Err  error
+	Cut uint
+	// Compiled counts the local pods compiled (the others kept their rules); Full says the pass
+	// compiled everything (the first) or checked the incremental result against a full compile
+	// (the periodic resync).
+	Compiled int
+	Full     bool
+	Took     time.Duration
+	Err      error
 }
 
 // New builds the controller over the core/v1 (pods, namespaces) and networking/v1 clients.
@@ -151,6 +162,9 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 	if cfg.Bridge == "" {
 		cfg.Bridge = core.DefaultBridge
 	}
+	if cfg.MinGap == 0 {
+		cfg.MinGap = DefaultMinGap
+	}
 	if cfg.PodCIDRs == nil {
 		cfg.PodCIDRs = func() []netip.Prefix { return nil }
 	}
@@ -162,7 +176,7 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 		cfg.DropLogOut = os.Stdout
 	}
 	c := &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, metrics: m,
-		events: cfg.Events, reported: map[string]bool{}, cutPending: true}
+		events: cfg.Events, reported: map[string]bool{}, cutPending: true, incr: NewIncremental(cfg.NodeName)}
 	c.names.Store(namesOf(policyrules.Ruleset{}))
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(newDropsCollector(cfg.Network, c.names.Load, &c.logLost)); err != nil {
@@ -228,22 +242,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := podInf.AddIndexers(cache.Indexers{podIPIndex: indexPodIPs}); err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
-	wake := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.wake() },
-		UpdateFunc: func(o, n any) { c.wakeOnChange(o, n) },
-		DeleteFunc: func(any) { c.wake() },
-	}
-	for _, inf := range []cache.SharedIndexInformer{podInf, nsInf, npInf} {
-		if _, err := inf.AddEventHandler(wake); err != nil {
+	c.stores = map[objectKind]cache.Store{kindPod: podInf.GetStore(), kindNamespace: nsInf.GetStore(), kindPolicy: npInf.GetStore()}
+	for kind, inf := range map[objectKind]cache.SharedIndexInformer{kindPod: podInf, kindNamespace: nsInf, kindPolicy: npInf} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.changed(kind, o) },
+			UpdateFunc: func(o, n any) { c.changedOn(kind, o, n) },
+			DeleteFunc: func(o any) { c.changed(kind, o) },
+		}); err != nil {
 			return fmt.Errorf("network policy: %w", err)
 		}
 	}
-	podLister := corelisters.NewPodLister(podInf.GetIndexer())
-	nsLister := corelisters.NewNamespaceLister(nsInf.GetIndexer())
-	npLister := networkinglisters.NewNetworkPolicyLister(npInf.GetIndexer())
-	c.pods = func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) }
-	c.namespaces = func() ([]*corev1.Namespace, error) { return nsLister.List(labels.Everything()) }
-	c.policies = func() ([]*networkingv1.NetworkPolicy, error) { return npLister.List(labels.Everything()) }
 
 	informerCtx, stopInformers := context.WithCancel(ctx)
 	var running sync.WaitGroup
@@ -339,12 +347,13 @@ func (c *Controller) loopConfig() loop.Config {
 	return loop.Config{
 		AtStart:    true,
 		Period:     c.cfg.Resync,
+		MinGap:     max(c.cfg.MinGap, 0),
 		BackoffMin: retryMin, BackoffMax: retryMax,
 		OnFailure: func(err error, _ int, retryIn time.Duration) {
 			c.log.Warn("network policy pass failed, retrying", "err", err, "in", retryIn)
 		},
 		Pass: func(_ context.Context, w loop.Wake) loop.Outcome {
-			p := c.pass(w.Start || w.Periodic || w.Retry || w.Fired(triggerVerify))
+			p := c.pass(w.Start || w.Periodic || w.Retry || w.Fired(triggerVerify), w.Periodic)
 			if p.Err != nil || kernelRefused(p.Applied.Refused) {
 				return loop.Outcome{Err: p.Err, Retry: true}
 			}
@@ -365,9 +374,42 @@ func informer(obj runtime.Object, list func(context.Context, metav1.ListOptions)
 		cache.SharedIndexInformerOptions{Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}})
 }
 
-// wakeOnChange wakes the loop unless an update changed nothing the compiler reads (the slim
-// objects are equal): pods' status updates are frequent and mostly about conditions.
-func (c *Controller) wakeOnChange(o, n any) {
+// The kinds of objects the controller watches.
+type objectKind int
+
+const (
+	kindPod objectKind = iota
+	kindNamespace
+	kindPolicy
+)
+
+// changes are the keys of the objects that changed since the last pass, by kind; primed: the
+// compiler has had every object once (the first pass reads them all).
+type changes struct {
+	mu     sync.Mutex
+	keys   [3]map[string]bool
+	primed bool
+}
+
+// changed notes that an object was added, changed or deleted, and wakes the loop.
+func (c *Controller) changed(kind objectKind, obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		c.log.Warn("network policy: an object without a key", "err", err)
+		return
+	}
+	c.changes.mu.Lock()
+	if c.changes.keys[kind] == nil {
+		c.changes.keys[kind] = map[string]bool{}
+	}
+	c.changes.keys[kind][key] = true
+	c.changes.mu.Unlock()
+	c.wake()
+}
+
+// changedOn notes an update unless it changed nothing the compiler reads (the slim objects are
+// equal): pods' status updates are frequent and mostly about conditions.
+func (c *Controller) changedOn(kind objectKind, o, n any) {
 	if om, ok := o.(metav1.Object); ok {
 		if nm, ok := n.(metav1.Object); ok && om.GetResourceVersion() == nm.GetResourceVersion() {
 			return // a resync of the informer, with no change
@@ -378,49 +420,98 @@ func (c *Controller) wakeOnChange(o, n any) {
 	if ok1 && ok2 && samePod(op, np) {
 		return
 	}
-	c.wake()
+	c.changed(kind, n)
 }
 
-// pass compiles and applies once; verify reads every set back.
-func (c *Controller) pass(verify bool) Pass {
+// sync tells the compiler of the objects that changed since the last pass, as the informers'
+// stores have them now (every object at the first pass).
+func (c *Controller) sync() {
+	c.changes.mu.Lock()
+	keys, all := c.changes.keys, !c.changes.primed
+	c.changes.keys, c.changes.primed = [3]map[string]bool{}, true
+	c.changes.mu.Unlock()
+	set := [3]func(key string, obj any){
+		kindPod:       func(key string, obj any) { p, _ := obj.(*corev1.Pod); c.incr.SetPod(key, p) },
+		kindNamespace: func(key string, obj any) { ns, _ := obj.(*corev1.Namespace); c.incr.SetNamespace(key, ns) },
+		kindPolicy:    func(key string, obj any) { np, _ := obj.(*networkingv1.NetworkPolicy); c.incr.SetPolicy(key, np) },
+	}
+	for kind, store := range c.stores {
+		if all {
+			keys[kind] = map[string]bool{}
+			for _, key := range store.ListKeys() {
+				keys[kind][key] = true
+			}
+		}
+		for key := range keys[kind] {
+			obj, ok, err := store.GetByKey(key)
+			if err != nil || !ok {
+				obj = nil // deleted (a store in memory does not fail)
+			}
+			set[kind](key, obj)
+		}
+	}
+}
+
+// compile compiles the local pods incrementally; full compares the result with a full compile,
+// and a difference (a bug) is logged, counted, and the full result used.
+func (c *Controller) compile(local []Local, cidrs []netip.Prefix, full bool, p *Pass) Result {
+	res := c.incr.Compile(local, cidrs)
+	p.Compiled = c.incr.Compiled()
+	p.Full = full || c.incr.Full()
+	if !full {
+		return res
+	}
+	want := Compile(c.incr.Input(local, cidrs))
+	if !reflect.DeepEqual(res, want) {
+		c.metrics.divergences.Inc()
+		c.log.Error("network policy: the incremental compile differs from the full one; using the full one", "localPods", len(local))
+		c.incr.Reset()
+		return want
+	}
+	return res
+}
+
+// pass compiles and applies once; verify reads every set back, check compares the incremental
+// compile with a full one.
+func (c *Controller) pass(verify, check bool) Pass {
 	start := time.Now()
 	p := Pass{Verified: verify}
-	in, err := c.input()
-	if err == nil {
-		cidrs := c.cfg.PodCIDRs()
-		in.NodeName, in.LocalCIDRs = c.cfg.NodeName, cidrs
-		var pass core.PolicyPass
-		pass, err = core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
-			Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending},
-			func(locals []core.PolicyLocal) policyrules.Ruleset {
-				in.Local = LocalsOf(locals)
-				for _, l := range locals {
-					if l.Port == 0 {
-						p.Unplugged++
-					}
+	c.sync()
+	cidrs := c.cfg.PodCIDRs()
+	pass, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
+		Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending},
+		func(locals []core.PolicyLocal) policyrules.Ruleset {
+			local := LocalsOf(locals)
+			for _, l := range locals {
+				if l.Port == 0 {
+					p.Unplugged++
 				}
-				res := Compile(in)
-				c.names.Store(namesOf(res.Ruleset))
-				p.Unknown = len(res.Unknown)
-				c.metrics.observe(in, res)
-				return res.Ruleset
-			})
-		p.Applied, p.Guarded, p.NetfilterCall, p.Cut = pass.Applied, pass.Guarded, pass.NetfilterCall, pass.Cut
-		if err == nil {
-			// The rules are in force; a failed cut fails the pass, so that it is tried again.
-			err = pass.CutErr
-		}
-		c.cutPending = err != nil
-		if pass.Unguarded != nil {
-			c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
-		}
-		if pass.Unrecorded != nil {
-			c.log.Warn("network policy: applied, but not recorded for kubenetctl policy explain", "err", pass.Unrecorded)
-		}
+			}
+			res := c.compile(local, cidrs, check && c.incr.Built(), &p)
+			c.names.Store(namesOf(res.Ruleset))
+			p.Unknown = len(res.Unknown)
+			c.metrics.observe(c.incr.Policies(), res)
+			return res.Ruleset
+		})
+	p.Applied, p.Guarded, p.NetfilterCall, p.Cut = pass.Applied, pass.Guarded, pass.NetfilterCall, pass.Cut
+	if err == nil {
+		// The rules are in force; a failed cut fails the pass, so that it is tried again.
+		err = pass.CutErr
+	}
+	c.cutPending = err != nil
+	if pass.Unguarded != nil {
+		c.log.Error("network policy: ports without their guard (their pods are judged by the rules, without the backstop; recreate them)", "err", pass.Unguarded)
+	}
+	if pass.Unrecorded != nil {
+		c.log.Warn("network policy: applied, but not recorded for kubenetctl policy explain", "err", pass.Unrecorded)
 	}
 	p.Took, p.Err = time.Since(start), err
 	c.metrics.pass(p)
 	if err == nil {
+		var in Input
+		if len(p.Applied.Refused) > 0 {
+			in = c.incr.Input(nil, nil)
+		}
 		c.reportRefused(in, p.Applied.Refused)
 	}
 	if p.Guarded > 0 || p.NetfilterCall {
@@ -430,7 +521,11 @@ func (c *Controller) pass(verify bool) Pass {
 		a := p.Applied
 		c.log.Info("network policy applied", "groups", a.Groups, "newGroups", a.NewGroups, "repairedGroups", a.RepairedGroups,
 			"removedGroups", a.RemovedGroups, "mapChanges", a.MapChanges, "released", a.Released, "conntrackRemoved", a.Conntrack,
-			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "cutConnections", p.Cut, "verified", verify, "took", p.Took)
+			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "cutConnections", p.Cut, "verified", verify,
+			"compiledPods", p.Compiled, "full", p.Full, "took", p.Took)
+	}
+	if err == nil && c.incr.Full() { // the first pass, or one after the compiler started over
+		c.log.Info("network policy: compiled everything", "localPods", p.Compiled, "policies", c.incr.Policies(), "took", p.Took)
 	}
 	if c.passed != nil {
 		c.passed(p)
@@ -501,19 +596,6 @@ func selecting(policies []*networkingv1.NetworkPolicy, pods map[string]*corev1.P
 		}
 	}
 	return out
-}
-
-func (c *Controller) input() (Input, error) {
-	var in Input
-	var err error
-	if in.Policies, err = c.policies(); err != nil {
-		return in, err
-	}
-	if in.Namespaces, err = c.namespaces(); err != nil {
-		return in, err
-	}
-	in.Pods, err = c.pods()
-	return in, err
 }
 
 // LocalsOf turns the node's attachments into Locals. The pod's name comes from CNI_ARGS

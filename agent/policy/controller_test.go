@@ -4,13 +4,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	fakecorev1 "k8s.io/client-go/kubernetes/typed/core/v1/fake"
+	fakenetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/kubenet-dev/kubenet/agent/loop"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
@@ -67,5 +76,116 @@ func TestReportRefused(t *testing.T) {
 	}
 	if got := selecting(in.Policies, map[string]*corev1.Pod{}, []string{"a/server"}, true); len(got) != 0 {
 		t.Errorf("policies selecting a pod the API does not have: %v", got)
+	}
+}
+
+// TestControllerChanges: the informers' events reach the compiler as the objects' keys, read
+// back from the stores at the pass (all of them at the first); an update that changes nothing
+// the compiler reads is not noted; and the resync's check against a full compile finds a
+// compiler that missed a change, counts it, and gives the full compile's result.
+func TestControllerChanges(t *testing.T) {
+	in := testInput()
+	in.Policies = []*networkingv1.NetworkPolicy{np("a", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "client")}}}}})}
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Controller{log: slog.New(slog.DiscardHandler), metrics: m, incr: NewIncremental(""), loop: loop.New(loop.Config{})}
+	stores := map[objectKind]cache.Store{kindPod: cache.NewStore(cache.MetaNamespaceKeyFunc), kindNamespace: cache.NewStore(cache.MetaNamespaceKeyFunc), kindPolicy: cache.NewStore(cache.MetaNamespaceKeyFunc)}
+	c.stores = stores
+	add := func(kind objectKind, obj any) {
+		t.Helper()
+		if err := stores[kind].Add(obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range in.Pods {
+		add(kindPod, p)
+	}
+	for _, ns := range in.Namespaces {
+		add(kindNamespace, ns)
+	}
+	for _, np := range in.Policies {
+		add(kindPolicy, np)
+	}
+	// The first pass reads every object, whatever the events said.
+	var p Pass
+	check := func(want Result, full bool) {
+		t.Helper()
+		c.sync()
+		if got := c.compile(in.Local, nil, full, &p); !reflect.DeepEqual(got, want) {
+			t.Fatalf("compiled\n%+v\nwant\n%+v", got, want)
+		}
+	}
+	check(Compile(in), false)
+	if !p.Full || p.Compiled != 2 {
+		t.Errorf("first pass: full %v, %d compiled; want a full one of both local pods", p.Full, p.Compiled)
+	}
+
+	// a/other becomes a client: the server's ingress gains it.
+	other := in.Pods[2].DeepCopy()
+	other.Labels = map[string]string{"app": "client"}
+	other.ResourceVersion = "2"
+	c.changedOn(kindPod, in.Pods[2], other)
+	if err := stores[kindPod].Update(other); err != nil {
+		t.Fatal(err)
+	}
+	in.Pods[2] = other
+	check(Compile(in), false)
+	if p.Full || p.Compiled != 1 {
+		t.Errorf("a peer relabelled: full %v, %d compiled; want the server only", p.Full, p.Compiled)
+	}
+
+	// A status update of the same slim pod, and the informer's resync, are no change.
+	same := other.DeepCopy()
+	same.ResourceVersion = "3"
+	c.changedOn(kindPod, other, same)
+	c.changedOn(kindPod, other, other)
+	if keys := c.changes.keys[kindPod]; len(keys) != 0 {
+		t.Errorf("no change noted as %v", keys)
+	}
+
+	// The policy is deleted, but its event is lost: the incremental result keeps it, the check
+	// finds the difference and uses the full compile (of the objects the compiler has), with
+	// the policy dropped there too.
+	if err := stores[kindPolicy].Delete(in.Policies[0]); err != nil {
+		t.Fatal(err)
+	}
+	c.incr.SetPolicy("a/p", nil)
+	c.incr.changedPolicies = map[string]*networkingv1.NetworkPolicy{} // the lost event
+	in.Policies = nil
+	check(Compile(in), true)
+	if got := testutil.ToFloat64(m.divergences); got != 1 {
+		t.Errorf("divergences %v, want 1", got)
+	}
+	check(Compile(in), true)
+	if got := testutil.ToFloat64(m.divergences); got != 1 {
+		t.Errorf("after the full compile: divergences %v, want still 1", got)
+	}
+}
+
+// TestMinGap: passes that only changes ask for keep the configured gap (by default
+// DefaultMinGap; a negative one turns it off), and the resync and the first pass stay.
+func TestMinGap(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  time.Duration
+		want time.Duration
+	}{
+		{"default", 0, DefaultMinGap},
+		{"set", 300 * time.Millisecond, 300 * time.Millisecond},
+		{"off", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(&fakecorev1.FakeCoreV1{Fake: &k8stesting.Fake{}}, &fakenetworkingv1.FakeNetworkingV1{Fake: &k8stesting.Fake{}},
+				Config{Network: "kubenet", MinGap: tc.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg := c.loopConfig(); cfg.MinGap != tc.want || !cfg.AtStart || cfg.Period != DefaultResync {
+				t.Errorf("loop: min gap %v, at start %v, period %v; want %v, true, %v", cfg.MinGap, cfg.AtStart, cfg.Period, tc.want, DefaultResync)
+			}
+		})
 	}
 }

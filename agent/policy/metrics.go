@@ -23,6 +23,9 @@ type metrics struct {
 	cut      prometheus.Counter
 	// logLines counts the drop log's lines written.
 	logLines prometheus.Counter
+	// divergences counts full compiles that found the incremental result different.
+	divergences prometheus.Counter
+	compiled    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -72,11 +75,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kubenet_networkpolicy_log_lines_total",
 			Help: "Lines the drop log (--policy-log) wrote: one per burst of drops of one pod, direction, peer, protocol and port.",
 		}),
+		divergences: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubenet_agent_network_policy_incremental_divergences_total",
+			Help: "Checks (at the periodic resync) that found the incremental compile's result different from a full compile's; the full one was used. Not 0: a bug, please report.",
+		}),
+		compiled: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubenet_agent_network_policy_compiled_pods",
+			Help:    "Local pods compiled by one pass (the others kept their rules).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 7),
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs, m.cut, m.logLines} {
+	for _, c := range []prometheus.Collector{m.policies, m.isolated, m.unknown, m.groups, m.refused, m.passes, m.passTime, m.released, m.repairs, m.cut, m.logLines, m.divergences, m.compiled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -92,8 +104,8 @@ func (m *metrics) repaired(guards int, netfilterCall bool) {
 	}
 }
 
-func (m *metrics) observe(in Input, res Result) {
-	m.policies.Set(float64(len(in.Policies)))
+func (m *metrics) observe(policies int, res Result) {
+	m.policies.Set(float64(policies))
 	m.isolated.Set(float64(res.Isolated))
 	m.unknown.Set(float64(len(res.Unknown)))
 }
@@ -105,6 +117,7 @@ func (m *metrics) pass(p Pass) {
 		return
 	}
 	m.passes.WithLabelValues("ok").Inc()
+	m.compiled.Observe(float64(p.Compiled))
 	m.groups.Set(float64(p.Applied.Groups))
 	m.refused.Set(float64(len(p.Applied.Refused)))
 	m.released.Add(float64(p.Applied.Released))
