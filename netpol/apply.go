@@ -205,7 +205,11 @@ func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.R
 func dropsElements(chains map[int]string, names map[int]string) []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, port := range slices.Sorted(maps.Keys(chains)) {
-		if c := chains[port]; c != ChainAllowEgress && c != ChainAllowIngress {
+		switch c := chains[port]; {
+		case c == ChainAllowEgress || c == ChainAllowIngress:
+		case isAuditGroup(c):
+			out = append(out, dropsElement(port, auditComment+names[port]))
+		default:
 			out = append(out, dropsElement(port, names[port]))
 		}
 	}
@@ -476,13 +480,13 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 	return nil
 }
 
-// begin starts a transaction with the table and the drop chains the groups go to (their rules
-// come with the fixed chains'), so that each one stands alone (a transaction sent again after a
-// refusal of a bigger one, or the table deleted meanwhile by somebody else).
+// begin starts a transaction with the table and the drop and audit chains the groups go to
+// (their rules come with the fixed chains'), so that each one stands alone (a transaction sent
+// again after a refusal of a bigger one, or the table deleted meanwhile by somebody else).
 func (w *writer) begin(bt *nftables.Table) {
 	if !w.dirty {
 		w.c.AddTable(bt)
-		for _, name := range []string{ChainDropEgress, ChainDropIngress} {
+		for _, name := range []string{ChainDropEgress, ChainDropIngress, ChainAuditEgress, ChainAuditIngress} {
 			w.c.AddChain(&nftables.Chain{Table: bt, Name: name})
 		}
 		w.dirty = true

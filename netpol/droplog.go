@@ -21,9 +21,12 @@ import (
 // PortDrops is what the policies dropped on one pod's port in one direction, as the kernel
 // counted it (SetDropsEgress, SetDropsIngress).
 type PortDrops struct {
-	Ingress        bool
-	Port           int
-	Pod            string // the pod's name as Apply wrote it (at most 128 bytes of it)
+	Ingress bool
+	Port    int
+	Pod     string // the pod's name as Apply wrote it (at most 128 bytes of it)
+	// Audit: the pod's direction is an audit one, and the count is what its staged policies
+	// would have dropped (nothing was).
+	Audit          bool
 	Packets, Bytes uint64
 }
 
@@ -52,6 +55,7 @@ func DropCounts(network string) ([]PortDrops, uint64, error) {
 				continue
 			}
 			d := PortDrops{Ingress: dir == ingressDir, Port: int(binary.NativeEndian.Uint32(e.Key)), Pod: e.Comment}
+			d.Pod, d.Audit = strings.CutPrefix(d.Pod, auditComment)
 			if e.Counter != nil {
 				d.Packets, d.Bytes = e.Counter.Packets, e.Counter.Bytes
 			}
@@ -78,6 +82,8 @@ type Drop struct {
 	Time    time.Time
 	Network string
 	Ingress bool
+	// Audit: not dropped; what the pod's staged policies would drop (an audit group passed it).
+	Audit bool
 	// Port is the pod's bridge port: the input port of an egress drop, the output port of an
 	// ingress one.
 	Port     int
@@ -250,11 +256,11 @@ func parseDropMessage(b []byte) (d Drop, seq uint32, hasSeq, ok bool) {
 	if ad.Err() != nil {
 		return d, seq, hasSeq, false
 	}
-	network, ingress, known := ParseLogPrefix(prefix)
+	network, ingress, audit, known := ParseLogPrefix(prefix)
 	if !known {
 		return d, seq, hasSeq, false
 	}
-	d.Network, d.Ingress = network, ingress
+	d.Network, d.Ingress, d.Audit = network, ingress, audit
 	if d.Time.IsZero() {
 		d.Time = time.Now()
 	}

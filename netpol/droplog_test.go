@@ -82,16 +82,16 @@ func TestParsePacket(t *testing.T) {
 
 func TestLogPrefix(t *testing.T) {
 	for _, tt := range []struct {
-		network string
-		ingress bool
-	}{{"kubenet", true}, {"kubenet", false}, {"a b", true}} {
-		n, in, ok := ParseLogPrefix(LogPrefix(tt.network, tt.ingress))
-		if !ok || n != tt.network || in != tt.ingress {
-			t.Errorf("ParseLogPrefix(LogPrefix(%q, %v)) = %q, %v, %v", tt.network, tt.ingress, n, in, ok)
+		network        string
+		ingress, audit bool
+	}{{"kubenet", true, false}, {"kubenet", false, false}, {"a b", true, false}, {"kubenet", true, true}, {"x audit", false, true}, {"x audit", false, false}} {
+		n, in, audit, ok := ParseLogPrefix(LogPrefix(tt.network, tt.ingress, tt.audit))
+		if !ok || n != tt.network || in != tt.ingress || audit != tt.audit {
+			t.Errorf("ParseLogPrefix(LogPrefix(%q, %v, %v)) = %q, %v, %v, %v", tt.network, tt.ingress, tt.audit, n, in, audit, ok)
 		}
 	}
-	for _, p := range []string{"", "kubenet ", "kubenet ingress", "other x egress", "kubenet x sideways"} {
-		if _, _, ok := ParseLogPrefix(p); ok {
+	for _, p := range []string{"", "kubenet ", "kubenet ingress", "other x egress", "kubenet x sideways", "kubenet audit", "kubenet ingress audit"} {
+		if _, _, _, ok := ParseLogPrefix(p); ok {
 			t.Errorf("ParseLogPrefix(%q) is ok, want not one of kubenet's", p)
 		}
 	}

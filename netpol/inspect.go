@@ -133,7 +133,7 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 	rules := BridgeRules(network, DropLog{})
 	for _, ch := range bridgeChains(bt) {
 		have := st.bridgeRules[ch.Name]
-		if (ch.Name == ChainDropEgress || ch.Name == ChainDropIngress) && len(have) == len(rules[ch.Name])+2 {
+		if (ch.Name == ChainDropEgress || ch.Name == ChainDropIngress || ch.Name == ChainAuditEgress || ch.Name == ChainAuditIngress) && len(have) == len(rules[ch.Name])+2 {
 			// With --policy-log, two rules between the count and the drop (rate and log),
 			// whose group and rate only the agent knows: the rest must be as without.
 			have = []*nftables.Rule{have[0], have[len(have)-1]}

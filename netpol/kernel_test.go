@@ -1066,7 +1066,8 @@ func TestAuditGroupsPass(t *testing.T) {
 	staged.Audit = true
 	stagedDeny := policyrules.Direction{Isolated: true, Audit: true}
 	rs := with(n.open(), b.port, staged, stagedDeny)
-	n.apply(t, rs, Options{})
+	n.apply(t, rs, Options{Log: DropLog{Group: 28, Rate: 100, Burst: 100}})
+	lc := n.readDropLog(t, 28)
 	for _, dst := range []netip.Addr{b.v4, b.v6} {
 		n.expectTCP(t, "audit: c → b (allowed by the staged policy)", c.ns, dst, 8080, true)
 		n.expectTCP(t, "audit: a → b (the staged policy would drop it)", a.ns, dst, 8080, true)
@@ -1074,6 +1075,28 @@ func TestAuditGroupsPass(t *testing.T) {
 	}
 	n.expectTCP(t, "audit: b → a (staged deny-all egress)", b.ns, a.v4, 8080, true)
 	n.expectTCP(t, "audit: b → x", b.ns, x4, 9000, true)
+	// What the staged policies would drop is counted on b's port, as audit, and logged as such;
+	// what they allow (c → b) is not.
+	counts, _ := n.dropCounts(t)
+	for _, ingress := range []bool{true, false} {
+		if d := counts[dropKey{b.port, ingress}]; !d.Audit || d.Packets == 0 {
+			t.Errorf("b's counter (ingress %v): %+v, want an audit count of what was passed", ingress, d)
+		}
+	}
+	wouldDrop := func(d Drop) bool {
+		return d.Audit && d.Ingress && d.Port == b.port && d.Src == a.v4 && d.DstPort == 8080
+	}
+	if err := nettest.Eventually(time.Second, func() error {
+		if _, k := lc.find(wouldDrop); k == 0 {
+			return errors.New("a → b not in the drop log as audit within 1 s")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if _, k := lc.find(func(d Drop) bool { return d.Src == c.v4 || !d.Audit }); k != 0 {
+		t.Errorf("%d log entries of allowed traffic (c → b) or not audit, want none", k)
+	}
 	in := n.inspect(t)
 	for _, chain := range []string{in.Ports[b.port].Ingress, in.Ports[b.port].Egress} {
 		if g := in.Groups[chain]; !g.Audit || len(g.Damage) > 0 {
@@ -1089,6 +1112,10 @@ func TestAuditGroupsPass(t *testing.T) {
 	n.expectTCP(t, "enforced: c → b", c.ns, b.v4, 8080, true)
 	n.expectTCP(t, "enforced: a → b", a.ns, b.v4, 8080, false)
 	n.expectTCP(t, "enforced: b → a", b.ns, a.v4, 8080, false)
+	counts, _ = n.dropCounts(t)
+	if d := counts[dropKey{b.port, true}]; d.Audit || d.Packets == 0 {
+		t.Errorf("b's ingress counter once enforced: %+v, want a count of real drops, apart from the audit one", d)
+	}
 	if again := n.apply(t, rs, Options{Verify: true}); again.NewGroups == 0 {
 		t.Errorf("back to the staged lists: no group made (%+v); the enforced ones were reused", again)
 	}

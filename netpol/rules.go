@@ -48,8 +48,14 @@ const (
 	// keyed by port, make the count per pod.
 	ChainDropEgress  = "drop-egress"
 	ChainDropIngress = "drop-ingress"
-	SetDropsEgress   = "drops-egress"  // port (ifindex) of an isolated pod, with a counter and the pod's name
-	SetDropsIngress  = "drops-ingress" // the same for ingress
+	// Where an audit group (only staged policies isolate its pods) sends what none of its
+	// entries allows: count it on the pod's port (the same sets: a direction is enforced or
+	// audit, never both, and the element's comment says which), log it as what the staged
+	// policies would drop, and pass it.
+	ChainAuditEgress  = "audit-egress"
+	ChainAuditIngress = "audit-ingress"
+	SetDropsEgress    = "drops-egress"  // port (ifindex) of an isolated pod, with a counter and the pod's name
+	SetDropsIngress   = "drops-ingress" // the same for ingress
 	// CounterLogRateLimited counts the drops not sent to NFLOG because the log's rate was over.
 	CounterLogRateLimited = "log-rate-limited"
 	MapEgress             = "egress-ports"  // port (ifindex) → the pod's egress group or allow-egress
@@ -132,6 +138,8 @@ func bridgeChains(t *nftables.Table) []*nftables.Chain {
 		{Name: ChainAllowIngress, Table: t},
 		{Name: ChainDropEgress, Table: t},
 		{Name: ChainDropIngress, Table: t},
+		{Name: ChainAuditEgress, Table: t},
+		{Name: ChainAuditIngress, Table: t},
 	}
 }
 
@@ -173,6 +181,16 @@ func dropsSet(t *nftables.Table, dir string) *nftables.Set {
 // comments; the kernel's userdata holds 255 bytes).
 const maxDropsComment = 128
 
+// auditComment starts the comment of a drop counter that counts what a port's audit group would
+// drop: a pod whose direction turns from audit to enforced (or back) gets a new element, so
+// the two counts never mix.
+const auditComment = "audit "
+
+// isAuditGroup tells an audit group's name ("in-audit-<hash>") from an enforced one's.
+func isAuditGroup(name string) bool {
+	return strings.HasPrefix(name, ingressDir+auditInfix+"-") || strings.HasPrefix(name, egressDir+auditInfix+"-")
+}
+
 // dropsElement is the counter element of a port and its pod.
 func dropsElement(port int, pod string) nftables.SetElement {
 	if len(pod) > maxDropsComment {
@@ -207,27 +225,33 @@ const (
 )
 
 // LogPrefix is the NFLOG prefix of the drops of a network in a direction ("egress" or
-// "ingress"): the reader tells the direction, and the network, by it.
-func LogPrefix(network string, ingress bool) string {
+// "ingress"), and of what audit groups would drop (audit: the prefix ends in " audit"): the
+// reader tells the direction, the network and the kind by it.
+func LogPrefix(network string, ingress, audit bool) string {
+	p := "kubenet " + network + " egress"
 	if ingress {
-		return "kubenet " + network + " ingress"
+		p = "kubenet " + network + " ingress"
 	}
-	return "kubenet " + network + " egress"
+	if audit {
+		p += " audit"
+	}
+	return p
 }
 
 // ParseLogPrefix is the inverse of LogPrefix.
-func ParseLogPrefix(prefix string) (network string, ingress, ok bool) {
+func ParseLogPrefix(prefix string) (network string, ingress, audit, ok bool) {
 	rest, ok := strings.CutPrefix(prefix, "kubenet ")
 	if !ok {
-		return "", false, false
+		return "", false, false, false
 	}
+	rest, audit = strings.CutSuffix(rest, " audit")
 	if n, ok := strings.CutSuffix(rest, " ingress"); ok && n != "" {
-		return n, true, true
+		return n, true, audit, true
 	}
 	if n, ok := strings.CutSuffix(rest, " egress"); ok && n != "" {
-		return n, false, true
+		return n, false, audit, true
 	}
-	return "", false, false
+	return "", false, false, false
 }
 
 // dropRules are the rules of a direction's drop chain: count the packet on its pod's port
@@ -235,9 +259,25 @@ func ParseLogPrefix(prefix string) (network string, ingress, ok bool) {
 // to NFLOG within the rate, count what is over it as lost; drop. Only packets a policy drops get
 // here: logging costs allowed traffic nothing.
 func dropRules(network, dir string, log DropLog) []nft.Rule {
-	key := expr.MetaKeyIIF
+	return counted(network, dir, log, false)
+}
+
+// auditRules are the rules of a direction's audit chain: as the drop chain's, but what the
+// staged policies would drop is logged as such and passes (the direction's mark, accepted),
+// over the log's rate too.
+func auditRules(network, dir string, log DropLog) []nft.Rule {
+	return counted(network, dir, log, true)
+}
+
+// counted is the drop chain (audit: the audit chain) of a direction.
+func counted(network, dir string, log DropLog, audit bool) []nft.Rule {
+	key, bit := expr.MetaKeyIIF, MarkEgress
 	if dir == ingressDir {
-		key = expr.MetaKeyOIF
+		key, bit = expr.MetaKeyOIF, MarkIngress
+	}
+	verdict, what, last := []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, "dropped", "not allowed by any policy of the pod"
+	if audit {
+		verdict, what, last = grant(bit), "passed", "not allowed by the pod's staged policies: they would drop it; passed"
 	}
 	set := dropsName(dir)
 	rules := []nft.Rule{{
@@ -247,28 +287,26 @@ func dropRules(network, dir string, log DropLog) []nft.Rule {
 	if log.Group != 0 {
 		rules = append(rules,
 			nft.Rule{
-				Comment: "over the log's rate: dropped unlogged, counted (" + CounterLogRateLimited + ")",
-				Exprs: []expr.Any{
+				Comment: "over the log's rate: " + what + " unlogged, counted (" + CounterLogRateLimited + ")",
+				Exprs: concat([]expr.Any{
 					&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(log.Rate), Over: true, Unit: expr.LimitTimeSecond, Burst: log.Burst},
 					&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterLogRateLimited},
-					&expr.Verdict{Kind: expr.VerdictDrop},
-				},
+				}, verdict),
 			},
 			nft.Rule{
 				Comment: fmt.Sprintf("log to NFLOG group %d", log.Group),
-				Exprs: []expr.Any{
+				Exprs: concat([]expr.Any{
 					&expr.Log{
 						Key:        1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
 						Group:      log.Group,
 						Snaplen:    LogSnaplen,
 						QThreshold: 1, // each drop is sent at once: the rate bounds the messages
-						Data:       []byte(LogPrefix(network, dir == ingressDir)),
+						Data:       []byte(LogPrefix(network, dir == ingressDir, audit)),
 					},
-					&expr.Verdict{Kind: expr.VerdictDrop},
-				},
+				}, verdict),
 			})
 	}
-	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
+	return append(rules, nft.Rule{Comment: last, Exprs: verdict})
 }
 
 func sourcesName(is6 bool) string {
@@ -589,6 +627,8 @@ func BridgeRules(network string, log DropLog) map[string][]nft.Rule {
 		ChainAllowIngress: {{Comment: "a pod no policy isolates for ingress", Exprs: grant(MarkIngress)}},
 		ChainDropEgress:   dropRules(network, egressDir, log),
 		ChainDropIngress:  dropRules(network, ingressDir, log),
+		ChainAuditEgress:  auditRules(network, egressDir, log),
+		ChainAuditIngress: auditRules(network, ingressDir, log),
 	}
 }
 
@@ -753,9 +793,9 @@ func laterFragments(bit uint32) []nft.Rule {
 // An audit group (only staged policies isolate its pods) grants the rest too: its last rule
 // marks what the staged policies would drop, and changes no verdict.
 func groupRules(name, dir string, g group, audit bool) []nft.Rule {
-	peer, bit, drop := nft.Source, MarkIngress, ChainDropIngress
+	peer, bit, drop, pass := nft.Source, MarkIngress, ChainDropIngress, ChainAuditIngress
 	if dir == egressDir {
-		peer, bit, drop = nft.Destination, MarkEgress, ChainDropEgress
+		peer, bit, drop, pass = nft.Destination, MarkEgress, ChainDropEgress, ChainAuditEgress
 	}
 	rules := []nft.Rule{{
 		Comment: "packets of connections conntrack knows (the inet table's mark)",
@@ -791,7 +831,8 @@ func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 		}
 	}
 	if audit {
-		return append(rules, nft.Rule{Comment: "not allowed by the pod's audit policies: they would drop it; passed", Exprs: grant(bit)})
+		return append(rules, nft.Rule{Comment: "not allowed by the pod's staged policies: counted, logged if logging is on, passed (" + pass + ")",
+			Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: pass}}})
 	}
 	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod: counted, logged if logging is on, dropped (" + drop + ")",
 		Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: drop}}})
@@ -802,7 +843,7 @@ func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 // the on-link set, which stay whatever the node's pods: the residue audit's question.
 func IsPodState(name string) bool {
 	switch name {
-	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainDropEgress, ChainDropIngress,
+	case ChainEgress, ChainForward, ChainOutput, ChainAllowEgress, ChainAllowIngress, ChainDropEgress, ChainDropIngress, ChainAuditEgress, ChainAuditIngress,
 		ChainConntrack, ChainNode, SetOnLink, SetLocalPodsIPv4, SetLocalPodsIPv6, CounterLogRateLimited:
 		return false
 	}

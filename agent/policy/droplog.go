@@ -92,6 +92,7 @@ type dropLost struct {
 
 type burstKey struct {
 	ingress bool
+	audit   bool
 	port    int
 	peer    netip.Addr
 	proto   uint8
@@ -154,7 +155,7 @@ func (l *dropLog) add(ds []core.PolicyDrop) {
 		if d.Network != l.network {
 			continue
 		}
-		k := burstKey{ingress: d.Ingress, port: d.Port, proto: d.Proto, dport: d.DstPort, icmp: d.ICMPType, peer: d.Dst}
+		k := burstKey{ingress: d.Ingress, audit: d.Audit, port: d.Port, proto: d.Proto, dport: d.DstPort, icmp: d.ICMPType, peer: d.Dst}
 		if d.Ingress {
 			k.peer = d.Src
 		}
@@ -201,19 +202,22 @@ func (l *dropLog) flush(final bool) {
 
 // dropLine is one line of the drop log.
 type dropLine struct {
-	Msg       string       `json:"msg"`
-	Time      time.Time    `json:"time"`
-	Last      *time.Time   `json:"last,omitempty"` // the burst's last drop, when it has more than one
-	Count     int          `json:"count"`
-	Node      string       `json:"node,omitempty"`
-	Direction string       `json:"direction"`
-	Src       dropEndpoint `json:"src"`
-	Dst       dropEndpoint `json:"dst"`
-	Protocol  string       `json:"protocol"`
-	Port      uint16       `json:"port,omitempty"`     // the destination port (TCP, UDP, SCTP)
-	ICMPType  *int         `json:"icmpType,omitempty"` // ICMP, ICMPv6
+	Msg       string     `json:"msg"`
+	Time      time.Time  `json:"time"`
+	Last      *time.Time `json:"last,omitempty"` // the burst's last drop, when it has more than one
+	Count     int        `json:"count"`
+	Node      string     `json:"node,omitempty"`
+	Direction string     `json:"direction"`
+	// Verdict is "drop", or "would-drop": the pod's direction is isolated by staged (audit)
+	// policies only, which would have dropped it; it passed.
+	Verdict  string       `json:"verdict"`
+	Src      dropEndpoint `json:"src"`
+	Dst      dropEndpoint `json:"dst"`
+	Protocol string       `json:"protocol"`
+	Port     uint16       `json:"port,omitempty"`     // the destination port (TCP, UDP, SCTP)
+	ICMPType *int         `json:"icmpType,omitempty"` // ICMP, ICMPv6
 	// Policies are those that isolate the pod in the direction ("namespace/name"): none of
-	// them allows the packet.
+	// them allows the packet (would-drop: the staged ones).
 	Policies []string `json:"policies"`
 }
 
@@ -228,8 +232,11 @@ const DropLogMsg = "networkpolicy drop"
 
 func (l *dropLog) line(b *burst) dropLine {
 	d := b.first
-	out := dropLine{Msg: DropLogMsg, Time: d.Time.UTC(), Count: b.count, Node: l.node, Direction: "egress",
+	out := dropLine{Msg: DropLogMsg, Time: d.Time.UTC(), Count: b.count, Node: l.node, Direction: "egress", Verdict: "drop",
 		Protocol: protoName(d.Proto), Port: d.DstPort, Policies: []string{}}
+	if d.Audit {
+		out.Verdict = "would-drop"
+	}
 	if b.count > 1 {
 		last := b.last.UTC()
 		out.Last = &last

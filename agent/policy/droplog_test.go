@@ -45,7 +45,7 @@ func TestDropLogLines(t *testing.T) {
 		{
 			name:  "one ingress drop from another node's pod",
 			drops: []core.PolicyDrop{udp(true, 5, "10.244.2.9", "10.244.1.5", 53, 0)},
-			want: []dropLine{{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Protocol: "udp", Port: 53,
+			want: []dropLine{{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Verdict: "drop", Protocol: "udp", Port: 53,
 				Src:      dropEndpoint{IP: "10.244.2.9", Namespace: "other", Pod: "client"},
 				Dst:      dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
 				Policies: []string{"shop/deny-all", "shop/web-from-lb"}}},
@@ -55,9 +55,9 @@ func TestDropLogLines(t *testing.T) {
 			drops: []core.PolicyDrop{udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 0), udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 10*time.Millisecond),
 				udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 20*time.Millisecond), udp(false, 7, "10.244.1.7", "192.0.2.1", 80, 30*time.Millisecond)},
 			want: []dropLine{
-				{Msg: DropLogMsg, Time: t0, Last: ptr(t0.Add(20 * time.Millisecond)), Count: 3, Node: "n1", Direction: "egress", Protocol: "udp", Port: 443,
+				{Msg: DropLogMsg, Time: t0, Last: ptr(t0.Add(20 * time.Millisecond)), Count: 3, Node: "n1", Direction: "egress", Verdict: "drop", Protocol: "udp", Port: 443,
 					Src: dropEndpoint{IP: "10.244.1.7", Namespace: "shop", Pod: "db"}, Dst: dropEndpoint{IP: "192.0.2.1"}, Policies: []string{"shop/db-egress"}},
-				{Msg: DropLogMsg, Time: t0.Add(30 * time.Millisecond), Count: 1, Node: "n1", Direction: "egress", Protocol: "udp", Port: 80,
+				{Msg: DropLogMsg, Time: t0.Add(30 * time.Millisecond), Count: 1, Node: "n1", Direction: "egress", Verdict: "drop", Protocol: "udp", Port: 80,
 					Src: dropEndpoint{IP: "10.244.1.7", Namespace: "shop", Pod: "db"}, Dst: dropEndpoint{IP: "192.0.2.1"}, Policies: []string{"shop/db-egress"}},
 			},
 		},
@@ -67,14 +67,32 @@ func TestDropLogLines(t *testing.T) {
 				{Time: t0, Network: "kubenet", Ingress: true, Port: 99, Src: a("10.244.1.7"), Dst: a("10.244.1.99"), Proto: 1, ICMPType: 8},
 				{Time: t0, Network: "other", Ingress: true, Port: 5, Src: a("10.244.1.8"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8}},
 			want: []dropLine{
-				{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Protocol: "icmp", ICMPType: ptr(8),
+				{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Verdict: "drop", Protocol: "icmp", ICMPType: ptr(8),
 					Src: dropEndpoint{IP: "10.244.1.7", Namespace: "shop", Pod: "db"}, Dst: dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
 					Policies: []string{"shop/deny-all", "shop/web-from-lb"}},
-				{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Protocol: "icmp", ICMPType: ptr(8),
+				{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Verdict: "drop", Protocol: "icmp", ICMPType: ptr(8),
 					Src: dropEndpoint{IP: "10.244.1.7", Namespace: "shop", Pod: "db"}, Dst: dropEndpoint{IP: "10.244.1.99"}, Policies: []string{}},
 			},
 		},
 	}
+	staged := udp(true, 5, "10.244.2.9", "10.244.1.5", 53, 0)
+	staged.Audit = true
+	tests = append(tests, struct {
+		name  string
+		drops []core.PolicyDrop
+		want  []dropLine
+	}{
+		name:  "what a staged policy would drop, next to a real drop of the same flow: two lines",
+		drops: []core.PolicyDrop{staged, udp(true, 5, "10.244.2.9", "10.244.1.5", 53, time.Millisecond)},
+		want: []dropLine{
+			{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Verdict: "would-drop", Protocol: "udp", Port: 53,
+				Src: dropEndpoint{IP: "10.244.2.9", Namespace: "other", Pod: "client"}, Dst: dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
+				Policies: []string{"shop/deny-all", "shop/web-from-lb"}},
+			{Msg: DropLogMsg, Time: t0.Add(time.Millisecond), Count: 1, Node: "n1", Direction: "ingress", Verdict: "drop", Protocol: "udp", Port: 53,
+				Src: dropEndpoint{IP: "10.244.2.9", Namespace: "other", Pod: "client"}, Dst: dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
+				Policies: []string{"shop/deny-all", "shop/web-from-lb"}},
+		},
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -134,11 +134,12 @@ func (m *metrics) pass(p Pass) {
 // local pod). It also gives the drop log's losses: the kernel's count of drops over the log's
 // rate and the agent's own (socket overruns, the aggregation's bound).
 type dropsCollector struct {
-	network string
-	names   func() *dropNames
-	lost    *dropLost
-	drops   *prometheus.Desc
-	logLost *prometheus.Desc
+	network    string
+	names      func() *dropNames
+	lost       *dropLost
+	drops      *prometheus.Desc
+	wouldDrops *prometheus.Desc
+	logLost    *prometheus.Desc
 
 	mu sync.Mutex
 	// rateLimited accumulates the kernel's counter, which starts again when the table is made
@@ -151,6 +152,9 @@ func newDropsCollector(network string, names func() *dropNames, lost *dropLost) 
 		drops: prometheus.NewDesc("kubenet_networkpolicy_drops_total",
 			"Packets the NetworkPolicies dropped, by the node's pod (its namespace and name) and direction (ingress: to the pod, egress: from it), as the kernel counts them.",
 			[]string{"namespace", "pod", "direction"}, nil),
+		wouldDrops: prometheus.NewDesc("kubenet_networkpolicy_would_drops_total",
+			"Packets that staged (audit) NetworkPolicies would have dropped and that passed, by the node's pod and direction: only where no enforced policy isolates the pod in it.",
+			[]string{"namespace", "pod", "direction"}, nil),
 		logLost: prometheus.NewDesc("kubenet_networkpolicy_log_lost_total",
 			"Drops the drop log did not write, by reason: rate_limit (over the log's rate, counted by the kernel), overrun (the agent's socket overflowed), aggregation (too many bursts at once).",
 			[]string{"reason"}, nil),
@@ -159,6 +163,7 @@ func newDropsCollector(network string, names func() *dropNames, lost *dropLost) 
 
 func (c *dropsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.drops
+	ch <- c.wouldDrops
 	ch <- c.logLost
 }
 
@@ -179,7 +184,11 @@ func (c *dropsCollector) Collect(ch chan<- prometheus.Metric) {
 		if d.Ingress {
 			dir = "ingress"
 		}
-		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(d.Packets), ns, pod, dir)
+		desc := c.drops
+		if d.Audit {
+			desc = c.wouldDrops
+		}
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(d.Packets), ns, pod, dir)
 	}
 	c.mu.Lock()
 	if limited >= c.lastKernel {
