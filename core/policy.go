@@ -110,8 +110,15 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 	if err == nil {
 		pass.Unrecorded = writePolicyState(dir.root(), rs, pass.Applied)
 	}
-	if err == nil && n.CutEstablished && (pass.Applied.Changed() || n.CutAgain) {
+	switch {
+	case err != nil:
+	case n.CutEstablished && (pass.Applied.Changed() || n.CutAgain):
 		pass.Cut, pass.CutErr = cutDenied(rs, pass.Applied)
+	case !n.CutEstablished && n.CutAgain:
+		// Strict mode off (an earlier run may have had it on): what that run cut flows again.
+		if pass.CutErr = netpol.ClearCuts(); pass.CutErr != nil {
+			pass.CutErr = fmt.Errorf("network policy: clear the marks of cut connections: %w", pass.CutErr)
+		}
 	}
 	return pass, err
 }

@@ -33,6 +33,13 @@ func CutDenied(rs policyrules.Ruleset, applied policyrules.Applied, nodeAddrs []
 	return conntrack.SetMark(CtMarkCut, j.denies)
 }
 
+// ClearCuts takes CtMarkCut off every conntrack entry: the agent without strict mode lets the
+// connections an earlier run cut flow again, as the API allows established connections to.
+func ClearCuts() error {
+	_, err := conntrack.SetMark(CtMarkCut, func(*vnl.ConntrackFlow) bool { return false })
+	return err
+}
+
 // flowJudge holds what judging a conntrack entry needs, by address.
 type flowJudge struct {
 	pods map[netip.Addr]*policyrules.Pod

@@ -1052,6 +1052,15 @@ func TestCutDenied(t *testing.T) {
 				t.Errorf("node → b: no echo after the change")
 			}
 			n.expectTCP(t, "new connection a → b", a.ns, b.v4, 8080, false)
+			if cut {
+				// Strict mode turned off: the agent clears the marks, and the connection the
+				// policy denies flows again, as established connections do without it.
+				nettest.Do(t, n.node, func() error { return ClearCuts() })
+				if !denied.Catches("cleared", 5*time.Second) {
+					t.Errorf("a → b after ClearCuts: the cut connection still does not flow")
+				}
+				n.expectTCP(t, "new connection a → b after ClearCuts", a.ns, b.v4, 8080, false)
+			}
 		})
 	}
 }

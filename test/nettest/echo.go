@@ -249,6 +249,24 @@ func OpenSession(t testing.TB, n ns.NetNS, dst netip.AddrPort, deadline time.Dur
 	return s
 }
 
+// Catches sends one line and tells whether its echo comes back within wait, skipping the
+// echoes of earlier lines that arrive first (lines a blocked connection delivers late).
+func (s *Session) Catches(line string, wait time.Duration) bool {
+	_ = s.Conn.SetDeadline(time.Now().Add(wait))
+	if _, err := fmt.Fprintln(s.Conn, line); err != nil {
+		return false
+	}
+	for {
+		got, err := s.r.ReadString('\n')
+		if err != nil {
+			return false
+		}
+		if strings.HasPrefix(got, line+" ") {
+			return true
+		}
+	}
+}
+
 // RoundTrip sends one line and tells whether its echo came back within wait.
 func (s *Session) RoundTrip(line string, wait time.Duration) bool {
 	_ = s.Conn.SetDeadline(time.Now().Add(wait))
