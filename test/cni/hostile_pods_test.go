@@ -671,9 +671,10 @@ func TestAntiSpoofingOff(t *testing.T) {
 }
 
 // TestLocalnetGuardAlone: the localnet guard by itself, with every other layer that would stop
-// these frames taken away (anti-spoofing off, the bridge's loopback guards emptied): the evil
-// pod writes UDP datagrams to and from the node's loopback addresses, through the gateway's MAC,
-// broadcast, a VLAN-0 tag, a made-up source MAC and another pod's MAC, and to the victim's host
+// these frames taken away (anti-spoofing off, the bridge's guards emptied, its drop of VLAN-tagged
+// frames included): the evil pod writes UDP datagrams to and from the node's loopback addresses,
+// through the gateway's MAC, broadcast, a VLAN-0 tag (which only the emptied bridge guard would
+// otherwise have stopped), a made-up source MAC and another pod's MAC, and to the victim's host
 // port through 127.0.0.1 or from a 127.0.0.1 source (which the host-port rules would take for the
 // node's own and masquerade). None may arrive, with the guard whole and with each of its chains
 // alone: the NAT chain drops a connection's first packet before any dstnat (the host port through
@@ -684,7 +685,7 @@ func TestAntiSpoofingOff(t *testing.T) {
 // works with the guard (TestFlushedRulesetHealedByNextAdd's reachable).
 func TestLocalnetGuardAlone(t *testing.T) {
 	h := newHostileNode(t, "hairpin-veth", "nftables", testkit.DualStack(), map[string]any{"antiSpoofing": false})
-	for _, chain := range []string{isolation.ChainGuardIPv4, isolation.ChainGuardIPv6} {
+	for _, chain := range []string{isolation.ChainGuard, isolation.ChainGuardIPv4, isolation.ChainGuardIPv6} {
 		nettest.Run(t, h.node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, chain)
 	}
 	const anyPort = 7200
@@ -695,14 +696,15 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		dstMAC   net.HardwareAddr
 		srcMAC   net.HardwareAddr
 		src, dst netip.AddrPort
-		tagged   bool
+		tags     int // VLAN-0 tags
 		server   *nettest.EchoServer
 	}
 	var attempts []attempt
 	evilMAC := h.mac[h.evil]
 	const (
-		toLoopback   = "IPv4 to the node's loopback service, to the gateway's MAC"
-		hostPortByLo = "IPv4 to the victim's host port through loopback"
+		toLoopback       = "IPv4 to the node's loopback service, to the gateway's MAC"
+		toLoopbackTagged = "IPv4 to the node's loopback service, VLAN 0"
+		hostPortByLo     = "IPv4 to the victim's host port through loopback"
 	)
 	// The source ports change from round to round: a datagram that arrived has been answered,
 	// and conntrack would take the next one with the same ports for a reply of that answer.
@@ -712,15 +714,15 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		local, fromLocal := netip.AddrPortFrom(lo, nodeLocalPort), netip.AddrPortFrom(lo, 40011)
 		family := pick(is6, "IPv6", "IPv4")
 		attempts = append(attempts,
-			attempt{family + " to the node's loopback service, to the gateway's MAC", h.bridgeMAC, evilMAC, evil, local, false, h.nodeLocal[is6]},
-			attempt{family + " to the node's loopback service, broadcast", testkit.Broadcast, evilMAC, evil, local, false, h.nodeLocal[is6]},
-			attempt{family + " to the node's loopback service, VLAN 0", h.bridgeMAC, evilMAC, evil, local, true, h.nodeLocal[is6]},
-			attempt{family + " to the node's loopback service, from a made-up MAC", h.bridgeMAC, madeUp, evil, local, false, h.nodeLocal[is6]},
-			attempt{family + " to the node's loopback service, to the honest pod's MAC", h.mac[h.honest], evilMAC, evil, local, false, h.nodeLocal[is6]},
-			attempt{family + " to the node's loopback service from a loopback source", h.bridgeMAC, evilMAC, fromLocal, local, false, h.nodeLocal[is6]},
-			attempt{family + " from a loopback source to the gateway's address", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, anyPort), false, anyAddr},
-			attempt{family + " to the victim's host port through loopback", h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(lo, hostileHostPort), false, h.victimUDP},
-			attempt{family + " from a loopback source to the victim's host port", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, hostileHostPort), false, h.victimUDP},
+			attempt{family + " to the node's loopback service, to the gateway's MAC", h.bridgeMAC, evilMAC, evil, local, 0, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, broadcast", testkit.Broadcast, evilMAC, evil, local, 0, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, VLAN 0", h.bridgeMAC, evilMAC, evil, local, 1, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, from a made-up MAC", h.bridgeMAC, madeUp, evil, local, 0, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, to the honest pod's MAC", h.mac[h.honest], evilMAC, evil, local, 0, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service from a loopback source", h.bridgeMAC, evilMAC, fromLocal, local, 0, h.nodeLocal[is6]},
+			attempt{family + " from a loopback source to the gateway's address", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, anyPort), 0, anyAddr},
+			attempt{family + " to the victim's host port through loopback", h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(lo, hostileHostPort), 0, h.victimUDP},
+			attempt{family + " from a loopback source to the victim's host port", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, hostileHostPort), 0, h.victimUDP},
 		)
 	}
 	round := 0
@@ -731,7 +733,7 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		for i, a := range attempts {
 			srcPort := a.src.Port() + uint16(100*round)
 			frame := testkit.IPFrame(a.dstMAC, a.srcMAC, testkit.UDPPacket(a.src.Addr(), a.dst.Addr(), srcPort, a.dst.Port(), fmt.Appendf(nil, "localnet-%d-%d", round, i)))
-			if a.tagged {
+			for range a.tags {
 				frame = testkit.PriorityTagged(frame)
 			}
 			frames = append(frames, frame)
@@ -765,11 +767,11 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		{"conntrack bypassed (notrack): the bridge's ingress chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
 		{"conntrack bypassed, the ingress chain emptied", func() {
 			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
-		}, []string{toLoopback}},
+		}, []string{toLoopback, toLoopbackTagged}},
 		{"the NAT chain alone", func() { nettest.Run(t, h.node.NS, "nft", "delete", "table", "inet", "kubenet-test-notrack") }, nil},
 		{"both chains emptied", func() {
 			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
-		}, []string{toLoopback, hostPortByLo}},
+		}, []string{toLoopback, toLoopbackTagged, hostPortByLo}},
 	} {
 		r.change()
 		got := try(t)
