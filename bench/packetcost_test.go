@@ -40,7 +40,7 @@ var (
 //
 //   - "kubenet": the rules as kubenet installs them;
 //   - "+ prerouting filter chain": with an empty filter chain on the IP prerouting hook added to
-//     kubenet's inet table, as the localnet guard was before it moved to the bridge's ingress;
+//     kubenet's inet table, as the localnet guard was before it moved off the IP prerouting hook;
 //   - "- inet table": kubenet's inet table deleted (SNAT, host ports, localnet guard), and
 //     with it conntrack and NAT's hooks, which nothing else then needs;
 //   - "- inet table + empty NAT chain": the same with an empty NAT chain in a table of its own,

@@ -90,7 +90,7 @@ func renderNFTables(cfg Config, rs []Reservation) string {
 		sets = append(sets, nftrender.Set{Set: hairpinSetDef(table, is6), Elements: els})
 	}
 	var chainList []nftrender.Chain
-	for _, ch := range chains(table, cfg.Bridge) {
+	for _, ch := range chains(table) {
 		var rules []nft.Rule
 		for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
 			if r.Chain == ch.Name {

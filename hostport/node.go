@@ -67,7 +67,7 @@ func (nftablesBackend) missingNode(cfg Config, counts map[string]int) ([]error, 
 		planned[r.Chain]++
 	}
 	var out []error
-	for _, ch := range chains(table, cfg.Bridge) {
+	for _, ch := range chains(table) {
 		if planned[ch.Name] > 0 && counts[ch.Name] == 0 {
 			out = append(out, &nft.Difference{Table: table, Object: "chain " + ch.Name, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", planned[ch.Name])})
 		}
@@ -131,7 +131,7 @@ func plannedChains(cfg Config) map[string][]nft.Rule {
 // without rules, so that a dump which still holds theirs is not recognised as the plan).
 func chainNames() []string {
 	var out []string
-	for _, ch := range slices.Concat(chains(nil, ""), retiredChains(nil)) {
+	for _, ch := range slices.Concat(chains(nil), retiredChains(nil)) {
 		out = append(out, ch.Name)
 	}
 	return out
@@ -143,7 +143,7 @@ func compareChains(cfg Config, have map[string][]*nftables.Rule) []*nft.Differen
 	want := plannedChains(cfg)
 	table := nft.InetTable(cfg.Network)
 	var out []*nft.Difference
-	for _, ch := range slices.Concat(chains(table, cfg.Bridge), retiredChains(table)) {
+	for _, ch := range slices.Concat(chains(table), retiredChains(table)) {
 		if d := nft.Compare(ch, have[ch.Name], want[ch.Name]); d != nil {
 			out = append(out, d)
 		}
@@ -288,10 +288,11 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 	}
 	if retype {
 		// A map of the wrong type can only go once no rule refers to it: empty every chain,
-		// delete the maps, then write everything anew, in this one transaction. (The chain on
-		// the bridge's ingress refers to none, and is replaced below.)
-		for _, ch := range chains(table, cfg.Bridge) {
-			if ch.Device == "" {
+		// delete the maps, then write everything anew, in this one transaction. (The bridge's
+		// input chain refers to none, and is replaced below: it may still be the ingress chain of
+		// an earlier release, which adding it with its input hook would not change.)
+		for _, ch := range chains(table) {
+			if ch.Name != ChainLocalnetBridge {
 				c.FlushChain(c.AddChain(ch))
 			}
 		}
@@ -311,13 +312,13 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 			return fmt.Errorf("hostport set %s: %w", hairpinSet(is6), err)
 		}
 	}
-	for _, ch := range chains(table, cfg.Bridge) {
+	for _, ch := range chains(table) {
 		if !retype && !rewrite(ch.Name) {
 			continue
 		}
-		if ch.Device != "" && existing[ch.Name] {
-			// A chain hooked to another device (the bridge of an earlier configuration) is not
-			// moved by adding it again: it goes, and comes back bound to this one.
+		if ch.Name == ChainLocalnetBridge && existing[ch.Name] {
+			// Releases before this one hooked it to the bridge device's ingress, which adding it
+			// again does not change (a base chain keeps its hook): it goes, and comes back.
 			c.DelChain(ch)
 		}
 		nft.ReplaceChain(c, ch, byChain[ch.Name])

@@ -365,14 +365,16 @@ add rule inet kubenet-t hostport-localnet meta nfproto ipv4 iifname != "lo" ip d
 	}
 }
 
-// TestLocalnetChainFollowsTheBridge: the bridge's ingress chain is bound to the configured
-// bridge; with another bridge configured the plan differs (the comments name the device), and
-// EnsureNode binds the chain to the new one.
+// TestLocalnetChainFollowsTheBridge: the bridge's input chain matches the configured bridge;
+// with another bridge configured the plan differs (the comments name the device), and
+// EnsureNode rewrites the chain for the new one. A chain of the previous release, hooked to the
+// bridge device's ingress (which a frame under two VLAN-0 tags passes as a VLAN frame), is
+// replaced by the input chain: a base chain's hook does not change by adding it again.
 func TestLocalnetChainFollowsTheBridge(t *testing.T) {
 	w := newWorld(t)
 	w.add(t, ownerA, entry("tcp", 80, any4, pod4, 8080))
-	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, `hook ingress device "br0"`) {
-		t.Fatalf("the guard's chain is not on br0's ingress:\n%s", got)
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, "hook input") || !strings.Contains(got, `iifname "br0"`) {
+		t.Fatalf("the guard's chain is not on input for br0:\n%s", got)
 	}
 	w.do(t, func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br1"}}) })
 	w.cfg.Bridge = "br1"
@@ -381,10 +383,25 @@ func TestLocalnetChainFollowsTheBridge(t *testing.T) {
 	}
 	w.ensure(t, false)
 	got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
-	if !strings.Contains(got, `hook ingress device "br1"`) || strings.Contains(got, "br0") {
-		t.Errorf("the guard's chain after EnsureNode:\n%s\nwant it on br1's ingress only", got)
+	if !strings.Contains(got, `iifname "br1"`) || strings.Contains(got, "br0") {
+		t.Errorf("the guard's chain after EnsureNode:\n%s\nwant it for br1 only", got)
 	}
 	if err := w.checkNode(t); err != nil {
 		t.Errorf("CheckNode after EnsureNode: %v", err)
+	}
+
+	// The previous release's chain: the bridge device's ingress, without the iifname match.
+	w.nft(t, "delete", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
+	w.nft(t, "add", "chain", "inet", "kubenet-t", ChainLocalnetBridge, "{ type filter hook ingress device br1 priority 0; }")
+	w.nft(t, "add", "rule", "inet", "kubenet-t", ChainLocalnetBridge, "ip", "daddr", "127.0.0.0/8", "drop")
+	if err := w.checkNode(t); err == nil || !strings.Contains(err.Error(), ChainLocalnetBridge) {
+		t.Fatalf("CheckNode with the previous release's ingress chain = %v, want %s named", err, ChainLocalnetBridge)
+	}
+	w.ensure(t, false)
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, "hook input") || strings.Contains(got, "ingress") {
+		t.Errorf("the guard's chain after EnsureNode over the previous release's:\n%s\nwant it on input", got)
+	}
+	if err := w.checkNode(t); err != nil {
+		t.Errorf("CheckNode after EnsureNode over the previous release's chain: %v", err)
 	}
 }

@@ -30,14 +30,17 @@ const (
 	// bridge netfilter on, every bridged packet runs the IP prerouting hook's base chains: a
 	// filter chain there cost every pod-to-pod packet about 2 µs of kernel CPU, docs/bench.md).
 	//
-	// ChainLocalnetBridge (filter, ingress of the bridge device) sees what the bridge hands up
-	// to the node's IP stack, where route_localnet applies: every packet a pod sends to the node
-	// or through it, and no frame the bridge forwards between pods.
+	// ChainLocalnetBridge (filter, input, matching the bridge device) sees what the bridge
+	// hands up and the node's IP stack delivers to itself, where route_localnet applies, however
+	// the frame was framed, and no frame the bridge forwards between pods (bridged packets run
+	// prerouting, forward and postrouting, never input). Not the bridge device's ingress hook:
+	// a frame under two VLAN-0 tags is still a VLAN frame there (the inet ingress hook passes
+	// every frame that is not IP) and the kernel strips the tags only after that hook ran.
 	ChainLocalnetBridge = "hostport-localnet-bridge"
 	// ChainLocalnetNAT (nat, prerouting, mangle: ahead of every dstnat chain) sees the first
 	// packet of each connection, before anything translates it: a pod's 127.0.0.0/8 connection
 	// that a dstnat rule would send back over the bridge to a pod (127.0.0.1:hostPort) never
-	// reaches the bridge device's ingress, and is dropped here.
+	// reaches the node's input, and is dropped here.
 	ChainLocalnetNAT = "hostport-localnet-nat"
 	// chainLocalnetRetired is the guard's chain of kubenet releases before the two above
 	// (filter, prerouting, mangle): it is deleted where it is found.
@@ -204,9 +207,8 @@ func decodeElement(mapName string, el nftables.SetElement) (Entry, bool) {
 	}, protocol != ""
 }
 
-// chains returns the definitions of the chains; table is the network's inet table, bridge the
-// device whose ingress ChainLocalnetBridge hooks.
-func chains(table *nftables.Table, bridge string) []*nftables.Chain {
+// chains returns the definitions of the chains; table is the network's inet table.
+func chains(table *nftables.Table) []*nftables.Chain {
 	mangle := nftables.ChainPriorityMangle
 	srcnat := *nftables.ChainPriorityNATSource - 10 // ahead of other srcnat chains, as portmap puts its MASQ first
 	return []*nftables.Chain{
@@ -215,7 +217,7 @@ func chains(table *nftables.Table, bridge string) []*nftables.Chain {
 		{Name: ChainOutput, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest},
 		{Name: ChainMasquerade, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: &srcnat},
 		{Name: ChainLocalnetNAT, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: mangle},
-		{Name: ChainLocalnetBridge, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nft.ChainHookInetIngress, Priority: nftables.ChainPriorityFilter, Device: bridge},
+		{Name: ChainLocalnetBridge, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter},
 	}
 }
 
@@ -281,12 +283,11 @@ func Rules(podCIDRs []netip.Prefix, bridge string) []Rule {
 }
 
 // localnetRules are the localnet guard's rules for the families of podCIDRs. bridge names the
-// device whose ingress ChainLocalnetBridge hooks: it is in the comments, so a rule dump of another
-// bridge's chain is not this plan.
+// device whose packets ChainLocalnetBridge drops.
 //
 // The NAT chain covers both families: a dstnat rule would translate a pod's connection to
 // 127.0.0.1 or ::1 (both local addresses) and the bridge would forward it to a pod without the
-// node's IP stack, which drops ::1 from any device but lo, ever seeing it. The bridge's ingress
+// node's IP stack, which drops ::1 from any device but lo, ever seeing it. The bridge's input
 // chain is IPv4's: route_localnet has no IPv6 counterpart, and what the bridge hands up to the
 // node with ::1 is dropped by the kernel itself.
 func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
@@ -319,9 +320,9 @@ func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
 		return rules
 	}
 	// A reply of a connection from localhost to a hostPort (masqueraded to the bridge's address
-	// on its way to the pod) has its destination translated back to 127.0.0.1 by the time the
-	// bridge hands it up: bridge netfilter ran the prerouting hook, NAT included, when the frame
-	// entered the bridge. Only a masqueraded connection's replies are translated back, and the
+	// on its way to the pod) has its destination translated back to 127.0.0.1 by the input hook:
+	// prerouting (bridge netfilter's when the frame entered the bridge, or the IP stack's) ran
+	// conntrack's NAT. Only a masqueraded connection's replies are translated back, and the
 	// prerouting hook has seen their unchanged destination (the node's address, not 127/8).
 	reply := []expr.Any{
 		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: reg1},
@@ -330,14 +331,17 @@ func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(ctStatusSrcNAT), Xor: native(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
 	}
-	v4 := nft.MatchFamily(loopback4.Addr())
+	v4 := slices.Concat(nft.MatchFamily(loopback4.Addr()), []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: nft.IfName(bridge)},
+	})
 	from, to := nft.MatchPrefix(nft.Source, loopback4, false), nft.MatchPrefix(nft.Destination, loopback4, false)
 	return append(rules,
-		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets from 127.0.0.0/8 that bridge " + bridge + " hands to the node " + why,
+		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets from 127.0.0.0/8 that the node receives from bridge " + bridge + " " + why,
 			Exprs: slices.Concat(v4, from, []expr.Any{drop})},
 		Rule{Chain: ChainLocalnetBridge, Comment: "accept replies translated back to 127.0.0.0/8 of masqueraded connections (localhost to a hostPort)",
 			Exprs: slices.Concat(v4, to, reply, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
-		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets to 127.0.0.0/8 that bridge " + bridge + " hands to the node " + why,
+		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets to 127.0.0.0/8 that the node receives from bridge " + bridge + " " + why,
 			Exprs: slices.Concat(v4, to, []expr.Any{drop})},
 	)
 }

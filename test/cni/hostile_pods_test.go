@@ -674,12 +674,14 @@ func TestAntiSpoofingOff(t *testing.T) {
 // these frames taken away (anti-spoofing off, the bridge's guards emptied, its drop of VLAN-tagged
 // frames included): the evil pod writes UDP datagrams to and from the node's loopback addresses,
 // through the gateway's MAC, broadcast, a VLAN-0 tag (which only the emptied bridge guard would
-// otherwise have stopped), a made-up source MAC and another pod's MAC, and to the victim's host
+// otherwise have stopped), two of them (a VLAN frame still at the bridge device's ingress hook:
+// the kernel strips the second tag only after it), a made-up source MAC and another pod's MAC,
+// and to the victim's host
 // port through 127.0.0.1 or from a 127.0.0.1 source (which the host-port rules would take for the
 // node's own and masquerade). None may arrive, with the guard whole and with each of its chains
 // alone: the NAT chain drops a connection's first packet before any dstnat (the host port through
 // 127.0.0.1 or ::1 never reaches the node's stack: the bridge forwards the translated frame to
-// the victim); the bridge's ingress chain drops what conntrack does not track (here a notrack rule
+// the victim); the bridge's input chain drops what conntrack does not track (here a notrack rule
 // of another tool; invalid packets alike), which no NAT chain sees. Emptying the chain that
 // held shows it was what stopped them. The node's own use of its host ports through 127.0.0.1
 // works with the guard (TestFlushedRulesetHealedByNextAdd's reachable).
@@ -704,6 +706,7 @@ func TestLocalnetGuardAlone(t *testing.T) {
 	const (
 		toLoopback       = "IPv4 to the node's loopback service, to the gateway's MAC"
 		toLoopbackTagged = "IPv4 to the node's loopback service, VLAN 0"
+		toLoopbackQinQ   = "IPv4 to the node's loopback service, two VLAN-0 tags"
 		hostPortByLo     = "IPv4 to the victim's host port through loopback"
 	)
 	// The source ports change from round to round: a datagram that arrived has been answered,
@@ -717,6 +720,7 @@ func TestLocalnetGuardAlone(t *testing.T) {
 			attempt{family + " to the node's loopback service, to the gateway's MAC", h.bridgeMAC, evilMAC, evil, local, 0, h.nodeLocal[is6]},
 			attempt{family + " to the node's loopback service, broadcast", testkit.Broadcast, evilMAC, evil, local, 0, h.nodeLocal[is6]},
 			attempt{family + " to the node's loopback service, VLAN 0", h.bridgeMAC, evilMAC, evil, local, 1, h.nodeLocal[is6]},
+			attempt{family + " to the node's loopback service, two VLAN-0 tags", h.bridgeMAC, evilMAC, evil, local, 2, h.nodeLocal[is6]},
 			attempt{family + " to the node's loopback service, from a made-up MAC", h.bridgeMAC, madeUp, evil, local, 0, h.nodeLocal[is6]},
 			attempt{family + " to the node's loopback service, to the honest pod's MAC", h.mac[h.honest], evilMAC, evil, local, 0, h.nodeLocal[is6]},
 			attempt{family + " to the node's loopback service from a loopback source", h.bridgeMAC, evilMAC, fromLocal, local, 0, h.nodeLocal[is6]},
@@ -764,14 +768,14 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		arrive []string // what must arrive; nothing else may
 	}{
 		{"the whole guard", func() {}, nil},
-		{"conntrack bypassed (notrack): the bridge's ingress chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
-		{"conntrack bypassed, the ingress chain emptied", func() {
+		{"conntrack bypassed (notrack): the bridge's input chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
+		{"conntrack bypassed, the input chain emptied", func() {
 			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
-		}, []string{toLoopback, toLoopbackTagged}},
+		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ}},
 		{"the NAT chain alone", func() { nettest.Run(t, h.node.NS, "nft", "delete", "table", "inet", "kubenet-test-notrack") }, nil},
 		{"both chains emptied", func() {
 			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
-		}, []string{toLoopback, toLoopbackTagged, hostPortByLo}},
+		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ, hostPortByLo}},
 	} {
 		r.change()
 		got := try(t)
@@ -783,5 +787,90 @@ func TestLocalnetGuardAlone(t *testing.T) {
 				t.Errorf("%s: %s arrived %d times", r.name, a.name, got[a.name])
 			}
 		}
+	}
+}
+
+// TestLocalnetGuardStopsForgedLoopbackReplies: a connection of the node's own over lo (a client
+// on 127.0.0.1 and a stub resolver on 127.0.0.53, say) is in conntrack, so a pod that forges its
+// reply (from 127.0.0.53, which is not an address of lo and so passes the kernel's source check
+// with rp_filter off) sends a packet conntrack takes as established: no NAT chain sees it, and
+// only the guard's input chain stands between it and the client's socket. The frame goes
+// untagged, under a VLAN-0 tag and under two (which the bridge device's ingress hook, the chain's
+// place before, saw as a VLAN frame, not IPv4). Every other layer is taken away (anti-spoofing
+// off, the bridge's guards emptied); with the input chain emptied too, each forged reply
+// arrives, which shows the test reaches the client.
+func TestLocalnetGuardStopsForgedLoopbackReplies(t *testing.T) {
+	h := newHostileNode(t, "hairpin-veth", "nftables", testkit.DualStack(), map[string]any{"antiSpoofing": false})
+	for _, chain := range []string{isolation.ChainGuard, isolation.ChainGuardIPv4, isolation.ChainGuardIPv6} {
+		nettest.Run(t, h.node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, chain)
+	}
+	if got := strings.TrimSpace(nettest.Run(t, h.node.NS, "sysctl", "-n", "net.ipv4.conf.cbr0.rp_filter", "net.ipv4.conf.all.rp_filter")); got != "0\n0" {
+		t.Fatalf("rp_filter on cbr0 and all = %q, want 0 (the kernel's default), under which the source check lets 127.0.0.53 in", got)
+	}
+	resolver := netip.MustParseAddrPort("127.0.0.53:5300")
+	var server, client *net.UDPConn
+	nettest.Do(t, h.node.NS, func() error {
+		var err error
+		if server, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(resolver)); err != nil {
+			return fmt.Errorf("resolver: %w", err)
+		}
+		client, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(resolver))
+		return err
+	})
+	t.Cleanup(func() { server.Close(); client.Close() })
+	clientAddr := client.LocalAddr().(*net.UDPAddr).AddrPort()
+	// ask sends a query, so the connection is in conntrack; the resolver answers after the
+	// forged frames went (send waits until a frame sent after them arrived), so every forged
+	// reply that got through is in the client's queue ahead of the answer.
+	ask := func(t *testing.T, forged ...[]byte) []string {
+		t.Helper()
+		buf := make([]byte, 1500)
+		if _, err := client.Write([]byte("query")); err != nil {
+			t.Fatal(err)
+		}
+		if err := server.SetReadDeadline(time.Now().Add(testkit.TrafficTimeout)); err != nil {
+			t.Fatal(err)
+		}
+		_, from, err := server.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("the resolver's query: %v", err)
+		}
+		h.send(t, forged...)
+		if _, err := server.WriteToUDPAddrPort([]byte("answer"), from); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			if err := client.SetReadDeadline(time.Now().Add(testkit.TrafficTimeout)); err != nil {
+				t.Fatal(err)
+			}
+			n, err := client.Read(buf)
+			if err != nil {
+				t.Fatalf("the resolver's answer: %v (forged replies read: %q)", err, got)
+			}
+			if string(buf[:n]) == "answer" {
+				return got
+			}
+			got = append(got, string(buf[:n]))
+		}
+	}
+	forged := func(round string) [][]byte {
+		var frames [][]byte
+		for tags := range 3 {
+			frame := testkit.IPFrame(h.bridgeMAC, h.mac[h.evil], testkit.UDPPacket(resolver.Addr(), clientAddr.Addr(), resolver.Port(), clientAddr.Port(), fmt.Appendf(nil, "forged-%s-%d-tags", round, tags)))
+			for range tags {
+				frame = testkit.PriorityTagged(frame)
+			}
+			frames = append(frames, frame)
+		}
+		return frames
+	}
+	if got := ask(t, forged("guarded")...); len(got) != 0 {
+		t.Errorf("forged replies reached the node's loopback client through the localnet guard: %q", got)
+	}
+	nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
+	want := []string{"forged-emptied-0-tags", "forged-emptied-1-tags", "forged-emptied-2-tags"}
+	if got := ask(t, forged("emptied")...); !slices.Equal(got, want) {
+		t.Errorf("with the input chain emptied the client read %q, want %q: the test does not show that the chain stopped them", got, want)
 	}
 }
