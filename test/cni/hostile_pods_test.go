@@ -708,6 +708,10 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		toLoopbackTagged = "IPv4 to the node's loopback service, VLAN 0"
 		toLoopbackQinQ   = "IPv4 to the node's loopback service, two VLAN-0 tags"
 		hostPortByLo     = "IPv4 to the victim's host port through loopback"
+
+		toOtherLoopback     = "IPv4 to 127.0.0.2, a service on every address"
+		toOtherLoopbackQinQ = "IPv4 to 127.0.0.2, a service on every address, two VLAN-0 tags"
+		hostPortByOtherLo   = "IPv4 to the victim's host port through 127.0.0.2"
 	)
 	// The source ports change from round to round: a datagram that arrived has been answered,
 	// and conntrack would take the next one with the same ports for a reply of that answer.
@@ -727,6 +731,27 @@ func TestLocalnetGuardAlone(t *testing.T) {
 			attempt{family + " from a loopback source to the gateway's address", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, anyPort), 0, anyAddr},
 			attempt{family + " to the victim's host port through loopback", h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(lo, hostileHostPort), 0, h.victimUDP},
 			attempt{family + " from a loopback source to the victim's host port", h.bridgeMAC, evilMAC, fromLocal, netip.AddrPortFrom(gw, hostileHostPort), 0, h.victimUDP},
+		)
+	}
+	// Loopback addresses other than 127.0.0.1 are the node's too (a service on every address
+	// answers them, a host port translates them); ::ffff:127.0.0.1 would be 127.0.0.1 to a socket
+	// of both families, but the kernel does not take it as a local address (it does not arrive
+	// with both chains emptied either: this checks the kernel, not the guard).
+	otherLo := netip.MustParseAddr("127.0.0.2")
+	mapped := netip.AddrFrom16(netip.MustParseAddr("127.0.0.1").As16())
+	if gw, ok := h.gateway[false]; ok {
+		evil := netip.AddrPortFrom(h.evil.IP(gw), 40012)
+		attempts = append(attempts,
+			attempt{toOtherLoopback, h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(otherLo, anyPort), 0, anyAddr},
+			attempt{toOtherLoopbackQinQ, h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(otherLo, anyPort), 2, anyAddr},
+			attempt{hostPortByOtherLo, h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(otherLo, hostileHostPort), 0, h.victimUDP},
+		)
+	}
+	if gw, ok := h.gateway[true]; ok {
+		evil := netip.AddrPortFrom(h.evil.IP(gw), 40013)
+		attempts = append(attempts,
+			attempt{"IPv6 to ::ffff:127.0.0.1, a service on every address", h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(mapped, anyPort), 0, anyAddr},
+			attempt{"IPv6 to the victim's host port through ::ffff:127.0.0.1", h.bridgeMAC, evilMAC, evil, netip.AddrPortFrom(mapped, hostileHostPort), 0, h.victimUDP},
 		)
 	}
 	round := 0
@@ -771,11 +796,11 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		{"conntrack bypassed (notrack): the bridge's input chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
 		{"conntrack bypassed, the input chain emptied", func() {
 			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
-		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ}},
+		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ, toOtherLoopback, toOtherLoopbackQinQ}},
 		{"the NAT chain alone", func() { nettest.Run(t, h.node.NS, "nft", "delete", "table", "inet", "kubenet-test-notrack") }, nil},
 		{"both chains emptied", func() {
 			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
-		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ, hostPortByLo}},
+		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ, hostPortByLo, toOtherLoopback, toOtherLoopbackQinQ, hostPortByOtherLo}},
 	} {
 		r.change()
 		got := try(t)
