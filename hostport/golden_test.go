@@ -92,7 +92,7 @@ func renderNFTables(cfg Config, rs []Reservation) string {
 	var chainList []nftrender.Chain
 	for _, ch := range chains(table) {
 		var rules []nft.Rule
-		for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+		for _, r := range Rules(cfg.PodCIDRs) {
 			if r.Chain == ch.Name {
 				rules = append(rules, nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 			}

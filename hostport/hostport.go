@@ -223,7 +223,7 @@ func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
 // enableRouteLocalnet lets the bridge route packets whose source or destination is in
 // 127.0.0.0/8: the node's connection to 127.0.0.1:hostPort leaves through the bridge (before
 // postrouting masquerades it) and its replies come back to 127.0.0.1. The localnet guard
-// (ChainLocalnetNAT, ChainLocalnetBridge) drops such packets from pods.
+// (ChainLocalnetNAT, ChainLocalnetInput) drops such packets from pods.
 func enableRouteLocalnet(bridge string) error {
 	return sysctl.Ensure("net/ipv4/conf/"+bridge+"/route_localnet", "1")
 }

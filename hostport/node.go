@@ -63,7 +63,7 @@ func MissingNode(cfg Config, counts map[string]int) ([]error, error) {
 func (nftablesBackend) missingNode(cfg Config, counts map[string]int) ([]error, error) {
 	table := nft.InetTable(cfg.Network)
 	planned := map[string]int{}
-	for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+	for _, r := range Rules(cfg.PodCIDRs) {
 		planned[r.Chain]++
 	}
 	var out []error
@@ -121,7 +121,7 @@ func (cfg Config) planInputs() Config {
 // plannedChains is the plan (Rules) by chain name.
 func plannedChains(cfg Config) map[string][]nft.Rule {
 	want := map[string][]nft.Rule{}
-	for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+	for _, r := range Rules(cfg.PodCIDRs) {
 		want[r.Chain] = append(want[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
 	return want
@@ -269,7 +269,7 @@ func (b nftablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Difference, missing []string) error {
 	table := c.AddTable(nft.InetTable(cfg.Network))
 	byChain := map[string][]nft.Rule{}
-	for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+	for _, r := range Rules(cfg.PodCIDRs) {
 		byChain[r.Chain] = append(byChain[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
 	rewrite := func(name string) bool {
@@ -288,13 +288,9 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 	}
 	if retype {
 		// A map of the wrong type can only go once no rule refers to it: empty every chain,
-		// delete the maps, then write everything anew, in this one transaction. (The bridge's
-		// input chain refers to none, and is replaced below: it may still be the ingress chain of
-		// an earlier release, which adding it with its input hook would not change.)
+		// delete the maps, then write everything anew, in this one transaction.
 		for _, ch := range chains(table) {
-			if ch.Name != ChainLocalnetBridge {
-				c.FlushChain(c.AddChain(ch))
-			}
+			c.FlushChain(c.AddChain(ch))
 		}
 		for _, name := range missing {
 			if slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == name }) {
@@ -315,11 +311,6 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 	for _, ch := range chains(table) {
 		if !retype && !rewrite(ch.Name) {
 			continue
-		}
-		if ch.Name == ChainLocalnetBridge && existing[ch.Name] {
-			// Releases before this one hooked it to the bridge device's ingress, which adding it
-			// again does not change (a base chain keeps its hook): it goes, and comes back.
-			c.DelChain(ch)
 		}
 		nft.ReplaceChain(c, ch, byChain[ch.Name])
 	}

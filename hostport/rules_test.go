@@ -36,13 +36,13 @@ func TestRulesPerConfiguration(t *testing.T) {
 		// addresses in the NAT chain; with IPv4 the bridge's ingress chain, with the accept of
 		// localhost's translated replies. Masquerade: a pod to itself per family, localhost with
 		// IPv4, and the rule that keeps other sources.
-		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnetNAT: 4, ChainLocalnetBridge: 3}},
-		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnetNAT: 2, ChainLocalnetBridge: 3}},
+		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnetNAT: 4, ChainLocalnetInput: 3}},
+		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnetNAT: 2, ChainLocalnetInput: 3}},
 		{"IPv6", []netip.Prefix{cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 5, ChainMasquerade: 2, ChainLocalnetNAT: 2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := rulesByChain(Rules(tc.pods, "cbr0"))
+			got := rulesByChain(Rules(tc.pods))
 			if len(got) != len(tc.want) {
 				t.Errorf("chains %v, want %v", got, tc.want)
 			}
@@ -58,7 +58,7 @@ func TestRulesPerConfiguration(t *testing.T) {
 // TestRulesEnterOnlyForLocalDestinations: the base chains are the only way into the DNAT chain,
 // and both require a local destination (the GHSA-jv3w-x3r3-g6rm fix).
 func TestRulesEnterOnlyForLocalDestinations(t *testing.T) {
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
 		var jumps, fibLocal bool
 		for _, e := range r.Exprs {
 			switch e := e.(type) {
@@ -98,20 +98,19 @@ func TestNoFilterChainOnTheBridgedPath(t *testing.T) {
 
 // TestLocalnetGuardDropsBothDirections: each of the guard's chains drops 127.0.0.0/8 as source
 // and as destination (the NAT chain ::1 too); the NAT chain only what did not arrive on lo
-// (connections of the node's own), the bridge's input chain whatever the node receives from the
-// bridge, except the replies of masqueraded connections (conntrack's reply direction with the
+// (connections of the node's own), the input chain whatever the node receives on any other
+// device, except the replies of masqueraded connections (conntrack's reply direction with the
 // source-NAT status bit), which prerouting has already translated back to 127.0.0.1 there.
 func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 	type shape struct {
 		verdict   expr.VerdictKind
 		offset    uint32 // of the address matched: 12 source, 16 destination
 		notFromLo bool
-		inBridge  bool
 		reply     bool
 	}
 	got := map[string][]shape{}
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
-		if r.Chain != ChainLocalnetNAT && r.Chain != ChainLocalnetBridge {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
+		if r.Chain != ChainLocalnetNAT && r.Chain != ChainLocalnetInput {
 			continue
 		}
 		var s shape
@@ -132,7 +131,6 @@ func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 				if e.Key == expr.MetaKeyIIFNAME {
 					c := r.Exprs[i+1].(*expr.Cmp)
 					s.notFromLo = c.Op == expr.CmpOpNeq && bytes.Equal(c.Data, nft.IfName("lo"))
-					s.inBridge = c.Op == expr.CmpOpEq && bytes.Equal(c.Data, nft.IfName("cbr0"))
 				}
 			case *expr.Ct:
 				if e.Key == expr.CtKeyDIRECTION {
@@ -143,10 +141,10 @@ func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 		got[r.Chain] = append(got[r.Chain], s)
 	}
 	want := map[string][]shape{
-		ChainLocalnetNAT: {{expr.VerdictDrop, 12, true, false, false}, {expr.VerdictDrop, 16, true, false, false},
-			{expr.VerdictDrop, 8, true, false, false}, {expr.VerdictDrop, 24, true, false, false}},
-		ChainLocalnetBridge: {{expr.VerdictDrop, 12, false, true, false}, {expr.VerdictAccept, 16, false, true, true},
-			{expr.VerdictDrop, 16, false, true, false}},
+		ChainLocalnetNAT: {{expr.VerdictDrop, 12, true, false}, {expr.VerdictDrop, 16, true, false},
+			{expr.VerdictDrop, 8, true, false}, {expr.VerdictDrop, 24, true, false}},
+		ChainLocalnetInput: {{expr.VerdictDrop, 12, true, false}, {expr.VerdictAccept, 16, true, true},
+			{expr.VerdictDrop, 16, true, false}},
 	}
 	for chain, w := range want {
 		if len(got[chain]) != len(w) {
@@ -164,7 +162,7 @@ func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 // TestRulesTouchOnlyTheirMarkBit: every write of the packet mark keeps all bits but Mark.
 func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 	marks := 0
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
 		for i, e := range r.Exprs {
 			m, ok := e.(*expr.Meta)
 			if !ok || m.Key != expr.MetaKeyMARK || !m.SourceRegister {
@@ -192,7 +190,7 @@ func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 // TestRulesMarkAfterLookup: in each DNAT rule the mark is set after the map lookup, so a
 // connection that no mapping translates keeps its mark.
 func TestRulesMarkAfterLookup(t *testing.T) {
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
 		lookup := -1
 		for i, e := range r.Exprs {
 			switch e := e.(type) {

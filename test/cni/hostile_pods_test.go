@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -681,7 +682,7 @@ func TestAntiSpoofingOff(t *testing.T) {
 // node's own and masquerade). None may arrive, with the guard whole and with each of its chains
 // alone: the NAT chain drops a connection's first packet before any dstnat (the host port through
 // 127.0.0.1 or ::1 never reaches the node's stack: the bridge forwards the translated frame to
-// the victim); the bridge's input chain drops what conntrack does not track (here a notrack rule
+// the victim); the guard's input chain drops what conntrack does not track (here a notrack rule
 // of another tool; invalid packets alike), which no NAT chain sees. Emptying the chain that
 // held shows it was what stopped them. The node's own use of its host ports through 127.0.0.1
 // works with the guard (TestFlushedRulesetHealedByNextAdd's reachable).
@@ -793,9 +794,9 @@ func TestLocalnetGuardAlone(t *testing.T) {
 		arrive []string // what must arrive; nothing else may
 	}{
 		{"the whole guard", func() {}, nil},
-		{"conntrack bypassed (notrack): the bridge's input chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
+		{"conntrack bypassed (notrack): the guard's input chain alone", func() { nettest.Run(t, h.node.NS, "nft", "-f", script) }, nil},
 		{"conntrack bypassed, the input chain emptied", func() {
-			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
+			nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetInput)
 		}, []string{toLoopback, toLoopbackTagged, toLoopbackQinQ, toOtherLoopback, toOtherLoopbackQinQ}},
 		{"the NAT chain alone", func() { nettest.Run(t, h.node.NS, "nft", "delete", "table", "inet", "kubenet-test-notrack") }, nil},
 		{"both chains emptied", func() {
@@ -816,21 +817,23 @@ func TestLocalnetGuardAlone(t *testing.T) {
 }
 
 // TestLocalnetGuardStopsForgedLoopbackReplies: a connection of the node's own over lo (a client
-// on 127.0.0.1 and a stub resolver on 127.0.0.53, say) is in conntrack, so a pod that forges its
-// reply (from 127.0.0.53, which is not an address of lo and so passes the kernel's source check
-// with rp_filter off) sends a packet conntrack takes as established: no NAT chain sees it, and
-// only the guard's input chain stands between it and the client's socket. The frame goes
-// untagged, under a VLAN-0 tag and under two (which the bridge device's ingress hook, the chain's
-// place before, saw as a VLAN frame, not IPv4). Every other layer is taken away (anti-spoofing
-// off, the bridge's guards emptied); with the input chain emptied too, each forged reply
-// arrives, which shows the test reaches the client.
+// on 127.0.0.1 and a stub resolver on 127.0.0.53, say) is in conntrack, so a forged reply (from
+// 127.0.0.53, which is not an address of lo and so passes the kernel's source check with
+// rp_filter off) is a packet conntrack takes as established: no NAT chain sees it, and only the
+// guard's input chain stands between it and the client's socket. A pod sends it untagged, under
+// a VLAN-0 tag and under two (which the bridge device's ingress hook, the chain's place before,
+// saw as a VLAN frame, not IPv4), with every other layer taken away (anti-spoofing off, the
+// bridge's guards emptied); another host sends it over the node's uplink, with route_localnet
+// on for every device as kube-proxy sets it for its localhost NodePorts. With the input chain
+// emptied each forged reply arrives, which shows the test reaches the client.
 func TestLocalnetGuardStopsForgedLoopbackReplies(t *testing.T) {
 	h := newHostileNode(t, "hairpin-veth", "nftables", testkit.DualStack(), map[string]any{"antiSpoofing": false})
 	for _, chain := range []string{isolation.ChainGuard, isolation.ChainGuardIPv4, isolation.ChainGuardIPv6} {
 		nettest.Run(t, h.node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, chain)
 	}
-	if got := strings.TrimSpace(nettest.Run(t, h.node.NS, "sysctl", "-n", "net.ipv4.conf.cbr0.rp_filter", "net.ipv4.conf.all.rp_filter")); got != "0\n0" {
-		t.Fatalf("rp_filter on cbr0 and all = %q, want 0 (the kernel's default), under which the source check lets 127.0.0.53 in", got)
+	nettest.Run(t, h.node.NS, "sysctl", "-w", "net.ipv4.conf.all.route_localnet=1")
+	if got := strings.TrimSpace(nettest.Run(t, h.node.NS, "sysctl", "-n", "net.ipv4.conf.cbr0.rp_filter", "net.ipv4.conf.eth0.rp_filter", "net.ipv4.conf.all.rp_filter")); got != "0\n0\n0" {
+		t.Fatalf("rp_filter on cbr0, eth0 and all = %q, want 0 (the kernel's default), under which the source check lets 127.0.0.53 in", got)
 	}
 	resolver := netip.MustParseAddrPort("127.0.0.53:5300")
 	var server, client *net.UDPConn
@@ -844,10 +847,47 @@ func TestLocalnetGuardStopsForgedLoopbackReplies(t *testing.T) {
 	})
 	t.Cleanup(func() { server.Close(); client.Close() })
 	clientAddr := client.LocalAddr().(*net.UDPAddr).AddrPort()
+	macOf := func(n ns.NetNS, ifname string) net.HardwareAddr {
+		var mac net.HardwareAddr
+		nettest.Do(t, n, func() error {
+			link, err := netlink.LinkByName(ifname)
+			if err == nil {
+				mac = link.Attrs().HardwareAddr
+			}
+			return err
+		})
+		return mac
+	}
+	nodeMAC, externalMAC := macOf(h.node.NS, "eth0"), macOf(h.node.External, "eth0")
+	uplinkEcho := nettest.StartUDPEcho(t, h.node.NS, netip.AddrPortFrom(nettest.NodeUplink4.Addr(), 7300))
+	marks := 0
+	senders := []struct {
+		name string
+		send func(t *testing.T, forged func(dst, src net.HardwareAddr, tags int) []byte)
+	}{
+		{"a pod", func(t *testing.T, forged func(dst, src net.HardwareAddr, tags int) []byte) {
+			h.send(t, forged(h.bridgeMAC, h.mac[h.evil], 0), forged(h.bridgeMAC, h.mac[h.evil], 1), forged(h.bridgeMAC, h.mac[h.evil], 2))
+		}},
+		{"the uplink", func(t *testing.T, forged func(dst, src net.HardwareAddr, tags int) []byte) {
+			// A datagram to the node's uplink address behind it: once it arrived, so had they.
+			marks++
+			mark := fmt.Sprintf("uplink-mark-%d", marks)
+			testkit.SendFrames(t, h.node.External, "eth0", forged(nodeMAC, externalMAC, 0),
+				testkit.IPFrame(nodeMAC, externalMAC, testkit.UDPPacket(nettest.External4.Addr(), nettest.NodeUplink4.Addr(), 40020, 7300, []byte(mark))))
+			if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+				if uplinkEcho.Received(mark) == 0 {
+					return fmt.Errorf("%s has not arrived", mark)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
 	// ask sends a query, so the connection is in conntrack; the resolver answers after the
-	// forged frames went (send waits until a frame sent after them arrived), so every forged
-	// reply that got through is in the client's queue ahead of the answer.
-	ask := func(t *testing.T, forged ...[]byte) []string {
+	// forged frames went (each sender waits until a frame sent after them arrived), so every
+	// forged reply that got through is in the client's queue ahead of the answer.
+	ask := func(t *testing.T, round string, send func(t *testing.T, forged func(dst, src net.HardwareAddr, tags int) []byte)) []string {
 		t.Helper()
 		buf := make([]byte, 1500)
 		if _, err := client.Write([]byte("query")); err != nil {
@@ -860,7 +900,13 @@ func TestLocalnetGuardStopsForgedLoopbackReplies(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the resolver's query: %v", err)
 		}
-		h.send(t, forged...)
+		send(t, func(dst, src net.HardwareAddr, tags int) []byte {
+			frame := testkit.IPFrame(dst, src, testkit.UDPPacket(resolver.Addr(), clientAddr.Addr(), resolver.Port(), clientAddr.Port(), fmt.Appendf(nil, "forged-%s-%d-tags", round, tags)))
+			for range tags {
+				frame = testkit.PriorityTagged(frame)
+			}
+			return frame
+		})
 		if _, err := server.WriteToUDPAddrPort([]byte("answer"), from); err != nil {
 			t.Fatal(err)
 		}
@@ -879,23 +925,19 @@ func TestLocalnetGuardStopsForgedLoopbackReplies(t *testing.T) {
 			got = append(got, string(buf[:n]))
 		}
 	}
-	forged := func(round string) [][]byte {
-		var frames [][]byte
-		for tags := range 3 {
-			frame := testkit.IPFrame(h.bridgeMAC, h.mac[h.evil], testkit.UDPPacket(resolver.Addr(), clientAddr.Addr(), resolver.Port(), clientAddr.Port(), fmt.Appendf(nil, "forged-%s-%d-tags", round, tags)))
-			for range tags {
-				frame = testkit.PriorityTagged(frame)
-			}
-			frames = append(frames, frame)
+	for _, s := range senders {
+		if got := ask(t, "guarded", s.send); len(got) != 0 {
+			t.Errorf("forged replies from %s reached the node's loopback client through the localnet guard: %q", s.name, got)
 		}
-		return frames
 	}
-	if got := ask(t, forged("guarded")...); len(got) != 0 {
-		t.Errorf("forged replies reached the node's loopback client through the localnet guard: %q", got)
-	}
-	nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
-	want := []string{"forged-emptied-0-tags", "forged-emptied-1-tags", "forged-emptied-2-tags"}
-	if got := ask(t, forged("emptied")...); !slices.Equal(got, want) {
-		t.Errorf("with the input chain emptied the client read %q, want %q: the test does not show that the chain stopped them", got, want)
+	nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetInput)
+	for _, s := range senders {
+		want := []string{"forged-emptied-0-tags", "forged-emptied-1-tags", "forged-emptied-2-tags"}
+		if s.name == "the uplink" {
+			want = want[:1]
+		}
+		if got := ask(t, "emptied", s.send); !slices.Equal(got, want) {
+			t.Errorf("from %s with the input chain emptied the client read %q, want %q: the test does not show that the chain stopped them", s.name, got, want)
+		}
 	}
 }
