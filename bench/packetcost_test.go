@@ -40,14 +40,14 @@ var (
 //
 //   - "kubenet": the rules as kubenet installs them;
 //   - "+ prerouting filter chain": with an empty filter chain on the IP prerouting hook added to
-//     kubenet's inet table, as the localnet guard was before it moved to the bridge's ingress;
+//     kubenet's inet table, as the localnet guard was before it moved off the IP prerouting hook;
 //   - "- inet table": kubenet's inet table deleted (SNAT, host ports, localnet guard), and
 //     with it conntrack and NAT's hooks, which nothing else then needs;
 //   - "- inet table + empty NAT chain": the same with an empty NAT chain in a table of its own,
 //     which keeps conntrack and NAT's hooks as any node with NAT rules has them (the
 //     reference chain's are NAT chains): what the inet table costs beyond them;
 //   - "- localnet guard": the localnet guard's two chains deleted (hostport.ChainLocalnetNAT,
-//     hostport.ChainLocalnetBridge), the rest of the inet table kept;
+//     hostport.ChainLocalnetInput), the rest of the inet table kept;
 //   - "- bridge table": kubenet's bridge table deleted (isolation);
 //   - "no tables": every table deleted: the bridge, conntrack and the veths alone.
 //
@@ -118,7 +118,7 @@ func BenchmarkPacketCost(b *testing.B) {
 		{"- inet table + empty NAT chain", func() { nftDo("delete", "table", "inet", inet.Name)(); nftDo("-f", natOnly)() },
 			func() { nftDo("delete", "table", "ip", "packetcost")(); restore() }},
 		{"- localnet guard", func() {
-			for _, ch := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetBridge} {
+			for _, ch := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetInput} {
 				nftDo("delete", "chain", "inet", inet.Name, ch)()
 			}
 		}, restore},

@@ -90,9 +90,9 @@ func renderNFTables(cfg Config, rs []Reservation) string {
 		sets = append(sets, nftrender.Set{Set: hairpinSetDef(table, is6), Elements: els})
 	}
 	var chainList []nftrender.Chain
-	for _, ch := range chains(table, cfg.Bridge) {
+	for _, ch := range chains(table) {
 		var rules []nft.Rule
-		for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+		for _, r := range Rules(cfg.PodCIDRs) {
 			if r.Chain == ch.Name {
 				rules = append(rules, nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 			}

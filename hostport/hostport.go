@@ -17,9 +17,9 @@
 //     pod with mappings) and of localhost, and leaves every other client's address alone; and
 //     the localnet guard, because localhost access needs route_localnet=1 on the bridge
 //     (plugins#729): a NAT chain that drops connections from or to 127.0.0.0/8 and ::1 not
-//     arriving on lo before any dstnat, and a filter chain on the bridge device's ingress that
-//     drops 127.0.0.0/8 in whatever the bridge hands up to the node. Neither runs for the
-//     packets of an established pod-to-pod connection, which the bridge forwards.
+//     arriving on lo before any dstnat, and a filter chain on input that drops 127.0.0.0/8 in
+//     whatever the node receives from the bridge. Neither runs for the packets of an
+//     established pod-to-pod connection, which the bridge forwards.
 //
 // Reservations are also kept on disk (Index), one file per key, so a conflicting mapping is
 // refused without reading other attachments' state, and DEL knows what an attachment holds
@@ -223,7 +223,7 @@ func unmap(cfg Config, rs, files []Reservation) ([]Entry, error) {
 // enableRouteLocalnet lets the bridge route packets whose source or destination is in
 // 127.0.0.0/8: the node's connection to 127.0.0.1:hostPort leaves through the bridge (before
 // postrouting masquerades it) and its replies come back to 127.0.0.1. The localnet guard
-// (ChainLocalnetNAT, ChainLocalnetBridge) drops such packets from pods.
+// (ChainLocalnetNAT, ChainLocalnetInput) drops such packets from pods.
 func enableRouteLocalnet(bridge string) error {
 	return sysctl.Ensure("net/ipv4/conf/"+bridge+"/route_localnet", "1")
 }

@@ -63,11 +63,11 @@ func MissingNode(cfg Config, counts map[string]int) ([]error, error) {
 func (nftablesBackend) missingNode(cfg Config, counts map[string]int) ([]error, error) {
 	table := nft.InetTable(cfg.Network)
 	planned := map[string]int{}
-	for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+	for _, r := range Rules(cfg.PodCIDRs) {
 		planned[r.Chain]++
 	}
 	var out []error
-	for _, ch := range chains(table, cfg.Bridge) {
+	for _, ch := range chains(table) {
 		if planned[ch.Name] > 0 && counts[ch.Name] == 0 {
 			out = append(out, &nft.Difference{Table: table, Object: "chain " + ch.Name, Missing: true, Detail: fmt.Sprintf("missing or empty, want %d rules", planned[ch.Name])})
 		}
@@ -121,7 +121,7 @@ func (cfg Config) planInputs() Config {
 // plannedChains is the plan (Rules) by chain name.
 func plannedChains(cfg Config) map[string][]nft.Rule {
 	want := map[string][]nft.Rule{}
-	for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+	for _, r := range Rules(cfg.PodCIDRs) {
 		want[r.Chain] = append(want[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
 	return want
@@ -131,7 +131,7 @@ func plannedChains(cfg Config) map[string][]nft.Rule {
 // without rules, so that a dump which still holds theirs is not recognised as the plan).
 func chainNames() []string {
 	var out []string
-	for _, ch := range slices.Concat(chains(nil, ""), retiredChains(nil)) {
+	for _, ch := range slices.Concat(chains(nil), retiredChains(nil)) {
 		out = append(out, ch.Name)
 	}
 	return out
@@ -143,7 +143,7 @@ func compareChains(cfg Config, have map[string][]*nftables.Rule) []*nft.Differen
 	want := plannedChains(cfg)
 	table := nft.InetTable(cfg.Network)
 	var out []*nft.Difference
-	for _, ch := range slices.Concat(chains(table, cfg.Bridge), retiredChains(table)) {
+	for _, ch := range slices.Concat(chains(table), retiredChains(table)) {
 		if d := nft.Compare(ch, have[ch.Name], want[ch.Name]); d != nil {
 			out = append(out, d)
 		}
@@ -269,7 +269,7 @@ func (b nftablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Difference, missing []string) error {
 	table := c.AddTable(nft.InetTable(cfg.Network))
 	byChain := map[string][]nft.Rule{}
-	for _, r := range Rules(cfg.PodCIDRs, cfg.Bridge) {
+	for _, r := range Rules(cfg.PodCIDRs) {
 		byChain[r.Chain] = append(byChain[r.Chain], nft.Rule{Comment: r.Comment, Exprs: r.Exprs})
 	}
 	rewrite := func(name string) bool {
@@ -288,12 +288,9 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 	}
 	if retype {
 		// A map of the wrong type can only go once no rule refers to it: empty every chain,
-		// delete the maps, then write everything anew, in this one transaction. (The chain on
-		// the bridge's ingress refers to none, and is replaced below.)
-		for _, ch := range chains(table, cfg.Bridge) {
-			if ch.Device == "" {
-				c.FlushChain(c.AddChain(ch))
-			}
+		// delete the maps, then write everything anew, in this one transaction.
+		for _, ch := range chains(table) {
+			c.FlushChain(c.AddChain(ch))
 		}
 		for _, name := range missing {
 			if slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == name }) {
@@ -311,14 +308,9 @@ func (b nftablesBackend) writeNode(c *nftables.Conn, cfg Config, diffs []*nft.Di
 			return fmt.Errorf("hostport set %s: %w", hairpinSet(is6), err)
 		}
 	}
-	for _, ch := range chains(table, cfg.Bridge) {
+	for _, ch := range chains(table) {
 		if !retype && !rewrite(ch.Name) {
 			continue
-		}
-		if ch.Device != "" && existing[ch.Name] {
-			// A chain hooked to another device (the bridge of an earlier configuration) is not
-			// moved by adding it again: it goes, and comes back bound to this one.
-			c.DelChain(ch)
 		}
 		nft.ReplaceChain(c, ch, byChain[ch.Name])
 	}

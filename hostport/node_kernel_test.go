@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
@@ -104,7 +103,7 @@ func TestEnsureNodeAfterFlushedRuleset(t *testing.T) {
 	for _, d := range missing {
 		objects = append(objects, d.Object)
 	}
-	for _, want := range []string{"chain " + ChainLocalnetBridge, "chain " + ChainLocalnetNAT, "chain " + ChainDNAT, "map " + MapIPv4, "map " + MapIPv6Addr, "map " + SetHairpinIPv4} {
+	for _, want := range []string{"chain " + ChainLocalnetInput, "chain " + ChainLocalnetNAT, "chain " + ChainDNAT, "map " + MapIPv4, "map " + MapIPv6Addr, "map " + SetHairpinIPv4} {
 		if !slices.Contains(objects, want) {
 			t.Errorf("CheckNode after the flush reports missing %v, want %s among them (error: %v)", objects, want, err)
 		}
@@ -174,32 +173,32 @@ func TestEnsureNodeAllRepairsElements(t *testing.T) {
 func TestRuleChangedInPlace(t *testing.T) {
 	w := newWorld(t)
 	w.add(t, ownerA, entry("tcp", 80, any4, pod4, 8080))
-	want := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
-	listing := w.nft(t, "-a", "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
+	want := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetInput)
+	listing := w.nft(t, "-a", "list", "chain", "inet", "kubenet-t", ChainLocalnetInput)
 	m := regexp.MustCompile(`(?m)^\s*(.* drop (comment "drop packets from [^"]*")) # handle (\d+)$`).FindStringSubmatch(listing)
 	if m == nil {
 		t.Fatalf("no localnet drop rule in\n%s", listing)
 	}
 	edited := strings.Replace(m[1], " drop ", " accept ", 1)
-	w.nft(t, "replace", "rule", "inet", "kubenet-t", ChainLocalnetBridge, "handle", m[3], edited)
-	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, "accept "+m[2]) {
+	w.nft(t, "replace", "rule", "inet", "kubenet-t", ChainLocalnetInput, "handle", m[3], edited)
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetInput); !strings.Contains(got, "accept "+m[2]) {
 		t.Fatalf("the edit did not take:\n%s", got)
 	}
 
 	err := w.checkNode(t)
 	var d *nft.Difference
-	if !errors.As(err, &d) || d.Missing || d.Object != "chain "+ChainLocalnetBridge || !strings.Contains(d.Error(), "changed in place") {
-		t.Fatalf("CheckNode after the edit = %v, want a changed (not missing) %s", err, ChainLocalnetBridge)
+	if !errors.As(err, &d) || d.Missing || d.Object != "chain "+ChainLocalnetInput || !strings.Contains(d.Error(), "changed in place") {
+		t.Fatalf("CheckNode after the edit = %v, want a changed (not missing) %s", err, ChainLocalnetInput)
 	}
 	var checkErr error
 	w.do(t, func() error { checkErr = Check(w.cfg, ownerA, []Entry{entry("tcp", 80, any4, pod4, 8080)}); return nil })
-	if checkErr == nil || !strings.Contains(checkErr.Error(), ChainLocalnetBridge) {
-		t.Errorf("Check after the edit = %v, want it to name %s", checkErr, ChainLocalnetBridge)
+	if checkErr == nil || !strings.Contains(checkErr.Error(), ChainLocalnetInput) {
+		t.Errorf("Check after the edit = %v, want it to name %s", checkErr, ChainLocalnetInput)
 	}
-	if rep := w.ensure(t, false); !slices.Equal(rep.Chains, []string{"chain " + ChainLocalnetBridge}) {
-		t.Errorf("EnsureNode after the edit: %v, want %s rewritten", rep, ChainLocalnetBridge)
+	if rep := w.ensure(t, false); !slices.Equal(rep.Chains, []string{"chain " + ChainLocalnetInput}) {
+		t.Errorf("EnsureNode after the edit: %v, want %s rewritten", rep, ChainLocalnetInput)
 	}
-	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); got != want {
+	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetInput); got != want {
 		t.Errorf("chain after EnsureNode:\n%s\nwant\n%s", got, want)
 	}
 }
@@ -355,8 +354,8 @@ add rule inet kubenet-t hostport-localnet meta nfproto ipv4 iifname != "lo" ip d
 				t.Errorf("CheckNode with the retired chain = %v, want it named as changed, nothing missing", err)
 			}
 			w.ensure(t, false)
-			if got := chainsOf(); strings.Contains(got, "chain hostport-localnet {") || !strings.Contains(got, "chain "+ChainLocalnetBridge+" {") {
-				t.Errorf("chains after EnsureNode:\n%s\nwant the retired one gone and %s there", got, ChainLocalnetBridge)
+			if got := chainsOf(); strings.Contains(got, "chain hostport-localnet {") || !strings.Contains(got, "chain "+ChainLocalnetInput+" {") {
+				t.Errorf("chains after EnsureNode:\n%s\nwant the retired one gone and %s there", got, ChainLocalnetInput)
 			}
 			if err := w.checkNode(t); err != nil {
 				t.Errorf("CheckNode after EnsureNode: %v", err)
@@ -365,24 +364,21 @@ add rule inet kubenet-t hostport-localnet meta nfproto ipv4 iifname != "lo" ip d
 	}
 }
 
-// TestLocalnetChainFollowsTheBridge: the bridge's ingress chain is bound to the configured
-// bridge; with another bridge configured the plan differs (the comments name the device), and
-// EnsureNode binds the chain to the new one.
-func TestLocalnetChainFollowsTheBridge(t *testing.T) {
+// TestLocalnetIngressChainRetired: the localnet guard's chain of the previous release hooked the
+// bridge device's ingress, which a frame under two VLAN-0 tags passes as a VLAN frame: CheckNode
+// names it, and EnsureNode deletes it and leaves the input chain, which no device binds.
+func TestLocalnetIngressChainRetired(t *testing.T) {
 	w := newWorld(t)
 	w.add(t, ownerA, entry("tcp", 80, any4, pod4, 8080))
-	if got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge); !strings.Contains(got, `hook ingress device "br0"`) {
-		t.Fatalf("the guard's chain is not on br0's ingress:\n%s", got)
-	}
-	w.do(t, func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br1"}}) })
-	w.cfg.Bridge = "br1"
-	if err := w.checkNode(t); err == nil || !strings.Contains(err.Error(), ChainLocalnetBridge) {
-		t.Fatalf("CheckNode with another bridge = %v, want %s named", err, ChainLocalnetBridge)
+	w.nft(t, "add", "chain", "inet", "kubenet-t", chainLocalnetIngressRetired, "{ type filter hook ingress device br0 priority 0; }")
+	w.nft(t, "add", "rule", "inet", "kubenet-t", chainLocalnetIngressRetired, "ip", "daddr", "127.0.0.0/8", "drop")
+	if err := w.checkNode(t); err == nil || !strings.Contains(err.Error(), chainLocalnetIngressRetired) {
+		t.Fatalf("CheckNode with the previous release's ingress chain = %v, want it named", err)
 	}
 	w.ensure(t, false)
-	got := w.nft(t, "list", "chain", "inet", "kubenet-t", ChainLocalnetBridge)
-	if !strings.Contains(got, `hook ingress device "br1"`) || strings.Contains(got, "br0") {
-		t.Errorf("the guard's chain after EnsureNode:\n%s\nwant it on br1's ingress only", got)
+	got := w.nft(t, "list", "table", "inet", "kubenet-t")
+	if strings.Contains(got, chainLocalnetIngressRetired) || strings.Contains(got, "hook ingress") || !strings.Contains(got, "chain "+ChainLocalnetInput+" {") {
+		t.Errorf("the table after EnsureNode:\n%s\nwant the ingress chain gone and %s there", got, ChainLocalnetInput)
 	}
 	if err := w.checkNode(t); err != nil {
 		t.Errorf("CheckNode after EnsureNode: %v", err)

@@ -30,18 +30,25 @@ const (
 	// bridge netfilter on, every bridged packet runs the IP prerouting hook's base chains: a
 	// filter chain there cost every pod-to-pod packet about 2 µs of kernel CPU, docs/bench.md).
 	//
-	// ChainLocalnetBridge (filter, ingress of the bridge device) sees what the bridge hands up
-	// to the node's IP stack, where route_localnet applies: every packet a pod sends to the node
-	// or through it, and no frame the bridge forwards between pods.
-	ChainLocalnetBridge = "hostport-localnet-bridge"
+	// ChainLocalnetInput (filter, input, every device but lo) sees what the bridge hands up and
+	// the node's IP stack delivers to itself, where route_localnet applies, however the frame
+	// was framed, and no frame the bridge forwards between pods (bridged packets run prerouting,
+	// forward and postrouting, never input). Every device's, not only the bridge's: kube-proxy
+	// turns route_localnet on for all of them (localhost NodePorts), the uplink included.
+	ChainLocalnetInput = "hostport-localnet-input"
 	// ChainLocalnetNAT (nat, prerouting, mangle: ahead of every dstnat chain) sees the first
 	// packet of each connection, before anything translates it: a pod's 127.0.0.0/8 connection
 	// that a dstnat rule would send back over the bridge to a pod (127.0.0.1:hostPort) never
-	// reaches the bridge device's ingress, and is dropped here.
+	// reaches the node's input, and is dropped here.
 	ChainLocalnetNAT = "hostport-localnet-nat"
 	// chainLocalnetRetired is the guard's chain of kubenet releases before the two above
 	// (filter, prerouting, mangle): it is deleted where it is found.
 	chainLocalnetRetired = "hostport-localnet"
+	// chainLocalnetIngressRetired is ChainLocalnetInput's predecessor (filter, the bridge
+	// device's ingress), deleted where it is found: a frame under two VLAN-0 tags is still a
+	// VLAN frame at that hook (the inet ingress hook passes every frame that is not IP), and the
+	// kernel strips it to IPv4 only after the hook ran; it saw nothing but the bridge either.
+	chainLocalnetIngressRetired = "hostport-localnet-bridge"
 
 	// The maps, one pair per family: "<map>" is keyed by protocol . port (any local address of
 	// the family), "<map>-addr" by hostIP . protocol . port; both give pod address . port.
@@ -204,9 +211,8 @@ func decodeElement(mapName string, el nftables.SetElement) (Entry, bool) {
 	}, protocol != ""
 }
 
-// chains returns the definitions of the chains; table is the network's inet table, bridge the
-// device whose ingress ChainLocalnetBridge hooks.
-func chains(table *nftables.Table, bridge string) []*nftables.Chain {
+// chains returns the definitions of the chains; table is the network's inet table.
+func chains(table *nftables.Table) []*nftables.Chain {
 	mangle := nftables.ChainPriorityMangle
 	srcnat := *nftables.ChainPriorityNATSource - 10 // ahead of other srcnat chains, as portmap puts its MASQ first
 	return []*nftables.Chain{
@@ -215,21 +221,21 @@ func chains(table *nftables.Table, bridge string) []*nftables.Chain {
 		{Name: ChainOutput, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest},
 		{Name: ChainMasquerade, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: &srcnat},
 		{Name: ChainLocalnetNAT, Table: table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: mangle},
-		{Name: ChainLocalnetBridge, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nft.ChainHookInetIngress, Priority: nftables.ChainPriorityFilter, Device: bridge},
+		{Name: ChainLocalnetInput, Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter},
 	}
 }
 
 // retiredChains are chains of earlier releases that the plan no longer has: each is checked
 // for having no rules and deleted where found (a base chain costs every packet of its hook).
 func retiredChains(table *nftables.Table) []*nftables.Chain {
-	return []*nftables.Chain{{Name: chainLocalnetRetired, Table: table}}
+	return []*nftables.Chain{{Name: chainLocalnetRetired, Table: table}, {Name: chainLocalnetIngressRetired, Table: table}}
 }
 
 // Rules returns the fixed rules of every chain for the node's pod CIDRs, in order. Their number
 // depends only on the configuration (at most 24), never on pods or ports: mappings live in the
 // maps. Each comment names everything its rule depends on, so comparing comments tells whether
 // the kernel's rules are current. Pure, so the plan is tested without a kernel.
-func Rules(podCIDRs []netip.Prefix, bridge string) []Rule {
+func Rules(podCIDRs []netip.Prefix) []Rule {
 	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: ChainDNAT}
 	rules := []Rule{
 		{Chain: ChainPrerouting, Comment: "hostPorts: only traffic to a local address of the node", Exprs: append(nft.MatchLocalDestination(false), jump)},
@@ -276,20 +282,18 @@ func Rules(podCIDRs []netip.Prefix, bridge string) []Rule {
 		}
 	}
 	rules = append(rules, masqueradeRules(podCIDRs, hasV4)...)
-	rules = append(rules, localnetRules(podCIDRs, bridge)...)
+	rules = append(rules, localnetRules(podCIDRs)...)
 	return rules
 }
 
-// localnetRules are the localnet guard's rules for the families of podCIDRs. bridge names the
-// device whose ingress ChainLocalnetBridge hooks: it is in the comments, so a rule dump of another
-// bridge's chain is not this plan.
+// localnetRules are the localnet guard's rules for the families of podCIDRs.
 //
 // The NAT chain covers both families: a dstnat rule would translate a pod's connection to
 // 127.0.0.1 or ::1 (both local addresses) and the bridge would forward it to a pod without the
-// node's IP stack, which drops ::1 from any device but lo, ever seeing it. The bridge's ingress
-// chain is IPv4's: route_localnet has no IPv6 counterpart, and what the bridge hands up to the
-// node with ::1 is dropped by the kernel itself.
-func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
+// node's IP stack, which drops ::1 from any device but lo, ever seeing it. The input chain is
+// IPv4's: route_localnet has no IPv6 counterpart, and ::1 from any device but lo is dropped by
+// the kernel itself.
+func localnetRules(podCIDRs []netip.Prefix) []Rule {
 	const why = "(route_localnet is on for localhost hostPorts)"
 	notFromLo := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
@@ -319,9 +323,9 @@ func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
 		return rules
 	}
 	// A reply of a connection from localhost to a hostPort (masqueraded to the bridge's address
-	// on its way to the pod) has its destination translated back to 127.0.0.1 by the time the
-	// bridge hands it up: bridge netfilter ran the prerouting hook, NAT included, when the frame
-	// entered the bridge. Only a masqueraded connection's replies are translated back, and the
+	// on its way to the pod) has its destination translated back to 127.0.0.1 by the input hook:
+	// prerouting (bridge netfilter's when the frame entered the bridge, or the IP stack's) ran
+	// conntrack's NAT. Only a masqueraded connection's replies are translated back, and the
 	// prerouting hook has seen their unchanged destination (the node's address, not 127/8).
 	reply := []expr.Any{
 		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: reg1},
@@ -330,14 +334,14 @@ func localnetRules(podCIDRs []netip.Prefix, bridge string) []Rule {
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native(ctStatusSrcNAT), Xor: native(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: native(0)},
 	}
-	v4 := nft.MatchFamily(loopback4.Addr())
+	v4 := slices.Concat(nft.MatchFamily(loopback4.Addr()), notFromLo)
 	from, to := nft.MatchPrefix(nft.Source, loopback4, false), nft.MatchPrefix(nft.Destination, loopback4, false)
 	return append(rules,
-		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets from 127.0.0.0/8 that bridge " + bridge + " hands to the node " + why,
+		Rule{Chain: ChainLocalnetInput, Comment: "drop packets from 127.0.0.0/8 that the node receives on a device other than lo " + why,
 			Exprs: slices.Concat(v4, from, []expr.Any{drop})},
-		Rule{Chain: ChainLocalnetBridge, Comment: "accept replies translated back to 127.0.0.0/8 of masqueraded connections (localhost to a hostPort)",
+		Rule{Chain: ChainLocalnetInput, Comment: "accept replies translated back to 127.0.0.0/8 of masqueraded connections (localhost to a hostPort)",
 			Exprs: slices.Concat(v4, to, reply, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})},
-		Rule{Chain: ChainLocalnetBridge, Comment: "drop packets to 127.0.0.0/8 that bridge " + bridge + " hands to the node " + why,
+		Rule{Chain: ChainLocalnetInput, Comment: "drop packets to 127.0.0.0/8 that the node receives on a device other than lo " + why,
 			Exprs: slices.Concat(v4, to, []expr.Any{drop})},
 	)
 }

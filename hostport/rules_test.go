@@ -36,13 +36,13 @@ func TestRulesPerConfiguration(t *testing.T) {
 		// addresses in the NAT chain; with IPv4 the bridge's ingress chain, with the accept of
 		// localhost's translated replies. Masquerade: a pod to itself per family, localhost with
 		// IPv4, and the rule that keeps other sources.
-		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnetNAT: 4, ChainLocalnetBridge: 3}},
-		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnetNAT: 2, ChainLocalnetBridge: 3}},
+		{"dual-stack", []netip.Prefix{cidr4, cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 11, ChainMasquerade: 4, ChainLocalnetNAT: 4, ChainLocalnetInput: 3}},
+		{"IPv4", []netip.Prefix{cidr4}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 6, ChainMasquerade: 3, ChainLocalnetNAT: 2, ChainLocalnetInput: 3}},
 		{"IPv6", []netip.Prefix{cidr6}, map[string]int{ChainPrerouting: 1, ChainOutput: 1, ChainDNAT: 5, ChainMasquerade: 2, ChainLocalnetNAT: 2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := rulesByChain(Rules(tc.pods, "cbr0"))
+			got := rulesByChain(Rules(tc.pods))
 			if len(got) != len(tc.want) {
 				t.Errorf("chains %v, want %v", got, tc.want)
 			}
@@ -58,7 +58,7 @@ func TestRulesPerConfiguration(t *testing.T) {
 // TestRulesEnterOnlyForLocalDestinations: the base chains are the only way into the DNAT chain,
 // and both require a local destination (the GHSA-jv3w-x3r3-g6rm fix).
 func TestRulesEnterOnlyForLocalDestinations(t *testing.T) {
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
 		var jumps, fibLocal bool
 		for _, e := range r.Exprs {
 			switch e := e.(type) {
@@ -82,9 +82,9 @@ func TestRulesEnterOnlyForLocalDestinations(t *testing.T) {
 // forward hooks, and each base chain there costs every packet of every pod whatever its rules
 // (about 2 µs of kernel CPU per request and response, docs/bench.md). The plan has none there
 // but NAT chains, which run only for a connection's first packet; the localnet guard's filter
-// hooks the bridge device's ingress, which sees only what the bridge hands up to the node.
+// hooks input, which sees only what the node delivers to itself.
 func TestNoFilterChainOnTheBridgedPath(t *testing.T) {
-	for _, ch := range chains(nft.InetTable("x"), "cbr0") {
+	for _, ch := range chains(nft.InetTable("x")) {
 		if ch.Hooknum == nil {
 			continue
 		}
@@ -93,17 +93,14 @@ func TestNoFilterChainOnTheBridgedPath(t *testing.T) {
 		if bridged && ch.Type != nftables.ChainTypeNAT {
 			t.Errorf("chain %s (type %s, hook %d) runs for every bridged packet", ch.Name, ch.Type, *ch.Hooknum)
 		}
-		if *ch.Hooknum == *nft.ChainHookInetIngress && ch.Device != "cbr0" {
-			t.Errorf("chain %s hooks the ingress of %q, want the bridge cbr0", ch.Name, ch.Device)
-		}
 	}
 }
 
 // TestLocalnetGuardDropsBothDirections: each of the guard's chains drops 127.0.0.0/8 as source
 // and as destination (the NAT chain ::1 too); the NAT chain only what did not arrive on lo
-// (connections of the node's own), the bridge's ingress chain whatever the bridge hands up,
-// except the replies of masqueraded connections (conntrack's reply direction with the
-// source-NAT status bit), which bridge netfilter has already translated back to 127.0.0.1 there.
+// (connections of the node's own), the input chain whatever the node receives on any other
+// device, except the replies of masqueraded connections (conntrack's reply direction with the
+// source-NAT status bit), which prerouting has already translated back to 127.0.0.1 there.
 func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 	type shape struct {
 		verdict   expr.VerdictKind
@@ -112,8 +109,8 @@ func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 		reply     bool
 	}
 	got := map[string][]shape{}
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
-		if r.Chain != ChainLocalnetNAT && r.Chain != ChainLocalnetBridge {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
+		if r.Chain != ChainLocalnetNAT && r.Chain != ChainLocalnetInput {
 			continue
 		}
 		var s shape
@@ -146,8 +143,8 @@ func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 	want := map[string][]shape{
 		ChainLocalnetNAT: {{expr.VerdictDrop, 12, true, false}, {expr.VerdictDrop, 16, true, false},
 			{expr.VerdictDrop, 8, true, false}, {expr.VerdictDrop, 24, true, false}},
-		ChainLocalnetBridge: {{expr.VerdictDrop, 12, false, false}, {expr.VerdictAccept, 16, false, true},
-			{expr.VerdictDrop, 16, false, false}},
+		ChainLocalnetInput: {{expr.VerdictDrop, 12, true, false}, {expr.VerdictAccept, 16, true, true},
+			{expr.VerdictDrop, 16, true, false}},
 	}
 	for chain, w := range want {
 		if len(got[chain]) != len(w) {
@@ -165,7 +162,7 @@ func TestLocalnetGuardDropsBothDirections(t *testing.T) {
 // TestRulesTouchOnlyTheirMarkBit: every write of the packet mark keeps all bits but Mark.
 func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 	marks := 0
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
 		for i, e := range r.Exprs {
 			m, ok := e.(*expr.Meta)
 			if !ok || m.Key != expr.MetaKeyMARK || !m.SourceRegister {
@@ -193,7 +190,7 @@ func TestRulesTouchOnlyTheirMarkBit(t *testing.T) {
 // TestRulesMarkAfterLookup: in each DNAT rule the mark is set after the map lookup, so a
 // connection that no mapping translates keeps its mark.
 func TestRulesMarkAfterLookup(t *testing.T) {
-	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}, "cbr0") {
+	for _, r := range Rules([]netip.Prefix{cidr4, cidr6}) {
 		lookup := -1
 		for i, e := range r.Exprs {
 			switch e := e.(type) {

@@ -191,7 +191,7 @@ func TestAgentCluster(t *testing.T) {
 			nettest.Run(t, n1.ns, "nft", "flush", "ruleset")
 			flushed := time.Now()
 			err = nettest.Eventually(converge, func() error {
-				out, err := nettest.Output(n1.ns, "nft", "list", "chain", "inet", "kubenet-kubenet", hostport.ChainLocalnetBridge)
+				out, err := nettest.Output(n1.ns, "nft", "list", "chain", "inet", "kubenet-kubenet", hostport.ChainLocalnetInput)
 				if err != nil || strings.Count(out, " drop ") != 2 {
 					return fmt.Errorf("localnet guard not back: %v\n%s", err, out)
 				}

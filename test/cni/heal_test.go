@@ -106,7 +106,7 @@ func (h *healNode) flush(t *testing.T) {
 	nettest.Run(t, h.node.NS, "nft", "flush", "ruleset")
 	testkit.ExpectAttackWorks(t, h.attack, "after nft flush ruleset")
 	code, msg := testkit.StatusCode(t, h.node, h.list)
-	if code != core.ErrPluginNotAvailable || !testkit.ContainsAll(msg, "missing", hostport.ChainLocalnetNAT, hostport.ChainLocalnetBridge, masq.ChainName, "map "+hostport.MapIPv4) {
+	if code != core.ErrPluginNotAvailable || !testkit.ContainsAll(msg, "missing", hostport.ChainLocalnetNAT, hostport.ChainLocalnetInput, masq.ChainName, "map "+hostport.MapIPv4) {
 		t.Errorf("STATUS after the flush = %d %q, want 50 naming the missing chains and maps", code, msg)
 	}
 	if err := h.node.Check(h.list, h.holder); err == nil {
@@ -150,7 +150,7 @@ func TestStatusReportsMissingRules(t *testing.T) {
 	node.MustAdd(t, list, node.NewPod(t, "status-plain"))
 	// A node set up before the host-port chains were node-wide: they are not there, and no pod
 	// ever used a host port.
-	for _, chain := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetBridge} {
+	for _, chain := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetInput} {
 		nettest.Run(t, node.NS, "nft", "delete", "chain", "inet", testkit.HostPortTable, chain)
 	}
 	if code, msg := testkit.StatusCode(t, node, list); code != 0 {
@@ -190,7 +190,7 @@ func TestRuleChangedInPlace(t *testing.T) {
 		traffic func(t *testing.T, h *healNode, p phase)
 	}{
 		{
-			name: "localnet guard drop becomes accept", family: "inet", table: testkit.HostPortTable, chain: hostport.ChainLocalnetBridge,
+			name: "localnet guard drop becomes accept", family: "inet", table: testkit.HostPortTable, chain: hostport.ChainLocalnetInput,
 			marker: "drop packets to 127.0.0.0/8", old: " drop ", replacement: " accept ",
 			traffic: func(t *testing.T, h *healNode, p phase) {
 				if p == restored {
@@ -200,11 +200,11 @@ func TestRuleChangedInPlace(t *testing.T) {
 				// The bridge's guard (isolation) and the guard's NAT chain (a connection's first
 				// packet) stop the attack too: only with both emptied does the edit show. They
 				// are put back as they were before CHECK, which names the first difference.
-				testkit.ExpectAttackFails(t, h.attack, "with the localnet guard's ingress edited and the other guards in place")
+				testkit.ExpectAttackFails(t, h.attack, "with the localnet guard's input chain edited and the other guards in place")
 				natChain := nettest.Run(t, h.node.NS, "nft", "list", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
 				nettest.Run(t, h.node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
 				nettest.Run(t, h.node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
-				testkit.ExpectAttackWorks(t, h.attack, "with the localnet guard's ingress edited and the other guards emptied")
+				testkit.ExpectAttackWorks(t, h.attack, "with the localnet guard's input chain edited and the other guards emptied")
 				nettest.Do(t, h.node.NS, func() error {
 					_, err := isolation.Ensure(isolation.Config{Network: "kubenet", AntiSpoofing: true})
 					return err
@@ -414,22 +414,22 @@ func TestHealLeavesAttachmentInFlight(t *testing.T) {
 	}
 }
 
-// TestLocalnetGuardAfterBridgeRecreated: the localnet guard's ingress chain hooks the bridge
-// device, so deleting the bridge (a person, a network manager) unbinds it: older kernels
-// (before the dynamic netdev hooks of about 6.16) delete the chain with the device, later ones
-// keep it and bind it to the next device of that name. Either way the guard must hold once the bridge is back: CheckNode names the chain when
-// it is gone, and the heal or the next ADD (which makes the bridge again) puts it back. The
-// guard's ingress chain is tested alone (the bridge's loopback guard and the guard's NAT chain
-// emptied): the attack fails, and works once that chain is emptied too.
+// TestLocalnetGuardAfterBridgeRecreated: the localnet guard's input chain is bound to no device,
+// so deleting the bridge (a person, a network manager) leaves it in place for the next bridge;
+// another tool may delete the chain as well. Either way the guard must hold
+// once the bridge is back: CheckNode names the chain when it is gone, and the heal or the next
+// ADD (which makes the bridge again) puts it back. The guard's input chain is tested alone (the
+// bridge's loopback guard and the guard's NAT chain emptied): the attack fails, and works once
+// that chain is emptied too.
 func TestLocalnetGuardAfterBridgeRecreated(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		chainGoes bool // as on older kernels
+		chainGoes bool // deleted by another tool
 		heal      bool // else the next ADD repairs
 	}{
 		{"chain kept, heal", false, true},
-		{"chain gone with the bridge, heal", true, true},
-		{"chain gone with the bridge, next ADD", true, false},
+		{"chain deleted, heal", true, true},
+		{"chain deleted, next ADD", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node, list, _ := hpNode(t)
@@ -444,9 +444,9 @@ func TestLocalnetGuardAfterBridgeRecreated(t *testing.T) {
 			}
 			nettest.Run(t, node.NS, "ip", "link", "del", "cbr0")
 			if tc.chainGoes {
-				nettest.Run(t, node.NS, "nft", "delete", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
-				if err := checkNode(); !strings.Contains(fmt.Sprint(err), hostport.ChainLocalnetBridge) {
-					t.Errorf("CheckNode without the guard's ingress chain = %v, want it named", err)
+				nettest.Run(t, node.NS, "nft", "delete", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetInput)
+				if err := checkNode(); !strings.Contains(fmt.Sprint(err), hostport.ChainLocalnetInput) {
+					t.Errorf("CheckNode without the guard's input chain = %v, want it named", err)
 				}
 			}
 			if tc.heal {
@@ -460,15 +460,15 @@ func TestLocalnetGuardAfterBridgeRecreated(t *testing.T) {
 			if err := checkNode(); err != nil {
 				t.Errorf("CheckNode after the bridge came back: %v", err)
 			}
-			if got := nettest.Run(t, node.NS, "nft", "list", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge); !strings.Contains(got, `hook ingress device "cbr0"`) {
-				t.Errorf("the guard's ingress chain after the bridge came back:\n%s", got)
+			if got := nettest.Run(t, node.NS, "nft", "list", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetInput); !strings.Contains(got, "hook input") {
+				t.Errorf("the guard's input chain after the bridge came back:\n%s", got)
 			}
 			attack := testkit.LocalnetAttack(t, node, attacker, 9999)
 			nettest.Run(t, node.NS, "nft", "flush", "chain", "bridge", testkit.HostPortTable, isolation.ChainGuardIPv4)
 			nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetNAT)
-			testkit.ExpectAttackFails(t, attack, "with the guard's ingress chain alone on the new bridge")
-			nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetBridge)
-			testkit.ExpectAttackWorks(t, attack, "with the guard's ingress chain emptied too")
+			testkit.ExpectAttackFails(t, attack, "with the guard's input chain alone on the new bridge")
+			nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", testkit.HostPortTable, hostport.ChainLocalnetInput)
+			testkit.ExpectAttackWorks(t, attack, "with the guard's input chain emptied too")
 		})
 	}
 }

@@ -63,11 +63,11 @@ func LocalnetAttack(t testing.TB, node *nettest.Node, pod *nettest.Pod, port uin
 }
 
 // FlushLocalnetGuard empties both chains of the localnet guard (nftables backend): the NAT
-// chain that drops a connection's first packet and the bridge's ingress chain that drops every
-// packet handed up to the node. Either alone stops the plain attack.
+// chain that drops a connection's first packet and the input chain that drops every packet the
+// node receives on a device other than lo. Either alone stops the plain attack.
 func FlushLocalnetGuard(t testing.TB, node *nettest.Node) {
 	t.Helper()
-	for _, chain := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetBridge} {
+	for _, chain := range []string{hostport.ChainLocalnetNAT, hostport.ChainLocalnetInput} {
 		nettest.Run(t, node.NS, "nft", "flush", "chain", "inet", HostPortTable, chain)
 	}
 }
