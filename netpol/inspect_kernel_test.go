@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
@@ -230,6 +231,73 @@ func TestTraceMatchesTraffic(t *testing.T) {
 				}
 			case policyrules.UDP:
 				n.expectUDP(t, c.name, from, c.dst.addr, c.dst.pod, v.Allowed)
+			}
+		})
+	}
+}
+
+// TestInspectSeesTamperedLogRules: with logging on, the drop and audit chains hold a rate rule
+// and a log rule between the count and the verdict, and each of them ends in the chain's
+// verdict. Another tool that turns the log rule's drop into the audit chain's grant opens every
+// isolated pod to whatever the log's rate lets through; one that turns an audit chain's accept into a drop
+// makes staged policies enforce. Inspect must report either as damage (explain trusts the
+// tables it calls undamaged), and the agent's next Apply puts the verdict back.
+func TestInspectSeesTamperedLogRules(t *testing.T) {
+	logOn := Options{Log: DropLog{Group: 29, Rate: 100, Burst: 100}}
+	tests := []struct {
+		name    string
+		chain   string
+		ruleset func(n *bridgedNode) policyrules.Ruleset
+		verdict []expr.Any // what the log rule does after the tampering
+		// traffic b → a on UDP 5353 with the tables as Apply wrote them; tampered, the other
+		want bool
+	}{
+		{"drop chain's log rule grants", ChainDropIngress, func(n *bridgedNode) policyrules.Ruleset {
+			return with(n.open(), n.pods["a"].port, policyrules.Direction{Isolated: true}, policyrules.Direction{})
+		}, grant(MarkIngress), false},
+		{"audit chain's log rule drops", ChainAuditIngress, func(n *bridgedNode) policyrules.Ruleset {
+			return with(n.open(), n.pods["a"].port, policyrules.Direction{Isolated: true, Audit: true}, policyrules.Direction{})
+		}, []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newBridgedNode(t)
+			a, b := n.pods["a"], n.pods["b"]
+			rs := tt.ruleset(n)
+			n.apply(t, rs, logOn)
+			n.expectUDP(t, "as written", b.ns, a.v4, a, tt.want)
+			if in := n.inspect(t); len(in.Damage) != 0 {
+				t.Fatalf("as written: damage %v", in.Damage)
+			}
+			nettest.Do(t, n.node, func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				rules, err := c.GetRules(BridgeTable(n.network), &nftables.Chain{Table: BridgeTable(n.network), Name: tt.chain})
+				if err != nil {
+					return err
+				}
+				if len(rules) != 4 {
+					return fmt.Errorf("chain %s: %d rules, want 4 (count, rate, log, verdict)", tt.chain, len(rules))
+				}
+				r := rules[2]
+				if _, ok := r.Exprs[0].(*expr.Log); !ok {
+					return fmt.Errorf("chain %s: third rule %v is not the log rule", tt.chain, r.Exprs)
+				}
+				r.Exprs = append([]expr.Any{r.Exprs[0]}, tt.verdict...)
+				c.ReplaceRule(r)
+				return c.Flush()
+			})
+			n.expectUDP(t, "tampered", b.ns, a.v4, a, !tt.want)
+			in := n.inspect(t)
+			if !slices.ContainsFunc(in.Damage, func(d string) bool { return strings.Contains(d, "chain "+tt.chain) }) {
+				t.Errorf("chain %s's log rule tampered with: damage %v, want the chain named", tt.chain, in.Damage)
+			}
+			n.apply(t, rs, logOn)
+			n.expectUDP(t, "applied again", b.ns, a.v4, a, tt.want)
+			if in := n.inspect(t); len(in.Damage) != 0 {
+				t.Errorf("applied again: damage %v", in.Damage)
 			}
 		})
 	}
