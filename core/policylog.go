@@ -32,6 +32,10 @@ func PolicyDropCounts(network string) ([]PolicyPortDrops, uint64, error) {
 	return netpol.DropCounts(network)
 }
 
+// PolicyLogNetwork is the network's name as a PolicyDrop's Network holds it (cut and hashed
+// when the name is too long for the kernel's log prefix).
+func PolicyLogNetwork(network string) string { return netpol.LogNetwork(network) }
+
 // OpenPolicyDropLog binds the drop log's NFLOG group in the network namespace netns (a file
 // descriptor; 0: the caller's).
 func OpenPolicyDropLog(group uint16, netns int) (*PolicyDropLogReader, error) {

@@ -15,6 +15,7 @@ func TestFlowJudge(t *testing.T) {
 	client := addr("10.3.0.3")  // isolated for egress: TCP 8080 to server, UDP 53 anywhere
 	open := addr("10.3.0.4")    // not isolated
 	refused := addr("10.3.0.5") // isolated for ingress, nothing allowed, but its list was refused
+	staged := addr("10.3.0.6")  // isolated both ways by staged (audit) policies only, nothing allowed
 	node := addr("10.3.0.1")
 	vip := addr("10.96.0.10")
 	tcp8080 := &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}
@@ -27,6 +28,8 @@ func TestFlowJudge(t *testing.T) {
 			{Peer: policyrules.PrefixRange(netip.MustParsePrefix("0.0.0.0/0")), Ports: &policyrules.Ports{Protocol: policyrules.UDP, First: 53, Last: 53}}}}},
 		{Name: "a/open", Port: 4, IPs: []netip.Addr{open}},
 		{Name: "a/refused", Port: 5, IPs: []netip.Addr{refused}, Ingress: policyrules.Direction{Isolated: true}},
+		{Name: "a/staged", Port: 6, IPs: []netip.Addr{staged}, Ingress: policyrules.Direction{Isolated: true, Audit: true},
+			Egress: policyrules.Direction{Isolated: true, Audit: true}},
 	}}
 	applied := policyrules.Applied{Refused: []policyrules.Refusal{{Ingress: true, Pods: []string{"a/refused"}}}}
 	j := newFlowJudge(rs, applied, []netip.Addr{node})
@@ -58,6 +61,10 @@ func TestFlowJudge(t *testing.T) {
 		{"the node's own connection", direct(policyrules.TCP, node, server, 22), false},
 		{"an ingress-isolated pod opening to an open pod", direct(policyrules.TCP, server, open, 8080), false},
 		{"refused list: kept", direct(policyrules.TCP, open, refused, 80), false},
+		// Staged policies change no verdict: their pod's connections pass, and are not cut.
+		{"audit ingress: kept", direct(policyrules.TCP, open, staged, 80), false},
+		{"audit egress: kept", direct(policyrules.TCP, staged, open, 80), false},
+		{"audit egress, enforced ingress of the peer: cut", direct(policyrules.TCP, staged, server, 80), true},
 		{"SCTP: the allowed port", direct(policyrules.SCTP, open, server, 9000), false},
 		{"SCTP: another port of the peer", direct(policyrules.SCTP, open, server, 9001), true},
 		{"SCTP: no port allowed", direct(policyrules.SCTP, client, server, 9000), true},

@@ -80,7 +80,7 @@ func DropCounts(network string) ([]PortDrops, uint64, error) {
 // Drop is one packet a policy dropped, as the drop log (NFLOG) hands it over.
 type Drop struct {
 	Time    time.Time
-	Network string
+	Network string // as LogNetwork names it
 	Ingress bool
 	// Audit: not dropped; what the pod's staged policies would drop (an audit group passed it).
 	Audit bool

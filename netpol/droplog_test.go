@@ -3,6 +3,7 @@ package netpol
 import (
 	"encoding/binary"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/nftables"
@@ -84,9 +85,14 @@ func TestLogPrefix(t *testing.T) {
 	for _, tt := range []struct {
 		network        string
 		ingress, audit bool
-	}{{"kubenet", true, false}, {"kubenet", false, false}, {"a b", true, false}, {"kubenet", true, true}, {"x audit", false, true}, {"x audit", false, false}} {
-		n, in, audit, ok := ParseLogPrefix(LogPrefix(tt.network, tt.ingress, tt.audit))
-		if !ok || n != tt.network || in != tt.ingress || audit != tt.audit {
+	}{{"kubenet", true, false}, {"kubenet", false, false}, {"a b", true, false}, {"kubenet", true, true}, {"x audit", false, true}, {"x audit", false, false},
+		{strings.Repeat("n", 105), true, true}, {strings.Repeat("n", 106), true, true}, {strings.Repeat("n", 128), false, false}, {strings.Repeat("n", 128), true, true}} {
+		p := LogPrefix(tt.network, tt.ingress, tt.audit)
+		n, in, audit, ok := ParseLogPrefix(p)
+		if len(p) > maxLogPrefix {
+			t.Errorf("LogPrefix(%q, %v, %v) has %d bytes, more than the kernel takes", tt.network, tt.ingress, tt.audit, len(p))
+		}
+		if !ok || n != LogNetwork(tt.network) || in != tt.ingress || audit != tt.audit {
 			t.Errorf("ParseLogPrefix(LogPrefix(%q, %v, %v)) = %q, %v, %v, %v", tt.network, tt.ingress, tt.audit, n, in, audit, ok)
 		}
 	}

@@ -349,3 +349,27 @@ func nftOut(t *testing.T, n ns.NetNS, args ...string) string {
 	})
 	return string(out)
 }
+
+// TestDropLogLongNetworkName: a network name may have 128 bytes, the kernel's NFLOG prefix 127
+// at most (ERANGE past it): with logging on, the policy tables of a network with the longest
+// name are still written, and its drops still reach the reader under its LogNetwork name (the
+// start of the name and a hash of it), which no other network's name gives.
+func TestDropLogLongNetworkName(t *testing.T) {
+	n := newBridgedNode(t)
+	n.network = strings.Repeat("n", 128)
+	a, b := n.pods["a"], n.pods["b"]
+	n.apply(t, with(n.open(), a.port, policyrules.Direction{Isolated: true}, policyrules.Direction{}), Options{Log: DropLog{Group: 30, Rate: 100, Burst: 100}})
+	lc := n.readDropLog(t, 30)
+	sendUDP(t, b.ns, a.v4, 5353, "long name")
+	if err := nettest.Eventually(time.Second, func() error {
+		if _, k := lc.find(func(d Drop) bool { return d.Src == b.v4 && d.Network == LogNetwork(n.network) && d.Ingress }); k == 0 {
+			return errors.New("b → a not in the drop log within 1 s")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if other := strings.Repeat("n", 127) + "m"; LogNetwork(other) == LogNetwork(n.network) {
+		t.Errorf("LogNetwork(%q) = LogNetwork(%q) = %q", other, n.network, LogNetwork(other))
+	}
+}

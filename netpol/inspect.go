@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
@@ -132,13 +133,16 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 	}
 	rules := BridgeRules(network, DropLog{})
 	for _, ch := range bridgeChains(bt) {
-		have := st.bridgeRules[ch.Name]
-		if (ch.Name == ChainDropEgress || ch.Name == ChainDropIngress || ch.Name == ChainAuditEgress || ch.Name == ChainAuditIngress) && len(have) == len(rules[ch.Name])+2 {
-			// With --policy-log, two rules between the count and the drop (rate and log),
-			// whose group and rate only the agent knows: the rest must be as without.
-			have = []*nftables.Rule{have[0], have[len(have)-1]}
+		have, want := st.bridgeRules[ch.Name], rules[ch.Name]
+		if ch.Name == ChainDropEgress || ch.Name == ChainDropIngress || ch.Name == ChainAuditEgress || ch.Name == ChainAuditIngress {
+			// With --policy-log, two rules between the count and the verdict (rate and log),
+			// whose group and rate only the agent knows: they are read off the rules, and the
+			// whole chain must then be as Apply writes it with them. Each of the two ends in
+			// the chain's verdict, so a tool that changes it there (a drop turned into the
+			// audit chain's grant, or the other way round) must show.
+			want = BridgeRules(network, installedLog(have))[ch.Name]
 		}
-		if d := nft.Compare(ch, have, rules[ch.Name]); d != nil {
+		if d := nft.Compare(ch, have, want); d != nil {
 			out = append(out, "chain "+ch.Name+": "+d.Error())
 		}
 	}
@@ -148,6 +152,23 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 		}
 	}
 	return out
+}
+
+// installedLog is the drop log a drop or audit chain's rules were written with: the group of
+// its log rule, the rate and burst of its rate rule; zero without them. Pure.
+func installedLog(rules []*nftables.Rule) DropLog {
+	var log DropLog
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			switch e := e.(type) {
+			case *expr.Log:
+				log.Group = e.Group
+			case *expr.Limit:
+				log.Rate, log.Burst = uint32(min(e.Rate, math.MaxUint32)), e.Burst
+			}
+		}
+	}
+	return log
 }
 
 // GroupFor is the group Apply makes of an allow list in a direction: its name and its entries

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
@@ -230,6 +231,91 @@ func TestTraceMatchesTraffic(t *testing.T) {
 				}
 			case policyrules.UDP:
 				n.expectUDP(t, c.name, from, c.dst.addr, c.dst.pod, v.Allowed)
+			}
+		})
+	}
+}
+
+// TestInspectSeesTamperedVerdicts: another tool changes one verdict of the policy tables so
+// that an enforced direction passes what it should drop, or an audit one (staged policies)
+// drops what it should pass: the log rule of a drop or audit chain (with logging on, a rate
+// rule and a log rule sit between the count and the verdict, and each ends in the chain's
+// verdict), or a group's last rule (goto drop-ingress or goto audit-ingress). The traffic shows
+// the change took; Inspect must report it as damage (explain trusts what it calls undamaged),
+// and the agent's next Apply, without Verify, puts the verdict back.
+func TestInspectSeesTamperedVerdicts(t *testing.T) {
+	logOn := Options{Log: DropLog{Group: 29, Rate: 100, Burst: 100}}
+	enforced := func(n *bridgedNode) policyrules.Ruleset {
+		return with(n.open(), n.pods["a"].port, policyrules.Direction{Isolated: true}, policyrules.Direction{})
+	}
+	staged := func(n *bridgedNode) policyrules.Ruleset {
+		return with(n.open(), n.pods["a"].port, policyrules.Direction{Isolated: true, Audit: true}, policyrules.Direction{})
+	}
+	logRule := func(rules []*nftables.Rule) int { return 2 }
+	lastRule := func(rules []*nftables.Rule) int { return len(rules) - 1 }
+	fixedChain := func(name string) func(Installed, *bridgedNode) string {
+		return func(Installed, *bridgedNode) string { return name }
+	}
+	aGroup := func(in Installed, n *bridgedNode) string { return in.Ports[n.pods["a"].port].Ingress }
+	tests := []struct {
+		name    string
+		ruleset func(n *bridgedNode) policyrules.Ruleset
+		chain   func(Installed, *bridgedNode) string
+		rule    func([]*nftables.Rule) int
+		// what the rule does after the tampering, after its first expression (log) or instead
+		// of all (a group's goto)
+		verdict []expr.Any
+		keep    int
+		// b → a on UDP 5353 with the tables as Apply wrote them; tampered, the other
+		want bool
+	}{
+		{"drop chain's log rule grants", enforced, fixedChain(ChainDropIngress), logRule, grant(MarkIngress), 1, false},
+		{"audit chain's log rule drops", staged, fixedChain(ChainAuditIngress), logRule, []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, 1, true},
+		{"enforced group goes to the audit chain", enforced, aGroup, lastRule, []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ChainAuditIngress}}, 0, false},
+		{"audit group goes to the drop chain", staged, aGroup, lastRule, []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ChainDropIngress}}, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newBridgedNode(t)
+			a, b := n.pods["a"], n.pods["b"]
+			rs := tt.ruleset(n)
+			n.apply(t, rs, logOn)
+			n.expectUDP(t, "as written", b.ns, a.v4, a, tt.want)
+			in := n.inspect(t)
+			if len(in.Damage) != 0 {
+				t.Fatalf("as written: damage %v", in.Damage)
+			}
+			chain := tt.chain(in, n)
+			nettest.Do(t, n.node, func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				rules, err := c.GetRules(BridgeTable(n.network), &nftables.Chain{Table: BridgeTable(n.network), Name: chain})
+				if err != nil {
+					return err
+				}
+				if len(rules) < 3 {
+					return fmt.Errorf("chain %s: %d rules", chain, len(rules))
+				}
+				r := rules[tt.rule(rules)]
+				r.Exprs = append(slices.Clone(r.Exprs[:tt.keep]), tt.verdict...)
+				c.ReplaceRule(r)
+				return c.Flush()
+			})
+			n.expectUDP(t, "tampered", b.ns, a.v4, a, !tt.want)
+			in = n.inspect(t)
+			damage := slices.Clone(in.Damage)
+			for _, g := range in.Groups {
+				damage = append(damage, g.Damage...)
+			}
+			if !slices.ContainsFunc(in.Damage, func(d string) bool { return strings.Contains(d, "chain "+chain) }) && len(in.Groups[chain].Damage) == 0 {
+				t.Errorf("chain %s tampered with: damage %v, want it named", chain, damage)
+			}
+			n.apply(t, rs, logOn)
+			n.expectUDP(t, "applied again", b.ns, a.v4, a, tt.want)
+			if in := n.inspect(t); len(in.Damage) != 0 || len(in.Groups[chain].Damage) != 0 {
+				t.Errorf("applied again: damage %v, group %v", in.Damage, in.Groups[chain].Damage)
 			}
 		})
 	}

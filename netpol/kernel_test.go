@@ -1065,6 +1065,39 @@ func TestCutDenied(t *testing.T) {
 	}
 }
 
+// TestCutDeniedKeepsStaged: strict mode never cuts a connection that only staged (audit)
+// policies would drop: they change no verdict, of new connections or of established ones.
+func TestCutDeniedKeepsStaged(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b := n.pods["a"], n.pods["b"]
+	n.apply(t, n.open(), Options{})
+	sessions := []*nettest.Session{
+		nettest.OpenSession(t, a.ns, netip.AddrPortFrom(b.v4, 8080), 3*time.Second), // b's staged ingress would drop it
+		nettest.OpenSession(t, b.ns, netip.AddrPortFrom(a.v6, 8080), 3*time.Second), // b's staged egress would drop it
+	}
+	for _, s := range sessions {
+		if !s.RoundTrip("before", 3*time.Second) {
+			t.Fatalf("%s: no echo before the change", s.Conn.LocalAddr())
+		}
+	}
+	stagedDeny := policyrules.Direction{Isolated: true, Audit: true}
+	rs := with(n.open(), b.port, stagedDeny, stagedDeny)
+	applied := n.apply(t, rs, Options{})
+	var cut uint
+	nettest.Do(t, n.node, func() (err error) {
+		cut, err = CutDenied(rs, applied, []netip.Addr{gw4.Addr(), gw6.Addr()})
+		return err
+	})
+	if cut != 0 {
+		t.Errorf("CutDenied cut %d entries that only staged policies would drop", cut)
+	}
+	for _, s := range sessions {
+		if !s.RoundTrip("after", 3*time.Second) {
+			t.Errorf("%s: no echo after staging a deny-all on b", s.Conn.LocalAddr())
+		}
+	}
+}
+
 // TestAuditGroupsPass: a direction isolated only by audit policies passes everything, what its
 // list allows and what it does not, on every family, for pods and the outside host; the same
 // list enforced drops what it does not allow.

@@ -1,7 +1,9 @@
 package netpol
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -224,10 +226,29 @@ const (
 	LogSnaplen = 128
 )
 
+// maxLogPrefix is the longest NFLOG prefix the kernel takes (NF_LOG_PREFIXLEN less the NUL;
+// a longer one is refused with ERANGE, and every rule of the transaction with it).
+const maxLogPrefix = 127
+
+// LogNetwork is the network's name as the drop log's prefixes hold it (Drop.Network): the name,
+// or for one too long to fit next to the rest of the prefix (a network name may have 128 bytes),
+// its start, "~" and a hash of the whole. A network name has no "~", so the short form of a long
+// name is no other network's name. Pure.
+func LogNetwork(network string) string {
+	const room = maxLogPrefix - len("kubenet ") - len(" ingress audit") // LogPrefix's longest rest
+	if len(network) <= room {
+		return network
+	}
+	sum := sha256.Sum256([]byte(network))
+	tag := "~" + hex.EncodeToString(sum[:8])
+	return network[:room-len(tag)] + tag
+}
+
 // LogPrefix is the NFLOG prefix of the drops of a network in a direction ("egress" or
 // "ingress"), and of what audit groups would drop (audit: the prefix ends in " audit"): the
-// reader tells the direction, the network and the kind by it.
+// reader tells the direction, the network (as LogNetwork names it) and the kind by it.
 func LogPrefix(network string, ingress, audit bool) string {
+	network = LogNetwork(network)
 	p := "kubenet " + network + " egress"
 	if ingress {
 		p = "kubenet " + network + " ingress"
@@ -238,7 +259,7 @@ func LogPrefix(network string, ingress, audit bool) string {
 	return p
 }
 
-// ParseLogPrefix is the inverse of LogPrefix.
+// ParseLogPrefix is the inverse of LogPrefix; the network comes back as LogNetwork names it.
 func ParseLogPrefix(prefix string) (network string, ingress, audit, ok bool) {
 	rest, ok := strings.CutPrefix(prefix, "kubenet ")
 	if !ok {

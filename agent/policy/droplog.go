@@ -147,12 +147,12 @@ func (l *dropLog) run(ctx context.Context, r dropReader) {
 
 // add counts drops into their bursts.
 func (l *dropLog) add(ds []core.PolicyDrop) {
-	names := l.names()
+	names, network := l.names(), core.PolicyLogNetwork(l.network)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
 	for _, d := range ds {
-		if d.Network != l.network {
+		if d.Network != network {
 			continue
 		}
 		k := burstKey{ingress: d.Ingress, audit: d.Audit, port: d.Port, proto: d.Proto, dport: d.DstPort, icmp: d.ICMPType, peer: d.Dst}

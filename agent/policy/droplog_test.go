@@ -139,6 +139,20 @@ func TestDropLogLines(t *testing.T) {
 			t.Errorf("final flush: %d lines, %d left open", n, len(l.open))
 		}
 	})
+
+	// A network name too long for the kernel's log prefix comes back in its cut and hashed
+	// form: the drops are the network's all the same, and those of another network are not.
+	t.Run("long network name", func(t *testing.T) {
+		long := strings.Repeat("n", 128)
+		l := &dropLog{out: io.Discard, network: long, log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
+			lost: &dropLost{}, lines: func() {}, now: time.Now, open: map[burstKey]*burst{}}
+		ours, other := udp(true, 5, "10.244.2.9", "10.244.1.5", 53, 0), udp(true, 5, "10.244.2.9", "10.244.1.5", 54, 0)
+		ours.Network, other.Network = core.PolicyLogNetwork(long), core.PolicyLogNetwork(long[:127]+"m")
+		l.add([]core.PolicyDrop{ours, other})
+		if len(l.open) != 1 {
+			t.Errorf("%d bursts open, want 1 (the network's own drop)", len(l.open))
+		}
+	})
 }
 
 func ptr[T any](v T) *T { return &v }

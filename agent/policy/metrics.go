@@ -137,6 +137,7 @@ type dropsCollector struct {
 	network    string
 	names      func() *dropNames
 	lost       *dropLost
+	read       func() ([]core.PolicyPortDrops, uint64, error) // the kernel's counters (core.PolicyDropCounts)
 	drops      *prometheus.Desc
 	wouldDrops *prometheus.Desc
 	logLost    *prometheus.Desc
@@ -149,6 +150,7 @@ type dropsCollector struct {
 
 func newDropsCollector(network string, names func() *dropNames, lost *dropLost) *dropsCollector {
 	return &dropsCollector{network: network, names: names, lost: lost,
+		read: func() ([]core.PolicyPortDrops, uint64, error) { return core.PolicyDropCounts(network) },
 		drops: prometheus.NewDesc("kubenet_networkpolicy_drops_total",
 			"Packets the NetworkPolicies dropped, by the node's pod (its namespace and name) and direction (ingress: to the pod, egress: from it), as the kernel counts them.",
 			[]string{"namespace", "pod", "direction"}, nil),
@@ -168,27 +170,17 @@ func (c *dropsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *dropsCollector) Collect(ch chan<- prometheus.Metric) {
-	counts, limited, err := core.PolicyDropCounts(c.network)
+	counts, limited, err := c.read()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.drops, err)
 		return
 	}
-	names := c.names()
-	for _, d := range counts {
-		name := d.Pod // as the kernel's comment holds it, cut at 128 bytes
-		if p, ok := names.ports[d.Port]; ok && strings.HasPrefix(p.name, d.Pod) {
-			name = p.name
-		}
-		ns, pod := splitPod(name)
-		dir := "egress"
-		if d.Ingress {
-			dir = "ingress"
-		}
+	for _, s := range dropSeriesOf(counts, c.names()) {
 		desc := c.drops
-		if d.Audit {
+		if s.audit {
 			desc = c.wouldDrops
 		}
-		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(d.Packets), ns, pod, dir)
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(s.packets), s.namespace, s.pod, s.direction)
 	}
 	c.mu.Lock()
 	if limited >= c.lastKernel {
@@ -202,4 +194,43 @@ func (c *dropsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.logLost, prometheus.CounterValue, float64(rateLimited), "rate_limit")
 	ch <- prometheus.MustNewConstMetric(c.logLost, prometheus.CounterValue, float64(c.lost.overrun.Load()), "overrun")
 	ch <- prometheus.MustNewConstMetric(c.logLost, prometheus.CounterValue, float64(c.lost.aggregation.Load()), "aggregation")
+}
+
+// dropSeries is one series of the drop counters.
+type dropSeries struct {
+	audit                     bool
+	namespace, pod, direction string
+	packets                   uint64
+}
+
+// dropSeriesOf labels the kernel's drop counters with their pods: the last pass's name of the
+// port's pod where the counter's comment (cut at 128 bytes) is the start of it, else the
+// comment. Counters that end up with the same labels (two pods whose names the cut makes equal,
+// on ports the last pass does not know, e.g. before the first pass after a restart; elements
+// another tool added) make one series of their sum: a scrape with two equal series fails whole,
+// every other metric of the agent with it. A comment is the kernel's bytes, which need not be
+// UTF-8 (a cut in a character, or another tool's), and a label that is not makes the metric's
+// constructor panic. Pure.
+func dropSeriesOf(counts []core.PolicyPortDrops, names *dropNames) []dropSeries {
+	var out []dropSeries
+	at := map[dropSeries]int{} // by labels (packets 0): the index in out
+	for _, d := range counts {
+		name := d.Pod
+		if p, ok := names.ports[d.Port]; ok && strings.HasPrefix(p.name, d.Pod) {
+			name = p.name
+		}
+		ns, pod := splitPod(strings.ToValidUTF8(name, "\uFFFD"))
+		s := dropSeries{audit: d.Audit, namespace: ns, pod: pod, direction: "egress"}
+		if d.Ingress {
+			s.direction = "ingress"
+		}
+		if i, ok := at[s]; ok {
+			out[i].packets += d.Packets
+			continue
+		}
+		at[s] = len(out)
+		s.packets = d.Packets
+		out = append(out, s)
+	}
+	return out
 }

@@ -108,6 +108,24 @@ func (v nodeView) recorded(port int) (core.PolicyStatePod, bool) {
 	return v.state.Pods[i], true
 }
 
+// recordedPolicies are the policies the agent's record names for a direction of a pod's port,
+// where the record is of that pod and the kernel's chain is the one it installed: a record of
+// another pod on the port (a stale or planted file) or of another chain names nothing.
+func (v nodeView) recordedPolicies(port int, pod string, ingress bool, chain string) []string {
+	rec, ok := v.recorded(port)
+	if !ok || rec.Pod != pod || chain == "" {
+		return nil
+	}
+	d := rec.Egress
+	if ingress {
+		d = rec.Ingress
+	}
+	if d.Chain != chain {
+		return nil
+	}
+	return d.Policies
+}
+
 // explanation is explain's answer (its JSON form too).
 type explanation struct {
 	Pod       string       `json:"pod"`
@@ -472,15 +490,7 @@ func runPolicyTrace(in *invocation) error {
 				st.Element += " " + s.Match.Ports.String()
 			}
 		}
-		if rec, ok := v.recorded(s.Port); ok {
-			d := rec.Egress
-			if s.Ingress {
-				d = rec.Ingress
-			}
-			if d.Chain == s.Chain && s.Chain != "" {
-				st.Policies = d.Policies
-			}
-		}
+		st.Policies = v.recordedPolicies(s.Port, e.pod.Pod, s.Ingress, s.Chain)
 		ans.Steps = append(ans.Steps, st)
 	}
 	if in.o.asJSON() {

@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kubenet-dev/kubenet/core"
 )
 
 // TestPolicyArgumentErrors: a bad NAMESPACE/POD, SRC, DST or PORT/PROTO is bad usage (exit 2)
@@ -42,4 +45,34 @@ func TestPolicyArgumentErrors(t *testing.T) {
 		}
 	}
 
+}
+
+// TestRecordedPolicies: trace names a step's policies from the agent's record only where the
+// record is of the same pod on the port, in the same chain, as explain does: a port whose
+// record names another pod (a stale or planted kubenet-policy.json; groups are shared across
+// namespaces, so the chain alone proves nothing) names no policies.
+func TestRecordedPolicies(t *testing.T) {
+	v := nodeView{state: &core.PolicyState{Pods: []core.PolicyStatePod{
+		{Port: 7, Pod: "other/old", Ingress: core.PolicyStateDirection{Isolated: true, Chain: "in-00", Policies: []string{"other/deny"}}},
+		{Port: 8, Pod: "shop/web", Egress: core.PolicyStateDirection{Isolated: true, Chain: "out-01", Policies: []string{"shop/egress"}}},
+	}}}
+	for _, tt := range []struct {
+		name    string
+		port    int
+		pod     string
+		ingress bool
+		chain   string
+		want    []string
+	}{
+		{"the record's pod and chain", 8, "shop/web", false, "out-01", []string{"shop/egress"}},
+		{"another chain in the kernel", 8, "shop/web", false, "out-02", nil},
+		{"the other direction", 8, "shop/web", true, "out-01", nil},
+		{"another pod on the port, same chain", 7, "shop/new", true, "in-00", nil},
+		{"no record of the port", 9, "shop/web", true, "in-00", nil},
+		{"held", 8, "shop/web", false, "", nil},
+	} {
+		if got := v.recordedPolicies(tt.port, tt.pod, tt.ingress, tt.chain); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
 }

@@ -244,11 +244,12 @@ type Refusal struct {
 }
 
 // Allows tells whether the direction lets a connection with peer on protocol and port through:
-// not isolated, or one of its entries covers the peer and has no ports or covers the protocol
-// and port. Port rules are of TCP, UDP or SCTP only, so for ICMP only entries without ports
-// match, as in the kernel's sets.
+// not isolated, isolated by staged policies only (Audit: they would drop it, but it passes), or
+// one of its entries covers the peer and has no ports or covers the protocol and port. Port
+// rules are of TCP, UDP or SCTP only, so for ICMP only entries without ports match, as in the
+// kernel's sets.
 func (d Direction) Allows(peer netip.Addr, protocol uint8, port uint16) bool {
-	if !d.Isolated {
+	if !d.Isolated || d.Audit {
 		return true
 	}
 	return slices.ContainsFunc(d.Allow, func(e Entry) bool {

@@ -110,6 +110,7 @@ func TestDirectionAllows(t *testing.T) {
 	}{
 		{"not isolated allows all", Direction{}, "192.0.2.1", TCP, 1, true},
 		{"isolated, nothing allowed", Direction{Isolated: true}, "10.0.0.1", TCP, 80, false},
+		{"audit (staged policies only) allows all", Direction{Isolated: true, Audit: true}, "10.0.0.1", TCP, 80, true},
 		{"peer and port in", d, "10.0.0.7", TCP, 80, true},
 		{"port out", d, "10.0.0.7", TCP, 81, false},
 		{"protocol out", d, "10.0.0.7", UDP, 80, false},
