@@ -90,7 +90,7 @@ func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*c
 		BackoffMax: max(period, healRetryMin),
 		Pass: func(ctx context.Context, w loop.Wake) loop.Outcome {
 			h.resubscribe(w)
-			err := h.pass(ctx, w.Start || w.Periodic)
+			err := h.pass(ctx, w.Start || w.Periodic, w.OnlyFired(healTablesEnded))
 			return loop.Outcome{Err: err, After: h.resubscribeLater()}
 		},
 	})
@@ -103,8 +103,11 @@ func (h *healer) wake() { h.loop.Fire(healKick) }
 // healPass is what one pass found and did.
 type healPass struct {
 	full bool // the periodic pass, which compares every map element
-	err  error
-	took time.Duration
+	// eventsLost: the pass ran only because the nftables subscription ended (its socket
+	// overflowed): no event said that anything changed, the lost ones may have.
+	eventsLost bool
+	err        error
+	took       time.Duration
 	core.NodeRepair
 }
 
@@ -223,14 +226,15 @@ func (h *healer) bridgeNeedsHeal() bool {
 	return off
 }
 
-// pass runs one HealNode with the current configuration.
-func (h *healer) pass(ctx context.Context, full bool) error {
+// pass runs one HealNode with the current configuration; eventsLost says that it runs only
+// because events were lost (healPass).
+func (h *healer) pass(ctx context.Context, full, eventsLost bool) error {
 	cfg, err := h.config()
 	if cfg == nil && err == nil {
 		return nil // no pod CIDR yet: nothing is set up, nothing to keep
 	}
 	start := time.Now()
-	p := healPass{full: full}
+	p := healPass{full: full, eventsLost: eventsLost}
 	if err != nil {
 		p.err = err
 	} else {
@@ -393,12 +397,44 @@ func (a *Agent) newHealer() *healer {
 			a.loops.sync.Fire(syncHealed)
 		}
 		if a.policy != nil {
-			if !p.full {
+			switch policyAskOf(p) {
+			case policyVerify:
 				a.policy.Wake()
+			case policyCheck:
+				a.policy.Check()
 			}
 			a.policy.Repaired(p.PolicyGuards, p.NetfilterCall)
 		}
 	})
+}
+
+// policyAsk is what a heal pass asks of the policy controller.
+type policyAsk int
+
+const (
+	policyNothing policyAsk = iota // the periodic pass: the controller has its own resync
+	// policyCheck: a pass that compares the policy tables' chains, rules and sets (not the
+	// group sets' elements) and repairs what differs.
+	policyCheck
+	policyVerify // a pass that also reads every group set's elements back (Controller.Wake)
+)
+
+// policyAskOf: a change of a kubenet table announced by an event, or a node that the pass found
+// changed (a flushed ruleset), may have touched anything of the policy tables: they are read
+// back whole. A pass that ran only because events were lost and found the node intact asks for
+// a check: the lost events were mostly the policy controller's own writes (the element events
+// of its group rebuilds overflow the socket), elements are never watched anyway, and a check
+// still repairs any table, chain, rule or set that another tool removed or changed, escalating
+// to a read-back when it finds a group damaged (Controller.Check).
+func policyAskOf(p healPass) policyAsk {
+	switch {
+	case p.full:
+		return policyNothing
+	case p.eventsLost && p.err == nil && !p.repaired():
+		return policyCheck
+	default:
+		return policyVerify
+	}
 }
 
 // healed counts a pass in the metrics.

@@ -67,11 +67,15 @@ func (w *healWorld) startHealer(t testing.TB, period, minGap time.Duration) <-ch
 	return w.startHealerWith(t, period, minGap, func() (*core.Config, error) { return w.cfg, nil })
 }
 
-// startHealerWith is startHealer with the healer's source of the configuration.
-func (w *healWorld) startHealerWith(t testing.TB, period, minGap time.Duration, config func() (*core.Config, error)) <-chan healPass {
+// startHealerWith is startHealer with the healer's source of the configuration; prepare, when
+// given, changes the healer before it runs.
+func (w *healWorld) startHealerWith(t testing.TB, period, minGap time.Duration, config func() (*core.Config, error), prepare ...func(*healer)) <-chan healPass {
 	t.Helper()
 	passes := make(chan healPass, 1000)
 	h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), period, minGap, config, func(p healPass) { passes <- p })
+	for _, f := range prepare {
+		f(h)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -198,6 +202,61 @@ func TestHealerRestoresFlushedRuleset(t *testing.T) {
 	}
 	if repaired < 2 {
 		t.Errorf("%d passes found something to repair, want one per flush", repaired)
+	}
+}
+
+// TestHealerOverflowAsksPolicyCheck: a pass that runs because the nftables subscription
+// overflowed (here made to end as an overflow ends it) and finds the node intact asks the policy
+// controller for a check, not a read-back of every group set; a flushed ruleset, announced by its
+// events, still asks for the read-back.
+func TestHealerOverflowAsksPolicyCheck(t *testing.T) {
+	w := newHealWorld(t, 0)
+	overflow := make(chan struct{}, 1)
+	passes := w.startHealerWith(t, time.Hour, 50*time.Millisecond, func() (*core.Config, error) { return w.cfg, nil }, func(h *healer) {
+		subscribe := h.openTables
+		h.openTables = func() (func(context.Context) bool, func(), error) {
+			forward, closeFn, err := subscribe()
+			if err != nil {
+				return nil, nil, err
+			}
+			return func(ctx context.Context) bool {
+				fctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				ended := make(chan bool, 1)
+				go func() { ended <- forward(fctx) }()
+				select {
+				case e := <-ended:
+					return e
+				case <-overflow: // the socket overflowed: the monitor's channel closes
+					cancel()
+					<-ended
+					return true
+				}
+			}, closeFn, nil
+		}
+	})
+	next := func(what string) healPass {
+		t.Helper()
+		for {
+			select {
+			case p := <-passes:
+				if !p.full {
+					return p
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: no heal pass", what)
+			}
+		}
+	}
+	overflow <- struct{}{}
+	p := next("after the overflow")
+	if !p.eventsLost || p.repaired() || p.err != nil || policyAskOf(p) != policyCheck {
+		t.Errorf("after the overflow: pass %+v asks %d of the policy controller, want events lost, nothing repaired, a check (%d)", p, policyAskOf(p), policyCheck)
+	}
+	nettest.Run(t, w.node.NS, "nft", "flush", "ruleset")
+	p = next("after the flush")
+	if p.eventsLost || p.Found == nil || policyAskOf(p) != policyVerify {
+		t.Errorf("after the flush: pass %+v asks %d of the policy controller, want the flush found and a read-back (%d)", p, policyAskOf(p), policyVerify)
 	}
 }
 

@@ -98,3 +98,33 @@ func TestSubscriptionRetriedAfterFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestPolicyAskOfHealPass: what a heal pass asks of the policy controller. Only a pass that ran
+// because nftables events were lost, and found the node intact, asks for a check instead of a
+// read-back of every group set: the lost events are mostly the controller's own element writes,
+// and a read-back after each overflow made most passes at 10 000 pods read every set. A change
+// announced by an event, a node found changed (a flushed ruleset) or a failed pass still ask
+// for the read-back.
+func TestPolicyAskOfHealPass(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pass healPass
+		want policyAsk
+	}{
+		{"periodic pass", healPass{full: true}, policyNothing},
+		{"periodic pass that repaired", healPass{full: true, NodeRepair: core.NodeRepair{Restored: 2}}, policyNothing},
+		{"event of a kubenet table, node intact", healPass{}, policyVerify},
+		{"event of a kubenet table, node repaired", healPass{NodeRepair: core.NodeRepair{Found: errors.New("table gone")}}, policyVerify},
+		{"events lost, node intact", healPass{eventsLost: true}, policyCheck},
+		{"events lost, flushed ruleset found", healPass{eventsLost: true, NodeRepair: core.NodeRepair{Found: errors.New("table gone")}}, policyVerify},
+		{"events lost, host port elements restored", healPass{eventsLost: true, NodeRepair: core.NodeRepair{Restored: 1}}, policyVerify},
+		{"events lost, a port's guard restored", healPass{eventsLost: true, NodeRepair: core.NodeRepair{PolicyGuards: 1}}, policyVerify},
+		{"events lost, pass failed", healPass{eventsLost: true, err: errors.New("netlink")}, policyVerify},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := policyAskOf(tc.pass); got != tc.want {
+				t.Errorf("policyAskOf(%+v) = %d, want %d", tc.pass, got, tc.want)
+			}
+		})
+	}
+}

@@ -68,7 +68,9 @@ type Options struct {
 // with the conntrack flush; switchPorts; removeUnused.
 func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
 	var res policyrules.Applied
-	c, err := nftables.New()
+	// Removing or building a hundred groups is a transaction of hundreds of messages, each
+	// acknowledged before any acknowledgement is read.
+	c, err := nftables.New(nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer)))
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
 	}

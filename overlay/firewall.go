@@ -9,7 +9,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
@@ -275,7 +274,7 @@ func (f Firewall) Sync() (changed bool, err error) {
 	// The whole table is one transaction, one sendmsg: with every Node's addresses (5000
 	// dual-stack Nodes, or one Node listing thousands of InternalIPs) it outgrows the default
 	// socket buffer ("message too long"), and the overlay would stay down on every node.
-	c, err := nftables.New(nftables.WithSockOptions(largeSendBuffer))
+	c, err := nftables.New(nftables.WithSockOptions(nft.SendBuffer(sendBuffer)))
 	if err != nil {
 		return false, fmt.Errorf("overlay firewall: netlink: %w", err)
 	}
@@ -413,22 +412,3 @@ func dormant(t *nftables.Table) bool {
 // sendBuffer bounds one firewall transaction: some 400,000 addresses, more than a Node object can
 // hold (etcd's request limit) times the Nodes of any cluster that would notice.
 const sendBuffer = 32 << 20
-
-// largeSendBuffer raises the socket's send buffer past net.core.wmem_max (SO_SNDBUFFORCE, which
-// the agent's CAP_NET_ADMIN allows), else as far as wmem_max lets it.
-func largeSendBuffer(c *netlink.Conn) error {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer)
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return c.SetWriteBuffer(sendBuffer)
-	}
-	return nil
-}

@@ -191,6 +191,7 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 const (
 	triggerChange = "change" // a policy, pod or namespace changed, or an attachment record
 	triggerVerify = "verify" // somebody else changed the ruleset: read every set back (Wake)
+	triggerCheck  = "check"  // events were lost: compare the tables without their group elements (Check)
 )
 
 // OnPass registers f to be told of every pass (for tests). Call before Run.
@@ -199,6 +200,12 @@ func (c *Controller) OnPass(f func(Pass)) { c.passed = f }
 // Wake asks for a pass that reads everything back and repairs it, without waiting (the agent's
 // healer, after somebody else changed the ruleset).
 func (c *Controller) Wake() { c.loop.Fire(triggerVerify) }
+
+// Check asks for a pass that compares the tables, chains, rules and sets without reading the
+// group sets' elements back, and repairs what differs, without waiting (the agent's healer, after
+// nftables events were lost and the node was found intact). A check that finds a group damaged
+// asks for a pass that reads every set back: whoever damaged it may have changed elements too.
+func (c *Controller) Check() { c.loop.Fire(triggerCheck) }
 
 func (c *Controller) wake() { c.loop.Fire(triggerChange) }
 
@@ -357,6 +364,9 @@ func (c *Controller) loopConfig() loop.Config {
 			if p.Err != nil || kernelRefused(p.Applied.Refused) {
 				return loop.Outcome{Err: p.Err, Retry: true}
 			}
+			if needsReadBack(p) {
+				c.loop.Fire(triggerVerify)
+			}
 			if p.Unplugged == 0 {
 				unplugged = 0
 			} else {
@@ -366,6 +376,11 @@ func (c *Controller) loopConfig() loop.Config {
 		},
 	}
 }
+
+// needsReadBack tells whether a pass that did not read the group sets back (a change or a
+// check) found a group whose chain or sets somebody else changed: whoever did may have changed
+// set elements too, which only a read-back of every set sees.
+func needsReadBack(p Pass) bool { return !p.Verified && p.Applied.RepairedGroups > 0 }
 
 // informer is a shared informer over one list and watch (the agent links only the typed
 // clients it needs, not a clientset of every API group).

@@ -189,3 +189,24 @@ func TestMinGap(t *testing.T) {
 		})
 	}
 }
+
+// TestNeedsReadBack: a pass that did not read the sets back and found a group changed by somebody
+// else asks for one that does (Controller.Check escalates); one that read them back, or found
+// nothing to repair, does not.
+func TestNeedsReadBack(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pass Pass
+		want bool
+	}{
+		{"check, nothing repaired", Pass{Applied: policyrules.Applied{NewGroups: 3, RemovedGroups: 2}}, false},
+		{"check, a group repaired", Pass{Applied: policyrules.Applied{RepairedGroups: 1}}, true},
+		{"read-back, a group repaired", Pass{Verified: true, Applied: policyrules.Applied{RepairedGroups: 1}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := needsReadBack(tc.pass); got != tc.want {
+				t.Errorf("needsReadBack(%+v) = %v, want %v", tc.pass, got, tc.want)
+			}
+		})
+	}
+}

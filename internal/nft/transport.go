@@ -142,3 +142,41 @@ func parseMessages(b []byte) ([]netlink.Message, error) {
 	}
 	return out, nil
 }
+
+// BatchReceiveBuffer is a receive buffer for the acknowledgements of some twenty thousand
+// messages (an acknowledgement takes about 768 bytes of it). The kernel acknowledges every
+// message of a transaction before the sender reads the first acknowledgement: a transaction of
+// a few hundred messages (a policy pass that removes a hundred groups with their sets)
+// overflows the default buffer (ENOBUFS), and its sender sees a transaction the kernel
+// committed fail.
+const BatchReceiveBuffer = 16 << 20
+
+// SendBuffer is a google/nftables socket option that raises the socket's send buffer to bytes,
+// past net.core.wmem_max (SO_SNDBUFFORCE, which the agent's CAP_NET_ADMIN allows), else as far
+// as wmem_max lets it.
+func SendBuffer(bytes int) nftables.SockOption {
+	return forcedBuffer(unix.SO_SNDBUFFORCE, bytes, (*netlink.Conn).SetWriteBuffer)
+}
+
+// ReceiveBuffer is SendBuffer for the receive buffer (SO_RCVBUFFORCE, else net.core.rmem_max).
+func ReceiveBuffer(bytes int) nftables.SockOption {
+	return forcedBuffer(unix.SO_RCVBUFFORCE, bytes, (*netlink.Conn).SetReadBuffer)
+}
+
+// forcedBuffer sets a buffer's size with the forcing socket option opt, else with set.
+func forcedBuffer(opt, bytes int, set func(*netlink.Conn, int) error) nftables.SockOption {
+	return func(c *netlink.Conn) error {
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, bytes) }); err != nil {
+			return err
+		}
+		if serr != nil {
+			return set(c, bytes)
+		}
+		return nil
+	}
+}
