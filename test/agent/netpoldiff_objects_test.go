@@ -58,7 +58,7 @@ func TestNetpolDiffObjectsValid(t *testing.T) {
 			}
 			checked++
 		}
-		for _, np := range c.World.Policies {
+		for _, np := range c.Installed().Policies {
 			if _, err := api.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, np.DeepCopy(), dryCreate); err != nil {
 				refused("NetworkPolicy", np.Namespace, np.Name, err)
 			}

@@ -10,6 +10,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kubenet-dev/kubenet/agent/policy"
 )
 
 // Topology is the physical lab a case is generated for: the node's sandboxes (their pod names
@@ -42,6 +44,17 @@ type Topology struct {
 type Case struct {
 	Seed  uint64
 	World World
+	// Staged are policies annotated as audit ones (agent/policy.AuditAnnotation), installed
+	// with the World's but not part of it: the model judges without them, since staged policies
+	// never change a verdict. Odd seeds have one to three, even seeds none.
+	Staged []*networkingv1.NetworkPolicy
+}
+
+// Installed is the world the node gets: the World's policies and the staged ones.
+func (c *Case) Installed() World {
+	w := c.World
+	w.Policies = slices.Concat(c.World.Policies, c.Staged)
+	return w
 }
 
 // Generate builds the case of seed on topo. Everything it makes is valid for the API server
@@ -100,6 +113,15 @@ func Generate(seed uint64, topo *Topology) *Case {
 	}
 	for i := range g.r.IntN(7) {
 		c.World.Policies = append(c.World.Policies, g.policy(fmt.Sprintf("np%d", i), g.pick(namespaces), namespaces))
+	}
+	if seed%2 == 1 {
+		// From a stream of their own, so that the enforced case of a seed stays what it was.
+		s := &generator{r: rand.New(rand.NewPCG(seed, 0x7374616765)), topo: topo}
+		for i := range s.r.IntN(3) + 1 {
+			np := s.policy(fmt.Sprintf("staged%d", i), s.pick(namespaces), namespaces)
+			np.Annotations = map[string]string{policy.AuditAnnotation: policy.AuditMode}
+			c.Staged = append(c.Staged, np)
+		}
 	}
 	return c
 }

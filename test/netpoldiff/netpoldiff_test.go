@@ -139,7 +139,7 @@ func TestNetpolDifferential(t *testing.T) {
 			c := Generate(seed, lab.Topo)
 			m := NewModel(c.World)
 			probes := Sample(rand.New(rand.NewPCG(seed, 2)), m, cands, cfg.probes, cfg.classes)
-			if err := lab.Install(c.World); err != nil {
+			if err := lab.Install(c.Installed()); err != nil {
 				t.Fatalf("seed %d: install: %v\n%s", seed, err, Describe(c))
 			}
 			outs := lab.Run(append(probes, Controls(lab.Topo, m)...), func(p *Probe, to Endpoint) bool { return m.Judge(p.Flow(to)).Allowed })

@@ -93,7 +93,7 @@ func Describe(c *Case) string {
 		p.Kind, p.APIVersion = "Pod", "v1"
 		objs = append(objs, p)
 	}
-	for _, np := range c.World.Policies {
+	for _, np := range c.Installed().Policies {
 		np.Kind, np.APIVersion = "NetworkPolicy", "networking.k8s.io/v1"
 		objs = append(objs, np)
 	}
