@@ -17,6 +17,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	vnl "github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/conntrack"
 	"github.com/kubenet-dev/kubenet/internal/nft"
@@ -1029,6 +1030,19 @@ func Forget(network string, ports []int) error {
 	if len(ports) == 0 {
 		return nil
 	}
+	// The agent's pass may remove some of the same elements between the read and the delete,
+	// and the kernel refuses the whole transaction for one missing element (ENOENT): read again
+	// and delete what is still there. DEL must always be able to finish.
+	var err error
+	for range 4 {
+		if err = forgetOnce(network, ports); !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+	}
+	return err
+}
+
+func forgetOnce(network string, ports []int) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("policy rules: netlink: %w", err)
