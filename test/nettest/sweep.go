@@ -64,6 +64,11 @@ func newMarkedNS() (ns.NetNS, error) {
 	return newNamedNS(nsPrefix + tag + "-" + hex.EncodeToString(random))
 }
 
+// namedByThisRun holds the paths of the namespaces this process made by name (the e2e
+// clusters' "kubenet-k8s-<pid>-…"): the marked ones are found by their name, these are not, and
+// an interrupted run must remove them too (sweepOwn). Process-wide like the signal it serves.
+var namedByThisRun sync.Map
+
 // newNamedNS creates the persistent network namespace /var/run/netns/<name>.
 func newNamedNS(name string) (ns.NetNS, error) {
 	if err := sharedRunDir(); err != nil {
@@ -95,6 +100,9 @@ func newNamedNS(name string) (ns.NetNS, error) {
 	if err != nil {
 		_ = os.Remove(path)
 		return nil, fmt.Errorf("create netns: %w", err)
+	}
+	if !strings.HasPrefix(name, nsPrefix) {
+		namedByThisRun.Store(name, true)
 	}
 	return ns.GetNS(path)
 }
@@ -156,7 +164,10 @@ func sweepOwn(log io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return sweep(log, func(name string) bool { return strings.HasPrefix(name, nsPrefix+tag+"-") }, "this run was interrupted")
+	return sweep(log, func(name string) bool {
+		_, named := namedByThisRun.Load(name)
+		return named || strings.HasPrefix(name, nsPrefix+tag+"-")
+	}, "this run was interrupted")
 }
 
 func sweep(log io.Writer, doomed func(name string) bool, reason string) error {

@@ -125,14 +125,17 @@ func TestSweepOnSignal(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	lines := bufio.NewScanner(out)
-	var path string
+	var path, named string
 	for lines.Scan() {
+		if p, ok := strings.CutPrefix(lines.Text(), "named "); ok {
+			named = p
+		}
 		if p, ok := strings.CutPrefix(lines.Text(), "netns "); ok {
 			path = p
 			break
 		}
 	}
-	if path == "" {
+	if path == "" || named == "" {
 		t.Fatalf("the helper made no namespace: %s", stderr.String())
 	}
 	if _, err := os.Stat(path); err != nil {
@@ -147,9 +150,11 @@ func TestSweepOnSignal(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 130 {
 		t.Errorf("helper ended with %v, want exit 130", err)
 	}
-	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		_ = RemoveNS(path)
-		t.Errorf("the interrupted run left %s (stat: %v); stderr: %s", path, err, stderr.String())
+	for _, p := range []string{path, named} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			_ = RemoveNS(p)
+			t.Errorf("the interrupted run left %s (stat: %v); stderr: %s", p, err, stderr.String())
+		}
 	}
 }
 
@@ -165,6 +170,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// A namespace made by name, as the e2e clusters make theirs.
+	named, err := newNamedNS(fmt.Sprintf("kubenet-k8s-sweeptest-%d-node1", os.Getpid()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("named " + named.Path())
 	fmt.Println("netns " + n.Path())
 	time.Sleep(time.Minute)
 	os.Exit(1)
