@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -41,6 +42,7 @@ var buildVersion = "dev"
 type options struct {
 	kubeconfig  string
 	metricsAddr string
+	profiling   bool
 	logLevel    string
 	version     bool
 	clusterCIDR string
@@ -90,6 +92,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.cfg.StaleInterval, "stale-gc-interval", agent.DefaultStaleInterval, "how often the runtime is asked for its sandboxes")
 	fs.DurationVar(&o.cfg.HealPeriod, "heal-period", agent.DefaultHealPeriod, "re-assert the network's node-wide rules, sysctls and hostPort map elements at least this often (also on every nftables change); 0: never")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:9309", "address of /healthz, /readyz and /metrics; empty: no HTTP server")
+	fs.BoolVar(&o.profiling, "profiling", false, "also serve Go's runtime profiles (CPU, heap) under /debug/pprof/ on --metrics-bind-address; they show the agent's internals, so keep the address local")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -224,7 +227,7 @@ func run(o *options) error {
 		if err != nil {
 			return fmt.Errorf("--metrics-bind-address: %w", err)
 		}
-		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: withProfiles(a.Handler(), o.profiling), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server", "err", err)
@@ -294,4 +297,19 @@ func linkName(name string) error {
 		return fmt.Errorf("a link name has no '/', ':' or white space")
 	}
 	return nil
+}
+
+// withProfiles adds Go's runtime profiles under /debug/pprof/ to h when on.
+func withProfiles(h http.Handler, on bool) http.Handler {
+	if !on {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }

@@ -60,6 +60,26 @@ func podCIDRs(k int) []netip.Prefix {
 	}
 }
 
+// saveCPUProfile writes the agent's CPU profile over the next d (the agent runs with
+// --profiling) to file.
+func (n *simNode) saveCPUProfile(file string, d time.Duration) error {
+	c := &http.Client{Timeout: d + 30*time.Second, Transport: &http.Transport{DialContext: nettest.DialIn(n.ns)}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metricsAddr, int(d.Seconds())))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/debug/pprof/profile: HTTP %d", resp.StatusCode)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, body, 0o644)
+}
+
 // metricsAddr is where every agent serves /metrics inside its own node namespace.
 const metricsAddr = "127.0.0.1:9309"
 

@@ -37,6 +37,7 @@ const (
 var (
 	netpolSize  = flag.String("netpol.size", "small", "BenchmarkNetworkPolicyScale's cluster: small (1000 pods, 200 policies, 10 namespaces, 10 on the node) or large (10000, 2000, 500, 100)")
 	netpolChurn = flag.Duration("netpol.churn", time.Minute, "how long BenchmarkNetworkPolicyScale changes pods at 50 a second to measure the agent's CPU")
+	netpolProf  = flag.String("netpol.cpuprofile", "", "file that receives the agent's CPU profile during BenchmarkNetworkPolicyScale's churn (the agent runs with --profiling)")
 )
 
 // controlPlaneResult is what the control-plane workload measured.
@@ -88,7 +89,7 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	api := cp.Admin
 	n := newSimNode(b, u, cp, "node-1", 1, agentUser)
 	createNode(b, api, nodeObject(n.name, n.addrs, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}))
-	n.startAgent(b, "--log-level=info")
+	n.startAgent(b, "--log-level=info", fmt.Sprint("--profiling=", *netpolProf != ""))
 	ctx := context.Background()
 	must(nettest.WhileRunning(60*time.Second, func() error { _, err := os.Stat(n.confFile()); return err }, n.agent))
 	res.idleRSS = procStatus(b, n.agent.Pid(), "VmRSS")
@@ -226,7 +227,16 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 		return m["kubenet_agent_network_policy_pass_seconds_count"], m["kubenet_agent_network_policy_pass_seconds_sum"]
 	}
 	count0, sum0 := passMetrics()
+	var profiled sync.WaitGroup
+	if *netpolProf != "" {
+		profiled.Go(func() {
+			if err := n.saveCPUProfile(*netpolProf, *netpolChurn); err != nil {
+				b.Errorf("agent CPU profile: %v", err)
+			}
+		})
+	}
 	res.churnCPU = measureCPU(b, n.agent.Pid(), *netpolChurn)
+	profiled.Wait()
 	count1, sum1 := passMetrics()
 	res.churnPasses, res.churnPassTime = count1-count0, time.Duration((sum1-sum0)*float64(time.Second))
 	stopChurn()

@@ -1,0 +1,92 @@
+package bench
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubenet-dev/kubenet/agent/policy"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
+	"github.com/kubenet-dev/kubenet/netpol"
+	"github.com/kubenet-dev/kubenet/test/nettest"
+	"github.com/kubenet-dev/kubenet/test/testkit"
+)
+
+// BenchmarkPolicyPassScale is the agent's policy pass in process, at issue 27's size
+// (testkit.ScaleLarge: 10 000 pods, 2 000 policies, 500 namespaces, 100 of the pods local),
+// without the API server: the incremental compile and netpol.Apply into a network namespace of
+// its own. Each op relabels one remote pod in or out of the ingress peers of a third of the
+// local pods (what BenchmarkNetworkPolicyScale's pod changes do) and runs one pass. It tells the
+// compile's share of a pass from the kernel's, and takes a CPU profile where the end-to-end
+// benchmark cannot:
+//
+//	go test -run '^$' -bench PolicyPassScale -benchtime 20x -cpuprofile /tmp/pass.prof ./bench/
+func BenchmarkPolicyPassScale(b *testing.B) {
+	size := testkit.ScaleLarge
+	n := nettest.NewNS(b)
+	x := policy.NewIncremental("node-1")
+	var local []policy.Local
+	cidrs := []netip.Prefix{netip.MustParsePrefix("10.128.0.0/24")}
+	for k := range size.Namespaces {
+		ns := size.Namespace(k)
+		x.SetNamespace(ns.Name, ns)
+	}
+	for i := range size.Pods {
+		node := "node-2"
+		if i < size.Local {
+			node = "node-1"
+		}
+		p := size.Pod(i, node)
+		if i >= size.Local {
+			ip := size.Addr(i).String()
+			p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+		} else {
+			local = append(local, policy.Local{Port: 100 + i, Namespace: p.Namespace, Name: p.Name,
+				IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 128, 0, byte(2 + i)})}})
+		}
+		x.SetPod(p.Namespace+"/"+p.Name, p)
+	}
+	for j := range size.Policies {
+		np := size.Policy(j, 8000+j)
+		x.SetPolicy(np.Namespace+"/"+np.Name, np)
+	}
+	pass := func() (compile, apply time.Duration, res policyrules.Applied) {
+		t0 := time.Now()
+		rs := x.Compile(local, cidrs).Ruleset
+		rs.PodCIDRs = cidrs
+		t1 := time.Now()
+		nettest.Do(b, n, func() (err error) { res, err = netpol.Apply("scale", rs, netpol.Options{}); return err })
+		return t1.Sub(t0), time.Since(t1), res
+	}
+	compile, apply, res := pass()
+	b.ReportMetric(float64(compile.Microseconds())/1000, "first-compile-ms")
+	b.ReportMetric(float64(apply.Microseconds())/1000, "first-apply-ms")
+	b.Logf("first pass: %d groups, compile %s, apply %s", res.Groups, compile, apply)
+
+	// A remote pod of a team=t0 namespace, app=a5, relabelled app=a1 (the ingress peers of local
+	// pod 0's policy and of every local pod of a t0 namespace) and back.
+	remote := size.Pod(size.Namespaces*5, "node-2")
+	ip := size.Addr(size.Namespaces * 5).String()
+	remote.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+	apps := []string{"a1", remote.Labels["app"]}
+	var compiles, applies time.Duration
+	var rebuilt int
+	flip := 0
+	for b.Loop() {
+		p := remote.DeepCopy()
+		p.Labels = map[string]string{"app": apps[flip%2]}
+		flip++
+		x.SetPod(p.Namespace+"/"+p.Name, p)
+		c, a, r := pass()
+		compiles, applies = compiles+c, applies+a
+		rebuilt += r.NewGroups
+	}
+	b.ReportMetric(float64(compiles.Microseconds())/1000/float64(flip), "compile-ms/op")
+	b.ReportMetric(float64(applies.Microseconds())/1000/float64(flip), "apply-ms/op")
+	b.ReportMetric(float64(rebuilt)/float64(flip), "new-groups/op")
+	if rebuilt == 0 {
+		b.Fatalf("no pass built a group: the relabel of %s changed no local pod's list", remote.Name)
+	}
+}
