@@ -1026,7 +1026,11 @@ func flushConntrack(addrs []netip.Addr) (uint, error) {
 
 // Forget removes the map elements of ports (DEL of a pod whose port index it read before the
 // veth went; the agent's next Apply would too). A missing table or element is fine.
-func Forget(network string, ports []int) error {
+func Forget(network string, ports []int) error { return forget(network, ports, nil) }
+
+// forget is Forget; afterRead, when not nil, runs between the reads and the delete of each
+// attempt (tests: a concurrent pass).
+func forget(network string, ports []int, afterRead func()) error {
 	if len(ports) == 0 {
 		return nil
 	}
@@ -1035,14 +1039,14 @@ func Forget(network string, ports []int) error {
 	// and delete what is still there. DEL must always be able to finish.
 	var err error
 	for range 4 {
-		if err = forgetOnce(network, ports); !errors.Is(err, unix.ENOENT) {
+		if err = forgetOnce(network, ports, afterRead); !errors.Is(err, unix.ENOENT) {
 			return err
 		}
 	}
 	return err
 }
 
-func forgetOnce(network string, ports []int) error {
+func forgetOnce(network string, ports []int, afterRead func()) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("policy rules: netlink: %w", err)
@@ -1097,6 +1101,9 @@ func forgetOnce(network string, ports []int) error {
 	}
 	if n == 0 {
 		return nil
+	}
+	if afterRead != nil {
+		afterRead()
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("forget ports %v in the policies of network %q: %w", ports, network, err)

@@ -742,6 +742,34 @@ func TestKernelRefusedGroup(t *testing.T) {
 	}
 }
 
+// TestForgetWhileAPassRemoves: a DEL's Forget reads a port's elements, and the agent's pass
+// removes them before Forget's delete is sent (the pod is gone from its ruleset). The kernel
+// refuses a transaction that deletes a missing element (ENOENT); Forget must read again and
+// finish, with the elements gone, or the DEL fails.
+func TestForgetWhileAPassRemoves(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b := n.pods["a"], n.pods["b"]
+	n.apply(t, n.open(), Options{})
+	withoutB := n.open()
+	withoutB.Pods = slices.DeleteFunc(withoutB.Pods, func(p policyrules.Pod) bool { return p.Port == b.port })
+	passes := 0
+	nettest.Do(t, n.node, func() error {
+		return forget(n.network, []int{b.port}, func() {
+			if passes++; passes == 1 {
+				if _, err := Apply(n.network, withoutB, Options{}); err != nil {
+					t.Errorf("the concurrent pass: %v", err)
+				}
+			}
+		})
+	})
+	if passes != 1 {
+		t.Errorf("Forget read %d times before its delete, want 1 (the pass removed everything it read)", passes)
+	}
+	if d := groupNames(t, n); d[MapEgress][b.port] != "" || d[MapIngress][b.port] != "" || d[MapIngress][a.port] == "" {
+		t.Errorf("after Forget of b: %v", d)
+	}
+}
+
 // TestForgetAndRemove: Forget drops a port's elements (its pod is held again), Remove and
 // Unguard leave nothing behind.
 func TestForgetAndRemove(t *testing.T) {
