@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/netpol"
@@ -34,17 +32,10 @@ func BenchmarkPolicyPassScale(b *testing.B) {
 		x.SetNamespace(ns.Name, ns)
 	}
 	for i := range size.Pods {
-		node := "node-2"
+		p := size.RunningPod(i, "node-2")
 		if i < size.Local {
-			node = "node-1"
-		}
-		p := size.Pod(i, node)
-		if i >= size.Local {
-			ip := size.Addr(i).String()
-			p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
-		} else {
-			local = append(local, policy.Local{Port: 100 + i, Namespace: p.Namespace, Name: p.Name,
-				IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 128, 0, byte(2 + i)})}})
+			p = size.Pod(i, "node-1")
+			local = append(local, policy.Local{Port: 100 + i, Namespace: p.Namespace, Name: p.Name, IPs: []netip.Addr{size.LocalAddr(i)}})
 		}
 		x.SetPod(p.Namespace+"/"+p.Name, p)
 	}
@@ -67,9 +58,7 @@ func BenchmarkPolicyPassScale(b *testing.B) {
 
 	// A remote pod of a team=t0 namespace, app=a5, relabelled app=a1 (the ingress peers of local
 	// pod 0's policy and of every local pod of a t0 namespace) and back.
-	remote := size.Pod(size.Namespaces*5, "node-2")
-	ip := size.Addr(size.Namespaces * 5).String()
-	remote.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+	remote := size.RunningPod(size.Namespaces*5, "node-2")
 	apps := []string{"a1", remote.Labels["app"]}
 	var compiles, applies time.Duration
 	var rebuilt int

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
 
@@ -19,16 +17,10 @@ func scaleInput(size testkit.ScaleSize) Input {
 		in.Namespaces = append(in.Namespaces, size.Namespace(k))
 	}
 	for i := range size.Pods {
-		node := "node-2"
+		p := size.RunningPod(i, "node-2")
 		if i < size.Local {
-			node = "node-1"
-		}
-		p := size.Pod(i, node)
-		if i >= size.Local {
-			ip := size.Addr(i).String()
-			p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
-		} else {
-			in.Local = append(in.Local, Local{Port: 100 + i, Namespace: p.Namespace, Name: p.Name, IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 128, 0, byte(2 + i)})}})
+			p = size.Pod(i, "node-1")
+			in.Local = append(in.Local, Local{Port: 100 + i, Namespace: p.Namespace, Name: p.Name, IPs: []netip.Addr{size.LocalAddr(i)}})
 		}
 		in.Pods = append(in.Pods, p)
 	}

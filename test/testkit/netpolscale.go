@@ -43,6 +43,17 @@ func (s ScaleSize) Pod(i int, node string) *corev1.Pod {
 		Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "c", Image: "x", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
 }
 
+// RunningPod is pod i on node with the status of a running pod at Addr(i): a pod of another
+// node as the API server shows it.
+func (s ScaleSize) RunningPod(i int, node string) *corev1.Pod {
+	p, ip := s.Pod(i, node), s.Addr(i).String()
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+	return p
+}
+
+// LocalAddr is the address of local pod i (i < Local): 10.128.0.2 onwards.
+func (s ScaleSize) LocalAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 128, 0, byte(2 + i)}) }
+
 // Addr is the address of pod i (not a local one): 10.244.2.2 onwards, 200 a /24.
 func (s ScaleSize) Addr(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 244, byte(2 + i/200), byte(i%200 + 2)})
