@@ -46,24 +46,11 @@ func TestListAndDelete(t *testing.T) {
 	t.Run("delete selected flows only", func(t *testing.T) {
 		n := trackingNS(t)
 		nettest.Do(t, n, func() error {
-			for _, port := range []int{40001, 40002} {
-				c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
-				if err != nil {
-					return err
-				}
-				_, err = c.Write([]byte("x"))
-				c.Close()
-				if err != nil {
-					return err
-				}
+			if err := trackUDP(40001, 40002); err != nil {
+				return err
 			}
 			if empty() {
 				return fmt.Errorf("namespace with two tracked flows counts as empty")
-			}
-			toPort := func(port uint16) Match {
-				return func(f *netlink.ConntrackFlow) bool {
-					return f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstPort == port
-				}
 			}
 			if got := count(toPort(40001)); got != 1 {
 				return fmt.Errorf("%d flows to 40001 before Delete, want 1", got)
@@ -81,6 +68,29 @@ func TestListAndDelete(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// trackUDP sends a datagram from the loopback to each port: one tracked flow each.
+func trackUDP(ports ...int) error {
+	for _, port := range ports {
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+		if err != nil {
+			return err
+		}
+		_, err = c.Write([]byte("x"))
+		c.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// toPort matches the UDP flows to port.
+func toPort(port uint16) Match {
+	return func(f *netlink.ConntrackFlow) bool {
+		return f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstPort == port
+	}
 }
 
 func count(m Match) int {
@@ -103,21 +113,8 @@ func TestSetMark(t *testing.T) {
 	nettest.RequireRoot(t)
 	n := trackingNS(t)
 	nettest.Do(t, n, func() error {
-		for _, port := range []int{40001, 40002} {
-			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
-			if err != nil {
-				return err
-			}
-			_, err = c.Write([]byte("x"))
-			c.Close()
-			if err != nil {
-				return err
-			}
-		}
-		toPort := func(port uint16) Match {
-			return func(f *netlink.ConntrackFlow) bool {
-				return f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstPort == port
-			}
+		if err := trackUDP(40001, 40002); err != nil {
+			return err
 		}
 		all := func(*netlink.ConntrackFlow) bool { return true }
 		marks := func() map[uint16]uint32 {
