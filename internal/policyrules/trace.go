@@ -128,11 +128,8 @@ func (in Installed) judge(p Packet, port int, ingress, routedIn bool) Step {
 // (ports set): each field within the element's range, as the kernel's concatenated interval
 // sets match.
 func (g InstalledGroup) lookup(peer netip.Addr, proto uint8, port uint16) (Entry, bool) {
-	in := func(r Range) bool {
-		return r.First.Is4() == peer.Is4() && r.First.Compare(peer) <= 0 && peer.Compare(r.Last) <= 0
-	}
 	for _, e := range g.Entries {
-		if e.Ports == nil && in(e.Peer) {
+		if e.Ports == nil && e.Peer.Contains(peer) {
 			return e, true
 		}
 	}
@@ -140,7 +137,7 @@ func (g InstalledGroup) lookup(peer netip.Addr, proto uint8, port uint16) (Entry
 		return Entry{}, false
 	}
 	for _, e := range g.Entries {
-		if e.Ports != nil && in(e.Peer) && e.Ports.Protocol == proto && e.Ports.First <= port && port <= e.Ports.Last {
+		if e.Ports != nil && e.Peer.Contains(peer) && e.Ports.Protocol == proto && e.Ports.First <= port && port <= e.Ports.Last {
 			return e, true
 		}
 	}
@@ -149,9 +146,7 @@ func (g InstalledGroup) lookup(peer netip.Addr, proto uint8, port uint16) (Entry
 
 // isLocalPodAddr tells whether a is in the node's pod CIDRs and not the node's own (LocalPods).
 func (in Installed) isLocalPodAddr(a netip.Addr) bool {
-	return slices.ContainsFunc(in.LocalPods, func(r Range) bool {
-		return r.First.Is4() == a.Is4() && r.First.Compare(a) <= 0 && a.Compare(r.Last) <= 0
-	})
+	return slices.ContainsFunc(in.LocalPods, func(r Range) bool { return r.Contains(a) })
 }
 
 // hasPorts tells whether the policies judge the protocol's ports (the only ones a port rule
