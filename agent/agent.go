@@ -40,6 +40,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Defaults of Config.
@@ -92,7 +93,7 @@ type Config struct {
 	// PolicyDropLog turns the NetworkPolicy drop log on (Group not 0; agent/policy): what the
 	// policies drop is sent rate-limited to that NFLOG group and written as JSON lines on
 	// stdout. The drop counters (metrics) are there either way.
-	PolicyDropLog core.PolicyDropLog
+	PolicyDropLog policyrules.DropLog
 	// Networking is the networking/v1 client the NetworkPolicy controller watches policies
 	// with; required when NetworkPolicy is on.
 	Networking typednetworkingv1.NetworkingV1Interface

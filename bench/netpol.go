@@ -96,11 +96,11 @@ func applyKubenet(t testing.TB, node ns.NetNS, dataDir string, w npWorkload) cor
 
 // applyPolicies is applyKubenet's pass, in the node's netns already.
 func applyPolicies(dataDir string, w npWorkload) (core.PolicyPass, error) {
-	return applyPoliciesLogging(dataDir, w, core.PolicyDropLog{})
+	return applyPoliciesLogging(dataDir, w, policyrules.DropLog{})
 }
 
 // applyPoliciesLogging is applyPolicies with the drop log's setting.
-func applyPoliciesLogging(dataDir string, w npWorkload, log core.PolicyDropLog) (core.PolicyPass, error) {
+func applyPoliciesLogging(dataDir string, w npWorkload, log policyrules.DropLog) (core.PolicyPass, error) {
 	in := policy.Input{Namespaces: w.namespaces, Pods: w.pods, Policies: w.policies}
 	return core.ApplyPolicies(core.PolicyNetwork{DataDir: dataDir, Network: "kubenet", Bridge: core.DefaultBridge, Log: log}, func(locals []core.PolicyLocal) policyrules.Ruleset {
 		in.Local = policy.LocalsOf(locals)

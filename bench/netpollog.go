@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -31,11 +32,11 @@ const (
 type logCounter struct {
 	received, lost, overruns atomic.Int64
 	done                     chan struct{}
-	r                        *core.PolicyDropLogReader
+	r                        *core.PolicyDropReader
 }
 
 func startLogCounter(b *testing.B, node ns.NetNS) *logCounter {
-	r, err := core.OpenPolicyDropLog(npLogGroup, int(node.Fd()))
+	r, err := core.OpenPolicyDropLog("kubenet", npLogGroup, int(node.Fd()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func startLogCounter(b *testing.B, node ns.NetNS) *logCounter {
 			ds, lost, err := r.Read()
 			lc.received.Add(int64(len(ds)))
 			lc.lost.Add(int64(lost))
-			if errors.Is(err, core.ErrPolicyLogOverrun) {
+			if errors.Is(err, policyrules.ErrOverrun) {
 				lc.overruns.Add(1)
 				continue
 			}
@@ -128,8 +129,8 @@ func npDropLog(b *testing.B, nPolicies, rounds int) logResult {
 	fp.Status.PodIP, fp.Status.PodIPs = flood.IPs()[0].String(), []corev1.PodIP{{IP: flood.IPs()[0].String()}}
 	w.pods = append(w.pods, fp)
 	lc := startLogCounter(b, nn.node.NS)
-	logOn := core.PolicyDropLog{Group: npLogGroup, Rate: npLogRate, Burst: npLogRate}
-	set := func(log core.PolicyDropLog) {
+	logOn := policyrules.DropLog{Group: npLogGroup, Rate: npLogRate, Burst: npLogRate}
+	set := func(log policyrules.DropLog) {
 		nettest.Do(b, nn.node.NS, func() error { _, err := applyPoliciesLogging(nn.node.DataDir(), w, log); return err })
 	}
 	set(logOn)
@@ -163,7 +164,7 @@ func npDropLog(b *testing.B, nPolicies, rounds int) logResult {
 		}
 		var cr []connResult
 		for _, on := range order {
-			set(map[bool]core.PolicyDropLog{false: {}, true: logOn}[on])
+			set(map[bool]policyrules.DropLog{false: {}, true: logOn}[on])
 			c := connRate(nn.client.NS, nn.conns, 4, time.Second, cpuMeter{})
 			cr = append(cr, c)
 			if on {

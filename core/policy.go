@@ -32,7 +32,7 @@ type PolicyNetwork struct {
 	// failed one).
 	CutEstablished, CutAgain bool
 	// Log is whether and how the drop chains log (off: no log action in the rules).
-	Log PolicyDropLog
+	Log policyrules.DropLog
 }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
@@ -137,45 +137,52 @@ func cutDenied(rs policyrules.Ruleset, applied policyrules.Applied) (uint, error
 	return n, nil
 }
 
-// InstalledPolicies is what the kernel holds of a network's policy tables, decoded
-// (netpol.Installed): operators' tools explain and trace from it.
-type InstalledPolicies = netpol.Installed
-
-// InstalledPort and InstalledGroup are parts of InstalledPolicies.
-type (
-	InstalledPort  = netpol.InstalledPort
-	InstalledGroup = netpol.InstalledGroup
-)
-
-// PolicyPacket is a connection's first packet as InstalledPolicies.Trace judges it.
-type PolicyPacket = netpol.Packet
-
-// The chains the map element of a direction a pod is not isolated in names.
-const (
-	PolicyAllowIngress = netpol.ChainAllowIngress
-	PolicyAllowEgress  = netpol.ChainAllowEgress
-)
-
-// InspectPolicies reads the network's policy tables back from the kernel of the current network
-// namespace (netpol.Inspect). It only reads.
-func InspectPolicies(network string) (InstalledPolicies, error) { return netpol.Inspect(network) }
-
-// PolicyGroupFor is the group the policy tables make of an allow list in a direction: its name
-// (the chain a port's map element goes to) and entries; false when it is over a limit.
-func PolicyGroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
-	return netpol.GroupFor(ingress, allow)
+// PolicyDispatch is the chain ApplyPolicies sends a pod's direction d to, with the entries it
+// allows: the direction's allow chain when d is not isolated, else the group of d's allow list
+// (netpol names groups by their content). ok is false when the list is over a limit: a pass
+// refuses it, and the pod keeps what it had. Pure.
+func PolicyDispatch(ingress bool, d policyrules.Direction) (chain string, entries []policyrules.Entry, ok bool) {
+	switch {
+	case d.Isolated:
+		return netpol.GroupFor(ingress, d.Allow)
+	case ingress:
+		return policyrules.AllowIngress, nil, true
+	}
+	return policyrules.AllowEgress, nil, true
 }
 
-// ReadPolicyLocals reads the network's attachment records with each one's bridge port, as a
-// policy pass pairs them (operators' tools: which port is a pod's). It only reads.
-func ReadPolicyLocals(dataDir, network, bridgeName string) ([]PolicyLocal, error) {
+// PolicyInspection is what operators' tools read of a network's policies on the node, with the
+// agent up or down.
+type PolicyInspection struct {
+	// Locals are the network's attachment records, each with its bridge port as a policy pass
+	// pairs them.
+	Locals []PolicyLocal
+	// NodeAddrs are the addresses of every link of the network namespace: the node's own, whose
+	// packets reach every pod that is not held.
+	NodeAddrs []netip.Addr
+	// Installed is the network's policy tables, read back from the kernel.
+	Installed policyrules.Installed
+}
+
+// InspectPolicies reads the network's attachment records and its policy state from the data
+// dir and the kernel of the current network namespace. It only reads.
+func InspectPolicies(dataDir, network, bridgeName string) (PolicyInspection, error) {
+	var in PolicyInspection
 	dir, err := openDir(dataDir, network)
 	if err != nil {
-		return nil, fmt.Errorf("address store: %w", err)
+		return in, fmt.Errorf("address store: %w", err)
 	}
 	defer dir.Close()
-	_, locals, err := readLocals(network, bridgeName, dir.records, nil)
-	return locals, err
+	if _, in.Locals, err = readLocals(network, bridgeName, dir.records, nil); err != nil {
+		return in, err
+	}
+	if in.NodeAddrs, err = linkAddrs(nil); err != nil {
+		return in, err
+	}
+	if in.Installed, err = netpol.Inspect(network); err != nil {
+		return in, fmt.Errorf("network policy: read back the tables of network %s: %w", network, err)
+	}
+	return in, nil
 }
 
 // readLocals finds the bridge and its ports, then reads the attachment records and pairs each
@@ -204,10 +211,6 @@ func readLocals(network, bridgeName string, records Records, afterLinks func()) 
 	}
 	return br, locals, nil
 }
-
-// NodeAddrs are the addresses of every link of the current network namespace: the node's own,
-// whose packets reach every pod that is not held (operators' tools tell them from a peer's).
-func NodeAddrs() ([]netip.Addr, error) { return linkAddrs(nil) }
 
 // linkAddrs are the addresses of a link (nil: of every link), both families.
 func linkAddrs(l netlink.Link) ([]netip.Addr, error) {

@@ -47,7 +47,7 @@ type Options struct {
 	Verify bool
 	// Log is whether and how the drop chains log what they drop (off: no log action in the
 	// rules). Rules follow it at every Apply.
-	Log DropLog
+	Log policyrules.DropLog
 	// transactionElements, when set, caps the set elements of one transaction instead of
 	// maxElementsPerTransaction (tests).
 	transactionElements int
@@ -319,7 +319,7 @@ type writer struct {
 	c                 *nftables.Conn
 	res               *policyrules.Applied
 	network           string
-	log               DropLog
+	log               policyrules.DropLog
 	maxPerTransaction int
 	perTransaction    int // set elements the next transaction may carry
 	queued            int // set elements queued since the last flush

@@ -16,23 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
-
-// PortDrops is what the policies dropped on one pod's port in one direction, as the kernel
-// counted it (SetDropsEgress, SetDropsIngress).
-type PortDrops struct {
-	Ingress bool
-	Port    int
-	Pod     string // the pod's name as Apply wrote it (at most 128 bytes of it)
-	// Audit: the pod's direction is an audit one, and the count is what its staged policies
-	// would have dropped (nothing was).
-	Audit          bool
-	Packets, Bytes uint64
-}
 
 // DropCounts reads the drop counters of the network's pods and the drops that were not logged
 // because the log's rate was over (CounterLogRateLimited). A missing table reads as none.
-func DropCounts(network string) ([]PortDrops, uint64, error) {
+func DropCounts(network string) ([]policyrules.PortDrops, uint64, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, 0, fmt.Errorf("policy rules: netlink: %w", err)
@@ -41,7 +30,7 @@ func DropCounts(network string) ([]PortDrops, uint64, error) {
 	if ok, err := nft.TableExistsWith(c, bt); err != nil || !ok {
 		return nil, 0, err
 	}
-	var out []PortDrops
+	var out []policyrules.PortDrops
 	for _, dir := range []string{egressDir, ingressDir} {
 		els, err := c.GetSetElements(dropsSet(bt, dir))
 		if nft.IsNotExist(err) {
@@ -54,7 +43,7 @@ func DropCounts(network string) ([]PortDrops, uint64, error) {
 			if len(e.Key) != 4 {
 				continue
 			}
-			d := PortDrops{Ingress: dir == ingressDir, Port: int(binary.NativeEndian.Uint32(e.Key)), Pod: e.Comment}
+			d := policyrules.PortDrops{Ingress: dir == ingressDir, Port: int(binary.NativeEndian.Uint32(e.Key)), Pod: e.Comment}
 			d.Pod, d.Audit = strings.CutPrefix(d.Pod, auditComment)
 			if e.Counter != nil {
 				d.Packets, d.Bytes = e.Counter.Packets, e.Counter.Bytes
@@ -75,23 +64,6 @@ func DropCounts(network string) ([]PortDrops, uint64, error) {
 		}
 	}
 	return out, limited, nil
-}
-
-// Drop is one packet a policy dropped, as the drop log (NFLOG) hands it over.
-type Drop struct {
-	Time    time.Time
-	Network string // as LogNetwork names it
-	Ingress bool
-	// Audit: not dropped; what the pod's staged policies would drop (an audit group passed it).
-	Audit bool
-	// Port is the pod's bridge port: the input port of an egress drop, the output port of an
-	// ingress one.
-	Port     int
-	Src, Dst netip.Addr
-	Proto    uint8  // IP protocol (IPv6: after the extension headers the log's snapshot holds)
-	SrcPort  uint16 // TCP, UDP, SCTP; 0 otherwise
-	DstPort  uint16
-	ICMPType int // ICMP and ICMPv6: the type; else -1
 }
 
 // nfnetlink_log's message types, attributes and values (linux/netfilter/nfnetlink_log.h; x/sys
@@ -120,8 +92,8 @@ const (
 	nfulnlCfgFlagsSeq = 0x1
 )
 
-// DropLogReader receives the drops that the rules of DropLog.Group send to NFLOG, in the network
-// namespace it was opened in. One reader may bind a group in a namespace.
+// DropLogReader receives the drops that the rules of Options.Log.Group send to NFLOG, in the
+// network namespace it was opened in. One reader may bind a group in a namespace.
 type DropLogReader struct {
 	conn  *netlink.Conn
 	group uint16
@@ -181,18 +153,15 @@ func (r *DropLogReader) config(attrs []netlink.Attribute) error {
 // Close unbinds the group (the kernel drops the instance with the socket) and ends a Read.
 func (r *DropLogReader) Close() error { return r.conn.Close() }
 
-// ErrOverrun says the socket's buffer overflowed: the kernel dropped messages; how many, the
-// next message's sequence number tells (Read counts the gap).
-var ErrOverrun = errors.New("drop log: receive buffer overrun")
-
 // Read waits for the next messages and returns the drops they carry, and how many messages the
-// sequence numbers say were lost before them. An overrun of the socket's buffer returns
-// ErrOverrun (and the drops the messages after it hold come with the next Read); a closed
-// reader returns an error that wraps os.ErrClosed.
-func (r *DropLogReader) Read() ([]Drop, uint64, error) {
+// sequence numbers say were lost before them (each Drop's Network as LogNetwork names it). An
+// overrun of the socket's buffer returns policyrules.ErrOverrun (and the drops the messages
+// after it hold come with the next Read); a closed reader returns an error that wraps
+// os.ErrClosed.
+func (r *DropLogReader) Read() ([]policyrules.Drop, uint64, error) {
 	msgs, err := r.conn.Receive()
 	if errors.Is(err, unix.ENOBUFS) {
-		return nil, 0, ErrOverrun
+		return nil, 0, policyrules.ErrOverrun
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
@@ -200,7 +169,7 @@ func (r *DropLogReader) Read() ([]Drop, uint64, error) {
 		}
 		return nil, 0, fmt.Errorf("drop log: receive: %w", err)
 	}
-	var out []Drop
+	var out []policyrules.Drop
 	var lost uint64
 	for _, m := range msgs {
 		if m.Header.Type != netlink.HeaderType(unix.NFNL_SUBSYS_ULOG<<8|nfulnlMsgPacket) || len(m.Data) < 4 {
@@ -222,7 +191,7 @@ func (r *DropLogReader) Read() ([]Drop, uint64, error) {
 
 // parseDropMessage decodes the attributes of one NFULNL_MSG_PACKET of kubenet's drop rules. ok
 // is false for a message of another prefix or an unreadable packet.
-func parseDropMessage(b []byte) (d Drop, seq uint32, hasSeq, ok bool) {
+func parseDropMessage(b []byte) (d policyrules.Drop, seq uint32, hasSeq, ok bool) {
 	ad, err := netlink.NewAttributeDecoder(b)
 	if err != nil {
 		return d, 0, false, false
@@ -282,7 +251,7 @@ func first(a, b uint32) uint32 {
 
 // parsePacket reads addresses, protocol and ports from a packet that starts at its IP header
 // (what the bridge family's NFLOG payload holds).
-func parsePacket(p []byte, d *Drop) bool {
+func parsePacket(p []byte, d *policyrules.Drop) bool {
 	d.ICMPType = -1
 	if len(p) < 1 {
 		return false

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // ipv4 builds an IPv4 header (no options) with proto, then l4.
@@ -40,28 +42,28 @@ func TestParsePacket(t *testing.T) {
 		name   string
 		p      []byte
 		ok     bool
-		want   Drop
+		want   policyrules.Drop
 		noPort bool
 	}{
-		{"IPv4 TCP", ipv4("10.0.0.1", "10.0.0.2", unix.IPPROTO_TCP, 0, ports...), true, Drop{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Proto: 6, SrcPort: 40000, DstPort: 80, ICMPType: -1}, false},
-		{"IPv4 later fragment", ipv4("10.0.0.1", "10.0.0.2", unix.IPPROTO_UDP, 0x0010, ports...), true, Drop{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Proto: 17, ICMPType: -1}, true},
-		{"IPv4 ICMP echo", ipv4("10.0.0.1", "10.0.0.2", unix.IPPROTO_ICMP, 0, 8, 0), true, Drop{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Proto: 1, ICMPType: 8}, true},
+		{"IPv4 TCP", ipv4("10.0.0.1", "10.0.0.2", unix.IPPROTO_TCP, 0, ports...), true, policyrules.Drop{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Proto: 6, SrcPort: 40000, DstPort: 80, ICMPType: -1}, false},
+		{"IPv4 later fragment", ipv4("10.0.0.1", "10.0.0.2", unix.IPPROTO_UDP, 0x0010, ports...), true, policyrules.Drop{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Proto: 17, ICMPType: -1}, true},
+		{"IPv4 ICMP echo", ipv4("10.0.0.1", "10.0.0.2", unix.IPPROTO_ICMP, 0, 8, 0), true, policyrules.Drop{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Proto: 1, ICMPType: 8}, true},
 		{"IPv6 UDP after a hop-by-hop header", ipv6("fd00::1", "fd00::2", unix.IPPROTO_HOPOPTS, append([]byte{unix.IPPROTO_UDP, 0, 0, 0, 0, 0, 0, 0}, ports...)...), true,
-			Drop{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: 17, SrcPort: 40000, DstPort: 80, ICMPType: -1}, false},
+			policyrules.Drop{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: 17, SrcPort: 40000, DstPort: 80, ICMPType: -1}, false},
 		{"IPv6 first fragment", ipv6("fd00::1", "fd00::2", unix.IPPROTO_FRAGMENT, append([]byte{unix.IPPROTO_TCP, 0, 0, 1, 0, 0, 0, 1}, ports...)...), true,
-			Drop{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: 6, SrcPort: 40000, DstPort: 80, ICMPType: -1}, false},
+			policyrules.Drop{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: 6, SrcPort: 40000, DstPort: 80, ICMPType: -1}, false},
 		{"IPv6 later fragment", ipv6("fd00::1", "fd00::2", unix.IPPROTO_FRAGMENT, append([]byte{unix.IPPROTO_TCP, 0, 0, 0x10, 0, 0, 0, 1}, ports...)...), true,
-			Drop{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: 6, ICMPType: -1}, true},
-		{"IPv6 ICMPv6", ipv6("fe80::1", "ff02::2", unix.IPPROTO_ICMPV6, 133, 0), true, Drop{Src: netip.MustParseAddr("fe80::1"), Dst: netip.MustParseAddr("ff02::2"), Proto: 58, ICMPType: 133}, true},
-		{"empty", nil, false, Drop{}, true},
-		{"IPv4 cut in its header", ipv4("10.0.0.1", "10.0.0.2", 6, 0)[:19], false, Drop{}, true},
-		{"IPv4 with a header length below 20", append([]byte{0x41}, make([]byte, 30)...), false, Drop{}, true},
-		{"IPv6 cut in its header", ipv6("fd00::1", "fd00::2", 17)[:39], false, Drop{}, true},
-		{"neither", []byte{0x00, 1, 2, 3}, false, Drop{}, true},
+			policyrules.Drop{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: 6, ICMPType: -1}, true},
+		{"IPv6 ICMPv6", ipv6("fe80::1", "ff02::2", unix.IPPROTO_ICMPV6, 133, 0), true, policyrules.Drop{Src: netip.MustParseAddr("fe80::1"), Dst: netip.MustParseAddr("ff02::2"), Proto: 58, ICMPType: 133}, true},
+		{"empty", nil, false, policyrules.Drop{}, true},
+		{"IPv4 cut in its header", ipv4("10.0.0.1", "10.0.0.2", 6, 0)[:19], false, policyrules.Drop{}, true},
+		{"IPv4 with a header length below 20", append([]byte{0x41}, make([]byte, 30)...), false, policyrules.Drop{}, true},
+		{"IPv6 cut in its header", ipv6("fd00::1", "fd00::2", 17)[:39], false, policyrules.Drop{}, true},
+		{"neither", []byte{0x00, 1, 2, 3}, false, policyrules.Drop{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var d Drop
+			var d policyrules.Drop
 			ok := parsePacket(tt.p, &d)
 			if ok != tt.ok {
 				t.Fatalf("ok %v, want %v", ok, tt.ok)
@@ -72,7 +74,7 @@ func TestParsePacket(t *testing.T) {
 			// Every shorter snapshot of the packet is read without a panic, and never with
 			// ports it does not hold.
 			for n := range len(tt.p) {
-				var short Drop
+				var short policyrules.Drop
 				if parsePacket(tt.p[:n], &short) && short.DstPort != 0 && short.DstPort != tt.want.DstPort {
 					t.Errorf("cut at %d: port %d", n, short.DstPort)
 				}

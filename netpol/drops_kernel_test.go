@@ -24,9 +24,9 @@ type dropKey struct {
 }
 
 // dropCounts reads the node's drop counters, by port and direction, and the rate-limited count.
-func (n *bridgedNode) dropCounts(t *testing.T) (map[dropKey]PortDrops, uint64) {
+func (n *bridgedNode) dropCounts(t *testing.T) (map[dropKey]policyrules.PortDrops, uint64) {
 	t.Helper()
-	out := map[dropKey]PortDrops{}
+	out := map[dropKey]policyrules.PortDrops{}
 	var limited uint64
 	nettest.Do(t, n.node, func() error {
 		ds, l, err := DropCounts(n.network)
@@ -168,7 +168,7 @@ func TestDropCountersFollowPorts(t *testing.T) {
 // logCollector reads the drop log in the node's namespace into a list.
 type logCollector struct {
 	mu    sync.Mutex
-	drops []Drop
+	drops []policyrules.Drop
 	lost  uint64
 	errs  []error
 }
@@ -187,7 +187,7 @@ func (n *bridgedNode) readDropLog(t *testing.T, group uint16) *logCollector {
 			ds, lost, err := r.Read()
 			lc.mu.Lock()
 			lc.drops, lc.lost = append(lc.drops, ds...), lc.lost+lost
-			if err != nil && !errors.Is(err, ErrOverrun) {
+			if err != nil && !errors.Is(err, policyrules.ErrOverrun) {
 				lc.mu.Unlock()
 				return
 			}
@@ -201,10 +201,10 @@ func (n *bridgedNode) readDropLog(t *testing.T, group uint16) *logCollector {
 	return lc
 }
 
-func (lc *logCollector) find(match func(Drop) bool) (Drop, int) {
+func (lc *logCollector) find(match func(policyrules.Drop) bool) (policyrules.Drop, int) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	var found Drop
+	var found policyrules.Drop
 	n := 0
 	for _, d := range lc.drops {
 		if match(d) {
@@ -221,7 +221,7 @@ func (lc *logCollector) find(match func(Drop) bool) (Drop, int) {
 func TestDropLog(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-	logOn := Options{Log: DropLog{Group: 27, Rate: 20, Burst: 20}}
+	logOn := Options{Log: policyrules.DropLog{Group: 27, Rate: 20, Burst: 20}}
 	n.apply(t, n.dropsRuleset(), logOn)
 	lc := n.readDropLog(t, 27)
 
@@ -231,18 +231,20 @@ func TestDropLog(t *testing.T) {
 		src      ns.NetNS
 		dst      netip.Addr
 		port     int
-		want     Drop
+		want     policyrules.Drop
 		wantFrom netip.Addr
 	}{
-		{"b → a on another port (ingress)", b.ns, a.v4, 5354, Drop{Ingress: true, Port: a.port, Src: b.v4, Dst: a.v4, Proto: unix.IPPROTO_UDP, DstPort: 5354}, b.v4},
-		{"b → a over IPv6 on another port", b.ns, a.v6, 5355, Drop{Ingress: true, Port: a.port, Src: b.v6, Dst: a.v6, Proto: unix.IPPROTO_UDP, DstPort: 5355}, b.v6},
-		{"c → b (egress)", c.ns, b.v4, 5353, Drop{Ingress: false, Port: c.port, Src: c.v4, Dst: b.v4, Proto: unix.IPPROTO_UDP, DstPort: 5353}, c.v4},
-		{"x → a, routed in (ingress)", n.x, a.v4, 5356, Drop{Ingress: true, Port: a.port, Src: x4, Dst: a.v4, Proto: unix.IPPROTO_UDP, DstPort: 5356}, x4},
+		{"b → a on another port (ingress)", b.ns, a.v4, 5354, policyrules.Drop{Ingress: true, Port: a.port, Src: b.v4, Dst: a.v4, Proto: unix.IPPROTO_UDP, DstPort: 5354}, b.v4},
+		{"b → a over IPv6 on another port", b.ns, a.v6, 5355, policyrules.Drop{Ingress: true, Port: a.port, Src: b.v6, Dst: a.v6, Proto: unix.IPPROTO_UDP, DstPort: 5355}, b.v6},
+		{"c → b (egress)", c.ns, b.v4, 5353, policyrules.Drop{Ingress: false, Port: c.port, Src: c.v4, Dst: b.v4, Proto: unix.IPPROTO_UDP, DstPort: 5353}, c.v4},
+		{"x → a, routed in (ingress)", n.x, a.v4, 5356, policyrules.Drop{Ingress: true, Port: a.port, Src: x4, Dst: a.v4, Proto: unix.IPPROTO_UDP, DstPort: 5356}, x4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sendUDP(t, tt.src, tt.dst, tt.port, tt.name)
-			match := func(d Drop) bool { return d.Src == tt.want.Src && d.Dst == tt.want.Dst && d.DstPort == tt.want.DstPort }
+			match := func(d policyrules.Drop) bool {
+				return d.Src == tt.want.Src && d.Dst == tt.want.Dst && d.DstPort == tt.want.DstPort
+			}
 			if err := nettest.Eventually(time.Second, func() error {
 				if _, k := lc.find(match); k == 0 {
 					return errors.New("not in the drop log within 1 s")
@@ -257,14 +259,14 @@ func TestDropLog(t *testing.T) {
 			}
 		})
 	}
-	if _, k := lc.find(func(d Drop) bool { return d.DstPort == 5353 && d.Dst == a.v4 && d.Src == b.v4 }); k != 0 {
+	if _, k := lc.find(func(d policyrules.Drop) bool { return d.DstPort == 5353 && d.Dst == a.v4 && d.Src == b.v4 }); k != 0 {
 		t.Errorf("an allowed datagram was logged")
 	}
 
 	// A flood: the log stays within the burst and the rate, the rest is counted as rate-limited,
 	// and allowed traffic passes meanwhile.
 	_, limitedBefore := n.dropCounts(t)
-	_, before := lc.find(func(Drop) bool { return true })
+	_, before := lc.find(func(policyrules.Drop) bool { return true })
 	start := time.Now()
 	flood(t, c.ns, b.v4, 2000)
 	n.expectUDP(t, "b → a allowed during the flood", b.ns, a.v4, a, true)
@@ -279,14 +281,14 @@ func TestDropLog(t *testing.T) {
 	}
 	// The egress limiter spent a token on c → b above; it had refilled at most partly.
 	if err := nettest.Eventually(time.Second, func() error {
-		if _, after := lc.find(func(Drop) bool { return true }); after-before < 10 {
+		if _, after := lc.find(func(policyrules.Drop) bool { return true }); after-before < 10 {
 			return fmt.Errorf("flood of 2000 drops: %d logged, want about the burst (20)", after-before)
 		}
 		return nil
 	}); err != nil {
 		t.Error(err)
 	}
-	_, after := lc.find(func(Drop) bool { return true })
+	_, after := lc.find(func(policyrules.Drop) bool { return true })
 	if max := 20 + int(20*(time.Since(start).Seconds()+1)); after-before > max {
 		t.Errorf("flood of 2000 drops: %d logged in %v, want at most %d (burst 20, 20/s)", after-before, took, max)
 	}
@@ -296,7 +298,7 @@ func TestDropLog(t *testing.T) {
 	if out := nftOut(t, n.node, "list", "chain", "bridge", TableName(n.network), ChainDropEgress); strings.Contains(out, "log prefix") {
 		t.Errorf("logging off, the drop chain still logs:\n%s", out)
 	}
-	_, logged := lc.find(func(Drop) bool { return true })
+	_, logged := lc.find(func(policyrules.Drop) bool { return true })
 	counted, _ := n.dropCounts(t)
 	sendUDP(t, c.ns, b.v4, 5353, "unlogged")
 	n.expectUDP(t, "b → a allowed, logging off", b.ns, a.v4, a, true)
@@ -306,7 +308,7 @@ func TestDropLog(t *testing.T) {
 	// A logged drop is sent as it is dropped (queue threshold 1); half a second later none came.
 	deadline := time.Now().Add(500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		if _, k := lc.find(func(Drop) bool { return true }); k != logged {
+		if _, k := lc.find(func(policyrules.Drop) bool { return true }); k != logged {
 			t.Fatalf("logging off: %d drops logged", k-logged)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -358,11 +360,11 @@ func TestDropLogLongNetworkName(t *testing.T) {
 	n := newBridgedNode(t)
 	n.network = strings.Repeat("n", 128)
 	a, b := n.pods["a"], n.pods["b"]
-	n.apply(t, with(n.open(), a.port, policyrules.Direction{Isolated: true}, policyrules.Direction{}), Options{Log: DropLog{Group: 30, Rate: 100, Burst: 100}})
+	n.apply(t, with(n.open(), a.port, policyrules.Direction{Isolated: true}, policyrules.Direction{}), Options{Log: policyrules.DropLog{Group: 30, Rate: 100, Burst: 100}})
 	lc := n.readDropLog(t, 30)
 	sendUDP(t, b.ns, a.v4, 5353, "long name")
 	if err := nettest.Eventually(time.Second, func() error {
-		if _, k := lc.find(func(d Drop) bool { return d.Src == b.v4 && d.Network == LogNetwork(n.network) && d.Ingress }); k == 0 {
+		if _, k := lc.find(func(d policyrules.Drop) bool { return d.Src == b.v4 && d.Network == LogNetwork(n.network) && d.Ingress }); k == 0 {
 			return errors.New("b → a not in the drop log within 1 s")
 		}
 		return nil

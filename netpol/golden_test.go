@@ -26,9 +26,9 @@ func TestGolden(t *testing.T) {
 	cases := []struct {
 		name string
 		rs   policyrules.Ruleset
-		log  DropLog
+		log  policyrules.DropLog
 	}{
-		{"no-pods-ipv4", policyrules.Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}, DropLog{}},
+		{"no-pods-ipv4", policyrules.Ruleset{PodCIDRs: []netip.Prefix{p("10.244.1.0/24")}, NodeAddrs: []netip.Addr{a("10.244.1.1")}}, policyrules.DropLog{}},
 		{"pods-dual-stack", policyrules.Ruleset{
 			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24"), p("fd00:10:244:1::/64")},
 			NodeAddrs: []netip.Addr{a("10.244.1.1"), a("fd00:10:244:1::1")},
@@ -46,7 +46,7 @@ func TestGolden(t *testing.T) {
 					}}},
 				{Port: 9, Name: "ns/open", IPs: []netip.Addr{a("fd00:10:244:1::9")}},
 			},
-		}, DropLog{}},
+		}, policyrules.DropLog{}},
 		// The same allow list enforced (ns/web) and staged (ns/staged): two groups, the audit
 		// one passing what it does not allow; a staged deny-all egress (ns/staged).
 		{"audit", policyrules.Ruleset{
@@ -61,7 +61,7 @@ func TestGolden(t *testing.T) {
 						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}}}},
 					Egress: policyrules.Direction{Isolated: true, Audit: true}},
 			},
-		}, DropLog{Group: DefaultLogGroup, Rate: DefaultLogRate, Burst: DefaultLogBurst}},
+		}, policyrules.DropLog{Group: policyrules.DefaultLogGroup, Rate: policyrules.DefaultLogRate, Burst: policyrules.DefaultLogBurst}},
 		{"drop-log", policyrules.Ruleset{
 			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24")},
 			NodeAddrs: []netip.Addr{a("10.244.1.1")},
@@ -71,7 +71,7 @@ func TestGolden(t *testing.T) {
 						{Peer: policyrules.PrefixRange(p("10.244.2.0/24")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}},
 					}}},
 			},
-		}, DropLog{Group: DefaultLogGroup, Rate: DefaultLogRate, Burst: DefaultLogBurst}},
+		}, policyrules.DropLog{Group: policyrules.DefaultLogGroup, Rate: policyrules.DefaultLogRate, Burst: policyrules.DefaultLogBurst}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

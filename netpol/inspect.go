@@ -14,68 +14,24 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
-// Installed is what the kernel holds of one network's policy tables, decoded back into the
-// vocabulary of the ruleset: which chain each port's map elements go to, the addresses each port
-// may send from, and each group's allow list as its sets' elements say. It is read from the
-// kernel alone (Inspect), so an operator's tool can explain a pod's policies with the agent down.
-type Installed struct {
-	// Tables says the bridge table exists. Without it every guarded pod is denied everything.
-	Tables bool
-	// Damage lists what of the fixed layout (chains, maps and sets every network has) differs
-	// from what Apply writes; the agent's next pass rewrites it. Empty: as written.
-	Damage []string
-	// Ports are the ports that have a map element or a source address.
-	Ports map[int]InstalledPort
-	// Groups are the group chains and sets there are, by group name.
-	Groups map[string]InstalledGroup
-	// LocalPods are the node's pod CIDRs without the node's own addresses (SetLocalPodsIPv4,
-	// SetLocalPodsIPv6): a packet routed in from one of them without the egress bit is forged.
-	LocalPods []policyrules.Range
-}
-
-// InstalledPort is what the dispatch maps and the sources sets hold for one port.
-type InstalledPort struct {
-	// Egress and Ingress name the chain the port's map element goes to: a group, ChainAllowEgress
-	// or ChainAllowIngress (not isolated), or "" (no element: held, denied everything).
-	Egress, Ingress string
-	// Sources are the addresses the port's pod may send from; a packet from any other gets no
-	// egress.
-	Sources []netip.Addr
-}
-
-// InstalledGroup is one group as the kernel holds it.
-type InstalledGroup struct {
-	Name    string
-	Ingress bool // its direction: the peer is the source (ingress) or the destination (egress)
-	// Audit: only staged policies isolate its pods; what its entries do not allow passes.
-	Audit bool
-	// Entries are its sets' elements (disjoint boxes: overlapping port ranges cut, neighbouring
-	// peers joined), in the canonical order.
-	Entries []policyrules.Entry
-	// Damage lists what is wrong with it: a missing chain, elements that cannot be decoded or
-	// that are not the allow list its name stands for, rules that are not the ones its elements
-	// call for. Empty: as Apply writes it.
-	Damage []string
-}
-
 // Inspect reads the network's policy tables back from the kernel of the current network
-// namespace. Missing tables read as Installed{Tables: false}.
-func Inspect(network string) (Installed, error) {
+// namespace. Missing tables read as policyrules.Installed{Tables: false}.
+func Inspect(network string) (policyrules.Installed, error) {
 	c, err := nftables.New()
 	if err != nil {
-		return Installed{}, fmt.Errorf("policy rules: netlink: %w", err)
+		return policyrules.Installed{}, fmt.Errorf("policy rules: netlink: %w", err)
 	}
 	bt := BridgeTable(network)
 	st, err := readState(c, bt, true)
 	if err != nil {
-		return Installed{}, err
+		return policyrules.Installed{}, err
 	}
 	return installedOf(bt, st), nil
 }
 
 // installedOf decodes what readState read (with verify: every group set's elements). Pure.
-func installedOf(bt *nftables.Table, st state) Installed {
-	in := Installed{Tables: st.bridgeExists, Ports: map[int]InstalledPort{}, Groups: map[string]InstalledGroup{}}
+func installedOf(bt *nftables.Table, st state) policyrules.Installed {
+	in := policyrules.Installed{Tables: st.bridgeExists, Ports: map[int]policyrules.InstalledPort{}, Groups: map[string]policyrules.InstalledGroup{}}
 	if !st.bridgeExists {
 		return in
 	}
@@ -131,7 +87,7 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 	if !st.inetOK {
 		out = append(out, "table inet "+bt.Name+": its chains are missing or differ")
 	}
-	rules := BridgeRules(network, DropLog{})
+	rules := BridgeRules(network, policyrules.DropLog{})
 	for _, ch := range bridgeChains(bt) {
 		have, want := st.bridgeRules[ch.Name], rules[ch.Name]
 		if ch.Name == ChainDropEgress || ch.Name == ChainDropIngress || ch.Name == ChainAuditEgress || ch.Name == ChainAuditIngress {
@@ -156,8 +112,8 @@ func fixedDamage(bt *nftables.Table, st state) []string {
 
 // installedLog is the drop log a drop or audit chain's rules were written with: the group of
 // its log rule, the rate and burst of its rate rule; zero without them. Pure.
-func installedLog(rules []*nftables.Rule) DropLog {
-	var log DropLog
+func installedLog(rules []*nftables.Rule) policyrules.DropLog {
+	var log policyrules.DropLog
 	for _, r := range rules {
 		for _, e := range r.Exprs {
 			switch e := e.(type) {
@@ -202,9 +158,9 @@ func GroupDirection(name string) (ingress, ok bool) {
 }
 
 // decodeGroup decodes the group name's sets and checks its chain.
-func decodeGroup(bt *nftables.Table, name string, st state) InstalledGroup {
+func decodeGroup(bt *nftables.Table, name string, st state) policyrules.InstalledGroup {
 	ingress, _ := GroupDirection(name)
-	g := InstalledGroup{Name: name, Ingress: ingress}
+	g := policyrules.InstalledGroup{Name: name, Ingress: ingress}
 	dir := egressDir
 	if g.Ingress {
 		dir = ingressDir

@@ -15,9 +15,9 @@ import (
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
-func (n *bridgedNode) inspect(t *testing.T) Installed {
+func (n *bridgedNode) inspect(t *testing.T) policyrules.Installed {
 	t.Helper()
-	var in Installed
+	var in policyrules.Installed
 	nettest.Do(t, n.node, func() (err error) { in, err = Inspect(n.network); return err })
 	return in
 }
@@ -210,7 +210,7 @@ func TestTraceMatchesTraffic(t *testing.T) {
 			if c.dst.pod != nil {
 				dstPort = c.dst.pod.port
 			}
-			v, err := in.Trace(Packet{Src: c.src.addr, Dst: c.dst.addr, Protocol: c.proto, Port: c.port, FromNode: c.src.node}, srcPort, dstPort)
+			v, err := in.Trace(policyrules.Packet{Src: c.src.addr, Dst: c.dst.addr, Protocol: c.proto, Port: c.port, FromNode: c.src.node}, srcPort, dstPort)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -244,7 +244,7 @@ func TestTraceMatchesTraffic(t *testing.T) {
 // the change took; Inspect must report it as damage (explain trusts what it calls undamaged),
 // and the agent's next Apply, without Verify, puts the verdict back.
 func TestInspectSeesTamperedVerdicts(t *testing.T) {
-	logOn := Options{Log: DropLog{Group: 29, Rate: 100, Burst: 100}}
+	logOn := Options{Log: policyrules.DropLog{Group: 29, Rate: 100, Burst: 100}}
 	enforced := func(n *bridgedNode) policyrules.Ruleset {
 		return with(n.open(), n.pods["a"].port, policyrules.Direction{Isolated: true}, policyrules.Direction{})
 	}
@@ -253,14 +253,14 @@ func TestInspectSeesTamperedVerdicts(t *testing.T) {
 	}
 	logRule := func(rules []*nftables.Rule) int { return 2 }
 	lastRule := func(rules []*nftables.Rule) int { return len(rules) - 1 }
-	fixedChain := func(name string) func(Installed, *bridgedNode) string {
-		return func(Installed, *bridgedNode) string { return name }
+	fixedChain := func(name string) func(policyrules.Installed, *bridgedNode) string {
+		return func(policyrules.Installed, *bridgedNode) string { return name }
 	}
-	aGroup := func(in Installed, n *bridgedNode) string { return in.Ports[n.pods["a"].port].Ingress }
+	aGroup := func(in policyrules.Installed, n *bridgedNode) string { return in.Ports[n.pods["a"].port].Ingress }
 	tests := []struct {
 		name    string
 		ruleset func(n *bridgedNode) policyrules.Ruleset
-		chain   func(Installed, *bridgedNode) string
+		chain   func(policyrules.Installed, *bridgedNode) string
 		rule    func([]*nftables.Rule) int
 		// what the rule does after the tampering, after its first expression (log) or instead
 		// of all (a group's goto)

@@ -1136,7 +1136,7 @@ func TestAuditGroupsPass(t *testing.T) {
 	staged.Audit = true
 	stagedDeny := policyrules.Direction{Isolated: true, Audit: true}
 	rs := with(n.open(), b.port, staged, stagedDeny)
-	n.apply(t, rs, Options{Log: DropLog{Group: 28, Rate: 100, Burst: 100}})
+	n.apply(t, rs, Options{Log: policyrules.DropLog{Group: 28, Rate: 100, Burst: 100}})
 	lc := n.readDropLog(t, 28)
 	for _, dst := range []netip.Addr{b.v4, b.v6} {
 		n.expectTCP(t, "audit: c → b (allowed by the staged policy)", c.ns, dst, 8080, true)
@@ -1153,7 +1153,7 @@ func TestAuditGroupsPass(t *testing.T) {
 			t.Errorf("b's counter (ingress %v): %+v, want an audit count of what was passed", ingress, d)
 		}
 	}
-	wouldDrop := func(d Drop) bool {
+	wouldDrop := func(d policyrules.Drop) bool {
 		return d.Audit && d.Ingress && d.Port == b.port && d.Src == a.v4 && d.DstPort == 8080
 	}
 	if err := nettest.Eventually(time.Second, func() error {
@@ -1164,7 +1164,7 @@ func TestAuditGroupsPass(t *testing.T) {
 	}); err != nil {
 		t.Error(err)
 	}
-	if _, k := lc.find(func(d Drop) bool { return d.Src == c.v4 || !d.Audit }); k != 0 {
+	if _, k := lc.find(func(d policyrules.Drop) bool { return d.Src == c.v4 || !d.Audit }); k != 0 {
 		t.Errorf("%d log entries of allowed traffic (c → b) or not audit, want none", k)
 	}
 	in := n.inspect(t)
@@ -1173,7 +1173,7 @@ func TestAuditGroupsPass(t *testing.T) {
 			t.Errorf("inspect: b's group %s: audit %v, damage %v; want an undamaged audit group", chain, g.Audit, g.Damage)
 		}
 	}
-	v, err := in.Trace(Packet{Src: a.v4, Dst: b.v4, Protocol: policyrules.TCP, Port: 8080}, a.port, b.port)
+	v, err := in.Trace(policyrules.Packet{Src: a.v4, Dst: b.v4, Protocol: policyrules.TCP, Port: 8080}, a.port, b.port)
 	if err != nil || !v.Allowed || !strings.Contains(v.Steps[len(v.Steps)-1].Reason, "would drop") {
 		t.Errorf("trace a → b: %+v, %v; want allowed, by an audit group that would drop it", v, err)
 	}

@@ -43,10 +43,10 @@ const (
 	ChainEgress       = "egress"  // hook prerouting: every frame a port receives (from a pod)
 	ChainForward      = "forward" // hook forward: frames the bridge passes from port to port
 	ChainOutput       = "output"  // hook output: frames the node sends or routes into the bridge
-	ChainAllowEgress  = "allow-egress"
-	ChainAllowIngress = "allow-ingress"
+	ChainAllowEgress  = policyrules.AllowEgress
+	ChainAllowIngress = policyrules.AllowIngress
 	// Where a group sends what none of its entries allows: count it on the pod's port, log it
-	// (DropLog), drop it. Groups are shared by every pod with the same allow list; these sets,
+	// (Options.Log), drop it. Groups are shared by every pod with the same allow list; these sets,
 	// keyed by port, make the count per pod.
 	ChainDropEgress  = "drop-egress"
 	ChainDropIngress = "drop-ingress"
@@ -60,21 +60,21 @@ const (
 	SetDropsIngress   = "drops-ingress" // the same for ingress
 	// CounterLogRateLimited counts the drops not sent to NFLOG because the log's rate was over.
 	CounterLogRateLimited = "log-rate-limited"
-	MapEgress             = "egress-ports"  // port (ifindex) → the pod's egress group or allow-egress
-	MapIngress            = "ingress-ports" // port (ifindex) → the pod's ingress group or allow-ingress
-	SetOnLink             = "onlink-ipv6"   // source . destination pairs of on-link neighbour discovery
+	MapEgress             = policyrules.MapEgress  // port (ifindex) → the pod's egress group or allow-egress
+	MapIngress            = policyrules.MapIngress // port (ifindex) → the pod's ingress group or allow-ingress
+	SetOnLink             = "onlink-ipv6"          // source . destination pairs of on-link neighbour discovery
 	// Port . address of the port's pod: the addresses a pod's IP packets may come from. The
 	// policies judge a peer by its address, so a packet from another address gets no egress.
-	SetSourcesIPv4 = "egress-sources-ipv4"
-	SetSourcesIPv6 = "egress-sources-ipv6"
+	SetSourcesIPv4 = policyrules.SetSourcesIPv4
+	SetSourcesIPv6 = policyrules.SetSourcesIPv6
 	// The node's pod CIDRs but the node's own addresses in them (the bridge's): addresses only
 	// the node's pods have. A packet routed into the bridge from one of them must have come
 	// through its pod's port (and carry the egress bit); from anywhere else it is forged.
-	SetLocalPodsIPv4 = "local-pods-ipv4"
-	SetLocalPodsIPv6 = "local-pods-ipv6"
+	SetLocalPodsIPv4 = policyrules.SetLocalPodsIPv4
+	SetLocalPodsIPv6 = policyrules.SetLocalPodsIPv6
 	// inet table
-	ChainConntrack = "conntrack" // hook prerouting: marks packets of connections conntrack knows
-	ChainNode      = "node"      // hook output: marks the node's own packets (the node reaches every pod)
+	ChainConntrack = "conntrack"           // hook prerouting: marks packets of connections conntrack knows
+	ChainNode      = policyrules.ChainNode // hook output: marks the node's own packets (the node reaches every pod)
 
 	ingressDir = "in"
 	egressDir  = "out"
@@ -206,25 +206,9 @@ func rateLimitedCounter(t *nftables.Table) *nftables.NamedObj {
 	return &nftables.NamedObj{Table: t, Name: CounterLogRateLimited, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}}
 }
 
-// DropLog says whether and how the drop chains send what they drop to the agent (NFLOG). Off
-// (Group 0) the rules have no log action at all.
-type DropLog struct {
-	// Group is the NFLOG group (netlink multicast group of nfnetlink_log); 0: no logging.
-	Group uint16
-	// Rate and Burst bound the packets logged per second, per direction: the rest is counted
-	// (CounterLogRateLimited) and dropped unlogged.
-	Rate, Burst uint32
-}
-
-// Defaults of DropLog.
-const (
-	DefaultLogGroup = 2700
-	DefaultLogRate  = 100
-	DefaultLogBurst = 100
-	// LogSnaplen is how much of a dropped packet is sent: its IP header (IPv6 with a few
-	// extension headers) and the transport header's ports.
-	LogSnaplen = 128
-)
+// LogSnaplen is how much of a dropped packet is sent: its IP header (IPv6 with a few
+// extension headers) and the transport header's ports.
+const LogSnaplen = 128
 
 // maxLogPrefix is the longest NFLOG prefix the kernel takes (NF_LOG_PREFIXLEN less the NUL;
 // a longer one is refused with ERANGE, and every rule of the transaction with it).
@@ -279,19 +263,19 @@ func ParseLogPrefix(prefix string) (network string, ingress, audit, ok bool) {
 // (SetDropsEgress by the input port, SetDropsIngress by the output port); with logging, send it
 // to NFLOG within the rate, count what is over it as lost; drop. Only packets a policy drops get
 // here: logging costs allowed traffic nothing.
-func dropRules(network, dir string, log DropLog) []nft.Rule {
+func dropRules(network, dir string, log policyrules.DropLog) []nft.Rule {
 	return counted(network, dir, log, false)
 }
 
 // auditRules are the rules of a direction's audit chain: as the drop chain's, but what the
 // staged policies would drop is logged as such and passes (the direction's mark, accepted),
 // over the log's rate too.
-func auditRules(network, dir string, log DropLog) []nft.Rule {
+func auditRules(network, dir string, log policyrules.DropLog) []nft.Rule {
 	return counted(network, dir, log, true)
 }
 
 // counted is the drop chain (audit: the audit chain) of a direction.
-func counted(network, dir string, log DropLog, audit bool) []nft.Rule {
+func counted(network, dir string, log policyrules.DropLog, audit bool) []nft.Rule {
 	key, bit := expr.MetaKeyIIF, MarkEgress
 	if dir == ingressDir {
 		key, bit = expr.MetaKeyOIF, MarkIngress
@@ -620,7 +604,7 @@ func heldFromNode() nft.Rule {
 // BridgeRules returns the rules of the bridge table's fixed chains, in order. Their number is
 // fixed: the per-pod state lives in the maps, the per-policy state in the groups. log says
 // whether the drop chains log (the network names the log's prefix).
-func BridgeRules(network string, log DropLog) map[string][]nft.Rule {
+func BridgeRules(network string, log policyrules.DropLog) map[string][]nft.Rule {
 	return map[string][]nft.Rule{
 		ChainEgress: {
 			arpPasses(),

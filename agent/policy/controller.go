@@ -74,7 +74,7 @@ type Config struct {
 	// DropLog turns the drop log on (Group not 0): the rules send what the policies drop to
 	// that NFLOG group, rate-limited, and Run writes it to DropLogOut as JSON lines. Off, the
 	// rules have no log action. The drop counters are there either way.
-	DropLog core.PolicyDropLog
+	DropLog policyrules.DropLog
 	// DropLogOut receives the drop log's lines (default os.Stdout).
 	DropLogOut io.Writer
 }
@@ -289,7 +289,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 
 	if c.cfg.DropLog.Group != 0 {
-		r, err := core.OpenPolicyDropLog(c.cfg.DropLog.Group, 0)
+		r, err := core.OpenPolicyDropLog(c.cfg.Network, c.cfg.DropLog.Group, 0)
 		if err != nil {
 			// The rules log all the same (to nobody): drops stay counted, enforcement is whole.
 			c.log.Error("network policy: no drop log", "err", err)

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
@@ -63,9 +62,9 @@ func splitPod(name string) (namespace, pod string) {
 	return "", name
 }
 
-// dropReader is the drop log as the kernel hands it over (core.PolicyDropLogReader).
+// dropReader is the network's drop log as the kernel hands it over (core.PolicyDropReader).
 type dropReader interface {
-	Read() ([]core.PolicyDrop, uint64, error)
+	Read() ([]policyrules.Drop, uint64, error)
 	Close() error
 }
 
@@ -101,7 +100,7 @@ type burstKey struct {
 }
 
 type burst struct {
-	first     core.PolicyDrop
+	first     policyrules.Drop
 	firstSeen time.Time
 	last      time.Time
 	count     int
@@ -133,7 +132,7 @@ func (l *dropLog) run(ctx context.Context, r dropReader) {
 		ds, lost, err := r.Read()
 		l.lost.overrun.Add(lost)
 		switch {
-		case errors.Is(err, core.ErrPolicyLogOverrun):
+		case errors.Is(err, policyrules.ErrOverrun):
 			l.lost.overrun.Add(1) // at least one; the next message's sequence number tells the rest
 		case err != nil:
 			if ctx.Err() == nil {
@@ -146,8 +145,8 @@ func (l *dropLog) run(ctx context.Context, r dropReader) {
 }
 
 // add counts drops into their bursts.
-func (l *dropLog) add(ds []core.PolicyDrop) {
-	names, network := l.names(), core.PolicyLogNetwork(l.network)
+func (l *dropLog) add(ds []policyrules.Drop) {
+	names, network := l.names(), l.network
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()

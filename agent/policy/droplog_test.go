@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
@@ -34,17 +33,17 @@ func TestDropLogLines(t *testing.T) {
 		return ""
 	}
 	t0 := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
-	udp := func(ingress bool, port int, src, dst string, dport uint16, at time.Duration) core.PolicyDrop {
-		return core.PolicyDrop{Time: t0.Add(at), Network: "kubenet", Ingress: ingress, Port: port, Src: a(src), Dst: a(dst), Proto: 17, SrcPort: 40000, DstPort: dport, ICMPType: -1}
+	udp := func(ingress bool, port int, src, dst string, dport uint16, at time.Duration) policyrules.Drop {
+		return policyrules.Drop{Time: t0.Add(at), Network: "kubenet", Ingress: ingress, Port: port, Src: a(src), Dst: a(dst), Proto: 17, SrcPort: 40000, DstPort: dport, ICMPType: -1}
 	}
 	tests := []struct {
 		name  string
-		drops []core.PolicyDrop
+		drops []policyrules.Drop
 		want  []dropLine
 	}{
 		{
 			name:  "one ingress drop from another node's pod",
-			drops: []core.PolicyDrop{udp(true, 5, "10.244.2.9", "10.244.1.5", 53, 0)},
+			drops: []policyrules.Drop{udp(true, 5, "10.244.2.9", "10.244.1.5", 53, 0)},
 			want: []dropLine{{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Verdict: "drop", Protocol: "udp", Port: 53,
 				Src:      dropEndpoint{IP: "10.244.2.9", Namespace: "other", Pod: "client"},
 				Dst:      dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
@@ -52,7 +51,7 @@ func TestDropLogLines(t *testing.T) {
 		},
 		{
 			name: "a burst of egress drops to an unknown address, and one to another port",
-			drops: []core.PolicyDrop{udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 0), udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 10*time.Millisecond),
+			drops: []policyrules.Drop{udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 0), udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 10*time.Millisecond),
 				udp(false, 7, "10.244.1.7", "192.0.2.1", 443, 20*time.Millisecond), udp(false, 7, "10.244.1.7", "192.0.2.1", 80, 30*time.Millisecond)},
 			want: []dropLine{
 				{Msg: DropLogMsg, Time: t0, Last: ptr(t0.Add(20 * time.Millisecond)), Count: 3, Node: "n1", Direction: "egress", Verdict: "drop", Protocol: "udp", Port: 443,
@@ -63,7 +62,7 @@ func TestDropLogLines(t *testing.T) {
 		},
 		{
 			name: "between two local pods, ICMP, on a port no pass knows; another network's drop is not this log's",
-			drops: []core.PolicyDrop{{Time: t0, Network: "kubenet", Ingress: true, Port: 5, Src: a("10.244.1.7"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8},
+			drops: []policyrules.Drop{{Time: t0, Network: "kubenet", Ingress: true, Port: 5, Src: a("10.244.1.7"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8},
 				{Time: t0, Network: "kubenet", Ingress: true, Port: 99, Src: a("10.244.1.7"), Dst: a("10.244.1.99"), Proto: 1, ICMPType: 8},
 				{Time: t0, Network: "other", Ingress: true, Port: 5, Src: a("10.244.1.8"), Dst: a("10.244.1.5"), Proto: 1, ICMPType: 8}},
 			want: []dropLine{
@@ -79,11 +78,11 @@ func TestDropLogLines(t *testing.T) {
 	staged.Audit = true
 	tests = append(tests, struct {
 		name  string
-		drops []core.PolicyDrop
+		drops []policyrules.Drop
 		want  []dropLine
 	}{
 		name:  "what a staged policy would drop, next to a real drop of the same flow: two lines",
-		drops: []core.PolicyDrop{staged, udp(true, 5, "10.244.2.9", "10.244.1.5", 53, time.Millisecond)},
+		drops: []policyrules.Drop{staged, udp(true, 5, "10.244.2.9", "10.244.1.5", 53, time.Millisecond)},
 		want: []dropLine{
 			{Msg: DropLogMsg, Time: t0, Count: 1, Node: "n1", Direction: "ingress", Verdict: "would-drop", Protocol: "udp", Port: 53,
 				Src: dropEndpoint{IP: "10.244.2.9", Namespace: "other", Pod: "client"}, Dst: dropEndpoint{IP: "10.244.1.5", Namespace: "shop", Pod: "web"},
@@ -126,7 +125,7 @@ func TestDropLogLines(t *testing.T) {
 		var out bytes.Buffer
 		l := &dropLog{out: &out, network: "kubenet", log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
 			lost: lost, lines: func() {}, now: time.Now, open: map[burstKey]*burst{}}
-		var ds []core.PolicyDrop
+		var ds []policyrules.Drop
 		for i := range maxOpenBursts + 100 {
 			ds = append(ds, udp(true, 5, "10.244.2.9", "10.244.1.5", uint16(i), 0))
 		}
@@ -140,15 +139,16 @@ func TestDropLogLines(t *testing.T) {
 		}
 	})
 
-	// A network name too long for the kernel's log prefix comes back in its cut and hashed
-	// form: the drops are the network's all the same, and those of another network are not.
+	// The reader names a network's drops in full, a long name too (core.PolicyDropReader reads
+	// the kernel's cut and hashed form): those of another network, even one whose name starts
+	// the same, are not the log's.
 	t.Run("long network name", func(t *testing.T) {
 		long := strings.Repeat("n", 128)
 		l := &dropLog{out: io.Discard, network: long, log: slog.New(slog.NewTextHandler(io.Discard, nil)), names: func() *dropNames { return names },
 			lost: &dropLost{}, lines: func() {}, now: time.Now, open: map[burstKey]*burst{}}
 		ours, other := udp(true, 5, "10.244.2.9", "10.244.1.5", 53, 0), udp(true, 5, "10.244.2.9", "10.244.1.5", 54, 0)
-		ours.Network, other.Network = core.PolicyLogNetwork(long), core.PolicyLogNetwork(long[:127]+"m")
-		l.add([]core.PolicyDrop{ours, other})
+		ours.Network, other.Network = long, long[:127]+"m"
+		l.add([]policyrules.Drop{ours, other})
 		if len(l.open) != 1 {
 			t.Errorf("%d bursts open, want 1 (the network's own drop)", len(l.open))
 		}

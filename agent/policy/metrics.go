@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // metrics are the controller's Prometheus series.
@@ -137,7 +138,7 @@ type dropsCollector struct {
 	network    string
 	names      func() *dropNames
 	lost       *dropLost
-	read       func() ([]core.PolicyPortDrops, uint64, error) // the kernel's counters (core.PolicyDropCounts)
+	read       func() ([]policyrules.PortDrops, uint64, error) // the kernel's counters (core.PolicyDropCounts)
 	drops      *prometheus.Desc
 	wouldDrops *prometheus.Desc
 	logLost    *prometheus.Desc
@@ -150,7 +151,7 @@ type dropsCollector struct {
 
 func newDropsCollector(network string, names func() *dropNames, lost *dropLost) *dropsCollector {
 	return &dropsCollector{network: network, names: names, lost: lost,
-		read: func() ([]core.PolicyPortDrops, uint64, error) { return core.PolicyDropCounts(network) },
+		read: func() ([]policyrules.PortDrops, uint64, error) { return core.PolicyDropCounts(network) },
 		drops: prometheus.NewDesc("kubenet_networkpolicy_drops_total",
 			"Packets the NetworkPolicies dropped, by the node's pod (its namespace and name) and direction (ingress: to the pod, egress: from it), as the kernel counts them.",
 			[]string{"namespace", "pod", "direction"}, nil),
@@ -211,7 +212,7 @@ type dropSeries struct {
 // every other metric of the agent with it. A comment is the kernel's bytes, which need not be
 // UTF-8 (a cut in a character, or another tool's), and a label that is not makes the metric's
 // constructor panic. Pure.
-func dropSeriesOf(counts []core.PolicyPortDrops, names *dropNames) []dropSeries {
+func dropSeriesOf(counts []policyrules.PortDrops, names *dropNames) []dropSeries {
 	var out []dropSeries
 	at := map[dropSeries]int{} // by labels (packets 0): the index in out
 	for _, d := range counts {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
@@ -29,17 +28,17 @@ func TestDropsCollectorHostileCounters(t *testing.T) {
 	tests := []struct {
 		name   string
 		names  *dropNames
-		counts []core.PolicyPortDrops
+		counts []policyrules.PortDrops
 		want   []want
 	}{
-		{"names known: the full names", namesOf(rs), []core.PolicyPortDrops{
+		{"names known: the full names", namesOf(rs), []policyrules.PortDrops{
 			{Ingress: true, Port: 3, Pod: cut("shop/" + long + "-1"), Packets: 2},
 			{Ingress: true, Port: 4, Pod: cut("shop/" + long + "-2"), Packets: 5},
 		}, []want{
 			{"kubenet_networkpolicy_drops_total", "shop", long + "-1", "ingress", 2},
 			{"kubenet_networkpolicy_drops_total", "shop", long + "-2", "ingress", 5},
 		}},
-		{"before the first pass: the cut makes two pods one series", namesOf(policyrules.Ruleset{}), []core.PolicyPortDrops{
+		{"before the first pass: the cut makes two pods one series", namesOf(policyrules.Ruleset{}), []policyrules.PortDrops{
 			{Ingress: true, Port: 3, Pod: cut("shop/" + long + "-1"), Packets: 2},
 			{Ingress: true, Port: 4, Pod: cut("shop/" + long + "-2"), Packets: 5},
 			{Ingress: true, Port: 4, Pod: cut("shop/" + long + "-2"), Audit: true, Packets: 1},
@@ -47,7 +46,7 @@ func TestDropsCollectorHostileCounters(t *testing.T) {
 			{"kubenet_networkpolicy_drops_total", "shop", cut("shop/" + long + "-1")[5:], "ingress", 7},
 			{"kubenet_networkpolicy_would_drops_total", "shop", cut("shop/" + long + "-1")[5:], "ingress", 1},
 		}},
-		{"a comment that is not UTF-8", namesOf(policyrules.Ruleset{}), []core.PolicyPortDrops{
+		{"a comment that is not UTF-8", namesOf(policyrules.Ruleset{}), []policyrules.PortDrops{
 			{Port: 9, Pod: "shop/caf\xc3", Packets: 1},
 			{Port: 10, Pod: "\xff\xfe", Packets: 1},
 		}, []want{
@@ -58,7 +57,7 @@ func TestDropsCollectorHostileCounters(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newDropsCollector("kubenet", func() *dropNames { return tt.names }, &dropLost{})
-			c.read = func() ([]core.PolicyPortDrops, uint64, error) { return tt.counts, 0, nil }
+			c.read = func() ([]policyrules.PortDrops, uint64, error) { return tt.counts, 0, nil }
 			reg := prometheus.NewPedanticRegistry()
 			reg.MustRegister(c)
 			defer func() {

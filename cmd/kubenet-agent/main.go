@@ -34,6 +34,7 @@ import (
 	"github.com/kubenet-dev/kubenet/agent/cri"
 	"github.com/kubenet-dev/kubenet/agent/routes"
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // buildVersion is stamped at build time (-ldflags -X main.buildVersion=...).
@@ -76,8 +77,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy on this node (off: the policy table is removed); needs the nftables backend")
 	fs.BoolVar(&o.cfg.PolicyCutEstablished, "policy-cut-established", false, "when a policy change denies a connection that is already established, mark its conntrack entry cut so that its packets are dropped, whichever end sends (off: it flows until it ends, as the API allows)")
 	fs.BoolVar(&o.policyLog, "policy-log", false, "log what NetworkPolicies drop: one JSON line per burst on stdout (pods, addresses, protocol, port, the policies), sent by the kernel rate-limited to an NFLOG group; off: the rules have no log action (the drop counters are there either way)")
-	fs.UintVar(&o.logGroup, "policy-log-group", core.DefaultPolicyLogGroup, "the NFLOG group (1-65535) of --policy-log; no other process on the node may bind it")
-	fs.UintVar(&o.logRate, "policy-log-rate", core.DefaultPolicyLogRate, "drops per second and direction --policy-log sends at most (bursts of as many); the rest is counted in kubenet_networkpolicy_log_lost_total")
+	fs.UintVar(&o.logGroup, "policy-log-group", policyrules.DefaultLogGroup, "the NFLOG group (1-65535) of --policy-log; no other process on the node may bind it")
+	fs.UintVar(&o.logRate, "policy-log-rate", policyrules.DefaultLogRate, "drops per second and direction --policy-log sends at most (bursts of as many); the rest is counted in kubenet_networkpolicy_log_lost_total")
 	fs.StringVar(&o.cfg.ToolRoot, "tool-root", "", "the node's root file system mounted into the agent (deploy/kubenet.yaml: /host/root): with the iptables backend the agent runs the node's own iptables, ip6tables and ebtables from it, chrooted, in the node's legacy or nft mode; empty: the tools on the agent's PATH")
 	fs.StringVar(&o.cfg.Conflist.NetfilterBackend, "netfilter-backend", "", `the conflist's netfilterBackend: "auto" (nftables where the kernel holds kubenet's rules, else iptables), "nftables" or "iptables"; empty leaves the key out (auto)`)
 	fs.BoolVar(&o.cfg.ManageRoutes, "manage-routes", true, "keep routes to other nodes' pod CIDRs (off where a cloud route table does it)")
@@ -117,7 +118,7 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--policy-log needs --network-policy")
 	}
 	if o.policyLog {
-		o.cfg.PolicyDropLog = core.PolicyDropLog{Group: uint16(o.logGroup), Rate: uint32(o.logRate), Burst: uint32(o.logRate)}
+		o.cfg.PolicyDropLog = policyrules.DropLog{Group: uint16(o.logGroup), Rate: uint32(o.logRate), Burst: uint32(o.logRate)}
 	}
 	routing, err := agent.ParseRouting(o.routing)
 	if err != nil {

@@ -26,7 +26,7 @@ import (
 // nodeView is what explain and trace read of the node.
 type nodeView struct {
 	locals    []core.PolicyLocal
-	installed core.InstalledPolicies
+	installed policyrules.Installed
 	nodeAddrs []netip.Addr // the node's own addresses
 	state     *core.PolicyState
 	stateErr  error // the record could not be read: the kernel alone speaks
@@ -37,14 +37,8 @@ type nodeView struct {
 func readNode(o *options) (nodeView, error) {
 	var v nodeView
 	read := func() error {
-		var err error
-		if v.locals, err = core.ReadPolicyLocals(o.dataDir, o.network, o.bridge); err != nil {
-			return err
-		}
-		if v.nodeAddrs, err = core.NodeAddrs(); err != nil {
-			return err
-		}
-		v.installed, err = core.InspectPolicies(o.network)
+		in, err := core.InspectPolicies(o.dataDir, o.network, o.bridge)
+		v.locals, v.nodeAddrs, v.installed = in.Locals, in.NodeAddrs, in.Installed
 		return err
 	}
 	if o.nodeNetns == "" {
@@ -234,8 +228,8 @@ func (v nodeView) explain(l core.PolicyLocal) explanation {
 				chainName(rec.Ingress.Chain), chainName(rec.Egress.Chain), chainName(ip.Ingress), chainName(ip.Egress))
 		}
 	}
-	e.Ingress = v.direction(l.Port, ip.Ingress, core.PolicyAllowIngress, rec.Ingress, e.Agent.Agrees)
-	e.Egress = v.direction(l.Port, ip.Egress, core.PolicyAllowEgress, rec.Egress, e.Agent.Agrees)
+	e.Ingress = v.direction(l.Port, ip.Ingress, policyrules.AllowIngress, rec.Ingress, e.Agent.Agrees)
+	e.Egress = v.direction(l.Port, ip.Egress, policyrules.AllowEgress, rec.Egress, e.Agent.Agrees)
 	return e
 }
 
@@ -470,7 +464,7 @@ func runPolicyTrace(in *invocation) error {
 		return fmt.Errorf("%s: its veth is not a port of the bridge (being set up or torn down): held, denied", firstUnplugged(src, dst))
 	}
 	fromNode := src.pod == nil && slices.Contains(v.nodeAddrs, src.addr)
-	verdict, err := v.installed.Trace(core.PolicyPacket{Src: src.addr, Dst: dst.addr, Protocol: proto, Port: port, FromNode: fromNode}, portOf(src), portOf(dst))
+	verdict, err := v.installed.Trace(policyrules.Packet{Src: src.addr, Dst: dst.addr, Protocol: proto, Port: port, FromNode: fromNode}, portOf(src), portOf(dst))
 	if err != nil {
 		return err
 	}

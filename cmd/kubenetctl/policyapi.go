@@ -146,21 +146,12 @@ func (v nodeView) compareWithAPI(in policy.Input, podCIDRs []netip.Prefix, l cor
 // compareDirection is nil when the kernel's chain is the one dir means.
 func (v nodeView) compareDirection(ingress bool, dir policyrules.Direction, have string) *apiDirection {
 	d := &apiDirection{Have: have, Policies: dir.Policies}
-	var want []policyrules.Entry
-	switch {
-	case !dir.Isolated:
-		d.Want = core.PolicyAllowEgress
-		if ingress {
-			d.Want = core.PolicyAllowIngress
-		}
-	default:
-		name, entries, ok := core.PolicyGroupFor(ingress, dir.Allow)
-		if !ok {
-			d.Note = "the API's objects mean an allow list over a limit: the agent refuses it, the pod keeps what it had (or is denied)"
-			return d
-		}
-		d.Want, want = name, entries
+	chain, want, ok := core.PolicyDispatch(ingress, dir)
+	if !ok {
+		d.Note = "the API's objects mean an allow list over a limit: the agent refuses it, the pod keeps what it had (or is denied)"
+		return d
 	}
+	d.Want = chain
 	if d.Want == have {
 		return nil
 	}

@@ -50,19 +50,19 @@ func TestCompareWithAPI(t *testing.T) {
 	a, b, c := local("ns/a", "10.244.0.2/24", 4), local("ns/b", "10.244.0.3/24", 6), local("ns/c", "10.244.0.4/24", 8)
 	in := allowFromA(intstr.FromInt32(8080))
 	fromA := policyrules.Entry{Peer: policyrules.Single(netip.MustParseAddr("10.244.0.2")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}}
-	group, entries, ok := core.PolicyGroupFor(true, []policyrules.Entry{fromA})
+	group, entries, ok := core.PolicyDispatch(true, policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{fromA}})
 	if !ok {
 		t.Fatal("no group for one entry")
 	}
 	old := []policyrules.Entry{fromA, {Peer: policyrules.Single(netip.MustParseAddr("10.9.9.9"))}}
-	oldGroup, oldEntries, _ := core.PolicyGroupFor(true, old)
+	oldGroup, oldEntries, _ := core.PolicyDispatch(true, policyrules.Direction{Isolated: true, Allow: old})
 	view := func(bIngress string) nodeView {
-		return nodeView{locals: []core.PolicyLocal{a, b, c}, installed: core.InstalledPolicies{Tables: true,
-			Ports: map[int]core.InstalledPort{
-				a.Port: {Ingress: core.PolicyAllowIngress, Egress: core.PolicyAllowEgress},
-				b.Port: {Ingress: bIngress, Egress: core.PolicyAllowEgress},
+		return nodeView{locals: []core.PolicyLocal{a, b, c}, installed: policyrules.Installed{Tables: true,
+			Ports: map[int]policyrules.InstalledPort{
+				a.Port: {Ingress: policyrules.AllowIngress, Egress: policyrules.AllowEgress},
+				b.Port: {Ingress: bIngress, Egress: policyrules.AllowEgress},
 			},
-			Groups: map[string]core.InstalledGroup{group: {Name: group, Ingress: true, Entries: entries}, oldGroup: {Name: oldGroup, Ingress: true, Entries: oldEntries}},
+			Groups: map[string]policyrules.InstalledGroup{group: {Name: group, Ingress: true, Entries: entries}, oldGroup: {Name: oldGroup, Ingress: true, Entries: oldEntries}},
 		}}
 	}
 	cidrs := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}
@@ -77,7 +77,7 @@ func TestCompareWithAPI(t *testing.T) {
 		{"the kernel has the old group", view(oldGroup), b, false, []string{
 			"API: pending: the kernel differs", "ingress: the API's objects mean " + group + " (isolated by ns/allow-a), the kernel has " + oldGroup,
 			"in the kernel, no longer allowed: 10.9.9.9 any"}},
-		{"the kernel has not isolated it yet", view(core.PolicyAllowIngress), b, false, []string{
+		{"the kernel has not isolated it yet", view(policyrules.AllowIngress), b, false, []string{
 			"the kernel has allow-ingress", "to allow, not in the kernel: 10.244.0.2 tcp/8080"}},
 		{"the kernel holds it", view(""), b, false, []string{"the kernel has none (held)"}},
 		{"a pod the API does not have", view(group), c, true, []string{"the API has no pod ns/c (not yet, or not any more): it stays held"}},

@@ -1,8 +1,11 @@
 // Package policyrules is the compiled form of NetworkPolicy on a node, the vocabulary between
-// the agent's compiler (agent/policy), the core and the kernel side (netpol): per local pod, the
-// addresses, protocols and ports each direction allows (Ruleset), the limit on what one allow
-// list may hold, and what installing a Ruleset did (Applied). It is data only: it knows neither
-// Kubernetes objects nor nftables.
+// the agent's compiler (agent/policy), operators' tools (cmd/kubenetctl), the core and the kernel
+// side (netpol): per local pod, the addresses, protocols and ports each direction allows
+// (Ruleset), the limit on what one allow list may hold, and what installing a Ruleset did
+// (Applied); the same rules as the kernel holds them, read back (Installed), and the judgement
+// of a packet by them (Trace); what they dropped (Drop, PortDrops) and how drops are logged
+// (DropLog). It is data and pure logic only: it knows neither Kubernetes objects nor nftables,
+// and the kernel's objects only by name.
 package policyrules
 
 import (

@@ -1,12 +1,10 @@
-package netpol
+package policyrules
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
-
-	"github.com/kubenet-dev/kubenet/internal/policyrules"
 )
 
 // Packet is the first packet of a connection, as trace judges it.
@@ -34,7 +32,7 @@ type Step struct {
 	// Chain is where the port's map element goes: a group, an allow chain, or "" (held).
 	Chain string
 	// Match is the group's element that grants the packet (nil when none does).
-	Match *policyrules.Entry
+	Match *Entry
 	// Reason says, in words, which rule or missing rule decides.
 	Reason string
 	// Damage is what is wrong with the group (InstalledGroup.Damage): the kernel runs its
@@ -74,9 +72,9 @@ func (in Installed) Trace(p Packet, srcPort, dstPort int) (Verdict, error) {
 // a port of the bridge (the output chain judges it).
 func (in Installed) judge(p Packet, port int, ingress, routedIn bool) Step {
 	s := Step{Ingress: ingress, Port: port}
-	dir, m, guard, open, peer := "egress", MapEgress, "the bridge's guard (or the forward chain)", ChainAllowEgress, p.Dst
+	dir, m, guard, open, peer := "egress", MapEgress, "the bridge's guard (or the forward chain)", AllowEgress, p.Dst
 	if ingress {
-		dir, m, guard, open, peer = "ingress", MapIngress, "the port's guard", ChainAllowIngress, p.Src
+		dir, m, guard, open, peer = "ingress", MapIngress, "the port's guard", AllowIngress, p.Src
 	}
 	if !in.Tables {
 		s.Reason = "there are no policy tables: every guarded pod is held, " + guard + " drops it"
@@ -84,7 +82,7 @@ func (in Installed) judge(p Packet, port int, ingress, routedIn bool) Step {
 	}
 	ip := in.Ports[port]
 	if !ingress && !slices.Contains(ip.Sources, p.Src) {
-		s.Reason = fmt.Sprintf("%s is not an address port %d may send from (%s): no mark, %s drops it", p.Src, port, sourcesName(p.Src.Is6()), guard)
+		s.Reason = fmt.Sprintf("%s is not an address port %d may send from (%s): no mark, %s drops it", p.Src, port, sourcesSetName(p.Src.Is6()), guard)
 		return s
 	}
 	s.Chain = ip.Egress
@@ -100,7 +98,7 @@ func (in Installed) judge(p Packet, port int, ingress, routedIn bool) Step {
 		return s
 	case routedIn && in.isLocalPodAddr(p.Src):
 		s.Reason = fmt.Sprintf("%s is an address only the node's pods have (%s), routed in without coming through its pod's port: no mark, %s drops it",
-			p.Src, localPodsName(p.Src.Is6()), guard)
+			p.Src, localPodsSetName(p.Src.Is6()), guard)
 		return s
 	case s.Chain == open:
 		s.Allowed, s.Reason = true, "not isolated for "+dir+" ("+open+")"
@@ -129,40 +127,35 @@ func (in Installed) judge(p Packet, port int, ingress, routedIn bool) Step {
 // lookup finds the element that holds peer . protocol (any set) or peer . protocol . port
 // (ports set): each field within the element's range, as the kernel's concatenated interval
 // sets match.
-func (g InstalledGroup) lookup(peer netip.Addr, proto uint8, port uint16) (policyrules.Entry, bool) {
-	in := func(r policyrules.Range) bool {
-		return r.First.Is4() == peer.Is4() && r.First.Compare(peer) <= 0 && peer.Compare(r.Last) <= 0
-	}
+func (g InstalledGroup) lookup(peer netip.Addr, proto uint8, port uint16) (Entry, bool) {
 	for _, e := range g.Entries {
-		if e.Ports == nil && in(e.Peer) {
+		if e.Ports == nil && e.Peer.Contains(peer) {
 			return e, true
 		}
 	}
 	if !hasPorts(proto) {
-		return policyrules.Entry{}, false
+		return Entry{}, false
 	}
 	for _, e := range g.Entries {
-		if e.Ports != nil && in(e.Peer) && e.Ports.Protocol == proto && e.Ports.First <= port && port <= e.Ports.Last {
+		if e.Ports != nil && e.Peer.Contains(peer) && e.Ports.Protocol == proto && e.Ports.First <= port && port <= e.Ports.Last {
 			return e, true
 		}
 	}
-	return policyrules.Entry{}, false
+	return Entry{}, false
 }
 
 // isLocalPodAddr tells whether a is in the node's pod CIDRs and not the node's own (LocalPods).
 func (in Installed) isLocalPodAddr(a netip.Addr) bool {
-	return slices.ContainsFunc(in.LocalPods, func(r policyrules.Range) bool {
-		return r.First.Is4() == a.Is4() && r.First.Compare(a) <= 0 && a.Compare(r.Last) <= 0
-	})
+	return slices.ContainsFunc(in.LocalPods, func(r Range) bool { return r.Contains(a) })
 }
 
 // hasPorts tells whether the policies judge the protocol's ports (the only ones a port rule
 // names: a ports element of another protocol is never written).
 func hasPorts(proto uint8) bool {
-	return proto == policyrules.TCP || proto == policyrules.UDP || proto == policyrules.SCTP
+	return proto == TCP || proto == UDP || proto == SCTP
 }
 
-func entryString(e policyrules.Entry) string {
+func entryString(e Entry) string {
 	if e.Ports == nil {
 		return e.Peer.String() + " (every protocol and port)"
 	}
@@ -171,7 +164,21 @@ func entryString(e policyrules.Entry) string {
 
 func protoPort(proto uint8, port uint16) string {
 	if !hasPorts(proto) {
-		return policyrules.ProtocolName(proto)
+		return ProtocolName(proto)
 	}
-	return policyrules.Ports{Protocol: proto, First: port, Last: port}.String()
+	return Ports{Protocol: proto, First: port, Last: port}.String()
+}
+
+func sourcesSetName(is6 bool) string {
+	if is6 {
+		return SetSourcesIPv6
+	}
+	return SetSourcesIPv4
+}
+
+func localPodsSetName(is6 bool) string {
+	if is6 {
+		return SetLocalPodsIPv6
+	}
+	return SetLocalPodsIPv4
 }
