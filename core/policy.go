@@ -33,7 +33,16 @@ type PolicyNetwork struct {
 	CutEstablished, CutAgain bool
 	// Log is whether and how the drop chains log (off: no log action in the rules).
 	Log PolicyDropLog
+	// Applier, kept by the caller from one pass to the next, remembers the allow lists' groups
+	// of the last pass, so that a pass computes only what changed; nil: a pass on its own.
+	Applier *PolicyApplier
 }
+
+// PolicyApplier applies the passes of one caller (netpol.Applier).
+type PolicyApplier = netpol.Applier
+
+// NewPolicyApplier returns an applier for a caller's passes.
+func NewPolicyApplier() *PolicyApplier { return netpol.NewApplier() }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
 // of it from the kernel.
@@ -106,7 +115,11 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 			return pass, err
 		}
 	}
-	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
+	applier := n.Applier
+	if applier == nil {
+		applier = netpol.NewApplier()
+	}
+	pass.Applied, err = applier.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
 	if err == nil {
 		pass.Unrecorded = writePolicyState(dir.root(), rs, pass.Applied)
 	}
