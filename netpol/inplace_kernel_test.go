@@ -1,6 +1,8 @@
 package netpol
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -8,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
+	"github.com/kubenet-dev/kubenet/internal/nft"
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
@@ -264,5 +268,141 @@ func TestInPlaceEdit(t *testing.T) {
 	n.expectTCP(t, "donors: a → b v6", a.ns, b.v6, 8080, false)
 	if left := n.unusedGroupObjects(t); len(left) > 0 {
 		t.Errorf("group objects no port uses: %v", left)
+	}
+}
+
+// oldLayoutName is the name the layout before slots gave a group (a hash of its elements'
+// text), whose sets were named after it.
+func oldLayoutName(g group, prefix string) string {
+	var b strings.Builder
+	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
+		for _, r := range rs {
+			fmt.Fprintf(&b, "a%s;", r)
+		}
+	}
+	for _, bs := range [][]box{g.ports4, g.ports6} {
+		for _, x := range bs {
+			fmt.Fprintf(&b, "p%s:%s;", x.addrs, x.ports)
+		}
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return prefix + "-" + hex.EncodeToString(sum[:8])
+}
+
+// toOldLayout rewrites the network's groups as the layout before slots had them, in one
+// transaction: each group's chain and sets named after the old hash of its elements, the map
+// elements going there. It returns the old groups' names.
+func (n *bridgedNode) toOldLayout(t *testing.T) []string {
+	t.Helper()
+	in := n.inspect(t)
+	var old []string
+	nettest.Do(t, n.node, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		bt := BridgeTable(n.network)
+		renamed := map[string]string{}
+		for name, ig := range in.Groups {
+			g, _ := canonical(ig.Entries, maxGroupCost)
+			dir := egressDir
+			if ig.Ingress {
+				dir = ingressDir
+			}
+			o := oldLayoutName(g, groupKind(name))
+			renamed[name] = o
+			old = append(old, o)
+			for _, s := range groupSets(bt, o, g, true) {
+				if err := c.AddSet(s.set, s.elements); err != nil {
+					return err
+				}
+			}
+			nft.ReplaceChain(c, &nftables.Chain{Table: bt, Name: o}, groupRules(o, dir, g, ig.Audit))
+		}
+		for _, m := range []string{MapEgress, MapIngress} {
+			set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
+			for port, p := range in.Ports {
+				chain := p.Ingress
+				if m == MapEgress {
+					chain = p.Egress
+				}
+				if o, ok := renamed[chain]; ok {
+					if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: portKey(port)}}); err != nil {
+						return err
+					}
+					if err := c.SetAddElements(set, []nftables.SetElement{{Key: portKey(port), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: o}}}); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for name, ig := range in.Groups {
+			c.DelChain(&nftables.Chain{Table: bt, Name: name})
+			for _, s := range ig.Sets {
+				c.DelSet(&nftables.Set{Table: bt, Name: s})
+			}
+		}
+		return c.Flush()
+	})
+	slices.Sort(old)
+	return old
+}
+
+// TestUpgradeFromHashNamedSets: tables written by the layout before slots (sets named after
+// their group's hash) are taken over by the first Apply: every old group replaced by a new one
+// built aside (none edited: the old sets never change under a chain that is in use), nothing of
+// the old layout left, every pod's traffic as its policies say before and after.
+func TestUpgradeFromHashNamedSets(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	rs := n.inspectRuleset()
+	n.apply(t, rs, Options{})
+	probe := func(when string) {
+		n.expectTCP(t, when+": a → b 8080", a.ns, b.v4, 8080, true)
+		n.expectTCP(t, when+": c → b 8080", c.ns, b.v4, 8080, false)
+		n.expectTCP(t, when+": x → b 8080", n.x, b.v4, 8080, true)
+		n.expectTCP(t, when+": a → c 8080 (a's egress)", a.ns, c.v4, 8080, false)
+	}
+	old := n.toOldLayout(t)
+	objs := n.groupObjects(t)
+	for _, o := range old {
+		if !slices.Contains(objs, o) {
+			t.Fatalf("old layout: chain %s missing from %v", o, objs)
+		}
+	}
+	for _, o := range objs {
+		if stem, ok := setStem(o); ok && !slices.Contains(old, stem) {
+			t.Fatalf("old layout: set %s is not named after its group", o)
+		}
+	}
+	probe("old layout")
+
+	res := n.apply(t, rs, Options{})
+	if res.NewGroups != len(old) || res.RemovedGroups != len(old) || res.EditedGroups != 0 {
+		t.Errorf("first Apply on the old layout: %+v, want its %d groups replaced by new ones", res, len(old))
+	}
+	objs = n.groupObjects(t)
+	for _, o := range objs {
+		if slices.ContainsFunc(old, func(name string) bool { return strings.HasPrefix(o, name) }) {
+			t.Errorf("%s of the old layout is still there: %v", o, objs)
+		}
+		if stem, ok := setStem(o); ok {
+			if _, slot := slotOf(stem); !slot {
+				t.Errorf("set %s is not a slot's", o)
+			}
+		}
+	}
+	if left := n.unusedGroupObjects(t); len(left) > 0 {
+		t.Errorf("group objects no port uses: %v", left)
+	}
+	in := n.inspect(t)
+	for name, g := range in.Groups {
+		if len(g.Damage) > 0 {
+			t.Errorf("group %s after the upgrade: %v", name, g.Damage)
+		}
+	}
+	probe("upgraded")
+	if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
+		t.Errorf("Apply after the upgrade changed something: %+v", again)
 	}
 }
