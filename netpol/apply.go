@@ -106,12 +106,12 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 		return res, err
 	}
 	want := plan(rs, a.memo)
-	a.memo.sweep()
+	defer a.memo.sweep() // after the edits, which look the last pass's groups up
 	w := newWriter(c, &res, network, opt)
 	free := newSlots(cur.sets)
 
 	// Groups: edit in place what can be, build the other missing ones, repair the damaged ones.
-	edits, err := w.inPlaceEdits(bt, want, cur, portChains(want, cur.maps))
+	edits, err := w.inPlaceEdits(bt, want, cur, portChains(want, cur.maps), a.memo.named)
 	if err != nil {
 		return res, err
 	}
@@ -776,9 +776,10 @@ func plan(rs policyrules.Ruleset, groups *groupMemo) desired {
 // next most lists stay. It keeps the lists of the last pass only (sweep): whatever the churn, it
 // holds no more than one pass's distinct lists.
 type groupMemo struct {
-	seed maphash.Seed
-	by   map[uint64][]*memoGroup // by the hash of the allow list
-	pass uint64                  // the pass under way; a memoGroup used in it has used == pass
+	seed   maphash.Seed
+	by     map[uint64][]*memoGroup // by the hash of the allow list
+	byName map[string]*memoGroup   // by the names named gave them
+	pass   uint64                  // the pass under way; a memoGroup used in it has used == pass
 }
 
 type memoGroup struct {
@@ -786,11 +787,12 @@ type memoGroup struct {
 	group
 	ok    bool
 	used  uint64
-	names [4]string // by nameKey; "" until asked
+	names [4]string // by direction and audit-ness (named); "" until asked
+	memo  *groupMemo
 }
 
 func newGroupMemo() *groupMemo {
-	return &groupMemo{seed: maphash.MakeSeed(), by: map[uint64][]*memoGroup{}, pass: 1}
+	return &groupMemo{seed: maphash.MakeSeed(), by: map[uint64][]*memoGroup{}, byName: map[string]*memoGroup{}, pass: 1}
 }
 
 // of is canonical(allow, maxGroupCost), computed once per distinct allow.
@@ -817,14 +819,32 @@ func (m *groupMemo) of(allow []policyrules.Entry) (*memoGroup, bool) {
 	}
 	g := &memoGroup{allow: cloneEntries(allow), used: m.pass}
 	g.group, g.ok = canonical(allow, maxGroupCost)
+	g.memo = m
 	m.by[key] = append(m.by[key], g)
 	return g, g.ok
+}
+
+// named is the group of a name given this pass or the last one; false for any other.
+func (m *groupMemo) named(name string) (group, bool) {
+	g, ok := m.byName[name]
+	if !ok {
+		return group{}, false
+	}
+	return g.group, true
 }
 
 // sweep ends a pass: the lists it did not use are forgotten.
 func (m *groupMemo) sweep() {
 	for key, gs := range m.by {
-		gs = slices.DeleteFunc(gs, func(g *memoGroup) bool { return g.used != m.pass })
+		gs = slices.DeleteFunc(gs, func(g *memoGroup) bool {
+			if g.used == m.pass {
+				return false
+			}
+			for _, name := range g.names {
+				delete(m.byName, name)
+			}
+			return true
+		})
 		if len(gs) == 0 {
 			delete(m.by, key)
 		} else {
@@ -870,6 +890,7 @@ func (g *memoGroup) named(dir string, audit bool) string {
 			prefix = dir + auditInfix
 		}
 		g.names[k] = g.name(prefix)
+		g.memo.byName[g.names[k]] = g
 	}
 	return g.names[k]
 }

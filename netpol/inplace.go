@@ -144,9 +144,11 @@ func groupKind(name string) string {
 // inPlaceEdits chooses the groups to edit in place: for each new group with donors, the donor
 // whose sets differ least from it, if editing them costs no more elements than building it;
 // the cheapest edits first, as many as one transaction carries (it also carries the switch).
-// The donors' elements are read from the kernel (with Verify they were already): the edit is a
-// diff against what the sets hold, whatever that is.
-func (w *writer) inPlaceEdits(bt *nftables.Table, want desired, cur state, final map[string]map[int]string) (map[string]*inPlaceEdit, error) {
+// The edit is a diff against what the donor's sets hold: with Verify, the elements read back;
+// without, what its name stands for when known (a group of the last pass: the sets are trusted,
+// as those of every group are without Verify; an element they lack makes the kernel refuse the
+// edit, and the group is built instead), else the elements read from the kernel.
+func (w *writer) inPlaceEdits(bt *nftables.Table, want desired, cur state, final map[string]map[int]string, known func(string) (group, bool)) (map[string]*inPlaceEdit, error) {
 	type option struct {
 		name string
 		e    *inPlaceEdit
@@ -157,7 +159,7 @@ func (w *writer) inPlaceEdits(bt *nftables.Table, want desired, cur state, final
 		g := want.groups[name]
 		var best *inPlaceEdit
 		for _, donor := range candidates[name] {
-			e, err := w.editOf(bt, cur, donor, g)
+			e, err := w.editOf(bt, cur, donor, g, known)
 			if err != nil {
 				return nil, err
 			}
@@ -183,11 +185,17 @@ func (w *writer) inPlaceEdits(bt *nftables.Table, want desired, cur state, final
 }
 
 // editOf is the edit that turns donor's sets into g's.
-func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGroup) (*inPlaceEdit, error) {
+func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGroup, known func(string) (group, bool)) (*inPlaceEdit, error) {
 	e := &inPlaceEdit{donor: donor, stem: cur.groupStems[donor]}
 	planned := map[string]setWithElements{}
 	for _, s := range groupSets(bt, e.stem, g.group, true) {
 		planned[s.set.Name] = s
+	}
+	held := map[string][]nftables.SetElement{}
+	if dg, ok := known(donor); ok {
+		for _, s := range groupSets(bt, e.stem, dg, true) {
+			held[s.set.Name] = s.elements
+		}
 	}
 	for _, is6 := range []bool{false, true} {
 		for _, name := range []string{anySetName(e.stem, is6), portsSetName(e.stem, is6)} {
@@ -196,6 +204,9 @@ func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGr
 			switch {
 			case want && have:
 				els, ok := cur.setElements[name]
+				if !ok {
+					els, ok = held[name]
+				}
 				if !ok {
 					var err error
 					if els, err = w.c.GetSetElements(&nftables.Set{Table: bt, Name: name}); err != nil {

@@ -406,3 +406,50 @@ func TestUpgradeFromHashNamedSets(t *testing.T) {
 		t.Errorf("Apply after the upgrade changed something: %+v", again)
 	}
 }
+
+// TestInPlaceEditOfDamagedDonor: an Applier that knows a donor's list from its last pass trusts
+// its sets without Verify. An element deleted behind its back that the edit deletes too makes
+// the kernel refuse the edit: the group is built instead, in the same pass, and the pods get
+// their new list. One the edit keeps stays missing until a Verify pass, which puts it back.
+func TestInPlaceEditOfDamagedDonor(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	applier := NewApplier()
+	apply := func(rs policyrules.Ruleset, opt Options) policyrules.Applied {
+		t.Helper()
+		var res policyrules.Applied
+		rs.PodCIDRs, rs.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
+		nettest.Do(t, n.node, func() (err error) { res, err = applier.Apply(n.network, rs, opt); return err })
+		return res
+	}
+	deleteElement := func(port int, peer netip.Addr) {
+		t.Helper()
+		set := n.groupSet(t, n.ingressGroup(t, port).chain, "-ports-ipv4")
+		nftIn(t, n.node, "delete", "element", "bridge", TableName(n.network), set, fmt.Sprintf("{ %s . tcp . 8080 }", peer))
+	}
+
+	rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4, c.v4, x4), policyrules.Direction{})
+	apply(rs, Options{})
+	deleteElement(b.port, a.v4)
+	rs = with(rs, b.port, allowFrom(tcp8080, c.v4, x4), policyrules.Direction{}) // the edit deletes a
+	if res := apply(rs, Options{}); res.EditedGroups != 0 || res.NewGroups != 1 || res.RemovedGroups != 1 {
+		t.Errorf("edit of a donor that lacks an element the edit deletes: %+v, want the group built instead", res)
+	}
+	if g := n.inspect(t).Groups[n.ingressGroup(t, b.port).chain]; len(g.Damage) > 0 {
+		t.Errorf("the group built instead: %v", g.Damage)
+	}
+	n.expectTCP(t, "built instead: c → b", c.ns, b.v4, 8080, true)
+	n.expectTCP(t, "built instead: a → b", a.ns, b.v4, 8080, false)
+
+	deleteElement(b.port, c.v4)
+	rs = with(rs, b.port, allowFrom(tcp8080, c.v4, x4, a.v6), policyrules.Direction{}) // the edit keeps c
+	if res := apply(rs, Options{}); res.EditedGroups != 1 {
+		t.Errorf("edit of a donor that lacks an element the edit keeps: %+v, want the group edited", res)
+	}
+	n.expectTCP(t, "edited, c still missing: c → b", c.ns, b.v4, 8080, false)
+	if res := apply(rs, Options{Verify: true}); res.RepairedGroups != 1 {
+		t.Errorf("Verify after it: %+v, want the group repaired", res)
+	}
+	n.expectTCP(t, "repaired: c → b", c.ns, b.v4, 8080, true)
+	n.expectTCP(t, "repaired: a → b v6", a.ns, b.v6, 8080, true)
+}
