@@ -314,12 +314,12 @@ func dropsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElement
 
 // diffBy returns the elements of have that want lacks (their key and key end: what deletes
 // them) and those of want that have lacks, an element being what id says. Pure.
-func diffBy(have, want []nftables.SetElement, id func(nftables.SetElement) string) (del, add []nftables.SetElement) {
-	wantIDs := make(map[string]bool, len(want))
+func diffBy[K comparable](have, want []nftables.SetElement, id func(nftables.SetElement) K) (del, add []nftables.SetElement) {
+	wantIDs := make(map[K]bool, len(want))
 	for _, e := range want {
 		wantIDs[id(e)] = true
 	}
-	haveIDs := make(map[string]bool, len(have))
+	haveIDs := make(map[K]bool, len(have))
 	for _, e := range have {
 		haveIDs[id(e)] = true
 		if !wantIDs[id(e)] {

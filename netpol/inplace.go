@@ -230,7 +230,27 @@ func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGr
 // intervalDiff returns the elements of have that want lacks and those of want that have lacks,
 // by their bounds (Key and KeyEnd: an interval set's element is its range). Pure.
 func intervalDiff(have, want []nftables.SetElement) (del, add []nftables.SetElement) {
-	return diffBy(have, want, func(e nftables.SetElement) string { return string(e.Key) + "\x00" + string(e.KeyEnd) })
+	long := func(e nftables.SetElement) bool { return len(e.Key) > maxBounds || len(e.KeyEnd) > maxBounds }
+	if slices.ContainsFunc(have, long) || slices.ContainsFunc(want, long) {
+		return diffBy(have, want, func(e nftables.SetElement) string { return string(e.Key) + "\x00" + string(e.KeyEnd) })
+	}
+	return diffBy(have, want, boundsOf)
+}
+
+// bounds is an element of a group set by its key and key end, as a map key that costs no
+// allocation: a group set's bounds have at most 24 bytes (an IPv6 address, a protocol and a port,
+// each padded to 32 bits). intervalDiff takes longer ones (no group set's) by a string.
+type bounds struct {
+	key, end       [maxBounds]byte
+	keyLen, endLen uint8
+}
+
+const maxBounds = 24
+
+func boundsOf(e nftables.SetElement) bounds {
+	var b bounds
+	b.keyLen, b.endLen = uint8(copy(b.key[:], e.Key)), uint8(copy(b.end[:], e.KeyEnd))
+	return b
 }
 
 // queueEdit queues the set changes of an edit and the new group's chain (in the switch's

@@ -785,8 +785,8 @@ func groupSets(t *nftables.Table, stem string, g group, withElements bool) []set
 				s.elements = make([]nftables.SetElement, 0, len(anyRanges))
 				for _, r := range anyRanges {
 					s.elements = append(s.elements, nftables.SetElement{
-						Key:    append(r.First.AsSlice(), pad4([]byte{0})...),
-						KeyEnd: append(r.Last.AsSlice(), pad4([]byte{255})...),
+						Key:    anyKey(r.First, 0),
+						KeyEnd: anyKey(r.Last, 255),
 					})
 				}
 			}
@@ -815,9 +815,36 @@ type setWithElements struct {
 	elements []nftables.SetElement
 }
 
-func portsKey(a interface{ AsSlice() []byte }, proto uint8, port uint16) []byte {
-	k := append(a.AsSlice(), pad4([]byte{proto})...)
-	return append(k, pad4(binaryutil.BigEndian.PutUint16(port))...)
+// anyKey is a bound of an "any" element: the address, the protocol padded to 32 bits. One
+// allocation: a pass makes a few of these for every element of every group it edits or builds.
+func anyKey(a netip.Addr, proto uint8) []byte {
+	n := addrBytes(a.Is6())
+	k := make([]byte, n+4)
+	putAddr(k, a)
+	k[n] = proto
+	return k
+}
+
+// portsKey is a bound of a "ports" element: the address, the protocol and the port, each
+// padded to 32 bits.
+func portsKey(a netip.Addr, proto uint8, port uint16) []byte {
+	n := addrBytes(a.Is6())
+	k := make([]byte, n+8)
+	putAddr(k, a)
+	k[n] = proto
+	binary.BigEndian.PutUint16(k[n+4:], port)
+	return k
+}
+
+// putAddr writes a's bytes (4 or 16) at the start of k.
+func putAddr(k []byte, a netip.Addr) {
+	if a.Is4() {
+		b := a.As4()
+		copy(k, b[:])
+		return
+	}
+	b := a.As16()
+	copy(k, b[:])
 }
 
 func pad4(b []byte) []byte {

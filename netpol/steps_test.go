@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/nftables"
@@ -137,5 +138,38 @@ func TestUnusedGroups(t *testing.T) {
 	// chain: they go too; the kept chain's sets, the edited ones and the fixed sets never do.
 	if want := []string{"g0-ports-ipv4", "in-b-any-ipv4", "in-b-ports-ipv6", "g2-any-ipv6", "g9-ports-ipv4"}; !slices.Equal(gotSets, want) {
 		t.Errorf("unused sets = %v, want %v", gotSets, want)
+	}
+}
+
+// TestIntervalDiff: elements by both bounds (a range that keeps its start and moves its end is
+// deleted and added), whatever their length (bounds longer than a group set's too).
+func TestIntervalDiff(t *testing.T) {
+	el := func(key, end string) nftables.SetElement {
+		return nftables.SetElement{Key: []byte(key), KeyEnd: []byte(end)}
+	}
+	long := strings.Repeat("x", 40)
+	for _, tc := range []struct {
+		name             string
+		have, want       []nftables.SetElement
+		wantDel, wantAdd []string
+	}{
+		{"same", []nftables.SetElement{el("a", "b")}, []nftables.SetElement{el("a", "b")}, nil, nil},
+		{"end moves", []nftables.SetElement{el("a", "b"), el("c", "d")}, []nftables.SetElement{el("a", "c"), el("c", "d")}, []string{"a-b"}, []string{"a-c"}},
+		{"one goes, one comes", []nftables.SetElement{el("a", "b")}, []nftables.SetElement{el("e", "f")}, []string{"a-b"}, []string{"e-f"}},
+		{"long bounds differ after 24 bytes", []nftables.SetElement{el(long+"1", "z")}, []nftables.SetElement{el(long+"2", "z")}, []string{long + "1-z"}, []string{long + "2-z"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			del, add := intervalDiff(tc.have, tc.want)
+			str := func(els []nftables.SetElement) []string {
+				var out []string
+				for _, e := range els {
+					out = append(out, string(e.Key)+"-"+string(e.KeyEnd))
+				}
+				return out
+			}
+			if !slices.Equal(str(del), tc.wantDel) || !slices.Equal(str(add), tc.wantAdd) {
+				t.Errorf("del %v add %v, want %v %v", str(del), str(add), tc.wantDel, tc.wantAdd)
+			}
+		})
 	}
 }
