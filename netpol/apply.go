@@ -139,9 +139,11 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	if res.Conntrack, err = flushConntrack(podAddrs(released)); err != nil {
 		return res, fmt.Errorf("policy: flows of new pods: %w", err)
 	}
+	mapChanges := res.MapChanges
 	err = w.switchPorts(bt, it, cur, rs, want, final, edits)
 	if err != nil && len(edits) > 0 {
 		// Nothing of the refused transaction happened: build the edited groups anew, and switch.
+		res.MapChanges = mapChanges
 		again := map[string]error{}
 		if err := w.abandonEdits(bt, want, cur, opt.Verify, edits, free, again); err != nil {
 			return res, err
