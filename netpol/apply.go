@@ -168,8 +168,7 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 
 // abandonEdits builds the groups of edits anew, in slots of their own, as buildGroups builds any
 // missing group: after a refusal changed the plan, or the kernel refused the transaction that
-// held the edits.
-// The kernel's refusals of them go into refused.
+// held the edits. The kernel's refusals of them go into refused.
 func (w *writer) abandonEdits(bt *nftables.Table, want desired, cur state, verify bool, edits map[string]*inPlaceEdit, free *slots, refused map[string]error) error {
 	w.dirty, w.queued = false, 0
 	for _, name := range slices.Sorted(maps.Keys(edits)) {
