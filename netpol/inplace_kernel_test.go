@@ -162,7 +162,7 @@ func (n *bridgedNode) ingressGroup(t *testing.T, port int) keptGroup {
 // exactly the new list's peers; a set kind the new list needs is made and one it does not is
 // deleted in the same transaction; a group another pod keeps is not edited, and that pod keeps
 // its rules; of several groups that go, the one whose sets differ least is the donor, and the
-// others go.
+// others go; an edit bigger than a transaction is not made, the group is built.
 func TestInPlaceEdit(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
@@ -269,6 +269,19 @@ func TestInPlaceEdit(t *testing.T) {
 	if left := n.unusedGroupObjects(t); len(left) > 0 {
 		t.Errorf("group objects no port uses: %v", left)
 	}
+
+	// An edit bigger than a transaction (here capped at one element; this one deletes one and
+	// adds one): the group is built instead.
+	rs = with(with(rs, b.port, allowFrom(tcp8080, a.v4, c.v4), policyrules.Direction{}), c.port, policyrules.Direction{}, policyrules.Direction{})
+	n.apply(t, rs, Options{})
+	bBefore = n.ingressGroup(t, b.port)
+	rs = with(rs, b.port, allowFrom(tcp8080, a.v4, x4), policyrules.Direction{})
+	res = n.apply(t, rs, Options{transactionElements: 1})
+	if bAfter = n.ingressGroup(t, b.port); res.EditedGroups != 0 || res.NewGroups != 1 || res.RemovedGroups != 1 || slices.Equal(bAfter.sets, bBefore.sets) {
+		t.Errorf("an edit over the transaction's size: %+v, sets %v before and %v after, want the group built in a slot of its own", res, bBefore.sets, bAfter.sets)
+	}
+	n.expectTCP(t, "built: x → b", n.x, b.v4, 8080, true)
+	n.expectTCP(t, "built: c → b", c.ns, b.v4, 8080, false)
 }
 
 // oldLayoutName is the name the layout before slots gave a group (a hash of its elements'
