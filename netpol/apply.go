@@ -842,7 +842,9 @@ func (m *groupMemo) sweep() {
 				return false
 			}
 			for _, name := range g.names {
-				delete(m.byName, name)
+				if m.byName[name] == g { // two lists in another order are one group, one name
+					delete(m.byName, name)
+				}
 			}
 			return true
 		})
@@ -891,8 +893,8 @@ func (g *memoGroup) named(dir string, audit bool) string {
 			prefix = dir + auditInfix
 		}
 		g.names[k] = g.name(prefix)
-		g.memo.byName[g.names[k]] = g
 	}
+	g.memo.byName[g.names[k]] = g // this pass's, whichever list of the same group it was first
 	return g.names[k]
 }
 

@@ -200,7 +200,7 @@ func TestGroupMemoAcrossPasses(t *testing.T) {
 		return d
 	}
 	passes := [][]policyrules.Pod{
-		{{Port: 1, Ingress: list(80, 81)}, {Port: 2, Ingress: list(82)}, {Port: 3, Egress: list(80, 81)}},
+		{{Port: 1, Ingress: list(80, 81)}, {Port: 2, Ingress: list(82)}, {Port: 3, Egress: list(80, 81)}, {Port: 4, Ingress: list(81, 80)}},
 		{{Port: 1, Ingress: list(80, 81)}, {Port: 2, Ingress: list(83)}},
 		{{Port: 1, Ingress: list(84)}},
 		{},
@@ -230,6 +230,11 @@ func TestGroupMemoAcrossPasses(t *testing.T) {
 		}
 		if memo.size() != len(distinct) {
 			t.Errorf("pass %d: the memo holds %d lists, want the pass's %d", i, memo.size(), len(distinct))
+		}
+		for name := range got.groups {
+			if _, ok := memo.named(name); !ok {
+				t.Errorf("pass %d: the memo does not know group %s of the pass", i, name)
+			}
 		}
 		if i == 0 {
 			kept, _ = memo.of(pods[0].Ingress.Allow)
