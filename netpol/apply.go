@@ -56,7 +56,8 @@ type Options struct {
 
 // Applier applies rulesets one after another (the agent's passes) and keeps, from one pass to
 // the next, the canonical form and name of every allow list the last pass had: a pass whose
-// lists barely changed computes only the new ones. An Applier serves one pass at a time.
+// lists barely changed computes only the new ones, and a group edited in place is diffed against
+// the list its name stands for. An Applier serves one network, one pass at a time.
 type Applier struct {
 	mu   sync.Mutex
 	memo *groupMemo
