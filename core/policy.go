@@ -33,7 +33,17 @@ type PolicyNetwork struct {
 	CutEstablished, CutAgain bool
 	// Log is whether and how the drop chains log (off: no log action in the rules).
 	Log policyrules.DropLog
+	// Applier, kept by the caller from one pass to the next, remembers the allow lists' groups
+	// of the last pass, so that a pass computes only what changed; nil: a pass on its own.
+	Applier *PolicyApplier
 }
+
+// PolicyApplier is what one caller's policy passes carry from one to the next: the groups the
+// allow lists of its last pass made (netpol.Applier). Not safe for concurrent passes.
+type PolicyApplier struct{ applier *netpol.Applier }
+
+// NewPolicyApplier returns the applier of a caller's passes.
+func NewPolicyApplier() *PolicyApplier { return &PolicyApplier{netpol.NewApplier()} }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
 // of it from the kernel.
@@ -106,7 +116,11 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 			return pass, err
 		}
 	}
-	pass.Applied, err = netpol.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
+	applier := netpol.NewApplier()
+	if n.Applier != nil {
+		applier = n.Applier.applier
+	}
+	pass.Applied, err = applier.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
 	if err == nil {
 		pass.Unrecorded = writePolicyState(dir.root(), rs, pass.Applied)
 	}

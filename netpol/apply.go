@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -53,10 +54,30 @@ type Options struct {
 	transactionElements int
 }
 
+// Applier applies rulesets one after another (the agent's passes) and keeps, from one pass to
+// the next, the canonical form and name of every allow list the last pass had: a pass whose
+// lists barely changed computes only the new ones, and a group edited in place is diffed against
+// the list its name stands for. An Applier serves one network, one pass at a time.
+type Applier struct {
+	mu   sync.Mutex
+	memo *groupMemo
+}
+
+// NewApplier returns an Applier that knows no allow list yet.
+func NewApplier() *Applier { return &Applier{memo: newGroupMemo()} }
+
+// Apply is a one-off Applier's Apply (tools, tests).
+func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
+	return NewApplier().Apply(network, rs, opt)
+}
+
 // Apply makes the network's policy tables hold rs: the fixed chains, maps and sets, a group
 // (chain and sets) for every distinct allow list, map elements for every port of rs and none for
-// any other port. New groups are built first, the cheapest first, over as many transactions as
-// their elements need, while nothing refers to them; then the map elements switch in one
+// any other port. A new list whose every port comes from one group that nobody else uses takes
+// that group's sets over (inPlaceEdits): the elements the new list lacks go, the new ones come,
+// and the new chain, the ports' map elements and the old chain's removal follow in the same
+// transaction. Other new groups are built first, the cheapest first, over as many transactions
+// as their elements need, while nothing refers to them; then the map elements switch in one
 // transaction, so no packet sees half a change; then the groups nobody uses any more go.
 // Conntrack's entries of a pod's addresses are removed just before its port gets its first
 // elements. Apply takes no lock: ADD and DEL never write into the tables (a new pod is held by
@@ -65,9 +86,11 @@ type Options struct {
 // An allow list over a limit, or whose group the kernel refuses, is left out (Applied.Refused)
 // and everything else is applied: one policy cannot keep the node's other pods from theirs.
 //
-// The steps, in order: readState; plan (pure); buildGroups; portChains and releasedPods (pure)
-// with the conntrack flush; switchPorts; removeUnused.
-func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
+// The steps, in order: readState; plan (pure); inPlaceEdits; buildGroups; portChains and
+// releasedPods (pure) with the conntrack flush; switchPorts (with the edits); removeUnused.
+func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	var res policyrules.Applied
 	// Removing or building a hundred groups is a transaction of hundreds of messages, each
 	// acknowledged before any acknowledgement is read.
@@ -75,39 +98,88 @@ func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.App
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
 	}
+	if opt.Log.Group != 0 && opt.Log.Rate == 0 {
+		return res, fmt.Errorf("policy drop log of network %q: group %d with a rate of 0 packets/s", network, opt.Log.Group)
+	}
 	bt, it := BridgeTable(network), InetTable(network)
 	cur, err := readState(c, bt, opt.Verify)
 	if err != nil {
 		return res, err
 	}
-	want := plan(rs)
+	want := plan(rs, a.memo)
+	defer a.memo.sweep() // after the edits, which look the last pass's groups up
 	w := newWriter(c, &res, network, opt)
-	if opt.Log.Group != 0 && opt.Log.Rate == 0 {
-		return res, fmt.Errorf("policy drop log of network %q: group %d with a rate of 0 packets/s", network, opt.Log.Group)
-	}
+	free := newSlots(cur.sets)
 
-	// Groups: build the missing ones, repair the damaged ones.
-	refused, err := w.buildGroups(bt, want, cur, opt.Verify)
+	// Groups: edit in place what can be, build the other missing ones, repair the damaged ones.
+	edits, err := w.inPlaceEdits(bt, want, cur, portChains(want, cur.maps), a.memo.named)
 	if err != nil {
 		return res, err
+	}
+	assignStems(want, cur, edits, free)
+	refused, err := w.buildGroups(bt, want, cur, opt.Verify, func(name string) bool { return edits[name] == nil })
+	if err != nil {
+		return res, err
+	}
+	if len(refused) > 0 && len(edits) > 0 {
+		// A refused list keeps its ports where they are, which may be a donor: the edits were
+		// chosen for the plan without refusals. Their groups are built instead.
+		if err := w.abandonEdits(bt, want, cur, opt.Verify, edits, free, refused); err != nil {
+			return res, err
+		}
+		edits = nil
 	}
 	for _, name := range slices.Sorted(maps.Keys(refused)) {
 		want.refuse(name, refused[name])
 	}
-	res.Groups, res.Refused = len(want.groups), want.refused
-
 	final := portChains(want, cur.maps)
+	res.Groups, res.Refused = len(want.groups), want.refused
 	res.Dispatch = dispatchOf(final)
 	released := releasedPods(rs.Pods, cur.maps, final)
 	res.Released = len(released)
 	if res.Conntrack, err = flushConntrack(podAddrs(released)); err != nil {
 		return res, fmt.Errorf("policy: flows of new pods: %w", err)
 	}
-	if err := w.switchPorts(bt, it, cur, rs, want, final); err != nil {
+	mapChanges := res.MapChanges
+	err = w.switchPorts(bt, it, cur, rs, want, final, edits)
+	if err != nil && len(edits) > 0 {
+		// Nothing of the refused transaction happened: build the edited groups anew, and switch.
+		res.MapChanges = mapChanges
+		again := map[string]error{}
+		if err := w.abandonEdits(bt, want, cur, opt.Verify, edits, free, again); err != nil {
+			return res, err
+		}
+		edits = nil
+		for _, name := range slices.Sorted(maps.Keys(again)) {
+			want.refuse(name, again[name])
+			refused[name] = again[name]
+		}
+		res.Groups, res.Refused = len(want.groups), want.refused
+		final = portChains(want, cur.maps)
+		res.Dispatch = dispatchOf(final)
+		err = w.switchPorts(bt, it, cur, rs, want, final, nil)
+	}
+	if err != nil {
 		return res, err
 	}
-	err = w.removeUnused(bt, cur, final, len(refused) > 0) // counts into res: called before res is read
+	res.EditedGroups = len(edits)
+	err = w.removeUnused(bt, cur, want, final, edits, len(refused) > 0) // counts into res: called before res is read
 	return res, err
+}
+
+// abandonEdits builds the groups of edits anew, in slots of their own, as buildGroups builds any
+// missing group: after a refusal changed the plan, or the kernel refused the transaction that
+// held the edits. The kernel's refusals of them go into refused.
+func (w *writer) abandonEdits(bt *nftables.Table, want desired, cur state, verify bool, edits map[string]*inPlaceEdit, free *slots, refused map[string]error) error {
+	w.dirty, w.queued = false, 0
+	for _, name := range slices.Sorted(maps.Keys(edits)) {
+		g := want.groups[name]
+		g.stem = free.next()
+		want.groups[name] = g
+	}
+	again, err := w.buildGroups(bt, want, cur, verify, func(name string) bool { return edits[name] != nil })
+	maps.Copy(refused, again)
+	return err
 }
 
 // portChains is what every port gets in each dispatch map: its planned chain, or, where its list
@@ -167,14 +239,20 @@ func podAddrs(pods []policyrules.Pod) []netip.Addr {
 	return out
 }
 
-// switchPorts writes the fixed objects and switches every port to its final chain and every
-// source element to its planned state, in one transaction: no packet sees half a change.
-func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.Ruleset, want desired, final map[string]map[int]string) error {
+// switchPorts writes the fixed objects, edits the sets of the groups edited in place and adds
+// their chains, switches every port to its final chain and every source element to its planned
+// state, and deletes the edits' donor chains, in one transaction: no packet sees half a change.
+func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.Ruleset, want desired, final map[string]map[int]string, edits map[string]*inPlaceEdit) error {
 	fixed, err := w.writeFixed(bt, it, cur, rs)
 	if err != nil {
 		return err
 	}
 	w.res.FixedWritten = fixed
+	for _, name := range slices.Sorted(maps.Keys(edits)) {
+		if err := w.queueEdit(bt, name, want.groups[name], edits[name]); err != nil {
+			return err
+		}
+	}
 	for _, m := range []string{MapEgress, MapIngress} {
 		set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
 		del, add := mapDiff(cur.maps[m], final[m])
@@ -200,6 +278,17 @@ func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.R
 			return err
 		}
 	}
+	// The donors last: the kernel refuses to delete a chain a map element still names, and a
+	// set a rule still looks up.
+	for _, name := range slices.Sorted(maps.Keys(edits)) {
+		e := edits[name]
+		w.c.DelChain(&nftables.Chain{Table: bt, Name: e.donor})
+		for _, se := range e.sets {
+			if se.remove {
+				w.c.DelSet(se.set)
+			}
+		}
+	}
 	return w.flush("policy switch")
 }
 
@@ -222,16 +311,21 @@ func dropsElements(chains map[int]string, names map[int]string) []nftables.SetEl
 // dropsDiff returns the counters to delete (a port that goes, or whose pod is another: its
 // count starts again) and to add. Pure.
 func dropsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElement) {
-	id := func(e nftables.SetElement) string { return string(e.Key) + "\x00" + e.Comment }
-	wantIDs := make(map[string]bool, len(want))
+	return diffBy(have, want, func(e nftables.SetElement) string { return string(e.Key) + "\x00" + e.Comment })
+}
+
+// diffBy returns the elements of have that want lacks (their key and key end: what deletes
+// them) and those of want that have lacks, an element being what id says. Pure.
+func diffBy[K comparable](have, want []nftables.SetElement, id func(nftables.SetElement) K) (del, add []nftables.SetElement) {
+	wantIDs := make(map[K]bool, len(want))
 	for _, e := range want {
 		wantIDs[id(e)] = true
 	}
-	haveIDs := make(map[string]bool, len(have))
+	haveIDs := make(map[K]bool, len(have))
 	for _, e := range have {
 		haveIDs[id(e)] = true
 		if !wantIDs[id(e)] {
-			del = append(del, nftables.SetElement{Key: e.Key})
+			del = append(del, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
 		}
 	}
 	for _, e := range want {
@@ -267,11 +361,12 @@ func mapDiff(have, want map[int]string) (del, add []nftables.SetElement) {
 	return del, add
 }
 
-// removeUnused deletes the groups nobody refers to any more. The kernel refuses to delete a
-// chain that a map element still names, so this is a transaction of its own after the switch. A
-// refused group may have left sets behind (a big one is built over several transactions): with
-// rereadSets the sets are read again.
-func (w *writer) removeUnused(bt *nftables.Table, cur state, final map[string]map[int]string, rereadSets bool) error {
+// removeUnused deletes the groups nobody refers to any more: their chains, and the group sets
+// no chain of final looks up. The kernel refuses to delete a chain that a map element still
+// names, so this is a transaction of its own after the switch. A refused group may have left
+// sets behind (a big one is built over several transactions): with rereadSets the sets are read
+// again.
+func (w *writer) removeUnused(bt *nftables.Table, cur state, want desired, final map[string]map[int]string, edits map[string]*inPlaceEdit, rereadSets bool) error {
 	sets := cur.sets
 	if rereadSets {
 		var err error
@@ -279,7 +374,7 @@ func (w *writer) removeUnused(bt *nftables.Table, cur state, final map[string]ma
 			return err
 		}
 	}
-	chains, sets := unusedGroups(final, cur.groupChains, sets)
+	chains, sets := unusedGroups(final, cur, want, edits, sets)
 	for _, name := range chains {
 		w.c.DelChain(&nftables.Chain{Table: bt, Name: name})
 		w.dirty = true
@@ -292,22 +387,43 @@ func (w *writer) removeUnused(bt *nftables.Table, cur state, final map[string]ma
 	return w.flush("remove unused policy groups")
 }
 
-// unusedGroups returns the group chains, sorted, and the group sets that no port of final
-// refers to. Pure.
-func unusedGroups(final map[string]map[int]string, chains map[string]bool, sets []string) (unusedChains, unusedSets []string) {
+// unusedGroups returns the group chains, sorted, that no port of final refers to, and the group
+// sets that no chain of final looks up (a planned group's: its planned sets; a chain kept for a
+// refused list: whatever its rules look up), but those the edits already deleted. Pure.
+func unusedGroups(final map[string]map[int]string, cur state, want desired, edits map[string]*inPlaceEdit, sets []string) (unusedChains, unusedSets []string) {
 	used := map[string]bool{}
 	for _, m := range final {
 		for _, chain := range m {
 			used[chain] = true
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(chains)) {
-		if !used[name] {
+	gone := map[string]bool{}
+	for _, e := range edits {
+		gone[e.donor] = true
+		for _, se := range e.sets {
+			if se.remove {
+				gone[se.set.Name] = true
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(cur.groupChains)) {
+		if !used[name] && !gone[name] {
 			unusedChains = append(unusedChains, name)
 		}
 	}
+	usedSets, usedStems := map[string]bool{}, map[string]bool{}
+	for chain := range used {
+		if g, ok := want.groups[chain]; ok {
+			for _, s := range groupSets(nil, g.stem, g.group, false) {
+				usedSets[s.set.Name] = true
+			}
+		} else if stem := cur.groupStems[chain]; stem != "" {
+			usedStems[stem] = true
+		}
+	}
 	for _, s := range sets {
-		if group, ok := groupOfSet(s); ok && !used[group] {
+		stem, ok := setStem(s)
+		if ok && !usedSets[s] && !usedStems[stem] && !gone[s] {
 			unusedSets = append(unusedSets, s)
 		}
 	}
@@ -366,7 +482,9 @@ func (w *writer) flush(what string) error {
 // many as it needs, while nothing refers to it. When the kernel refuses a transaction of several
 // groups (nothing of it happened), each is sent again alone: only the group it refuses alone is
 // refused. The error is for what is no group's doing (a set that cannot be encoded).
-func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool) (map[string]error, error) {
+//
+// only, when not nil, says which groups to look at (the others are edited in place, or done).
+func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool, only func(string) bool) (map[string]error, error) {
 	refused := map[string]error{}
 	type queued struct {
 		name  string
@@ -395,6 +513,9 @@ func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify
 	}
 	written := map[string]groupState{}
 	for _, name := range want.byCost() {
+		if only != nil && !only(name) {
+			continue
+		}
 		g := want.groups[name]
 		st := cur.groupState(name, g, verify)
 		if st == groupOK {
@@ -458,7 +579,7 @@ func (e sendError) Unwrap() error { return e.err }
 func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st groupState, cur state, split bool) error {
 	w.begin(bt)
 	if st != groupRulesDiffer {
-		for _, s := range groupSets(bt, name, g.group, true) {
+		for _, s := range groupSets(bt, g.stem, g.group, true) {
 			if err := w.c.AddSet(s.set, nil); err != nil {
 				return fmt.Errorf("policy set %s: %w", s.set.Name, err)
 			}
@@ -479,7 +600,7 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 			}
 		}
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.dir, g.group, g.audit))
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(g.stem, g.dir, g.group, g.audit))
 	return nil
 }
 
@@ -570,6 +691,9 @@ type desired struct {
 }
 
 type plannedGroup struct {
+	// stem names its sets (slotStem): the sets its chain refers to, or a donor's, or a new
+	// slot's (assignStems). Empty in the pure plan.
+	stem  string
 	dir   string
 	audit bool // only staged policies isolate its pods (policyrules.Direction.Audit)
 	group group
@@ -588,11 +712,11 @@ func mapOf(dir string) string {
 
 // plan computes the groups and map elements of rs, and refuses the allow lists over the limits:
 // a list longer than MaxAllowEntries, a group costlier than maxGroupCost, and, the cheapest
-// first, the groups past maxNodeCost all together. Pure.
-func plan(rs policyrules.Ruleset) desired {
+// first, the groups past maxNodeCost all together. Pure but for the memo, which learns the
+// groups of rs's allow lists.
+func plan(rs policyrules.Ruleset, groups *groupMemo) desired {
 	d := desired{groups: map[string]plannedGroup{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}},
 		sources: map[string][]nftables.SetElement{}, keep: map[string]map[int]bool{MapEgress: {}, MapIngress: {}}}
-	groups := newGroupMemo()
 	for _, p := range rs.Pods {
 		if p.Port <= 0 {
 			continue
@@ -650,59 +774,129 @@ func plan(rs policyrules.Ruleset) desired {
 }
 
 // groupMemo computes the group of each distinct allow list once: the pods a policy selects have
-// equal lists, and a big list's group costs a few hundred milliseconds.
+// equal lists, a big list's group costs a few hundred milliseconds, and from one pass to the
+// next most lists stay. It keeps the lists of the last pass only (sweep): whatever the churn, it
+// holds no more than one pass's distinct lists.
 type groupMemo struct {
-	seed maphash.Seed
-	by   map[uint64][]*memoGroup // by the hash of the allow list
+	seed   maphash.Seed
+	by     map[uint64][]*memoGroup // by the hash of the allow list
+	byName map[string]*memoGroup   // by the names named gave them
+	pass   uint64                  // the pass under way; a memoGroup used in it has used == pass
 }
 
 type memoGroup struct {
-	allow []policyrules.Entry
+	allow []policyrules.Entry // a copy: the caller's list may change after the pass
 	group
 	ok    bool
-	names map[string]string // direction → name
+	used  uint64
+	names [4]string // by direction and audit-ness (named); "" until asked
+	memo  *groupMemo
 }
 
 func newGroupMemo() *groupMemo {
-	return &groupMemo{seed: maphash.MakeSeed(), by: map[uint64][]*memoGroup{}}
+	return &groupMemo{seed: maphash.MakeSeed(), by: map[uint64][]*memoGroup{}, byName: map[string]*memoGroup{}, pass: 1}
 }
 
 // of is canonical(allow, maxGroupCost), computed once per distinct allow.
 func (m *groupMemo) of(allow []policyrules.Entry) (*memoGroup, bool) {
 	var h maphash.Hash
 	h.SetSeed(m.seed)
+	var buf [38]byte
 	for _, e := range allow {
 		first, last := e.Peer.First.As16(), e.Peer.Last.As16()
-		h.Write(first[:])
-		h.Write(last[:])
+		b := append(append(buf[:0], first[:]...), last[:]...)
 		if e.Ports != nil {
-			h.Write([]byte{1, e.Ports.Protocol, byte(e.Ports.First >> 8), byte(e.Ports.First), byte(e.Ports.Last >> 8), byte(e.Ports.Last)})
+			b = append(b, 1, e.Ports.Protocol, byte(e.Ports.First>>8), byte(e.Ports.First), byte(e.Ports.Last>>8), byte(e.Ports.Last))
 		} else {
-			h.WriteByte(0)
+			b = append(b, 0)
 		}
+		h.Write(b)
 	}
 	key := h.Sum64()
 	for _, g := range m.by[key] {
 		if slices.EqualFunc(g.allow, allow, policyrules.Entry.Equal) {
+			g.used = m.pass
 			return g, g.ok
 		}
 	}
-	g := &memoGroup{allow: allow, names: map[string]string{}}
+	g := &memoGroup{allow: cloneEntries(allow), used: m.pass}
 	g.group, g.ok = canonical(allow, maxGroupCost)
+	g.memo = m
 	m.by[key] = append(m.by[key], g)
 	return g, g.ok
 }
 
+// named is the group of a name given this pass or the last one; false for any other.
+func (m *groupMemo) named(name string) (group, bool) {
+	g, ok := m.byName[name]
+	if !ok {
+		return group{}, false
+	}
+	return g.group, true
+}
+
+// sweep ends a pass: the lists it did not use are forgotten.
+func (m *groupMemo) sweep() {
+	for key, gs := range m.by {
+		gs = slices.DeleteFunc(gs, func(g *memoGroup) bool {
+			if g.used == m.pass {
+				return false
+			}
+			for _, name := range g.names {
+				if m.byName[name] == g { // two lists in another order are one group, one name
+					delete(m.byName, name)
+				}
+			}
+			return true
+		})
+		if len(gs) == 0 {
+			delete(m.by, key)
+		} else {
+			m.by[key] = gs
+		}
+	}
+	m.pass++
+}
+
+// size is the number of lists the memo holds (tests).
+func (m *groupMemo) size() int {
+	n := 0
+	for _, gs := range m.by {
+		n += len(gs)
+	}
+	return n
+}
+
+// cloneEntries copies a list and the ports its entries point to.
+func cloneEntries(allow []policyrules.Entry) []policyrules.Entry {
+	out := slices.Clone(allow)
+	for i, e := range out {
+		if e.Ports != nil {
+			p := *e.Ports
+			out[i].Ports = &p
+		}
+	}
+	return out
+}
+
 // named is the group's name in direction dir, enforced or audit.
 func (g *memoGroup) named(dir string, audit bool) string {
-	key := dir
+	k := 0
+	if dir == ingressDir {
+		k = 2
+	}
 	if audit {
-		key = dir + auditInfix
+		k++
 	}
-	if _, ok := g.names[key]; !ok {
-		g.names[key] = g.name(key)
+	if g.names[k] == "" {
+		prefix := dir
+		if audit {
+			prefix = dir + auditInfix
+		}
+		g.names[k] = g.name(prefix)
 	}
-	return g.names[key]
+	g.memo.byName[g.names[k]] = g // this pass's, whichever list of the same group it was first
+	return g.names[k]
 }
 
 // byCost lists the groups, the cheapest first (then by name).
@@ -726,19 +920,6 @@ func (d *desired) refuse(name string, why error) {
 	d.refused = append(d.refused, policyrules.Refusal{Ingress: g.dir == ingressDir, Pods: g.pods, Group: name, Cost: g.cost, Err: why})
 }
 
-// groupOfSet returns the group a set belongs to ("in-<hash>-any-ipv4" → "in-<hash>").
-func groupOfSet(set string) (string, bool) {
-	if !strings.HasPrefix(set, ingressDir+"-") && !strings.HasPrefix(set, egressDir+"-") {
-		return "", false
-	}
-	for _, suffix := range []string{"-any-ipv4", "-any-ipv6", "-ports-ipv4", "-ports-ipv6"} {
-		if g, ok := strings.CutSuffix(set, suffix); ok {
-			return g, true
-		}
-	}
-	return "", false
-}
-
 // state is what the kernel holds of the tables.
 type state struct {
 	bridgeExists bool
@@ -746,13 +927,16 @@ type state struct {
 	inetForeign  bool                        // the inet table holds chains that are not this layout's
 	bridgeRules  map[string][]*nftables.Rule // chain → rules
 	groupChains  map[string]bool
-	sets         []string
-	maps         map[string]map[int]string // map → port → chain
-	onLink       []nftables.SetElement
-	localPods    map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
-	sources      map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
-	drops        map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
-	rateLimited  bool                             // the CounterLogRateLimited object exists
+	// groupStems is the stem of the sets each group chain's rules look up (setStem; "" for a
+	// chain that looks none up).
+	groupStems  map[string]string
+	sets        []string
+	maps        map[string]map[int]string // map → port → chain
+	onLink      []nftables.SetElement
+	localPods   map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
+	sources     map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
+	drops       map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
+	rateLimited bool                             // the CounterLogRateLimited object exists
 	// setElements holds the elements of every group set (read only with Verify).
 	setElements map[string][]nftables.SetElement
 }
@@ -766,12 +950,13 @@ const (
 	groupSetsDiffer             // a set is missing or (Verify) holds other elements
 )
 
-// groupState compares one planned group with the kernel.
+// groupState compares one planned group, its stem assigned, with the kernel: a chain that looks
+// up other sets than the group's stem's (the older layout's, none) has sets that differ.
 func (st state) groupState(name string, g plannedGroup, verify bool) groupState {
 	if !st.groupChains[name] {
 		return groupMissing
 	}
-	for _, s := range groupSets(BridgeTable(""), name, g.group, verify) {
+	for _, s := range groupSets(BridgeTable(""), g.stem, g.group, verify) {
 		if !slices.Contains(st.sets, s.set.Name) {
 			return groupSetsDiffer
 		}
@@ -779,7 +964,7 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 			return groupSetsDiffer
 		}
 	}
-	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(name, g.dir, g.group, g.audit)) != nil {
+	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(g.stem, g.dir, g.group, g.audit)) != nil {
 		return groupRulesDiffer
 	}
 	return groupOK
@@ -807,30 +992,12 @@ func sameElements(a, b []nftables.SetElement) bool {
 // elementsDiff returns the elements of have that want lacks and those of want that have lacks,
 // by key (a plain set's elements are their keys).
 func elementsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElement) {
-	in := func(els []nftables.SetElement) map[string]bool {
-		m := make(map[string]bool, len(els))
-		for _, e := range els {
-			m[string(e.Key)] = true
-		}
-		return m
-	}
-	haveKeys, wantKeys := in(have), in(want)
-	for _, e := range have {
-		if !wantKeys[string(e.Key)] {
-			del = append(del, nftables.SetElement{Key: e.Key})
-		}
-	}
-	for _, e := range want {
-		if !haveKeys[string(e.Key)] {
-			add = append(add, e)
-		}
-	}
-	return del, add
+	return diffBy(have, want, func(e nftables.SetElement) string { return string(e.Key) })
 }
 
 // readState reads the tables; missing ones read as empty.
 func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
-	st := state{groupChains: map[string]bool{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
+	st := state{groupChains: map[string]bool{}, groupStems: map[string]string{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
 		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}, drops: map[string][]nftables.SetElement{}}
 	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
 	inetRules, err := nft.TableRules(it)
@@ -865,6 +1032,7 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 	for _, ch := range chains {
 		if ch.Table.Name == bt.Name && (strings.HasPrefix(ch.Name, ingressDir+"-") || strings.HasPrefix(ch.Name, egressDir+"-")) {
 			st.groupChains[ch.Name] = true
+			st.groupStems[ch.Name] = lookedUpStem(st.bridgeRules[ch.Name])
 		}
 	}
 	if st.sets, err = setNames(c, bt); err != nil {
@@ -913,7 +1081,7 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 	}
 	if verify {
 		for _, s := range st.sets {
-			if _, ok := groupOfSet(s); !ok {
+			if _, ok := setStem(s); !ok {
 				continue
 			}
 			if st.setElements[s], err = c.GetSetElements(&nftables.Set{Table: bt, Name: s}); err != nil {

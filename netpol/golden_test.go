@@ -76,7 +76,8 @@ func TestGolden(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			const network = "golden"
-			d := plan(tc.rs)
+			d := plan(tc.rs, newGroupMemo())
+			assignStems(d, state{}, nil, newSlots(nil))
 			if len(d.refused) > 0 {
 				t.Fatalf("refused: %v", d.refused)
 			}
@@ -115,10 +116,10 @@ func TestGolden(t *testing.T) {
 			}
 			for _, name := range slices.Sorted(maps.Keys(d.groups)) {
 				g := d.groups[name]
-				for _, s := range groupSets(bt, name, g.group, true) {
+				for _, s := range groupSets(bt, g.stem, g.group, true) {
 					sets = append(sets, nftrender.Set{Set: s.set, Elements: s.elements})
 				}
-				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.dir, g.group, g.audit)})
+				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(g.stem, g.dir, g.group, g.audit)})
 			}
 			var inet []nftrender.Chain
 			inetRules := InetRules()

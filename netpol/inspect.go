@@ -59,12 +59,15 @@ func installedOf(bt *nftables.Table, st state) policyrules.Installed {
 		in.LocalPods = append(in.LocalPods, intervalRanges(st.localPods[set], set == SetLocalPodsIPv6)...)
 	}
 	names := map[string]bool{}
+	lookedUp := map[string]bool{}
 	for name := range st.groupChains {
 		names[name] = true
+		lookedUp[st.groupStems[name]] = true
 	}
 	for _, s := range st.sets {
-		if g, ok := groupOfSet(s); ok {
-			names[g] = true
+		if stem, ok := setStem(s); ok && !lookedUp[stem] {
+			// Sets no chain looks up: shown under their stem, as a group without a chain.
+			names[stem] = true
 		}
 	}
 	for _, m := range st.maps {
@@ -157,7 +160,8 @@ func GroupDirection(name string) (ingress, ok bool) {
 	return false, false
 }
 
-// decodeGroup decodes the group name's sets and checks its chain.
+// decodeGroup decodes the sets group name's chain looks up (for a name that is no chain's, the
+// sets of that stem) and checks the chain: its name must stand for the sets' content.
 func decodeGroup(bt *nftables.Table, name string, st state) policyrules.InstalledGroup {
 	ingress, _ := GroupDirection(name)
 	g := policyrules.InstalledGroup{Name: name, Ingress: ingress}
@@ -170,9 +174,17 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	if g.Audit {
 		nameDir = dir + auditInfix
 	}
+	stem := name
+	if st.groupChains[name] {
+		stem = st.groupStems[name]
+	}
 	var entries []policyrules.Entry
 	for _, is6 := range []bool{false, true} {
-		for _, set := range []string{anySetName(name, is6), portsSetName(name, is6)} {
+		for _, set := range []string{anySetName(stem, is6), portsSetName(stem, is6)} {
+			if stem == "" || !slices.Contains(st.sets, set) {
+				continue
+			}
+			g.Sets = append(g.Sets, set)
 			for _, el := range st.setElements[set] {
 				e, err := decodeElement(el, is6, strings.Contains(set, "-ports-"))
 				if err != nil {
@@ -186,13 +198,17 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	canon, _ := canonical(entries, math.MaxInt)
 	g.Entries = canon.entries()
 	if !st.groupChains[name] {
-		g.Damage = append(g.Damage, "its chain is missing")
+		if _, ok := GroupDirection(name); ok {
+			g.Damage = append(g.Damage, "its chain is missing")
+		} else {
+			g.Damage = append(g.Damage, "no chain looks its sets up")
+		}
 		return g
 	}
 	if canon.name(nameDir) != name {
 		g.Damage = append(g.Damage, "its sets do not hold the allow list its name stands for (elements missing or added)")
 	}
-	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(name, dir, canon, g.Audit)); d != nil {
+	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(stem, dir, canon, g.Audit)); d != nil {
 		g.Damage = append(g.Damage, "its rules are not the ones its sets call for: "+d.Error())
 	}
 	return g

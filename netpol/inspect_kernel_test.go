@@ -112,12 +112,13 @@ func TestInspectRoundTrip(t *testing.T) {
 	}
 
 	// Damage: an element of b's group removed, a's map element removed.
+	bSet := n.groupSet(t, bIn.Name, "-ports-ipv4")
 	nettest.Do(t, n.node, func() error {
 		c, err := nftables.New()
 		if err != nil {
 			return err
 		}
-		set := &nftables.Set{Table: BridgeTable(n.network), Name: portsSetName(bIn.Name, false)}
+		set := &nftables.Set{Table: BridgeTable(n.network), Name: bSet}
 		els, err := c.GetSetElements(set)
 		if err != nil || len(els) == 0 {
 			return fmt.Errorf("elements of %s: %v, %v", set.Name, els, err)

@@ -372,21 +372,24 @@ func TestGroups(t *testing.T) {
 	// b's allow list grows by a's link-local address: now that passes too.
 	rs = with(rs, b.port, allowFrom(tcp8080, a.v4, a.v6, a.ll, x4), policyrules.Direction{})
 	before := n.groupObjects(t)
+	oldChain := groupNames(t, n)[MapIngress][b.port]
 	res := n.apply(t, rs, Options{})
-	if res.NewGroups != 1 || res.RemovedGroups != 1 || res.MapChanges != 2 {
-		t.Errorf("Apply of one changed list: %+v, want one group in, one out, one element replaced", res)
+	if res.EditedGroups != 1 || res.NewGroups != 0 || res.RemovedGroups != 0 || res.MapChanges != 2 {
+		t.Errorf("Apply of one changed list: %+v, want b's group edited in place (no group built or removed), one element replaced", res)
 	}
 	after := n.groupObjects(t)
-	if len(after) != len(before) || slices.Equal(after, before) {
-		t.Errorf("group chains and sets before %v, after %v: want the old group's replaced by the new one's, nothing left over", before, after)
-	}
 	d := groupNames(t, n)
+	newChain := d[MapIngress][b.port]
+	if want := slices.Sorted(slices.Values(append(slices.DeleteFunc(slices.Clone(before), func(o string) bool { return o == oldChain }), newChain))); !slices.Equal(after, want) {
+		t.Errorf("group chains and sets before %v, after %v: want %v (b's chain replaced, its sets kept)", before, after, want)
+	}
+	owner := n.setOwners(t)
 	for _, obj := range after {
-		if g, ok := groupOfSet(obj); ok {
-			obj = g
+		if chain, ok := owner[obj]; ok {
+			obj = chain
 		}
 		if !slices.Contains([]string{d[MapIngress][b.port], d[MapEgress][a.port]}, obj) {
-			t.Errorf("%s is in the kernel, but no map element names it", obj)
+			t.Errorf("%s is in the kernel, but no map element leads to it", obj)
 		}
 	}
 	n.expectTCP(t, "a → b link-local (allowed now)", a.ns, b.ll, 8080, true)
@@ -466,7 +469,7 @@ func TestBrokenRulesFailClosed(t *testing.T) {
 			args := breakage.args
 			if args == nil {
 				d := groupNames(t, n)
-				args = []string{"flush", "set", "bridge", TableName(n.network), portsSetName(d[MapIngress][b.port], false)}
+				args = []string{"flush", "set", "bridge", TableName(n.network), n.groupSet(t, d[MapIngress][b.port], "-ports-ipv4")}
 			}
 			nftIn(t, n.node, args...)
 			for _, p := range everything {
@@ -505,7 +508,7 @@ func (n *bridgedNode) groupObjects(t *testing.T) []string {
 			return err
 		}
 		for _, s := range sets {
-			if _, ok := groupOfSet(s.Name); ok {
+			if _, ok := setStem(s.Name); ok {
 				out = append(out, s.Name)
 			}
 		}
@@ -524,13 +527,41 @@ func (n *bridgedNode) unusedGroupObjects(t *testing.T) []string {
 			used[chain] = true
 		}
 	}
+	owner := n.setOwners(t)
 	var out []string
 	for _, o := range n.groupObjects(t) {
-		if g, ok := groupOfSet(o); !used[o] && (!ok || !used[g]) {
+		if chain, ok := owner[o]; !used[o] && (!ok || !used[chain]) {
 			out = append(out, o)
 		}
 	}
 	return out
+}
+
+// setOwners maps each group set a group chain looks up to that chain (Inspect).
+func (n *bridgedNode) setOwners(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for name, g := range n.inspect(t).Groups {
+		if _, chain := GroupDirection(name); !chain {
+			continue
+		}
+		for _, s := range g.Sets {
+			out[s] = name
+		}
+	}
+	return out
+}
+
+// groupSet is the set of kind (a suffix: "-ports-ipv4") that chain looks up; fatal without one.
+func (n *bridgedNode) groupSet(t *testing.T, chain, kind string) string {
+	t.Helper()
+	for _, s := range n.inspect(t).Groups[chain].Sets {
+		if strings.HasSuffix(s, kind) {
+			return s
+		}
+	}
+	t.Fatalf("group %s looks up no set %s", chain, kind)
+	return ""
 }
 
 func groupNames(t *testing.T, n *bridgedNode) map[string]map[int]string {
@@ -702,31 +733,38 @@ func TestRefusedAllowList(t *testing.T) {
 	n.expectTCP(t, "d's list: c → d", c.ns, d.v4, 8080, true)
 }
 
-// TestKernelRefusedGroup: a group the kernel refuses (here: a set of its name already there with
-// another type) is refused alone, whether it shared its transaction with other groups or was
-// built over transactions of its own (whose sets are then removed); every other group is
-// installed, the pass reports the refusal rather than failing, and the next Apply installs it.
+// TestKernelRefusedGroup: a group the kernel refuses (here: a chain of its name is already there,
+// the drop chain its rules go to jumps to it, and a base chain to the drop chain: the kernel
+// refuses the loop, which a base chain reaches, with EMLINK) is refused alone,
+// whether it shared its transaction with other groups or was built over transactions of its own
+// (whose sets are then removed); every other group is installed, the pass reports the refusal
+// rather than failing, and the next Apply installs it.
 func TestKernelRefusedGroup(t *testing.T) {
 	n := newBridgedNode(t)
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
 	n.apply(t, n.open(), Options{})
 	for _, tc := range []struct {
-		name     string
-		forB     policyrules.Direction
-		conflict string // the suffix of b's group set made to clash
-		capped   int
+		name   string
+		forB   policyrules.Direction
+		capped int
 	}{
-		{"small group sharing its transaction", allowFrom(tcp8080, a.v4), "-ports-ipv4", 0},
-		{"big group over transactions of its own", bigAllow(a.v4, 5000), "-ports-ipv6", 1000},
+		{"small group sharing its transaction", allowFrom(tcp8080, a.v4), 0},
+		{"big group over transactions of its own", bigAllow(a.v4, 5000), 1000},
 	} {
 		g, _ := canonical(tc.forB.Allow, maxGroupCost)
 		group := g.name(ingressDir)
-		nftIn(t, n.node, "add", "set", "bridge", TableName(n.network), group+tc.conflict, "{ type ipv4_addr; }")
+		const base = "test-base"
+		nftIn(t, n.node, "add", "chain", "bridge", TableName(n.network), group)
+		nftIn(t, n.node, "add", "rule", "bridge", TableName(n.network), ChainDropIngress, "jump", group)
+		nftIn(t, n.node, "add", "chain", "bridge", TableName(n.network), base, "{ type filter hook input priority 0; }")
+		nftIn(t, n.node, "add", "rule", "bridge", TableName(n.network), base, "meta", "mark", "0x12345", "jump", ChainDropIngress)
 		rs := with(with(n.open(), b.port, tc.forB, policyrules.Direction{}), c.port, allowFrom(tcp8080, c.v6, a.v4), policyrules.Direction{})
 		res := n.apply(t, rs, Options{transactionElements: tc.capped})
-		if len(res.Refused) != 1 || res.Refused[0].Group != group || !errors.Is(res.Refused[0].Err, unix.EEXIST) || res.Refused[0].Pods[0] != "b" {
+		if len(res.Refused) != 1 || res.Refused[0].Group != group || !errors.Is(res.Refused[0].Err, unix.EMLINK) || res.Refused[0].Pods[0] != "b" {
 			t.Fatalf("%s: refused %+v, want b's group %s, by the kernel", tc.name, res.Refused, group)
 		}
+		nftIn(t, n.node, "flush", "chain", "bridge", TableName(n.network), base)
+		nftIn(t, n.node, "delete", "chain", "bridge", TableName(n.network), base)
 		n.expectTCP(t, tc.name+": b, open before, denied: a → b", a.ns, b.v4, 8080, false)
 		n.expectTCP(t, tc.name+": c's group installed: a → c", a.ns, c.v4, 8080, true)
 		n.expectTCP(t, tc.name+": c's group installed: b → c", b.ns, c.v4, 8080, false)
@@ -734,7 +772,7 @@ func TestKernelRefusedGroup(t *testing.T) {
 			t.Errorf("%s: group objects no port uses: %v", tc.name, left)
 		}
 		if res := n.apply(t, rs, Options{transactionElements: tc.capped}); len(res.Refused) != 0 || res.NewGroups != 1 {
-			t.Errorf("%s: Apply after the clash went: %+v", tc.name, res)
+			t.Errorf("%s: Apply after the loop went: %+v", tc.name, res)
 		}
 		n.expectTCP(t, tc.name+": b's group: a → b", a.ns, b.v4, 8080, true)
 		n.expectTCP(t, tc.name+": b's group: c → b", c.ns, b.v4, 8080, false)

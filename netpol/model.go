@@ -35,7 +35,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"math/bits"
 	"net/netip"
 	"slices"
@@ -259,22 +258,39 @@ func lowBits(k int) u128 {
 	return u128{0, 1<<k - 1}
 }
 
-// name is the content address of the group: the chain and sets of a group are named after it,
-// so equal allow lists share them and a changed list is a new name, swapped in atomically.
+// name is the content address of the group: a group's chain is named after it, so equal allow
+// lists share it and a changed list is a new chain, swapped in atomically (its sets are named by
+// a slot, stemOf: see apply.go). The hash is over a fixed binary form of the canonical elements:
+// the lists' lengths, then each element's family-sized bounds, protocol and ports.
 func (g group) name(dir string) string {
-	var b strings.Builder
+	buf := make([]byte, 0, 16+g.elements()*38)
+	// The lengths first: the encoding of one list never reads as that of another.
+	for _, n := range []int{len(g.any4), len(g.any6), len(g.ports4), len(g.ports6)} {
+		buf = binary.BigEndian.AppendUint32(buf, uint32(n))
+	}
 	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
 		for _, r := range rs {
-			fmt.Fprintf(&b, "a%s;", r)
+			buf = append(buf, 'a')
+			buf = append(buf, r.First.AsSlice()...)
+			buf = append(buf, r.Last.AsSlice()...)
 		}
 	}
 	for _, bs := range [][]box{g.ports4, g.ports6} {
 		for _, x := range bs {
-			fmt.Fprintf(&b, "p%s:%s;", x.addrs, x.ports)
+			buf = append(buf, 'p')
+			buf = append(buf, x.addrs.First.AsSlice()...)
+			buf = append(buf, x.addrs.Last.AsSlice()...)
+			buf = append(buf, x.ports.Protocol)
+			buf = binary.BigEndian.AppendUint16(buf, x.ports.First)
+			buf = binary.BigEndian.AppendUint16(buf, x.ports.Last)
 		}
 	}
-	sum := sha256.Sum256([]byte(b.String()))
-	return dir + "-" + hex.EncodeToString(sum[:8])
+	sum := sha256.Sum256(buf)
+	var out [64]byte
+	n := copy(out[:], dir)
+	out[n] = '-'
+	hex.Encode(out[n+1:], sum[:8])
+	return string(out[:n+1+16])
 }
 
 // String describes the group for logs and tests.

@@ -3,8 +3,10 @@ package netpol
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
@@ -101,7 +103,7 @@ func TestPlan(t *testing.T) {
 		{Port: 13, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}},
 		{Port: 0, Ingress: deny}, // no port: nothing to dispatch by
 	}}
-	d := plan(rs)
+	d := plan(rs, newGroupMemo())
 	if len(d.groups) != 2 {
 		t.Errorf("groups = %d, want 2 (deny-all ingress shared by a and b, deny-all egress)", len(d.groups))
 	}
@@ -174,7 +176,7 @@ func TestPlanEqualLists(t *testing.T) {
 		d.Allow[999].Ports = tcp(port, port)
 		return d
 	}
-	d := plan(policyrules.Ruleset{Pods: []policyrules.Pod{{Port: 1, Ingress: list(80)}, {Port: 2, Ingress: list(81)}, {Port: 3, Ingress: list(80)}, {Port: 4, Egress: list(81)}}})
+	d := plan(policyrules.Ruleset{Pods: []policyrules.Pod{{Port: 1, Ingress: list(80)}, {Port: 2, Ingress: list(81)}, {Port: 3, Ingress: list(80)}, {Port: 4, Egress: list(81)}}}, newGroupMemo())
 	in := d.maps[MapIngress]
 	if in[1] != in[3] || in[1] == in[2] || len(d.groups) != 3 {
 		t.Errorf("ingress chains %v and %d groups: want ports 1 and 3 in one group, 2 in another, 4's egress a third", in, len(d.groups))
@@ -182,6 +184,61 @@ func TestPlanEqualLists(t *testing.T) {
 	for name, g := range d.groups {
 		if want, _ := canonical(map[string][]policyrules.Entry{in[1]: list(80).Allow, in[2]: list(81).Allow, d.maps[MapEgress][4]: list(81).Allow}[name], maxGroupCost); g.group.String() != want.String() {
 			t.Errorf("group %s is not the canonical form of its list", name)
+		}
+	}
+}
+
+// TestGroupMemoAcrossPasses: a memo kept from pass to pass computes a list's group once while
+// passes keep it, gives the same plan as a fresh memo, keeps only the last pass's lists, and a
+// caller that changes its list after a pass changes nothing the memo holds.
+func TestGroupMemoAcrossPasses(t *testing.T) {
+	list := func(ports ...uint16) policyrules.Direction {
+		d := policyrules.Direction{Isolated: true}
+		for _, p := range ports {
+			d.Allow = append(d.Allow, policyrules.Entry{Peer: policyrules.Single(netip.AddrFrom4([4]byte{10, 1, 0, byte(p)})), Ports: tcp(p, p)})
+		}
+		return d
+	}
+	passes := [][]policyrules.Pod{
+		{{Port: 1, Ingress: list(80, 81)}, {Port: 2, Ingress: list(82)}, {Port: 3, Egress: list(80, 81)}, {Port: 4, Ingress: list(81, 80)}},
+		{{Port: 1, Ingress: list(80, 81)}, {Port: 2, Ingress: list(83)}},
+		{{Port: 1, Ingress: list(84)}},
+		{},
+	}
+	memo := newGroupMemo()
+	var kept *memoGroup
+	for i, pods := range passes {
+		rs := policyrules.Ruleset{Pods: pods}
+		got, want := plan(rs, memo), plan(rs, newGroupMemo())
+		if i == 1 {
+			// Port 1's list is the same as in pass 0: the memo's entry, computed once.
+			if g, _ := memo.of(list(80, 81).Allow); g != kept {
+				t.Errorf("pass 1: the list of pass 0 was computed again")
+			}
+		}
+		memo.sweep()
+		if !maps.Equal(got.maps[MapIngress], want.maps[MapIngress]) || !maps.Equal(got.maps[MapEgress], want.maps[MapEgress]) || !slices.Equal(slices.Sorted(maps.Keys(got.groups)), slices.Sorted(maps.Keys(want.groups))) {
+			t.Errorf("pass %d: with the kept memo %v %v, with a fresh one %v %v", i, got.maps, slices.Collect(maps.Keys(got.groups)), want.maps, slices.Collect(maps.Keys(want.groups)))
+		}
+		distinct := map[string]bool{}
+		for _, p := range pods {
+			for _, d := range []policyrules.Direction{p.Ingress, p.Egress} {
+				if d.Isolated {
+					distinct[fmt.Sprint(d.Allow)] = true
+				}
+			}
+		}
+		if memo.size() != len(distinct) {
+			t.Errorf("pass %d: the memo holds %d lists, want the pass's %d", i, memo.size(), len(distinct))
+		}
+		for name := range got.groups {
+			if _, ok := memo.named(name); !ok {
+				t.Errorf("pass %d: the memo does not know group %s of the pass", i, name)
+			}
+		}
+		if i == 0 {
+			kept, _ = memo.of(pods[0].Ingress.Allow)
+			pods[0].Ingress.Allow[0].Ports.First = 1 // the caller reuses its list
 		}
 	}
 }
@@ -291,7 +348,7 @@ func TestPlanLimits(t *testing.T) {
 		}
 		rs.Pods = append(rs.Pods, policyrules.Pod{Port: 10 + g, Name: fmt.Sprint("big", g), Ingress: isolated(allow)})
 	}
-	d := plan(rs)
+	d := plan(rs, newGroupMemo())
 	refused := map[string]policyrules.Refusal{}
 	for _, r := range d.refused {
 		if !errors.Is(r.Err, policyrules.ErrTooBig) || len(r.Pods) != 1 {

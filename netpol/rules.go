@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/google/nftables"
@@ -691,25 +692,70 @@ func InetRules() map[string][]nft.Rule {
 	return map[string][]nft.Rule{ChainConntrack: {fresh, cut, established, related}, ChainNode: {cut, node}}
 }
 
-// Names of a group's sets.
-func anySetName(group string, is6 bool) string {
-	if is6 {
-		return group + "-any-ipv6"
+// A group's sets are named after a slot, not after the group: "g<N>-any-ipv4", "g<N>-any-ipv6",
+// "g<N>-ports-ipv4", "g<N>-ports-ipv6", N the smallest number no set of the table has when the
+// sets are made. The group's chain (named after its content, group.name) looks them up by
+// name. A group whose allow list changes can so become the new list's group by an edit of its
+// sets' elements and a new chain that refers to the same sets, in the transaction that moves its
+// ports (apply.go, inPlaceEdits); content-addressed sets would have to be built anew. The slot
+// says nothing of the content: Inspect finds a group's sets through its chain's rules and checks
+// that they hold the list the chain's name stands for. Sets named after their group's chain
+// ("in-<hash>-any-ipv4") are those of the layout before slots: Apply replaces them.
+const slotPrefix = "g"
+
+// slotStem is the stem of the sets of slot n.
+func slotStem(n int) string { return slotPrefix + strconv.Itoa(n) }
+
+// slotOf is the number of a slot's stem; false for any other stem (the older layout's).
+func slotOf(stem string) (int, bool) {
+	digits, ok := strings.CutPrefix(stem, slotPrefix)
+	if !ok || digits == "" || (len(digits) > 1 && digits[0] == '0') {
+		return 0, false
 	}
-	return group + "-any-ipv4"
+	n, err := strconv.Atoi(digits)
+	return n, err == nil && n >= 0
 }
 
-func portsSetName(group string, is6 bool) string {
-	if is6 {
-		return group + "-ports-ipv6"
+// setKinds are the suffixes of a group's sets, after their stem.
+var setKinds = []string{"-any-ipv4", "-any-ipv6", "-ports-ipv4", "-ports-ipv6"}
+
+// setStem returns the stem of a group set ("g3-any-ipv4" → "g3"; the older layout's
+// "in-<hash>-any-ipv4" → "in-<hash>"); false for any other set.
+func setStem(set string) (string, bool) {
+	for _, suffix := range setKinds {
+		stem, ok := strings.CutSuffix(set, suffix)
+		if !ok {
+			continue
+		}
+		if _, slot := slotOf(stem); slot {
+			return stem, true
+		}
+		if _, group := GroupDirection(stem); group {
+			return stem, true
+		}
 	}
-	return group + "-ports-ipv4"
+	return "", false
 }
 
-// groupSets returns the set definitions of a group, with their elements when withElements: "any"
+// Names of a group's sets, by their stem.
+func anySetName(stem string, is6 bool) string {
+	if is6 {
+		return stem + "-any-ipv6"
+	}
+	return stem + "-any-ipv4"
+}
+
+func portsSetName(stem string, is6 bool) string {
+	if is6 {
+		return stem + "-ports-ipv6"
+	}
+	return stem + "-ports-ipv4"
+}
+
+// groupSets returns the set definitions of a group whose sets have the stem, with their elements when withElements: "any"
 // is keyed by peer . protocol (the protocol always 0-255: the kernel's concatenated interval sets
 // need two fields), "ports" by peer . protocol . port.
-func groupSets(t *nftables.Table, name string, g group, withElements bool) []setWithElements {
+func groupSets(t *nftables.Table, stem string, g group, withElements bool) []setWithElements {
 	var out []setWithElements
 	for _, is6 := range []bool{false, true} {
 		anyRanges, boxes := g.any4, g.ports4
@@ -717,21 +763,21 @@ func groupSets(t *nftables.Table, name string, g group, withElements bool) []set
 			anyRanges, boxes = g.any6, g.ports6
 		}
 		if len(anyRanges) > 0 {
-			s := setWithElements{set: &nftables.Set{Table: t, Name: anySetName(name, is6), Interval: true, Concatenation: true,
+			s := setWithElements{set: &nftables.Set{Table: t, Name: anySetName(stem, is6), Interval: true, Concatenation: true,
 				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto)}}
 			if withElements {
 				s.elements = make([]nftables.SetElement, 0, len(anyRanges))
 				for _, r := range anyRanges {
 					s.elements = append(s.elements, nftables.SetElement{
-						Key:    append(r.First.AsSlice(), pad4([]byte{0})...),
-						KeyEnd: append(r.Last.AsSlice(), pad4([]byte{255})...),
+						Key:    anyKey(r.First, 0),
+						KeyEnd: anyKey(r.Last, 255),
 					})
 				}
 			}
 			out = append(out, s)
 		}
 		if len(boxes) > 0 {
-			s := setWithElements{set: &nftables.Set{Table: t, Name: portsSetName(name, is6), Interval: true, Concatenation: true,
+			s := setWithElements{set: &nftables.Set{Table: t, Name: portsSetName(stem, is6), Interval: true, Concatenation: true,
 				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}}
 			if withElements {
 				s.elements = make([]nftables.SetElement, 0, len(boxes))
@@ -753,9 +799,36 @@ type setWithElements struct {
 	elements []nftables.SetElement
 }
 
-func portsKey(a interface{ AsSlice() []byte }, proto uint8, port uint16) []byte {
-	k := append(a.AsSlice(), pad4([]byte{proto})...)
-	return append(k, pad4(binaryutil.BigEndian.PutUint16(port))...)
+// anyKey is a bound of an "any" element: the address, the protocol padded to 32 bits. One
+// allocation: a pass makes a few of these for every element of every group it edits or builds.
+func anyKey(a netip.Addr, proto uint8) []byte {
+	n := addrBytes(a.Is6())
+	k := make([]byte, n+4)
+	putAddr(k, a)
+	k[n] = proto
+	return k
+}
+
+// portsKey is a bound of a "ports" element: the address, the protocol and the port, each
+// padded to 32 bits.
+func portsKey(a netip.Addr, proto uint8, port uint16) []byte {
+	n := addrBytes(a.Is6())
+	k := make([]byte, n+8)
+	putAddr(k, a)
+	k[n] = proto
+	binary.BigEndian.PutUint16(k[n+4:], port)
+	return k
+}
+
+// putAddr writes a's bytes (4 or 16) at the start of k.
+func putAddr(k []byte, a netip.Addr) {
+	if a.Is4() {
+		b := a.As4()
+		copy(k, b[:])
+		return
+	}
+	b := a.As16()
+	copy(k, b[:])
 }
 
 func pad4(b []byte) []byte {
@@ -797,7 +870,7 @@ func laterFragments(bit uint32) []nft.Rule {
 // sets holds; drop the rest. The peer is the source for ingress and the destination for egress.
 // An audit group (only staged policies isolate its pods) grants the rest too: its last rule
 // marks what the staged policies would drop, and changes no verdict.
-func groupRules(name, dir string, g group, audit bool) []nft.Rule {
+func groupRules(stem, dir string, g group, audit bool) []nft.Rule {
 	peer, bit, drop, pass := nft.Source, MarkIngress, ChainDropIngress, ChainAuditIngress
 	if dir == egressDir {
 		peer, bit, drop, pass = nft.Destination, MarkEgress, ChainDropEgress, ChainAuditEgress
@@ -815,7 +888,7 @@ func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 			anyRanges, boxes = g.any6, g.ports6
 		}
 		if len(anyRanges) > 0 {
-			set := anySetName(name, is6)
+			set := anySetName(stem, is6)
 			rules = append(rules, nft.Rule{
 				Comment: "peer allowed on every protocol and port (" + set + ")",
 				Exprs: concat(isFamily(is6), []expr.Any{loadAddr(is6, peer, cat(0)),
@@ -824,7 +897,7 @@ func groupRules(name, dir string, g group, audit bool) []nft.Rule {
 			})
 		}
 		if len(boxes) > 0 {
-			set := portsSetName(name, is6)
+			set := portsSetName(stem, is6)
 			proto := addrBytes(is6) / 4
 			rules = append(rules, nft.Rule{
 				Comment: "peer allowed on this protocol and port (" + set + ")",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/nftables"
@@ -115,15 +116,60 @@ func TestMapDiff(t *testing.T) {
 }
 
 func TestUnusedGroups(t *testing.T) {
-	final := map[string]map[int]string{MapIngress: ports(1, "in-a", 2, ChainAllowIngress), MapEgress: ports(1, "out-a")}
-	chains := map[string]bool{"in-a": true, "in-b": true, "out-a": true, "out-c": true}
-	sets := []string{"in-a-any-ipv4", "in-b-any-ipv4", "in-b-ports-ipv6", "out-c-any-ipv6", "in-d-ports-ipv4", SetOnLink, "sources-ipv4"}
-	gotChains, gotSets := unusedGroups(final, chains, sets)
-	if !slices.Equal(gotChains, []string{"in-b", "out-c"}) {
-		t.Errorf("unused chains = %v, want [in-b out-c]", gotChains)
+	one := group{any4: []policyrules.Range{policyrules.Single(netip.MustParseAddr("10.0.0.1"))}}
+	// in-a is planned with slot 0 (any-ipv4 only); out-a is a refused list's chain, kept, that
+	// looks up slot 5; in-b and out-c go; in-e came from out-x's slot 7 by an edit that deleted
+	// g7-ports-ipv6.
+	final := map[string]map[int]string{MapIngress: ports(1, "in-a", 2, ChainAllowIngress, 3, "in-e"), MapEgress: ports(1, "out-a")}
+	cur := state{
+		groupChains: map[string]bool{"in-a": true, "in-b": true, "out-a": true, "out-c": true, "out-x": true},
+		groupStems:  map[string]string{"in-a": "g0", "in-b": "in-b", "out-a": "g5", "out-c": "g2", "out-x": "g7"},
 	}
-	// in-d has sets left by a refused build and no chain: they go too; fixed sets never do.
-	if !slices.Equal(gotSets, []string{"in-b-any-ipv4", "in-b-ports-ipv6", "out-c-any-ipv6", "in-d-ports-ipv4"}) {
-		t.Errorf("unused sets = %v", gotSets)
+	want := desired{groups: map[string]plannedGroup{"in-a": {stem: "g0", group: one}, "in-e": {stem: "g7", group: one}}}
+	edits := map[string]*inPlaceEdit{"in-e": {donor: "out-x", stem: "g7", sets: []setEdit{
+		{set: &nftables.Set{Name: "g7-any-ipv4"}}, {set: &nftables.Set{Name: "g7-ports-ipv6"}, remove: true}}}}
+	sets := []string{"g0-any-ipv4", "g0-ports-ipv4", "in-b-any-ipv4", "in-b-ports-ipv6", "g2-any-ipv6", "g5-any-ipv4", "g5-ports-ipv6",
+		"g9-ports-ipv4", "g7-any-ipv4", "g7-ports-ipv6", SetOnLink, SetSourcesIPv4}
+	gotChains, gotSets := unusedGroups(final, cur, want, edits, sets)
+	if !slices.Equal(gotChains, []string{"in-b", "out-c"}) {
+		t.Errorf("unused chains = %v, want [in-b out-c] (out-x went with its edit)", gotChains)
+	}
+	// g0-ports-ipv4 is a kind in-a does not need; g9 has sets left by a refused build and no
+	// chain: they go too; the kept chain's sets, the edited ones and the fixed sets never do.
+	if want := []string{"g0-ports-ipv4", "in-b-any-ipv4", "in-b-ports-ipv6", "g2-any-ipv6", "g9-ports-ipv4"}; !slices.Equal(gotSets, want) {
+		t.Errorf("unused sets = %v, want %v", gotSets, want)
+	}
+}
+
+// TestIntervalDiff: elements by both bounds (a range that keeps its start and moves its end is
+// deleted and added), whatever their length (bounds longer than a group set's too).
+func TestIntervalDiff(t *testing.T) {
+	el := func(key, end string) nftables.SetElement {
+		return nftables.SetElement{Key: []byte(key), KeyEnd: []byte(end)}
+	}
+	long := strings.Repeat("x", 40)
+	for _, tc := range []struct {
+		name             string
+		have, want       []nftables.SetElement
+		wantDel, wantAdd []string
+	}{
+		{"same", []nftables.SetElement{el("a", "b")}, []nftables.SetElement{el("a", "b")}, nil, nil},
+		{"end moves", []nftables.SetElement{el("a", "b"), el("c", "d")}, []nftables.SetElement{el("a", "c"), el("c", "d")}, []string{"a-b"}, []string{"a-c"}},
+		{"one goes, one comes", []nftables.SetElement{el("a", "b")}, []nftables.SetElement{el("e", "f")}, []string{"a-b"}, []string{"e-f"}},
+		{"long bounds differ after 24 bytes", []nftables.SetElement{el(long+"1", "z")}, []nftables.SetElement{el(long+"2", "z")}, []string{long + "1-z"}, []string{long + "2-z"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			del, add := intervalDiff(tc.have, tc.want)
+			str := func(els []nftables.SetElement) []string {
+				var out []string
+				for _, e := range els {
+					out = append(out, string(e.Key)+"-"+string(e.KeyEnd))
+				}
+				return out
+			}
+			if !slices.Equal(str(del), tc.wantDel) || !slices.Equal(str(add), tc.wantAdd) {
+				t.Errorf("del %v add %v, want %v %v", str(del), str(add), tc.wantDel, tc.wantAdd)
+			}
+		})
 	}
 }

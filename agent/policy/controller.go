@@ -117,6 +117,8 @@ type Controller struct {
 	names atomic.Pointer[dropNames]
 	// logLost counts what the drop log lost in the agent.
 	logLost dropLost
+	// applier keeps the allow lists' groups from one pass to the next.
+	applier *core.PolicyApplier
 }
 
 // Pass is what one pass did.
@@ -493,8 +495,11 @@ func (c *Controller) pass(verify, check bool) Pass {
 	p := Pass{Verified: verify}
 	c.sync()
 	cidrs := c.cfg.PodCIDRs()
+	if c.applier == nil {
+		c.applier = core.NewPolicyApplier()
+	}
 	pass, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
-		Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending},
+		Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending, Applier: c.applier},
 		func(locals []core.PolicyLocal) policyrules.Ruleset {
 			local := LocalsOf(locals)
 			for _, l := range locals {

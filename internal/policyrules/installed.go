@@ -58,6 +58,9 @@ type InstalledGroup struct {
 	Ingress bool // its direction: the peer is the source (ingress) or the destination (egress)
 	// Audit: only staged policies isolate its pods; what its entries do not allow passes.
 	Audit bool
+	// Sets are the group sets its chain's rules look up (a slot's: named by no content), or,
+	// for sets no chain looks up, those sets.
+	Sets []string
 	// Entries are its sets' elements (disjoint boxes: overlapping port ranges cut, neighbouring
 	// peers joined), in the canonical order.
 	Entries []Entry

@@ -204,11 +204,14 @@ type Applied struct {
 	NewGroups      int // groups created by this Apply
 	RepairedGroups int // groups whose chain or sets differed from their plan and were rewritten
 	RemovedGroups  int
-	MapChanges     int  // map elements added, changed or removed
-	Released       int  // ports that got their first elements: their pods' policies came into force
-	Conntrack      uint // conntrack entries of released pods' addresses removed (flows older than the pods)
-	FixedWritten   bool // a fixed chain, map or set was missing or differed and was rewritten
-	Transactions   int
+	// EditedGroups are groups made of another group that went: its sets' elements edited, a new
+	// chain for them (neither new nor removed groups).
+	EditedGroups int
+	MapChanges   int  // map elements added, changed or removed
+	Released     int  // ports that got their first elements: their pods' policies came into force
+	Conntrack    uint // conntrack entries of released pods' addresses removed (flows older than the pods)
+	FixedWritten bool // a fixed chain, map or set was missing or differed and was rewritten
+	Transactions int
 	// LongestTransaction is the longest a transaction of this Apply took to send and be
 	// answered: the kernel holds the network namespace's nftables mutex for a transaction, so
 	// another writer of nftables (an ADD's rules) waits at most that long for it.
@@ -232,7 +235,7 @@ type Dispatch struct {
 
 // Changed tells whether the apply wrote anything.
 func (a Applied) Changed() bool {
-	return a.NewGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
+	return a.NewGroups+a.EditedGroups+a.RepairedGroups+a.RemovedGroups+a.MapChanges+a.Released > 0 || a.FixedWritten
 }
 
 // Refusal is one allow list an apply did not install, and the pods that needed it.

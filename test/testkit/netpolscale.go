@@ -52,7 +52,9 @@ func (s ScaleSize) RunningPod(i int, node string) *corev1.Pod {
 }
 
 // LocalAddr is the address of local pod i (i < Local): 10.128.0.2 onwards.
-func (s ScaleSize) LocalAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 128, 0, byte(2 + i)}) }
+func (s ScaleSize) LocalAddr(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 128, 0, byte(2 + i)})
+}
 
 // Addr is the address of pod i (not a local one): 10.244.2.2 onwards, 200 a /24.
 func (s ScaleSize) Addr(i int) netip.Addr {
