@@ -158,7 +158,7 @@ func cutDenied(rs policyrules.Ruleset, applied policyrules.Applied) (uint, error
 func PolicyDispatch(ingress bool, d policyrules.Direction) (chain string, entries []policyrules.Entry, ok bool) {
 	switch {
 	case d.Isolated:
-		return netpol.GroupFor(ingress, d.Allow)
+		return netpol.GroupFor(ingress, d.Audit, d.Allow)
 	case ingress:
 		return policyrules.AllowIngress, nil, true
 	}

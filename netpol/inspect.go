@@ -130,10 +130,10 @@ func installedLog(rules []*nftables.Rule) policyrules.DropLog {
 	return log
 }
 
-// GroupFor is the group Apply makes of an allow list in a direction: its name and its entries
-// as the kernel will hold them; false when the list is over a limit on what one group may cost
-// (Apply refuses it). Pure.
-func GroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
+// GroupFor is the group Apply makes of an allow list in a direction, enforced or audit (only
+// staged policies isolate it): its name and its entries as the kernel will hold them; false when
+// the list is over a limit on what one group may cost (Apply refuses it). Pure.
+func GroupFor(ingress, audit bool, allow []policyrules.Entry) (string, []policyrules.Entry, bool) {
 	if len(allow) > policyrules.MaxAllowEntries {
 		return "", nil, false
 	}
@@ -144,6 +144,9 @@ func GroupFor(ingress bool, allow []policyrules.Entry) (string, []policyrules.En
 	dir := egressDir
 	if ingress {
 		dir = ingressDir
+	}
+	if audit {
+		dir += auditInfix
 	}
 	return g.name(dir), g.entries(), true
 }

@@ -90,7 +90,7 @@ func TestInspectRoundTrip(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s: group %q not read back (groups %v)", p.Name, d.chain, slices.Collect(maps.Keys(in.Groups)))
 			}
-			name, want, ok := GroupFor(g.Ingress, d.dir.Allow)
+			name, want, ok := GroupFor(g.Ingress, g.Audit, d.dir.Allow)
 			if !ok || name != d.chain || !slices.EqualFunc(g.Entries, want, policyrules.Entry.Equal) {
 				t.Errorf("%s group %s: entries\n%v\nwant %s (%v)\n%v", p.Name, d.chain, g.Entries, name, ok, want)
 			}
@@ -319,5 +319,28 @@ func TestInspectSeesTamperedVerdicts(t *testing.T) {
 				t.Errorf("applied again: damage %v, group %v", in.Damage, in.Groups[chain].Damage)
 			}
 		})
+	}
+}
+
+// TestGroupForNamesWhatApplyMakes: the name GroupFor gives a direction's list is the chain the
+// port's map element goes to, for an enforced and for an audit (staged) direction alike: explain
+// compares the API's objects with the kernel by it, and a wrong name says "pending" of an audit
+// pod the kernel holds as the API means it.
+func TestGroupForNamesWhatApplyMakes(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b := n.pods["a"], n.pods["b"]
+	allow := []policyrules.Entry{{Peer: policyrules.Single(b.v4), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}}}
+	for _, audit := range []bool{false, true} {
+		dir := policyrules.Direction{Isolated: true, Audit: audit, Allow: allow}
+		res := n.apply(t, with(n.open(), a.port, dir, dir), Options{})
+		for _, ingress := range []bool{false, true} {
+			chain := res.Dispatch[a.port].Egress
+			if ingress {
+				chain = res.Dispatch[a.port].Ingress
+			}
+			if name, _, ok := GroupFor(ingress, audit, allow); !ok || name != chain {
+				t.Errorf("audit %v, ingress %v: GroupFor names %q (%v), Apply made %q", audit, ingress, name, ok, chain)
+			}
+		}
 	}
 }

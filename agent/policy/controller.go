@@ -539,7 +539,7 @@ func (c *Controller) pass(verify, check bool) Pass {
 	}
 	if err == nil && p.Applied.Changed() {
 		a := p.Applied
-		c.log.Info("network policy applied", "groups", a.Groups, "newGroups", a.NewGroups, "repairedGroups", a.RepairedGroups,
+		c.log.Info("network policy applied", "groups", a.Groups, "newGroups", a.NewGroups, "editedGroups", a.EditedGroups, "repairedGroups", a.RepairedGroups,
 			"removedGroups", a.RemovedGroups, "mapChanges", a.MapChanges, "released", a.Released, "conntrackRemoved", a.Conntrack,
 			"fixedWritten", a.FixedWritten, "transactions", a.Transactions, "unknownPods", p.Unknown, "cutConnections", p.Cut, "verified", verify,
 			"compiledPods", p.Compiled, "full", p.Full, "took", p.Took)
