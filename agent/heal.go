@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,6 +53,10 @@ type healer struct {
 	// only); each pass tries again, and one is asked for after resubscribeWait.
 	tablesLost, linksLost bool
 	resubscribeWait       time.Duration
+	// ours tells whether an nftables transaction was committed by this process (committedByUs;
+	// tests replace it): the agent's own writes, the policy controller's group rebuilds above
+	// all, are no change by somebody else and wake nothing.
+	ours func(gen *nftables.MonitorEvent) bool
 }
 
 // opener subscribes to events on the calling goroutine and returns their forwarder (subscriptions.follow).
@@ -74,7 +80,7 @@ const (
 
 // newHealer returns a healer; run starts it.
 func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*core.Config, error), done func(healPass)) *healer {
-	h := &healer{log: log, period: period, config: config, done: done}
+	h := &healer{log: log, period: period, config: config, done: done, ours: committedByUs}
 	h.openTables, h.openLinks = h.watchTables, h.watchBridges
 	h.loop = loop.New(loop.Config{
 		AtStart: true, // the first pass compares everything
@@ -333,8 +339,10 @@ func forwardBridges(ctx context.Context, updates <-chan netlink.LinkUpdate, chan
 	}
 }
 
-// forward signals a pass for every committed transaction that changed a table, chain, rule or
-// map of kubenet's. It returns true when the subscription ended before ctx (the socket
+// forward signals a pass for every committed transaction of another process that changed a
+// table, chain, rule or map of kubenet's (the agent's own transactions are what its loops
+// planned: a heal pass, a policy read-back and a node sync for each of them were most of the
+// agent's CPU while pods churn). It returns true when the subscription ended before ctx (the socket
 // overflowed: events were lost, only a pass can tell what changed). It does no netlink work.
 func (h *healer) forward(ctx context.Context, events <-chan *nftables.MonitorEvents, wake func()) bool {
 	for {
@@ -354,11 +362,31 @@ func (h *healer) forward(ctx context.Context, events <-chan *nftables.MonitorEve
 				h.log.Warn("nftables event subscription failed", "err", batch.GeneratedBy.Error)
 				continue
 			}
-			if slices.ContainsFunc(batch.Changes, concernsKubenet) {
+			if !h.ours(batch.GeneratedBy) && slices.ContainsFunc(batch.Changes, concernsKubenet) {
 				wake()
 			}
 		}
 	}
+}
+
+// committedByUs tells whether the transaction that gen (the batch's NEWGEN message) ends was
+// committed by a thread of this process. The kernel names the committing thread by its id in
+// the initial PID namespace and by its name (comm); the thread is ours when /proc/self/task
+// holds that id under the same name. An agent in a PID namespace of its own (a pod without
+// hostPID) sees other ids there: its own transactions are then taken for somebody else's, which
+// costs what it did before (a heal pass and a policy read-back each) and loses no repair.
+// Another process could only be taken for ours by having a thread whose id in the initial
+// namespace is the id of one of ours in our namespace, under our name.
+func committedByUs(gen *nftables.MonitorEvent) bool {
+	if gen == nil {
+		return false
+	}
+	g, ok := gen.Data.(*nftables.GenMsg)
+	if !ok || g == nil || g.ProcPID == 0 {
+		return false
+	}
+	comm, err := os.ReadFile("/proc/self/task/" + strconv.FormatUint(uint64(g.ProcPID), 10) + "/comm")
+	return err == nil && strings.TrimSuffix(string(comm), "\n") == g.ProcComm
 }
 
 // concernsKubenet tells whether an event changed (or removed) a table, chain, rule or map of a

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -268,7 +269,11 @@ func TestHealerFlushStormKeepsGap(t *testing.T) {
 	const gap = 50 * time.Millisecond
 	w := newHealWorld(t, 49)
 	elements := w.elements(t)
-	passes := w.startHealer(t, time.Hour, gap)
+	// The other tool is this test's goroutine: its transactions are this process's, which the
+	// healer takes for its own unless told otherwise.
+	passes := w.startHealerWith(t, time.Hour, gap, func() (*core.Config, error) { return w.cfg, nil }, func(h *healer) {
+		h.ours = func(*nftables.MonitorEvent) bool { return false }
+	})
 	stop, stopped := make(chan struct{}), make(chan error, 1)
 	go func() {
 		stopped <- w.node.NS.Do(func(ns.NetNS) error {
@@ -535,4 +540,67 @@ func BenchmarkHealAfterFlush(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/heal")
+}
+
+// TestCommittedByUsKnowsTheWriter: the kernel's generation message of a transaction this
+// process committed names one of its threads (committedByUs: the healer lets it pass), and that
+// of the nft tool's does not (the healer wakes): another tool's flush or edit of a kubenet table
+// is still repaired (TestHealerRestoresFlushedRuleset), the agent's own writes wake nothing.
+func TestCommittedByUsKnowsTheWriter(t *testing.T) {
+	n := nettest.NewNS(t)
+	h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, time.Millisecond, func() (*core.Config, error) { return nil, nil }, nil)
+	var events <-chan *nftables.MonitorEvents
+	var closeMonitor func()
+	nettest.Do(t, n, func() (err error) { events, closeMonitor, err = h.watch(); return err })
+	t.Cleanup(closeMonitor)
+	// next is the batch of the next transaction that touched table.
+	next := func(table string) *nftables.MonitorEvents {
+		t.Helper()
+		for {
+			select {
+			case batch, ok := <-events:
+				if !ok {
+					t.Fatal("the nftables subscription ended")
+				}
+				if slices.ContainsFunc(batch.Changes, func(e *nftables.MonitorEvent) bool {
+					tbl, ok := e.Data.(*nftables.Table)
+					return ok && tbl.Name == table
+				}) {
+					return batch
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no event of table %s", table)
+			}
+		}
+	}
+	for round := range 3 { // the commits run on whichever thread the goroutine has
+		own := fmt.Sprintf("kubenet-own-%d", round)
+		nettest.Do(t, n, func() error {
+			c, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: own})
+			return c.Flush()
+		})
+		if b := next(own); !committedByUs(b.GeneratedBy) {
+			t.Errorf("round %d: this process's transaction (generation %+v) taken for another's", round, b.GeneratedBy.Data)
+		}
+		other := fmt.Sprintf("kubenet-other-%d", round)
+		nettest.Run(t, n, "nft", "add", "table", "inet", other)
+		b := next(other)
+		if committedByUs(b.GeneratedBy) {
+			t.Errorf("round %d: the nft tool's transaction (generation %+v) taken for this process's", round, b.GeneratedBy.Data)
+		}
+		// A process that took this one's name is still not this one.
+		impostor := *b.GeneratedBy.Data.(*nftables.GenMsg)
+		comm, err := os.ReadFile("/proc/self/comm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		impostor.ProcComm = strings.TrimSpace(string(comm))
+		if committedByUs(&nftables.MonitorEvent{Data: &impostor}) {
+			t.Errorf("round %d: a transaction of pid %d named %q taken for this process's", round, impostor.ProcPID, impostor.ProcComm)
+		}
+	}
 }

@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 // TestSubscriptionClosedWhenItEnds: a subscription that ended on its own (its socket overflowed)
@@ -124,6 +128,48 @@ func TestPolicyAskOfHealPass(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := policyAskOf(tc.pass); got != tc.want {
 				t.Errorf("policyAskOf(%+v) = %d, want %d", tc.pass, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestForwardWakesOnOthersTransactions: a transaction that changed a kubenet table wakes the
+// healer when another process committed it, and not when this process did (the agent's own
+// writes: the policy controller's group rebuilds woke a heal pass, a policy read-back of every
+// set and a node sync each).
+func TestForwardWakesOnOthersTransactions(t *testing.T) {
+	kubenetTable := &nftables.Table{Name: nft.TableName("kubenet"), Family: nftables.TableFamilyINet}
+	policyTable := &nftables.Table{Name: "kubenetpolicy-kubenet", Family: nftables.TableFamilyBridge}
+	otherTable := &nftables.Table{Name: "firewalld", Family: nftables.TableFamilyINet}
+	ours := &nftables.MonitorEvent{Type: nftables.MonitorEventType(unix.NFT_MSG_NEWGEN), Data: &nftables.GenMsg{ProcPID: 1, ProcComm: "kubenet-agent"}}
+	theirs := &nftables.MonitorEvent{Type: nftables.MonitorEventType(unix.NFT_MSG_NEWGEN), Data: &nftables.GenMsg{ProcPID: 2, ProcComm: "nft"}}
+	chainOf := func(table *nftables.Table) *nftables.MonitorEvent {
+		return &nftables.MonitorEvent{Type: nftables.MonitorEventTypeNewChain, Data: &nftables.Chain{Name: "c", Table: table}}
+	}
+	for _, tc := range []struct {
+		name  string
+		batch *nftables.MonitorEvents
+		wake  bool
+	}{
+		{"another process flushed a kubenet table", &nftables.MonitorEvents{GeneratedBy: theirs, Changes: []*nftables.MonitorEvent{{Type: nftables.MonitorEventTypeDelTable, Data: kubenetTable}}}, true},
+		{"another process changed a policy table", &nftables.MonitorEvents{GeneratedBy: theirs, Changes: []*nftables.MonitorEvent{chainOf(policyTable)}}, true},
+		{"another process changed another table", &nftables.MonitorEvents{GeneratedBy: theirs, Changes: []*nftables.MonitorEvent{chainOf(otherTable)}}, false},
+		{"the agent rebuilt a policy group", &nftables.MonitorEvents{GeneratedBy: ours, Changes: []*nftables.MonitorEvent{chainOf(policyTable), {Type: nftables.MonitorEventTypeDelChain, Data: &nftables.Chain{Name: "old", Table: policyTable}}}}, false},
+		{"the agent wrote a kubenet table", &nftables.MonitorEvents{GeneratedBy: ours, Changes: []*nftables.MonitorEvent{chainOf(kubenetTable)}}, false},
+		{"a transaction without its generation message", &nftables.MonitorEvents{Changes: []*nftables.MonitorEvent{chainOf(kubenetTable)}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, time.Millisecond, func() (*core.Config, error) { return nil, nil }, nil)
+			h.ours = func(gen *nftables.MonitorEvent) bool { return gen == ours }
+			events := make(chan *nftables.MonitorEvents, 1)
+			events <- tc.batch
+			close(events)
+			woken := 0
+			if ended := h.forward(context.Background(), events, func() { woken++ }); !ended {
+				t.Fatal("forward did not report the end of the subscription")
+			}
+			if got := woken > 0; got != tc.wake {
+				t.Errorf("woken %d times, want a wake-up: %v", woken, tc.wake)
 			}
 		})
 	}
