@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
@@ -138,30 +137,26 @@ func TestPolicyAskOfHealPass(t *testing.T) {
 // writes: the policy controller's group rebuilds woke a heal pass, a policy read-back of every
 // set and a node sync each).
 func TestForwardWakesOnOthersTransactions(t *testing.T) {
-	kubenetTable := &nftables.Table{Name: nft.TableName("kubenet"), Family: nftables.TableFamilyINet}
-	policyTable := &nftables.Table{Name: "kubenetpolicy-kubenet", Family: nftables.TableFamilyBridge}
-	otherTable := &nftables.Table{Name: "firewalld", Family: nftables.TableFamilyINet}
-	ours := &nftables.MonitorEvent{Type: nftables.MonitorEventType(unix.NFT_MSG_NEWGEN), Data: &nftables.GenMsg{ProcPID: 1, ProcComm: "kubenet-agent"}}
-	theirs := &nftables.MonitorEvent{Type: nftables.MonitorEventType(unix.NFT_MSG_NEWGEN), Data: &nftables.GenMsg{ProcPID: 2, ProcComm: "nft"}}
-	chainOf := func(table *nftables.Table) *nftables.MonitorEvent {
-		return &nftables.MonitorEvent{Type: nftables.MonitorEventTypeNewChain, Data: &nftables.Chain{Name: "c", Table: table}}
-	}
+	kubenetTable, policyTable := nft.TableName("kubenet"), "kubenetpolicy-kubenet"
+	ours := func(changes ...nftChange) nftBatch { return nftBatch{changes: changes, pid: 1, comm: "kubenet-agent"} }
+	theirs := func(changes ...nftChange) nftBatch { return nftBatch{changes: changes, pid: 2, comm: "nft"} }
+	chainOf := func(table string) nftChange { return nftChange{msgType: unix.NFT_MSG_NEWCHAIN, table: table} }
 	for _, tc := range []struct {
 		name  string
-		batch *nftables.MonitorEvents
+		batch nftBatch
 		wake  bool
 	}{
-		{"another process flushed a kubenet table", &nftables.MonitorEvents{GeneratedBy: theirs, Changes: []*nftables.MonitorEvent{{Type: nftables.MonitorEventTypeDelTable, Data: kubenetTable}}}, true},
-		{"another process changed a policy table", &nftables.MonitorEvents{GeneratedBy: theirs, Changes: []*nftables.MonitorEvent{chainOf(policyTable)}}, true},
-		{"another process changed another table", &nftables.MonitorEvents{GeneratedBy: theirs, Changes: []*nftables.MonitorEvent{chainOf(otherTable)}}, false},
-		{"the agent rebuilt a policy group", &nftables.MonitorEvents{GeneratedBy: ours, Changes: []*nftables.MonitorEvent{chainOf(policyTable), {Type: nftables.MonitorEventTypeDelChain, Data: &nftables.Chain{Name: "old", Table: policyTable}}}}, false},
-		{"the agent wrote a kubenet table", &nftables.MonitorEvents{GeneratedBy: ours, Changes: []*nftables.MonitorEvent{chainOf(kubenetTable)}}, false},
-		{"a transaction without its generation message", &nftables.MonitorEvents{Changes: []*nftables.MonitorEvent{chainOf(kubenetTable)}}, true},
+		{"another process flushed a kubenet table", theirs(nftChange{msgType: unix.NFT_MSG_DELTABLE, table: kubenetTable}), true},
+		{"another process changed a policy table", theirs(chainOf(policyTable)), true},
+		{"another process changed another table", theirs(chainOf("firewalld")), false},
+		{"the agent rebuilt a policy group", ours(chainOf(policyTable), nftChange{msgType: unix.NFT_MSG_DELCHAIN, table: policyTable}), false},
+		{"the agent wrote a kubenet table", ours(chainOf(kubenetTable)), false},
+		{"a transaction nobody is named for", nftBatch{changes: []nftChange{chainOf(kubenetTable)}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, time.Millisecond, func() (*core.Config, error) { return nil, nil }, nil)
-			h.ours = func(gen *nftables.MonitorEvent) bool { return gen == ours }
-			events := make(chan *nftables.MonitorEvents, 1)
+			h.ours = func(b nftBatch) bool { return b.pid == 1 }
+			events := make(chan nftBatch, 1)
 			events <- tc.batch
 			close(events)
 			woken := 0
