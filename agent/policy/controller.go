@@ -408,7 +408,7 @@ func needsReadBack(p Pass) bool { return !p.Verified && p.Applied.RepairedGroups
 // controller lists nothing by namespace from the stores.
 func informer(obj runtime.Object, list func(context.Context, metav1.ListOptions) (runtime.Object, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
 	return cache.NewSharedIndexInformerWithOptions(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}, obj,
-		cache.SharedIndexInformerOptions{})
+		cache.SharedIndexInformerOptions{Indexers: cache.Indexers{}}) // not nil: AddIndexers adds to it
 }
 
 // The kinds of objects the controller watches.

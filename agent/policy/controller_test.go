@@ -233,6 +233,9 @@ func TestPodIndexers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			idx := podIndexers(tc.dropLog)
+			if err := informer(&corev1.Pod{}, nil, nil).AddIndexers(idx); err != nil {
+				t.Fatalf("the pod informer takes no indexes %v: %v", idx, err)
+			}
 			if got := slices.Sorted(maps.Keys(idx)); !slices.Equal(got, tc.want) {
 				t.Fatalf("indexes %v, want %v", got, tc.want)
 			}
