@@ -23,15 +23,37 @@ func TestAgentPolicyQuiet(t *testing.T) {
 	createPod(t, api, "quiet", "pod", n.name, map[string]string{"app": "quiet"})
 	n.cni.MustAdd(t, list, npPod(t, n, "quiet", "pod", netip.MustParseAddr("10.244.1.60")))
 
-	passes := func() (float64, error) {
-		m, err := n.metrics()
-		return m["kubenet_agent_network_policy_pass_seconds_count"], err
+	count, err := n.settledPasses(converge)
+	if err != nil {
+		t.Fatalf("the policy passes never stopped: %v", err)
 	}
-	// Settled: the pass count stayed the same for a second (the pod's passes are done).
+	// Three more seconds (the measure, not a synchronisation): no pass.
+	end := time.Now().Add(3 * time.Second)
+	for time.Now().Before(end) {
+		c, err := n.policyPasses()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c != count {
+			t.Fatalf("%v policy passes on a quiet node after %v had settled", c, count)
+		}
+		time.Sleep(100 * time.Millisecond) // the metric's sampling interval
+	}
+}
+
+// policyPasses is the agent's count of policy passes.
+func (n *simNode) policyPasses() (float64, error) {
+	m, err := n.metrics()
+	return m["kubenet_agent_network_policy_pass_seconds_count"], err
+}
+
+// settledPasses waits until the agent's policy passes have stopped (their count unchanged for a
+// second, after at least one) and returns their count.
+func (n *simNode) settledPasses(timeout time.Duration) (float64, error) {
 	var count float64
 	var since time.Time
-	if err := nettest.Eventually(converge, func() error {
-		c, err := passes()
+	err := nettest.Eventually(timeout, func() error {
+		c, err := n.policyPasses()
 		if err != nil {
 			return err
 		}
@@ -43,19 +65,6 @@ func TestAgentPolicyQuiet(t *testing.T) {
 			return fmt.Errorf("%v passes for %s", c, time.Since(since))
 		}
 		return nil
-	}); err != nil {
-		t.Fatalf("the policy passes never stopped: %v", err)
-	}
-	// Three more seconds (the measure, not a synchronisation): no pass.
-	end := time.Now().Add(3 * time.Second)
-	for time.Now().Before(end) {
-		c, err := passes()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c != count {
-			t.Fatalf("%v policy passes on a quiet node after %v had settled", c, count)
-		}
-		time.Sleep(100 * time.Millisecond) // the metric's sampling interval
-	}
+	})
+	return count, err
 }
