@@ -3,12 +3,13 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -51,6 +52,10 @@ type healer struct {
 	// only); each pass tries again, and one is asked for after resubscribeWait.
 	tablesLost, linksLost bool
 	resubscribeWait       time.Duration
+	// ours tells whether an nftables transaction was committed by this process (committedByUs;
+	// tests replace it): the agent's own writes, the policy controller's group rebuilds above
+	// all, are no change by somebody else and wake nothing.
+	ours func(nftBatch) bool
 }
 
 // opener subscribes to events on the calling goroutine and returns their forwarder (subscriptions.follow).
@@ -74,7 +79,7 @@ const (
 
 // newHealer returns a healer; run starts it.
 func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*core.Config, error), done func(healPass)) *healer {
-	h := &healer{log: log, period: period, config: config, done: done}
+	h := &healer{log: log, period: period, config: config, done: done, ours: committedByUs}
 	h.openTables, h.openLinks = h.watchTables, h.watchBridges
 	h.loop = loop.New(loop.Config{
 		AtStart: true, // the first pass compares everything
@@ -263,11 +268,11 @@ func (p healPass) repaired() bool {
 
 // watchTables subscribes to nftables change events, forwarded as wake-ups.
 func (h *healer) watchTables() (func(context.Context) bool, func(), error) {
-	events, closeMonitor, err := h.watch()
+	events, closeEvents, err := subscribeTables(tableEventsBuffer)
 	if err != nil {
 		return nil, nil, err
 	}
-	return func(ctx context.Context) bool { return h.forward(ctx, events, h.wake) }, closeMonitor, nil
+	return func(ctx context.Context) bool { return h.forward(ctx, events, h.wake) }, closeEvents, nil
 }
 
 // watchBridges subscribes to link change events, forwarded as bridge changes.
@@ -279,22 +284,6 @@ func (h *healer) watchBridges() (func(context.Context) bool, func(), error) {
 	return func(ctx context.Context) bool {
 		return forwardBridges(ctx, updates, func() { h.loop.Fire(healBridgeChanged) })
 	}, closeLinks, nil
-}
-
-// watch subscribes to nftables change events.
-func (h *healer) watch() (<-chan *nftables.MonitorEvents, func(), error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, nil, err
-	}
-	// A generous buffer: the monitor goroutine blocks on a full channel, and while it does the
-	// socket may overflow and end the subscription.
-	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(64))
-	events, err := c.AddGenerationalMonitor(mon)
-	if err != nil {
-		return nil, nil, err
-	}
-	return events, func() { _ = mon.Close() }, nil
 }
 
 // watchLinks subscribes to link change events (RTNLGRP_LINK) in the caller's network namespace.
@@ -333,10 +322,12 @@ func forwardBridges(ctx context.Context, updates <-chan netlink.LinkUpdate, chan
 	}
 }
 
-// forward signals a pass for every committed transaction that changed a table, chain, rule or
-// map of kubenet's. It returns true when the subscription ended before ctx (the socket
+// forward signals a pass for every committed transaction of another process that changed a
+// table, chain, rule or map of kubenet's (the agent's own transactions are what its loops
+// planned: a heal pass, a policy read-back and a node sync for each of them were most of the
+// agent's CPU while pods churn). It returns true when the subscription ended before ctx (the socket
 // overflowed: events were lost, only a pass can tell what changed). It does no netlink work.
-func (h *healer) forward(ctx context.Context, events <-chan *nftables.MonitorEvents, wake func()) bool {
+func (h *healer) forward(ctx context.Context, events <-chan nftBatch, wake func()) bool {
 	for {
 		select {
 		case <-ctx.Done():
@@ -349,33 +340,38 @@ func (h *healer) forward(ctx context.Context, events <-chan *nftables.MonitorEve
 				h.log.Warn("nftables event subscription ended; subscribing again")
 				return true
 			}
-			if batch.GeneratedBy != nil && batch.GeneratedBy.Error != nil {
-				// The monitor ends after reporting its socket's error; the closed channel follows.
-				h.log.Warn("nftables event subscription failed", "err", batch.GeneratedBy.Error)
+			if batch.err != nil {
+				// The subscription ends after reporting its socket's error; the closed channel follows.
+				h.log.Warn("nftables event subscription failed", "err", batch.err)
 				continue
 			}
-			if slices.ContainsFunc(batch.Changes, concernsKubenet) {
+			if !h.ours(batch) && slices.ContainsFunc(batch.changes, concernsKubenet) {
 				wake()
 			}
 		}
 	}
 }
 
-// concernsKubenet tells whether an event changed (or removed) a table, chain, rule or map of a
-// kubenet network. Element events are left out: every pod's ADD and DEL makes them.
-func concernsKubenet(e *nftables.MonitorEvent) bool {
-	var table *nftables.Table
-	switch d := e.Data.(type) {
-	case *nftables.Table:
-		table = d
-	case *nftables.Chain:
-		table = d.Table
-	case *nftables.Rule:
-		table = d.Table
-	case *nftables.Set:
-		table = d.Table
+// committedByUs tells whether the transaction of the batch was committed by a thread of this
+// process. The kernel names the committing thread by its id in the initial PID namespace and by
+// its name (comm); the thread is ours when /proc/self/task holds that id under the same name. An
+// agent in a PID namespace of its own (a pod without hostPID) sees other ids there: its own
+// transactions are then taken for somebody else's, which costs what it did before (a heal pass
+// and a policy read-back each) and loses no repair. Another process could only be taken for ours
+// by having a thread whose id in the initial namespace is the id of one of ours in our
+// namespace, under our name.
+func committedByUs(b nftBatch) bool {
+	if b.pid == 0 {
+		return false
 	}
-	return table != nil && (strings.HasPrefix(table.Name, nft.TableName("")) || core.IsPolicyTable(table.Name))
+	comm, err := os.ReadFile("/proc/self/task/" + strconv.FormatUint(uint64(b.pid), 10) + "/comm")
+	return err == nil && strings.TrimSuffix(string(comm), "\n") == b.comm
+}
+
+// concernsKubenet tells whether a change is of a table, chain, rule or set of a kubenet network
+// (subscribeTables leaves element changes out: every pod's ADD and DEL makes them).
+func concernsKubenet(c nftChange) bool {
+	return strings.HasPrefix(c.table, nft.TableName("")) || core.IsPolicyTable(c.table)
 }
 
 // newHealer returns the agent's healer, which follows the plugin configuration of the conflist

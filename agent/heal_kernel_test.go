@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/isolation"
@@ -268,7 +270,11 @@ func TestHealerFlushStormKeepsGap(t *testing.T) {
 	const gap = 50 * time.Millisecond
 	w := newHealWorld(t, 49)
 	elements := w.elements(t)
-	passes := w.startHealer(t, time.Hour, gap)
+	// The other tool is this test's goroutine: its transactions are this process's, which the
+	// healer takes for its own unless told otherwise.
+	passes := w.startHealerWith(t, time.Hour, gap, func() (*core.Config, error) { return w.cfg, nil }, func(h *healer) {
+		h.ours = func(nftBatch) bool { return false }
+	})
 	stop, stopped := make(chan struct{}), make(chan error, 1)
 	go func() {
 		stopped <- w.node.NS.Do(func(ns.NetNS) error {
@@ -535,4 +541,126 @@ func BenchmarkHealAfterFlush(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/heal")
+}
+
+// TestCommittedByUsKnowsTheWriter: the kernel's generation message of a transaction this
+// process committed names one of its threads (committedByUs: the healer lets it pass), and that
+// of the nft tool's does not (the healer wakes): another tool's flush or edit of a kubenet table
+// is still repaired (TestHealerRestoresFlushedRuleset), the agent's own writes wake nothing. The
+// batches carry each transaction's table and chain changes, not its elements.
+func TestCommittedByUsKnowsTheWriter(t *testing.T) {
+	n := nettest.NewNS(t)
+	var events <-chan nftBatch
+	var closeEvents func()
+	nettest.Do(t, n, func() (err error) { events, closeEvents, err = subscribeTables(tableEventsBuffer); return err })
+	t.Cleanup(closeEvents)
+	// next is the batch of the next transaction that touched table.
+	next := func(table string) nftBatch {
+		t.Helper()
+		for {
+			select {
+			case batch, ok := <-events:
+				if !ok {
+					t.Fatal("the nftables subscription ended")
+				}
+				if batch.err != nil {
+					t.Fatalf("the nftables subscription failed: %v", batch.err)
+				}
+				if slices.ContainsFunc(batch.changes, func(c nftChange) bool { return c.table == table }) {
+					return batch
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no event of table %s", table)
+			}
+		}
+	}
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 { // the commits run on whichever thread the goroutine has
+		own := fmt.Sprintf("kubenet-own-%d", round)
+		nettest.Do(t, n, func() error {
+			c, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: own})
+			c.AddChain(&nftables.Chain{Name: "c", Table: table})
+			set := &nftables.Set{Table: table, Name: "s", KeyType: nftables.TypeInetService}
+			if err := c.AddSet(set, []nftables.SetElement{{Key: []byte{0, 80}}, {Key: []byte{1, 187}}}); err != nil {
+				return err
+			}
+			return c.Flush()
+		})
+		b := next(own)
+		if !committedByUs(b) {
+			t.Errorf("round %d: this process's transaction (thread %d %q) taken for another's", round, b.pid, b.comm)
+		}
+		want := []nftChange{{unix.NFT_MSG_NEWTABLE, own}, {unix.NFT_MSG_NEWCHAIN, own}, {unix.NFT_MSG_NEWSET, own}}
+		if !slices.Equal(b.changes, want) {
+			t.Errorf("round %d: changes %v, want %v (the elements left out)", round, b.changes, want)
+		}
+		other := fmt.Sprintf("kubenet-other-%d", round)
+		nettest.Run(t, n, "nft", "add", "table", "inet", other)
+		b = next(other)
+		if committedByUs(b) {
+			t.Errorf("round %d: the nft tool's transaction (thread %d %q) taken for this process's", round, b.pid, b.comm)
+		}
+		// A process that took this one's name is still not this one.
+		b.comm = strings.TrimSpace(string(comm))
+		if committedByUs(b) {
+			t.Errorf("round %d: a transaction of thread %d named %q taken for this process's", round, b.pid, b.comm)
+		}
+	}
+}
+
+// TestTableEventsOverflowEnds: when the subscription's socket overflows (its reader held up,
+// here by nobody taking its batches) the subscription reports the loss (ENOBUFS) and ends, and
+// the healer subscribes again and makes a pass (TestHealerOverflowAsksPolicyCheck): lost
+// notifications are never taken for none.
+func TestTableEventsOverflowEnds(t *testing.T) {
+	n := nettest.NewNS(t)
+	var events <-chan nftBatch
+	var closeEvents func()
+	nettest.Do(t, n, func() (err error) { events, closeEvents, err = subscribeTables(4096); return err })
+	t.Cleanup(closeEvents)
+	nettest.Do(t, n, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "kubenet-overflow"})
+		if err := c.Flush(); err != nil {
+			return err
+		}
+		for i := range 1000 { // the channel holds 64 batches, the socket a few
+			c.AddChain(&nftables.Chain{Name: fmt.Sprint("c", i), Table: table})
+			if err := c.Flush(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var batches int
+	for {
+		select {
+		case b, ok := <-events:
+			if !ok {
+				t.Fatalf("the subscription ended after %d batches without reporting a loss", batches)
+			}
+			if b.err != nil {
+				if !errors.Is(b.err, unix.ENOBUFS) {
+					t.Errorf("the subscription failed with %v, want ENOBUFS", b.err)
+				}
+				if _, ok := <-events; ok {
+					t.Error("batches after the loss was reported")
+				}
+				return
+			}
+			batches++
+		case <-time.After(10 * time.Second):
+			t.Fatalf("neither a loss nor the end after %d of 1001 transactions", batches)
+		}
+	}
 }

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 // TestSubscriptionClosedWhenItEnds: a subscription that ended on its own (its socket overflowed)
@@ -124,6 +127,44 @@ func TestPolicyAskOfHealPass(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := policyAskOf(tc.pass); got != tc.want {
 				t.Errorf("policyAskOf(%+v) = %d, want %d", tc.pass, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestForwardWakesOnOthersTransactions: a transaction that changed a kubenet table wakes the
+// healer when another process committed it, and not when this process did (the agent's own
+// writes: the policy controller's group rebuilds woke a heal pass, a policy read-back of every
+// set and a node sync each).
+func TestForwardWakesOnOthersTransactions(t *testing.T) {
+	kubenetTable, policyTable := nft.TableName("kubenet"), "kubenetpolicy-kubenet"
+	ours := func(changes ...nftChange) nftBatch { return nftBatch{changes: changes, pid: 1, comm: "kubenet-agent"} }
+	theirs := func(changes ...nftChange) nftBatch { return nftBatch{changes: changes, pid: 2, comm: "nft"} }
+	chainOf := func(table string) nftChange { return nftChange{msgType: unix.NFT_MSG_NEWCHAIN, table: table} }
+	for _, tc := range []struct {
+		name  string
+		batch nftBatch
+		wake  bool
+	}{
+		{"another process flushed a kubenet table", theirs(nftChange{msgType: unix.NFT_MSG_DELTABLE, table: kubenetTable}), true},
+		{"another process changed a policy table", theirs(chainOf(policyTable)), true},
+		{"another process changed another table", theirs(chainOf("firewalld")), false},
+		{"the agent rebuilt a policy group", ours(chainOf(policyTable), nftChange{msgType: unix.NFT_MSG_DELCHAIN, table: policyTable}), false},
+		{"the agent wrote a kubenet table", ours(chainOf(kubenetTable)), false},
+		{"a transaction nobody is named for", nftBatch{changes: []nftChange{chainOf(kubenetTable)}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHealer(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, time.Millisecond, func() (*core.Config, error) { return nil, nil }, nil)
+			h.ours = func(b nftBatch) bool { return b.pid == 1 }
+			events := make(chan nftBatch, 1)
+			events <- tc.batch
+			close(events)
+			woken := 0
+			if ended := h.forward(context.Background(), events, func() { woken++ }); !ended {
+				t.Fatal("forward did not report the end of the subscription")
+			}
+			if got := woken > 0; got != tc.wake {
+				t.Errorf("woken %d times, want a wake-up: %v", woken, tc.wake)
 			}
 		})
 	}

@@ -25,6 +25,13 @@ type Config struct {
 	// triggers ask for: a controller whose own writes are events must not spin on them, and one
 	// whose passes take longer than MinGap (another tool fighting it) must not run back to back.
 	MinGap time.Duration
+	// BusyGap, when not zero, bounds the share of time passes take while triggers keep coming
+	// faster than passes: after a pass during which triggers fired more than once, the next
+	// pass that only triggers ask for waits BusyGap times that pass's duration (at least
+	// MinGap). BusyGap 3 keeps such passes to a quarter of the time. A trigger that comes after
+	// a quiet pass (at most one fire while it ran) waits only MinGap: a single change is not
+	// delayed, changes that keep coming are batched into fewer passes.
+	BusyGap float64
 	// BackoffMin and BackoffMax bound the wait before a failed pass is retried: it starts at
 	// BackoffMin and doubles with every failure in a row. Zero BackoffMin: no retries (the next
 	// trigger or period runs the next pass).
@@ -78,6 +85,7 @@ type Loop struct {
 
 	mu    sync.Mutex
 	fired map[string]bool // triggers fired since the last pass
+	fires int             // Fire calls since the last take
 }
 
 // New returns a loop that is not running yet; Fire may be called before Run.
@@ -90,6 +98,7 @@ func New(cfg Config) *Loop {
 func (l *Loop) Fire(trigger string) {
 	l.mu.Lock()
 	l.fired[trigger] = true
+	l.fires++
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -106,7 +115,24 @@ func (l *Loop) take(into map[string]bool) map[string]bool {
 	}
 	maps.Copy(into, l.fired)
 	clear(l.fired)
+	l.fires = 0
 	return into
+}
+
+// firesSinceTake is how many times Fire was called since the last take.
+func (l *Loop) firesSinceTake() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fires
+}
+
+// gapAfter is the shortest time before a pass that only triggers ask for, after a pass that
+// took took and during which fires triggers fired (Config.BusyGap).
+func (l *Loop) gapAfter(took time.Duration, fires int) time.Duration {
+	if l.cfg.BusyGap <= 0 || fires < 2 {
+		return l.cfg.MinGap
+	}
+	return max(l.cfg.MinGap, time.Duration(l.cfg.BusyGap*float64(took)))
 }
 
 // Run runs passes until ctx ends; a running pass is not interrupted but by ctx itself.
@@ -121,6 +147,7 @@ func (l *Loop) Run(ctx context.Context) {
 	var backoff time.Duration
 	failures := 0
 	var last time.Time // the end of the last pass
+	minGap := l.cfg.MinGap
 	w := Wake{Start: l.cfg.AtStart}
 	for ctx.Err() == nil {
 		if !w.Start {
@@ -145,7 +172,7 @@ func (l *Loop) Run(ctx context.Context) {
 			w = Wake{}
 			continue
 		}
-		if gap := l.cfg.MinGap - time.Since(last); w.onlyTriggers() && !last.IsZero() && gap > 0 {
+		if gap := minGap - time.Since(last); w.onlyTriggers() && !last.IsZero() && gap > 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -154,8 +181,10 @@ func (l *Loop) Run(ctx context.Context) {
 			w.fired = l.take(w.fired)
 		}
 		w.Failures = failures
+		started := time.Now()
 		out := l.cfg.Pass(ctx, w)
 		last = time.Now()
+		minGap = l.gapAfter(last.Sub(started), l.firesSinceTake())
 		w = Wake{}
 		if (out.Err != nil || out.Retry) && l.cfg.BackoffMin > 0 {
 			backoff = min(max(2*backoff, l.cfg.BackoffMin), max(l.cfg.BackoffMax, l.cfg.BackoffMin))

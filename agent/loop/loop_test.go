@@ -277,20 +277,27 @@ func storm(t *testing.T, l *Loop, trigger string) {
 	t.Cleanup(func() { close(stop); <-done })
 }
 
+// span is when a pass ran.
+type span struct{ start, end time.Time }
+
+// timedPass is a pass that works for took and sends when it ran on spans.
+func timedPass(took time.Duration, spans chan<- span) func(context.Context, Wake) Outcome {
+	return func(context.Context, Wake) Outcome {
+		start := time.Now()
+		time.Sleep(took) // the pass's work
+		spans <- span{start, time.Now()}
+		return Outcome{}
+	}
+}
+
 // TestMinGapAfterLongPass: the minimum gap is time the loop leaves idle after a pass. A pass
 // longer than the gap (a heal of a big node), woken all along by events (another tool flushing
 // the ruleset in a loop), still waits the gap before the next triggered pass: it must not run
 // back to back and keep a core busy for as long as the fight lasts.
 func TestMinGapAfterLongPass(t *testing.T) {
 	const gap, took = 50 * time.Millisecond, 80 * time.Millisecond
-	type span struct{ start, end time.Time }
 	spans := make(chan span, 100)
-	l := run(t, Config{MinGap: gap, Pass: func(context.Context, Wake) Outcome {
-		start := time.Now()
-		time.Sleep(took) // the pass's work
-		spans <- span{start, time.Now()}
-		return Outcome{}
-	}}, make(chan Wake, 100))
+	l := run(t, Config{MinGap: gap, Pass: timedPass(took, spans)}, make(chan Wake, 100))
 	storm(t, l, "event")
 	prev := next(t, spans)
 	for i := range 4 {
@@ -401,5 +408,45 @@ func TestStopsDuringGap(t *testing.T) {
 	}
 	if len(passes) > 0 {
 		t.Fatalf("a pass %+v after the start pass, want none", <-passes)
+	}
+}
+
+// TestBusyGap: while triggers keep coming during passes (pods churning), the loop leaves BusyGap
+// times the last pass's duration idle before the next, so passes take at most a share of the
+// time; a trigger that comes after a quiet pass (one change after another, each waiting for
+// the last) gets its pass after MinGap alone.
+func TestBusyGap(t *testing.T) {
+	const took, busyGap = 60 * time.Millisecond, 3
+	for _, tc := range []struct {
+		name     string
+		churn    bool
+		minIdle  time.Duration // the shortest idle time allowed between passes
+		maxIdle  time.Duration // the longest (0: no bound)
+		wantIdle string
+	}{
+		{"changes keep coming", true, busyGap*took - 5*time.Millisecond, 0, "at least BusyGap times the pass"},
+		{"one change after another", false, 0, took, "less than one pass (MinGap is 0)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spans := make(chan span, 100)
+			l := run(t, Config{BusyGap: busyGap, Pass: timedPass(took, spans)}, make(chan Wake, 100))
+			if tc.churn {
+				storm(t, l, "change")
+			} else {
+				l.Fire("change")
+			}
+			prev := next(t, spans)
+			for i := range 3 {
+				if !tc.churn {
+					l.Fire("change") // the next change, once the last one's pass is done
+				}
+				s := next(t, spans)
+				idle := s.start.Sub(prev.end)
+				if idle < tc.minIdle || (tc.maxIdle > 0 && idle > tc.maxIdle) {
+					t.Fatalf("pass %d started %s after the previous %s pass ended, want %s", i+2, idle, took, tc.wantIdle)
+				}
+				prev = s
+			}
+		})
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fakecorev1 "k8s.io/client-go/kubernetes/typed/core/v1/fake"
 	fakenetworkingv1 "k8s.io/client-go/kubernetes/typed/networking/v1/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -165,26 +168,29 @@ func TestControllerChanges(t *testing.T) {
 	}
 }
 
-// TestMinGap: passes that only changes ask for keep the configured gap (by default
-// DefaultMinGap; a negative one turns it off), and the resync and the first pass stay.
+// TestMinGap: passes that only changes ask for keep the configured gaps (by default
+// DefaultMinGap and DefaultBusyGap; a negative one turns it off), and the resync and the first
+// pass stay.
 func TestMinGap(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		set  time.Duration
-		want time.Duration
+		name     string
+		set      time.Duration
+		setBusy  float64
+		want     time.Duration
+		wantBusy float64
 	}{
-		{"default", 0, DefaultMinGap},
-		{"set", 300 * time.Millisecond, 300 * time.Millisecond},
-		{"off", -1, 0},
+		{"default", 0, 0, DefaultMinGap, DefaultBusyGap},
+		{"set", 300 * time.Millisecond, 1, 300 * time.Millisecond, 1},
+		{"off", -1, -1, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := New(&fakecorev1.FakeCoreV1{Fake: &k8stesting.Fake{}}, &fakenetworkingv1.FakeNetworkingV1{Fake: &k8stesting.Fake{}},
-				Config{Network: "kubenet", MinGap: tc.set})
+				Config{Network: "kubenet", MinGap: tc.set, BusyGap: tc.setBusy})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg := c.loopConfig(); cfg.MinGap != tc.want || !cfg.AtStart || cfg.Period != DefaultResync {
-				t.Errorf("loop: min gap %v, at start %v, period %v; want %v, true, %v", cfg.MinGap, cfg.AtStart, cfg.Period, tc.want, DefaultResync)
+			if cfg := c.loopConfig(); cfg.MinGap != tc.want || cfg.BusyGap != tc.wantBusy || !cfg.AtStart || cfg.Period != DefaultResync {
+				t.Errorf("loop: min gap %v, busy gap %v, at start %v, period %v; want %v, %v, true, %v", cfg.MinGap, cfg.BusyGap, cfg.AtStart, cfg.Period, tc.want, tc.wantBusy, DefaultResync)
 			}
 		})
 	}
@@ -206,6 +212,36 @@ func TestNeedsReadBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := needsReadBack(tc.pass); got != tc.want {
 				t.Errorf("needsReadBack(%+v) = %v, want %v", tc.pass, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPodIndexers: the pod informer indexes pods by address only for the drop log, which names
+// the other end of a drop by it; without the log it keeps no index (memory at 10 000 pods).
+func TestPodIndexers(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "n"},
+		Status: corev1.PodStatus{PodIP: "10.0.0.5", PodIPs: []corev1.PodIP{{IP: "10.0.0.5"}, {IP: "fd00::5"}}}}
+	for _, tc := range []struct {
+		name    string
+		dropLog policyrules.DropLog
+		want    []string // the index names
+	}{
+		{"drop log off", policyrules.DropLog{}, nil},
+		{"drop log on", policyrules.DropLog{Group: 2700}, []string{podIPIndex}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			idx := podIndexers(tc.dropLog)
+			if err := informer(&corev1.Pod{}, nil, nil).AddIndexers(idx); err != nil {
+				t.Fatalf("the pod informer takes no indexes %v: %v", idx, err)
+			}
+			if got := slices.Sorted(maps.Keys(idx)); !slices.Equal(got, tc.want) {
+				t.Fatalf("indexes %v, want %v", got, tc.want)
+			}
+			if f, ok := idx[podIPIndex]; ok {
+				if keys, err := f(pod); err != nil || !slices.Equal(keys, []string{"10.0.0.5", "fd00::5"}) {
+					t.Errorf("pod indexed by %v (%v), want its two addresses", keys, err)
+				}
 			}
 		})
 	}

@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -35,7 +37,8 @@ func watchRecords(networkDir string, kick func()) (*recordWatcher, error) {
 	}
 	// A non-blocking descriptor goes to the runtime's poller, so Close wakes the reader.
 	w := &recordWatcher{f: os.NewFile(uintptr(fd), "inotify")}
-	if _, err := unix.InotifyAddWatch(fd, networkDir, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_DELETE); err != nil {
+	networkWatch, err := unix.InotifyAddWatch(fd, networkDir, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_DELETE|unix.IN_MOVED_FROM)
+	if err != nil {
 		w.close()
 		return nil, fmt.Errorf("watch %s: %w", networkDir, err)
 	}
@@ -45,17 +48,43 @@ func watchRecords(networkDir string, kick func()) (*recordWatcher, error) {
 	go func() {
 		buf := make([]byte, 64<<10)
 		for {
-			if _, err := w.f.Read(buf); err != nil {
+			n, err := w.f.Read(buf)
+			if err != nil {
 				if errors.Is(err, os.ErrClosed) {
 					return
 				}
 				continue
 			}
-			addRecords()
-			kick()
+			if recordsChanged(buf[:n], int32(networkWatch)) {
+				addRecords()
+				kick()
+			}
 		}
 	}()
 	return w, nil
+}
+
+// recordsChanged tells whether inotify events (as read) say that a record, or the records
+// directory, changed. Other names in the network directory are not the records': the address
+// files of host-local's ADD and DEL, and the policy state (core.PolicyStateFile) each pass writes
+// there, which woke the controller for another pass after every pass. A queue overflow may have
+// lost anything.
+func recordsChanged(events []byte, networkWatch int32) bool {
+	for len(events) >= unix.SizeofInotifyEvent {
+		wd := int32(binary.NativeEndian.Uint32(events[0:4]))
+		mask := binary.NativeEndian.Uint32(events[4:8])
+		nameLen := int(binary.NativeEndian.Uint32(events[12:16]))
+		end := unix.SizeofInotifyEvent + nameLen
+		if end > len(events) {
+			return true // cut short: cannot tell, so look
+		}
+		name, _, _ := strings.Cut(string(events[unix.SizeofInotifyEvent:end]), "\x00")
+		events = events[end:]
+		if mask&unix.IN_Q_OVERFLOW != 0 || wd != networkWatch || name == core.RecordDirName {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *recordWatcher) close() { _ = w.f.Close() }

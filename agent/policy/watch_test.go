@@ -1,10 +1,16 @@
 package policy
 
 import (
+	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
 )
@@ -42,5 +48,94 @@ func TestWatchRecordsWakes(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Errorf("%s: no wake-up", tc.name)
 		}
+	}
+}
+
+// inotifyEvent is an inotify event as read(2) returns it.
+func inotifyEvent(wd int32, mask uint32, name string) []byte {
+	b := binary.NativeEndian.AppendUint32(nil, uint32(wd))
+	b = binary.NativeEndian.AppendUint32(b, mask)
+	b = binary.NativeEndian.AppendUint32(b, 0) // cookie
+	padded := 0
+	if name != "" {
+		padded = (len(name) + 1 + 15) &^ 15
+	}
+	b = binary.NativeEndian.AppendUint32(b, uint32(padded))
+	return append(b, append([]byte(name), make([]byte, padded-len(name))...)...)
+}
+
+// TestRecordsChanged: events of the records directory, and of the network directory about the
+// records directory, wake the controller; the network directory's other files (the policy state
+// each pass writes, host-local's address files) do not: a pass no longer asks for the next.
+func TestRecordsChanged(t *testing.T) {
+	const networkWatch, recordsWatch = 1, 2
+	state := slices.Concat(inotifyEvent(networkWatch, unix.IN_CREATE, ".kubenet-policy.json.tmp1"), inotifyEvent(networkWatch, unix.IN_MOVED_TO, "kubenet-policy.json"))
+	for _, tc := range []struct {
+		name   string
+		events []byte
+		want   bool
+	}{
+		{"policy state written", state, false},
+		{"address file written", inotifyEvent(networkWatch, unix.IN_CREATE, "10.244.1.7"), false},
+		{"records directory made", inotifyEvent(networkWatch, unix.IN_CREATE|unix.IN_ISDIR, core.RecordDirName), true},
+		{"records directory removed", inotifyEvent(networkWatch, unix.IN_DELETE|unix.IN_ISDIR, core.RecordDirName), true},
+		{"record written", inotifyEvent(recordsWatch, unix.IN_CLOSE_WRITE, "c1@eth0.json"), true},
+		{"record written after the policy state", slices.Concat(state, inotifyEvent(recordsWatch, unix.IN_MOVED_TO, "c1@eth0.json")), true},
+		{"queue overflowed", inotifyEvent(-1, unix.IN_Q_OVERFLOW, ""), true},
+		{"event cut short", inotifyEvent(networkWatch, unix.IN_CREATE, "kubenet-policy.json")[:20], true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := recordsChanged(tc.events, networkWatch); got != tc.want {
+				t.Errorf("recordsChanged = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestWatchRecordsIgnoresPolicyState: the policy state a pass writes into the network directory
+// (replaced whole: a temporary file renamed) wakes nothing; the next record change wakes once.
+func TestWatchRecordsIgnoresPolicyState(t *testing.T) {
+	networkDir := t.TempDir()
+	var kicks atomic.Int32
+	woken := make(chan struct{}, 100)
+	w, err := watchRecords(networkDir, func() { kicks.Add(1); woken <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	records := filepath.Join(networkDir, core.RecordDirName)
+	if err := os.Mkdir(records, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("records directory made: no wake-up")
+	}
+	kicks.Store(0)
+	for i := range 3 { // three passes
+		tmp := filepath.Join(networkDir, fmt.Sprintf(".%s.%d", core.PolicyStateFile, i))
+		if err := os.WriteFile(tmp, []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(networkDir, core.PolicyStateFile)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The record arrives whole (one event: renamed into the records directory).
+	elsewhere := filepath.Join(t.TempDir(), "record")
+	if err := os.WriteFile(elsewhere, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(elsewhere, filepath.Join(records, "c1@eth0.json")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("record written: no wake-up")
+	}
+	if n := kicks.Load(); n != 1 {
+		t.Errorf("%d wake-ups for three policy states and a record, want the record's only", n)
 	}
 }

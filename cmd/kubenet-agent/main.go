@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -54,6 +55,7 @@ type options struct {
 	policyLog   bool
 	logGroup    uint
 	logRate     uint
+	memLimitMiB uint
 	cfg         agent.Config
 }
 
@@ -95,6 +97,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:9309", "address of /healthz, /readyz and /metrics; empty: no HTTP server")
 	fs.BoolVar(&o.profiling, "profiling", false, "also serve Go's runtime profiles (CPU, heap) under /debug/pprof/ on --metrics-bind-address; they show the agent's internals, so keep the address local")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.UintVar(&o.memLimitMiB, "memory-limit-mib", defaultMemLimitMiB, "soft memory limit of the Go runtime in MiB (runtime/debug.SetMemoryLimit): the garbage collector works harder as the agent nears it, but the agent outgrows it when its live data does; 0: none (GOMEMLIMIT, when set, wins)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -163,6 +166,21 @@ func parseCIDRs(flagName, list string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// defaultMemLimitMiB is the agent's default soft memory limit: at issue 27's size (10 000
+// pods, 2 000 policies) its live heap is about 50 MiB, and without a limit the garbage collector
+// let the heap grow to twice the live data between cycles, the peaks of a policy pass's garbage
+// on top (peak RSS 165 – 177 MiB). The manifest's memory limit is 200Mi.
+const defaultMemLimitMiB = 100
+
+// softMemoryLimit is the limit in bytes for --memory-limit-mib, and whether to set it: not when
+// it is 0, nor when GOMEMLIMIT (gomemlimit) is set, which the runtime has applied already.
+func softMemoryLimit(mib uint, gomemlimit string) (int64, bool) {
+	if mib == 0 || gomemlimit != "" {
+		return 0, false
+	}
+	return int64(mib) << 20, true
+}
+
 func main() {
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -192,6 +210,9 @@ func run(o *options) error {
 	// client-go logs through klog; into the same JSON stream.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 
+	if limit, ok := softMemoryLimit(o.memLimitMiB, os.Getenv("GOMEMLIMIT")); ok {
+		debug.SetMemoryLimit(limit)
+	}
 	if err := streamInitialLists(); err != nil {
 		return err
 	}

@@ -112,3 +112,26 @@ func TestParseFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestSoftMemoryLimit: --memory-limit-mib sets the runtime's soft limit in bytes; 0 sets none,
+// and GOMEMLIMIT, when set, is left to the runtime.
+func TestSoftMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		mib        uint
+		gomemlimit string
+		want       int64
+		set        bool
+	}{
+		{"default", defaultMemLimitMiB, "", defaultMemLimitMiB << 20, true},
+		{"set", 256, "", 256 << 20, true},
+		{"off", 0, "", 0, false},
+		{"GOMEMLIMIT wins", 256, "300MiB", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, set := softMemoryLimit(tc.mib, tc.gomemlimit); got != tc.want || set != tc.set {
+				t.Errorf("softMemoryLimit(%d, %q) = %d, %v; want %d, %v", tc.mib, tc.gomemlimit, got, set, tc.want, tc.set)
+			}
+		})
+	}
+}

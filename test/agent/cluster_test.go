@@ -63,15 +63,21 @@ func podCIDRs(k int) []netip.Prefix {
 // saveCPUProfile writes the agent's CPU profile over the next d (the agent runs with
 // --profiling) to file.
 func (n *simNode) saveCPUProfile(file string, d time.Duration) error {
+	return n.saveProfile(file, fmt.Sprintf("profile?seconds=%d", int(d.Seconds())), d)
+}
+
+// saveProfile writes the agent's profile /debug/pprof/<which> (the agent runs with --profiling),
+// which takes d to make, to file.
+func (n *simNode) saveProfile(file, which string, d time.Duration) error {
 	c := &http.Client{Timeout: d + 30*time.Second, Transport: &http.Transport{DialContext: nettest.DialIn(n.ns)}}
 	defer c.CloseIdleConnections()
-	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metricsAddr, int(d.Seconds())))
+	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/%s", metricsAddr, which))
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/debug/pprof/profile: HTTP %d", resp.StatusCode)
+		return fmt.Errorf("/debug/pprof/%s: HTTP %d", which, resp.StatusCode)
 	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {

@@ -35,9 +35,11 @@ const (
 )
 
 var (
-	netpolSize  = flag.String("netpol.size", "small", "BenchmarkNetworkPolicyScale's cluster: small (1000 pods, 200 policies, 10 namespaces, 10 on the node) or large (10000, 2000, 500, 100)")
-	netpolChurn = flag.Duration("netpol.churn", time.Minute, "how long BenchmarkNetworkPolicyScale changes pods at 50 a second to measure the agent's CPU")
-	netpolProf  = flag.String("netpol.cpuprofile", "", "file that receives the agent's CPU profile during BenchmarkNetworkPolicyScale's churn (the agent runs with --profiling)")
+	netpolSize      = flag.String("netpol.size", "small", "BenchmarkNetworkPolicyScale's cluster: small (1000 pods, 200 policies, 10 namespaces, 10 on the node) or large (10000, 2000, 500, 100)")
+	netpolChurn     = flag.Duration("netpol.churn", time.Minute, "how long BenchmarkNetworkPolicyScale changes pods at 50 a second to measure the agent's CPU")
+	netpolProf      = flag.String("netpol.cpuprofile", "", "file that receives the agent's CPU profile during BenchmarkNetworkPolicyScale's churn (the agent runs with --profiling)")
+	netpolStartProf = flag.String("netpol.startprofile", "", "file that receives the agent's CPU profile over the first seconds after its restart (BenchmarkNetworkPolicyScale's first pass; the agent runs with --profiling)")
+	netpolHeapProf  = flag.String("netpol.heapprofile", "", "file that receives the agent's heap profile at the end of BenchmarkNetworkPolicyScale's churn (the agent runs with --profiling)")
 )
 
 // controlPlaneResult is what the control-plane workload measured.
@@ -89,7 +91,7 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	api := cp.Admin
 	n := newSimNode(b, u, cp, "node-1", 1, agentUser)
 	createNode(b, api, nodeObject(n.name, n.addrs, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}))
-	n.startAgent(b, "--log-level=info", fmt.Sprint("--profiling=", *netpolProf != ""))
+	n.startAgent(b, "--log-level=info", fmt.Sprint("--profiling=", *netpolProf != "" || *netpolHeapProf != ""))
 	ctx := context.Background()
 	must(nettest.WhileRunning(60*time.Second, func() error { _, err := os.Stat(n.confFile()); return err }, n.agent))
 	res.idleRSS = procStatus(b, n.agent.Pid(), "VmRSS")
@@ -241,13 +243,24 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	res.churnPasses, res.churnPassTime = count1-count0, time.Duration((sum1-sum0)*float64(time.Second))
 	stopChurn()
 	churning.Wait()
+	if *netpolHeapProf != "" {
+		must(n.saveProfile(*netpolHeapProf, "heap", 0))
+	}
 	res.rss = procStatus(b, n.agent.Pid(), "VmRSS")
 	res.peak = mem.stop()
 
-	// A restart: the first pass compiles everything (its time from the agent's log).
+	// A restart: the first pass compiles everything (its time from the agent's log). The agent
+	// stops once it has applied the churn's last changes: the first pass measures a restart, not
+	// the backlog of changes made while a pass of the churn waited.
+	_, err = n.settledPasses(2 * time.Minute)
+	must(err)
 	must(n.agent.Stop())
-	n.startAgent(b, "--log-level=info")
+	n.startAgent(b, "--log-level=info", fmt.Sprint("--profiling=", *netpolStartProf != ""))
 	mem = sampleRSS(n.agent.Pid())
+	if *netpolStartProf != "" {
+		// From as soon as the agent serves: its informers' lists, then the first pass.
+		must(nettest.WhileRunning(30*time.Second, func() error { return n.saveCPUProfile(*netpolStartProf, 5*time.Second) }, n.agent))
+	}
 	must(nettest.WhileRunning(120*time.Second, func() error {
 		rec, err := logRecord(n.logFile(), "network policy: compiled everything", map[string]string{"localPods": fmt.Sprint(size.Local)})
 		if err == nil {
