@@ -283,6 +283,9 @@ func New(client typedcorev1.CoreV1Interface, cfg Config) (*Agent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
+		if a.loops.heal != nil {
+			a.loops.heal.ours = ownedBy(committedByUs, a.policy.Committed, selfComm())
+		}
 	}
 	return a, nil
 }

@@ -352,6 +352,28 @@ func (h *healer) forward(ctx context.Context, events <-chan nftBatch, wake func(
 	}
 }
 
+// ownedBy is the healer's test of its own process's transactions: those committedByUs finds, and
+// those the policy controller committed (its passes are most of the agent's writes), known by
+// the committing socket's netlink port id (policyCommitted) and this process's name (comm): that
+// holds in a PID namespace of the agent's own too (a pod without hostPID), where the thread ids
+// the kernel reports are not ours to read. Another process is taken for ours only with our name
+// and a port id of one of the controller's sockets of the last seconds, which the kernel gives to
+// nobody else while the socket is open.
+func ownedBy(committedByUs func(nftBatch) bool, policyCommitted func(portid uint32) bool, comm string) func(nftBatch) bool {
+	return func(b nftBatch) bool {
+		return committedByUs(b) || (comm != "" && b.comm == comm && policyCommitted(b.portid))
+	}
+}
+
+// selfComm is this process's name as the kernel reports it (comm); "" when unreadable.
+func selfComm() string {
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(comm), "\n")
+}
+
 // committedByUs tells whether the transaction of the batch was committed by a thread of this
 // process. The kernel names the committing thread by its id in the initial PID namespace and by
 // its name (comm); the thread is ours when /proc/self/task holds that id under the same name. An

@@ -20,7 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
 	"github.com/kubenet-dev/kubenet/isolation"
+	"github.com/kubenet-dev/kubenet/netpol"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -550,30 +552,7 @@ func BenchmarkHealAfterFlush(b *testing.B) {
 // batches carry each transaction's table and chain changes, not its elements.
 func TestCommittedByUsKnowsTheWriter(t *testing.T) {
 	n := nettest.NewNS(t)
-	var events <-chan nftBatch
-	var closeEvents func()
-	nettest.Do(t, n, func() (err error) { events, closeEvents, err = subscribeTables(tableEventsBuffer); return err })
-	t.Cleanup(closeEvents)
-	// next is the batch of the next transaction that touched table.
-	next := func(table string) nftBatch {
-		t.Helper()
-		for {
-			select {
-			case batch, ok := <-events:
-				if !ok {
-					t.Fatal("the nftables subscription ended")
-				}
-				if batch.err != nil {
-					t.Fatalf("the nftables subscription failed: %v", batch.err)
-				}
-				if slices.ContainsFunc(batch.changes, func(c nftChange) bool { return c.table == table }) {
-					return batch
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("no event of table %s", table)
-			}
-		}
-	}
+	next := tableEvents(t, n)
 	comm, err := os.ReadFile("/proc/self/comm")
 	if err != nil {
 		t.Fatal(err)
@@ -611,6 +590,74 @@ func TestCommittedByUsKnowsTheWriter(t *testing.T) {
 		b.comm = strings.TrimSpace(string(comm))
 		if committedByUs(b) {
 			t.Errorf("round %d: a transaction of thread %d named %q taken for this process's", round, b.pid, b.comm)
+		}
+	}
+}
+
+// tableEvents subscribes to n's nftables notifications and returns a function that waits for
+// the batch of the next transaction that touched table.
+func tableEvents(t *testing.T, n ns.NetNS) func(table string) nftBatch {
+	var events <-chan nftBatch
+	var closeEvents func()
+	nettest.Do(t, n, func() (err error) { events, closeEvents, err = subscribeTables(tableEventsBuffer); return err })
+	t.Cleanup(closeEvents)
+	return func(table string) nftBatch {
+		t.Helper()
+		for {
+			select {
+			case batch, ok := <-events:
+				if !ok {
+					t.Fatal("the nftables subscription ended")
+				}
+				if batch.err != nil {
+					t.Fatalf("the nftables subscription failed: %v", batch.err)
+				}
+				if slices.ContainsFunc(batch.changes, func(c nftChange) bool { return c.table == table }) {
+					return batch
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no event of table %s", table)
+			}
+		}
+	}
+}
+
+// TestPolicyCommitsKnownByPortID: the policy controller's passes are the agent's own by the
+// committing socket's netlink port id and the process's name, which hold in a PID namespace of
+// the agent's own too (a pod without hostPID, where the thread ids the kernel reports are not
+// the agent's to read: committedByUs is made to fail here): a pass of the controller's applier
+// is; the nft tool's transaction and another applier's pass are not, nor one with our port id
+// under another name.
+func TestPolicyCommitsKnownByPortID(t *testing.T) {
+	n := nettest.NewNS(t)
+	next := tableEvents(t, n)
+	mine, other := core.NewPolicyApplier(), core.NewPolicyApplier()
+	ours := ownedBy(func(nftBatch) bool { return false }, mine.Committed, selfComm())
+	pass := func(a *core.PolicyApplier, network string) nftBatch {
+		t.Helper()
+		nettest.Do(t, n, func() error {
+			_, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: t.TempDir(), Network: network, Bridge: "kubenet-none", Applier: a},
+				func([]core.PolicyLocal) policyrules.Ruleset { return policyrules.Ruleset{} })
+			return err
+		})
+		return next(netpol.TableName(network))
+	}
+	for round := range 3 {
+		b := pass(mine, fmt.Sprintf("own%d", round))
+		if b.portid == 0 || !ours(b) {
+			t.Errorf("round %d: the controller's pass (port %d, %q) taken for another's", round, b.portid, b.comm)
+		}
+		if b2 := pass(other, fmt.Sprintf("other%d", round)); ours(b2) {
+			t.Errorf("round %d: another applier's pass (port %d) taken for the controller's", round, b2.portid)
+		}
+		b.comm = "impostor"
+		if ours(b) {
+			t.Errorf("round %d: our port id under another name taken for ours", round)
+		}
+		tool := fmt.Sprintf("kubenetpolicy-tool%d", round)
+		nettest.Run(t, n, "nft", "add", "table", "bridge", tool)
+		if b := next(tool); ours(b) {
+			t.Errorf("round %d: the nft tool's transaction (port %d, %q) taken for ours", round, b.portid, b.comm)
 		}
 	}
 }

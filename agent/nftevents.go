@@ -26,6 +26,7 @@ type nftChange struct {
 type nftBatch struct {
 	changes []nftChange
 	pid     uint32 // the committing thread's id in the initial PID namespace
+	portid  uint32 // the committing socket's netlink port id (the generation message's header)
 	comm    string // its name
 	err     error
 }
@@ -131,7 +132,7 @@ func parseTableEvents(data []byte, batch *nftBatch) []nftBatch {
 		if size < unix.NLMSG_HDRLEN || size > len(data) {
 			break
 		}
-		body := data[unix.NLMSG_HDRLEN:size]
+		header, body := data[:unix.NLMSG_HDRLEN], data[unix.NLMSG_HDRLEN:size]
 		data = data[min(nlmsgAlign(size), len(data)):]
 		if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || len(body) < nfgenmsgLen {
 			continue
@@ -144,6 +145,7 @@ func parseTableEvents(data []byte, batch *nftBatch) []nftBatch {
 				batch.changes = append(batch.changes, nftChange{msgType: msg, table: cString(table)})
 			}
 		case unix.NFT_MSG_NEWGEN:
+			batch.portid = binary.NativeEndian.Uint32(header[12:16])
 			if pid, ok := attribute(attrs, nftaGenProcPID); ok && len(pid) == 4 {
 				batch.pid = binary.BigEndian.Uint32(pid)
 			}

@@ -45,6 +45,11 @@ type PolicyApplier struct{ applier *netpol.Applier }
 // NewPolicyApplier returns the applier of a caller's passes.
 func NewPolicyApplier() *PolicyApplier { return &PolicyApplier{netpol.NewApplier()} }
 
+// Committed tells whether a transaction the kernel announces as committed through netlink port
+// portid was one of this applier's passes (lately): the agent's own writes, which its healer
+// must not take for another tool's.
+func (a *PolicyApplier) Committed(portid uint32) bool { return a.applier.Committed(portid) }
+
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
 // of it from the kernel.
 type PolicyLocal struct {

@@ -61,7 +61,45 @@ type Options struct {
 type Applier struct {
 	mu   sync.Mutex
 	memo *groupMemo
+	// sockets are the netlink port ids of the Applier's sockets (Committed).
+	sockets portLog
 }
+
+// ownWindow is how long Committed knows a socket's port id after the socket was opened: the
+// notification of what it commits arrives within a pass; a port id given to another socket later
+// (the kernel reuses those of closed sockets) must not be taken for this Applier's for long.
+const ownWindow = 10 * time.Second
+
+// portLog remembers port ids for ownWindow. Safe for concurrent use (a watcher asks while a pass
+// runs).
+type portLog struct {
+	mu   sync.Mutex
+	seen map[uint32]time.Time
+}
+
+func (l *portLog) add(id uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if l.seen == nil {
+		l.seen = map[uint32]time.Time{}
+	}
+	maps.DeleteFunc(l.seen, func(_ uint32, t time.Time) bool { return now.Sub(t) > ownWindow })
+	l.seen[id] = now
+}
+
+func (l *portLog) has(id uint32) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.seen[id]
+	return ok && time.Since(t) <= ownWindow
+}
+
+// Committed tells whether a transaction the kernel announces as committed through netlink port
+// portid (the header of its generation message) was one of this Applier's, lately (ownWindow):
+// an agent watching the tables for other tools' changes leaves its own passes alone by it,
+// whatever PID namespace it runs in.
+func (a *Applier) Committed(portid uint32) bool { return portid != 0 && a.sockets.has(portid) }
 
 // NewApplier returns an Applier that knows no allow list yet.
 func NewApplier() *Applier { return &Applier{memo: newGroupMemo()} }
@@ -94,7 +132,7 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	var res policyrules.Applied
 	// Removing or building a hundred groups is a transaction of hundreds of messages, each
 	// acknowledged before any acknowledgement is read.
-	c, err := nftables.New(nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer)))
+	c, err := nftables.New(nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer), nft.PortID(a.sockets.add)))
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
 	}

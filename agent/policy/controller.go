@@ -189,7 +189,7 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 		cfg.DropLogOut = os.Stdout
 	}
 	c := &Controller{cfg: cfg, core: coreClient, networking: networking, log: cfg.Logger, metrics: m,
-		events: cfg.Events, reported: map[string]bool{}, cutPending: true, incr: NewIncremental(cfg.NodeName)}
+		events: cfg.Events, reported: map[string]bool{}, cutPending: true, incr: NewIncremental(cfg.NodeName), applier: core.NewPolicyApplier()}
 	c.names.Store(namesOf(policyrules.Ruleset{}))
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(newDropsCollector(cfg.Network, c.names.Load, &c.logLost)); err != nil {
@@ -510,6 +510,10 @@ func (c *Controller) compile(local []Local, cidrs []netip.Prefix, full bool, p *
 	return res
 }
 
+// Committed tells whether a transaction the kernel announces as committed through netlink port
+// portid was one of the controller's passes (core.PolicyApplier.Committed).
+func (c *Controller) Committed(portid uint32) bool { return c.applier.Committed(portid) }
+
 // pass compiles and applies once; verify reads every set back, check compares the incremental
 // compile with a full one.
 func (c *Controller) pass(verify, check bool) Pass {
@@ -517,9 +521,6 @@ func (c *Controller) pass(verify, check bool) Pass {
 	p := Pass{Verified: verify}
 	c.sync()
 	cidrs := c.cfg.PodCIDRs()
-	if c.applier == nil {
-		c.applier = core.NewPolicyApplier()
-	}
 	pass, err := core.ApplyPolicies(core.PolicyNetwork{DataDir: c.cfg.DataDir, Network: c.cfg.Network, Bridge: c.cfg.Bridge, PodCIDRs: cidrs, Verify: verify,
 		Log: c.cfg.DropLog, CutEstablished: c.cfg.CutEstablished, CutAgain: c.cutPending, Applier: c.applier},
 		func(locals []core.PolicyLocal) policyrules.Ruleset {

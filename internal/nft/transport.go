@@ -163,6 +163,31 @@ func ReceiveBuffer(bytes int) nftables.SockOption {
 	return forcedBuffer(unix.SO_RCVBUFFORCE, bytes, (*netlink.Conn).SetReadBuffer)
 }
 
+// PortID is a google/nftables socket option that hands record the netlink port id the kernel
+// bound the socket to: the kernel's notification of a transaction committed through the socket
+// carries it (the generation message's header), so that a watcher can tell the transactions of
+// one writer from everybody else's.
+func PortID(record func(uint32)) nftables.SockOption {
+	return func(c *netlink.Conn) error {
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var sa unix.Sockaddr
+		var serr error
+		if err := raw.Control(func(fd uintptr) { sa, serr = unix.Getsockname(int(fd)) }); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("netlink port id: %w", serr)
+		}
+		if nl, ok := sa.(*unix.SockaddrNetlink); ok {
+			record(nl.Pid)
+		}
+		return nil
+	}
+}
+
 // forcedBuffer sets a buffer's size with the forcing socket option opt, else with set.
 func forcedBuffer(opt, bytes int, set func(*netlink.Conn, int) error) nftables.SockOption {
 	return func(c *netlink.Conn) error {
