@@ -130,9 +130,9 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var res policyrules.Applied
-	// Removing or building a hundred groups is a transaction of hundreds of messages, each
-	// acknowledged before any acknowledgement is read.
-	c, err := nftables.New(nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer), nft.PortID(a.sockets.add)))
+	// Removing, building or editing a hundred groups is a transaction of hundreds of messages,
+	// sent as one datagram and each acknowledged before any acknowledgement is read.
+	c, err := nftables.New(nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer), nft.SendBuffer(nft.BatchSendBuffer), nft.PortID(a.sockets.add)))
 	if err != nil {
 		return res, fmt.Errorf("policy rules: netlink: %w", err)
 	}

@@ -151,6 +151,12 @@ func parseMessages(b []byte) ([]netlink.Message, error) {
 // committed fail.
 const BatchReceiveBuffer = 16 << 20
 
+// BatchSendBuffer is a send buffer for a transaction of thousands of messages: a transaction is
+// one datagram, which sendmsg refuses (EMSGSIZE) when it is bigger than the socket's send buffer
+// (about 208 KiB by default): a policy switch that edits a few hundred groups in place, with
+// their new chains and map elements, is bigger.
+const BatchSendBuffer = 16 << 20
+
 // SendBuffer is a google/nftables socket option that raises the socket's send buffer to bytes,
 // past net.core.wmem_max (SO_SNDBUFFORCE, which the agent's CAP_NET_ADMIN allows), else as far
 // as wmem_max lets it.
