@@ -23,7 +23,7 @@ func TestAgentPolicyQuiet(t *testing.T) {
 	createPod(t, api, "quiet", "pod", n.name, map[string]string{"app": "quiet"})
 	n.cni.MustAdd(t, list, npPod(t, n, "quiet", "pod", netip.MustParseAddr("10.244.1.60")))
 
-	count, err := n.settledPasses(converge)
+	count, err := n.settledPasses(converge, time.Second)
 	if err != nil {
 		t.Fatalf("the policy passes never stopped: %v", err)
 	}
@@ -47,9 +47,11 @@ func (n *simNode) policyPasses() (float64, error) {
 	return m["kubenet_agent_network_policy_pass_seconds_count"], err
 }
 
-// settledPasses waits until the agent's policy passes have stopped (their count unchanged for a
-// second, after at least one) and returns their count.
-func (n *simNode) settledPasses(timeout time.Duration) (float64, error) {
+// settledPasses waits until the agent's policy passes have stopped (their count unchanged for
+// quiet, after at least one) and returns their count. quiet must be longer than the gap a busy
+// pass leaves before the next (policy.DefaultBusyGap times its duration), or a pass still
+// waiting for its turn is taken for none.
+func (n *simNode) settledPasses(timeout, quiet time.Duration) (float64, error) {
 	var count float64
 	var since time.Time
 	err := nettest.Eventually(timeout, func() error {
@@ -61,7 +63,7 @@ func (n *simNode) settledPasses(timeout time.Duration) (float64, error) {
 			count, since = c, time.Now()
 			return fmt.Errorf("%v passes, still counting", c)
 		}
-		if time.Since(since) < time.Second {
+		if time.Since(since) < quiet {
 			return fmt.Errorf("%v passes for %s", c, time.Since(since))
 		}
 		return nil

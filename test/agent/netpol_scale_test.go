@@ -252,7 +252,9 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	// A restart: the first pass compiles everything (its time from the agent's log). The agent
 	// stops once it has applied the churn's last changes: the first pass measures a restart, not
 	// the backlog of changes made while a pass of the churn waited.
-	_, err = n.settledPasses(2 * time.Minute)
+	// Passes of the churn took about a second each, and a busy pass leaves three times its
+	// duration before the next.
+	_, err = n.settledPasses(2*time.Minute, 6*time.Second)
 	must(err)
 	must(n.agent.Stop())
 	n.startAgent(b, "--log-level=info", fmt.Sprint("--profiling=", *netpolStartProf != ""))
