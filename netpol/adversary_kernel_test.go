@@ -1,0 +1,79 @@
+package netpol
+
+import (
+	"testing"
+
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
+	"github.com/kubenet-dev/kubenet/test/nettest"
+)
+
+// pointChainAt rewrites a group chain's rules, as another tool could, to look up the sets of
+// slot stem instead of its own (the rules otherwise as Apply writes them for the chain's list).
+func (n *bridgedNode) pointChainAt(t *testing.T, chain, stem string) {
+	t.Helper()
+	ig := n.inspect(t).Groups[chain]
+	g, _ := canonical(ig.Entries, maxGroupCost)
+	dir := egressDir
+	if ig.Ingress {
+		dir = ingressDir
+	}
+	nettest.Do(t, n.node, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		nft.ReplaceChain(c, &nftables.Chain{Table: BridgeTable(n.network), Name: chain}, groupRules(stem, dir, g, ig.Audit))
+		return c.Flush()
+	})
+}
+
+// TestChainLookingUpAnotherGroupsSets: another tool rewrites a group's chain to look up another
+// group's sets (two chains then share a slot). The next pass, with or without Verify, gives each
+// group its own list again: each pod allows exactly its peers, Inspect sees no damage, and a
+// Verify pass after it changes nothing (a pass that rewrote the shared sets with one group's
+// list would hand it to the other group's pods, and the next Verify pass back, for ever).
+func TestChainLookingUpAnotherGroupsSets(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		name := "without Verify"
+		if verify {
+			name = "with Verify"
+		}
+		t.Run(name, func(t *testing.T) {
+			n := newBridgedNode(t)
+			a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+			// b allows a, c allows x: two groups of the same set kinds.
+			rs := with(with(n.open(), b.port, allowFrom(tcp8080, a.v4), policyrules.Direction{}), c.port, allowFrom(tcp8080, x4), policyrules.Direction{})
+			n.apply(t, rs, Options{})
+			d := groupNames(t, n)
+			bChain, cChain := d[MapIngress][b.port], d[MapIngress][c.port]
+			cStem, _ := setStem(n.groupSet(t, cChain, "-ports-ipv4"))
+			n.pointChainAt(t, bChain, cStem)
+			n.expectTCP(t, "tampered: x → b (c's peer)", n.x, b.v4, 8080, true)
+
+			res := n.apply(t, rs, Options{Verify: verify})
+			probe := func(when string) {
+				t.Helper()
+				n.expectTCP(t, when+": a → b", a.ns, b.v4, 8080, true)
+				n.expectTCP(t, when+": x → b", n.x, b.v4, 8080, false)
+				n.expectTCP(t, when+": x → c", n.x, c.v4, 8080, true)
+				n.expectTCP(t, when+": a → c", a.ns, c.v4, 8080, false)
+			}
+			probe("repaired")
+			for name, g := range n.inspect(t).Groups {
+				if len(g.Damage) > 0 {
+					t.Errorf("after the repair (%+v), group %s: %v", res, name, g.Damage)
+				}
+			}
+			if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
+				t.Errorf("a Verify pass after the repair changed something: %+v", again)
+			}
+			probe("verified again")
+			if left := n.unusedGroupObjects(t); len(left) > 0 {
+				t.Errorf("group objects no port uses: %v", left)
+			}
+		})
+	}
+}
