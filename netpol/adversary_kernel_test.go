@@ -1,6 +1,8 @@
 package netpol
 
 import (
+	"fmt"
+	"net/netip"
 	"testing"
 
 	"github.com/google/nftables"
@@ -71,6 +73,91 @@ func TestChainLookingUpAnotherGroupsSets(t *testing.T) {
 				t.Errorf("a Verify pass after the repair changed something: %+v", again)
 			}
 			probe("verified again")
+			if left := n.unusedGroupObjects(t); len(left) > 0 {
+				t.Errorf("group objects no port uses: %v", left)
+			}
+		})
+	}
+}
+
+// TestRepairOfARecreatedSet: another tool swaps a group's set for one of the same name and key
+// but other properties (a hash set instead of an interval one, or an interval set of one
+// element at most), holding a peer the group does not allow, and points the chain at it again.
+// A Verify pass gives the pods their list back (the kernel refuses to redefine a set's
+// properties, so the group cannot be rewritten in those sets): never left with the tool's peer,
+// and a pass after it changes nothing.
+func TestRepairOfARecreatedSet(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(name string) *nftables.Set
+		els  func(peers ...netip.Addr) []nftables.SetElement
+	}{
+		{"hash set", func(name string) *nftables.Set {
+			return &nftables.Set{Name: name, Concatenation: true, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+		}, func(peers ...netip.Addr) []nftables.SetElement {
+			var out []nftables.SetElement
+			for _, p := range peers {
+				out = append(out, nftables.SetElement{Key: portsKey(p, policyrules.TCP, 8080)})
+			}
+			return out
+		}},
+		{"interval set of one element", func(name string) *nftables.Set {
+			return &nftables.Set{Name: name, Interval: true, Concatenation: true, Size: 1, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+		}, func(peers ...netip.Addr) []nftables.SetElement {
+			var out []nftables.SetElement
+			for _, p := range peers {
+				out = append(out, nftables.SetElement{Key: portsKey(p, policyrules.TCP, 8080), KeyEnd: portsKey(p, policyrules.TCP, 8080)})
+			}
+			return out
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newBridgedNode(t)
+			a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+			rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4, c.v4), policyrules.Direction{})
+			n.apply(t, rs, Options{})
+			chain := groupNames(t, n)[MapIngress][b.port]
+			setName := n.groupSet(t, chain, "-ports-ipv4")
+			stem, _ := setStem(setName)
+			ig := n.inspect(t).Groups[chain]
+			g, _ := canonical(ig.Entries, maxGroupCost)
+			bt := BridgeTable(n.network)
+			nettest.Do(t, n.node, func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				ch := &nftables.Chain{Table: bt, Name: chain}
+				c.FlushChain(ch)
+				c.DelSet(&nftables.Set{Table: bt, Name: setName})
+				if err := c.Flush(); err != nil {
+					return fmt.Errorf("the chain's rules and its set out: %w", err)
+				}
+				s := tc.set(setName)
+				s.Table = bt
+				if err := c.AddSet(s, tc.els(x4)); err != nil {
+					return err
+				}
+				nft.ReplaceChain(c, ch, groupRules(stem, ingressDir, g, false))
+				return c.Flush()
+			})
+			n.expectTCP(t, "tampered: x → b", n.x, b.v4, 8080, true)
+
+			res := n.apply(t, rs, Options{Verify: true})
+			n.expectTCP(t, "repaired: x → b", n.x, b.v4, 8080, false)
+			n.expectTCP(t, "repaired: a → b", a.ns, b.v4, 8080, true)
+			n.expectTCP(t, "repaired: c → b", c.ns, b.v4, 8080, true)
+			if len(res.Refused) > 0 || res.RepairedGroups != 1 {
+				t.Errorf("repair: %+v, want b's group repaired", res)
+			}
+			for name, g := range n.inspect(t).Groups {
+				if len(g.Damage) > 0 {
+					t.Errorf("after the repair, group %s: %v", name, g.Damage)
+				}
+			}
+			if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
+				t.Errorf("a Verify pass after the repair changed something: %+v", again)
+			}
 			if left := n.unusedGroupObjects(t); len(left) > 0 {
 				t.Errorf("group objects no port uses: %v", left)
 			}

@@ -116,7 +116,7 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	if err != nil {
 		return res, err
 	}
-	assignStems(want, cur, edits, free)
+	assignStems(want, cur, edits, free, opt.Verify)
 	refused, err := w.buildGroups(bt, want, cur, opt.Verify, func(name string) bool { return edits[name] == nil })
 	if err != nil {
 		return res, err
@@ -570,12 +570,12 @@ type sendError struct{ err error }
 func (e sendError) Error() string { return e.err.Error() }
 func (e sendError) Unwrap() error { return e.err }
 
-// writeGroup queues one group: its sets (emptied first when they exist, so a rewrite never keeps
-// a stale element) and then its chain, whose rules refer to them. A group whose sets are as
-// planned and whose rules differ (a flushed table) only gets its rules back. With split, it
-// sends a transaction whenever one holds enough elements (a group bigger than one transaction:
-// nothing refers to its sets yet, or, when it is being repaired, their partial content only
-// denies more); such a refusal comes back as a sendError.
+// writeGroup queues one group: its sets (emptied first should they exist, so that a rewrite
+// never keeps a stale element; assignStems gives a group whose sets differ a new slot) and then
+// its chain, whose rules refer to them. A group whose sets are as planned and whose rules differ
+// (a flushed table) only gets its rules back. With split, it sends a transaction whenever one
+// holds enough elements (a group bigger than one transaction: nothing refers to its sets yet);
+// such a refusal comes back as a sendError.
 func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st groupState, cur state, split bool) error {
 	w.begin(bt)
 	if st != groupRulesDiffer {
