@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
@@ -162,5 +163,102 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 				t.Errorf("group objects no port uses: %v", left)
 			}
 		})
+	}
+}
+
+// TestCrashBetweenTransactions: an agent killed after any transaction of a pass (builds, the
+// switch with its edits, the removal) leaves no pod more open than both its old and its new list
+// allow, and the first pass of a new Applier (its memo empty), without Verify, ends with exactly
+// the new lists: traffic as they say, Inspect without damage, nothing unused left, and a Verify
+// pass after it changes nothing.
+func TestCrashBetweenTransactions(t *testing.T) {
+	type probe struct {
+		src, dst string
+	}
+	var all []probe
+	for _, dst := range []string{"a", "b", "c"} {
+		for _, src := range []string{"a", "b", "c", "x"} {
+			if src != dst {
+				all = append(all, probe{src, dst})
+			}
+		}
+	}
+	// old: a allows b; b allows a and c's IPv6 address; c allows x.
+	// new: a allows b on both families (an edit that makes a set kind); b allows x and c's IPv6 address (an edit); c allows a and
+	// more prefixes (built over several transactions of 4 elements).
+	oldAllowed := map[probe]bool{{"b", "a"}: true, {"a", "b"}: true, {"x", "c"}: true}
+	newAllowed := map[probe]bool{{"b", "a"}: true, {"x", "b"}: true, {"a", "c"}: true}
+	rulesets := func(n *bridgedNode) (policyrules.Ruleset, policyrules.Ruleset) {
+		a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+		old := with(with(with(n.open(), a.port, allowFrom(tcp8080, b.v4), policyrules.Direction{}),
+			b.port, allowFrom(tcp8080, a.v4, c.v6), policyrules.Direction{}), c.port, allowFrom(tcp8080, x4), policyrules.Direction{})
+		next := with(with(with(n.open(), a.port, allowFrom(tcp8080, b.v4, b.v6), policyrules.Direction{}),
+			b.port, allowFrom(tcp8080, x4, c.v6), policyrules.Direction{}), c.port, bigAllow(a.v4, 12), policyrules.Direction{})
+		return old, next
+	}
+	opt := Options{transactionElements: 4}
+	for crashAfter := 1; ; crashAfter++ {
+		done := false
+		t.Run(fmt.Sprintf("after transaction %d", crashAfter), func(t *testing.T) {
+			n := newBridgedNode(t)
+			nsOf := func(name string) ns.NetNS {
+				if name == "x" {
+					return n.x
+				}
+				return n.pods[name].ns
+			}
+			old, next := rulesets(n)
+			n.apply(t, old, opt)
+			crashing := opt
+			crashing.crashAfter = crashAfter
+			var crashed bool
+			var res policyrules.Applied
+			nettest.Do(t, n.node, func() (err error) {
+				defer func() {
+					if r := recover(); r != nil {
+						if _, ok := r.(simulatedCrash); !ok {
+							panic(r)
+						}
+						crashed, err = true, nil
+					}
+				}()
+				next.PodCIDRs, next.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
+				res, err = NewApplier().Apply(n.network, next, crashing)
+				return err
+			})
+			if !crashed {
+				if done = true; res.EditedGroups != 2 || res.NewGroups != 1 || res.RemovedGroups != 1 {
+					t.Errorf("the pass without a crash: %+v, want a's and b's groups edited, c's built", res)
+				}
+				return
+			}
+			for _, p := range all {
+				if !oldAllowed[p] && !newAllowed[p] {
+					n.expectTCP(t, "crashed: "+p.src+" → "+p.dst+" (neither list allows)", nsOf(p.src), n.pods[p.dst].v4, 8080, false)
+				}
+			}
+
+			res = n.apply(t, next, opt) // a new Applier, its memo empty
+			for _, p := range all {
+				n.expectTCP(t, "restarted: "+p.src+" → "+p.dst, nsOf(p.src), n.pods[p.dst].v4, 8080, newAllowed[p])
+			}
+			for name, g := range n.inspect(t).Groups {
+				if len(g.Damage) > 0 {
+					t.Errorf("after the restart's pass (%+v), group %s: %v", res, name, g.Damage)
+				}
+			}
+			if left := n.unusedGroupObjects(t); len(left) > 0 {
+				t.Errorf("group objects no port uses: %v", left)
+			}
+			if again := n.apply(t, next, Options{Verify: true}); again.Changed() {
+				t.Errorf("a Verify pass after the restart's pass changed something: %+v", again)
+			}
+		})
+		if done || t.Failed() || crashAfter > 20 {
+			if crashAfter < 3 {
+				t.Errorf("the pass had %d transactions, want builds, a switch and a removal", crashAfter-1)
+			}
+			break
+		}
 	}
 }

@@ -52,7 +52,13 @@ type Options struct {
 	// transactionElements, when set, caps the set elements of one transaction instead of
 	// maxElementsPerTransaction (tests).
 	transactionElements int
+	// crashAfter, when set, ends the pass as a SIGKILL would right after its crashAfter-th
+	// transaction is committed: the writer panics with simulatedCrash (tests).
+	crashAfter int
 }
+
+// simulatedCrash is the panic of Options.crashAfter.
+type simulatedCrash struct{}
 
 // Applier applies rulesets one after another (the agent's passes) and keeps, from one pass to
 // the next, the canonical form and name of every allow list the last pass had: a pass whose
@@ -437,13 +443,14 @@ type writer struct {
 	network           string
 	log               policyrules.DropLog
 	maxPerTransaction int
+	crashAfter        int
 	perTransaction    int // set elements the next transaction may carry
 	queued            int // set elements queued since the last flush
 	dirty             bool
 }
 
 func newWriter(c *nftables.Conn, res *policyrules.Applied, network string, opt Options) *writer {
-	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction}
+	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction, crashAfter: opt.crashAfter}
 	if opt.transactionElements > 0 {
 		w.maxPerTransaction = opt.transactionElements
 	}
@@ -466,6 +473,9 @@ func (w *writer) flush(what string) error {
 	w.res.LongestTransaction = max(w.res.LongestTransaction, took)
 	if err != nil {
 		return fmt.Errorf("%s of network %q: %w", what, w.network, err)
+	}
+	if w.crashAfter > 0 && w.res.Transactions >= w.crashAfter {
+		panic(simulatedCrash{})
 	}
 	if queued >= w.perTransaction/2 {
 		// As many elements as the kernel took in transactionTarget, growing at most twofold.
