@@ -3,6 +3,8 @@ package netpol
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -261,4 +263,66 @@ func TestCrashBetweenTransactions(t *testing.T) {
 			break
 		}
 	}
+}
+
+// TestTraceReadsTheSetsTheChainLooksUp: Inspect decodes a group from the sets its chain's rules
+// look up, which is what the kernel judges by. Another tool adds, next to a group's sets, a set
+// of the same slot that no rule looks up, holding a peer: the kernel drops that peer, and so
+// must trace (the set is reported as damage). Another tool adds to a group's chain a rule that
+// looks up another group's set: the kernel lets that group's peer through, and so must trace,
+// with the damage.
+func TestTraceReadsTheSetsTheChainLooksUp(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	rs := with(with(n.open(), b.port, allowFrom(tcp8080, a.v4), policyrules.Direction{}), c.port, allowFrom(tcp8080, x4), policyrules.Direction{})
+	bt := BridgeTable(n.network)
+	trace := func(what string, src netip.Addr, from ns.NetNS, srcPort int, to *testPod, wantDamage string) {
+		t.Helper()
+		in := n.inspect(t)
+		v, err := in.Trace(policyrules.Packet{Src: src, Dst: to.v4, Protocol: policyrules.TCP, Port: 8080}, srcPort, to.port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tcpReach(from, to.v4, 8080, v.Allowed); err != nil {
+			t.Errorf("%s: traffic disagrees with trace (allowed %v: %+v): %v", what, v.Allowed, v.Steps, err)
+		}
+		if damage := fmt.Sprint(in.Groups[in.Ports[to.port].Ingress].Damage); !strings.Contains(damage, wantDamage) {
+			t.Errorf("%s: damage %s, want it to say %q", what, damage, wantDamage)
+		}
+	}
+
+	n.apply(t, rs, Options{})
+	bChain, cChain := groupNames(t, n)[MapIngress][b.port], groupNames(t, n)[MapIngress][c.port]
+	bStem, _ := setStem(n.groupSet(t, bChain, "-ports-ipv4"))
+	extra := anySetName(bStem, false)
+	nettest.Do(t, n.node, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		s := groupSets(bt, bStem, group{any4: []policyrules.Range{policyrules.Single(x4)}}, true)[0]
+		if err := c.AddSet(s.set, s.elements); err != nil {
+			return err
+		}
+		return c.Flush()
+	})
+	trace("a set of b's slot no rule looks up: x → b", x4, n.x, 0, b, extra)
+
+	n.apply(t, rs, Options{})
+	cSet := n.groupSet(t, cChain, "-ports-ipv4")
+	ig := n.inspect(t).Groups[bChain]
+	g, _ := canonical(ig.Entries, maxGroupCost)
+	rules := groupRules(bStem, ingressDir, g, false)
+	extraRule := groupRules(strings.TrimSuffix(cSet, "-ports-ipv4"), ingressDir, g, false)
+	nettest.Do(t, n.node, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		// b's rules, and before the last one c's set looked up as b's own.
+		nft.ReplaceChain(c, &nftables.Chain{Table: bt, Name: bChain}, slices.Concat(rules[:len(rules)-1], extraRule[len(extraRule)-2:]))
+		return c.Flush()
+	})
+	trace("b's chain looks up c's set too: x → b", x4, n.x, 0, b, "rules")
+	trace("b's chain looks up c's set too: a → b", a.v4, a.ns, a.port, b, "rules")
 }

@@ -940,6 +940,8 @@ type state struct {
 	// groupStems is the stem of the sets each group chain's rules look up (setStem; "" for a
 	// chain that looks none up).
 	groupStems map[string]string
+	// groupLookups are the group sets each group chain's rules look up (lookedUpSets).
+	groupLookups map[string][]string
 	// stemUsers counts, for each stem, the group chains that look up one of its sets (any of
 	// their lookups: a chain another tool rewrote may look up several stems).
 	stemUsers   map[string]int
@@ -1010,7 +1012,7 @@ func elementsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElem
 
 // readState reads the tables; missing ones read as empty.
 func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
-	st := state{groupChains: map[string]bool{}, groupStems: map[string]string{}, stemUsers: map[string]int{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
+	st := state{groupChains: map[string]bool{}, groupStems: map[string]string{}, groupLookups: map[string][]string{}, stemUsers: map[string]int{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
 		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}, drops: map[string][]nftables.SetElement{}}
 	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
 	inetRules, err := nft.TableRules(it)
@@ -1046,12 +1048,16 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 		if ch.Table.Name == bt.Name && (strings.HasPrefix(ch.Name, ingressDir+"-") || strings.HasPrefix(ch.Name, egressDir+"-")) {
 			st.groupChains[ch.Name] = true
 			st.groupStems[ch.Name] = ""
-			stems := lookedUpStems(st.bridgeRules[ch.Name])
+			st.groupLookups[ch.Name] = lookedUpSets(st.bridgeRules[ch.Name])
+			var stems []string
+			for _, set := range st.groupLookups[ch.Name] {
+				if stem, _ := setStem(set); !slices.Contains(stems, stem) {
+					stems = append(stems, stem)
+					st.stemUsers[stem]++
+				}
+			}
 			if len(stems) > 0 {
 				st.groupStems[ch.Name] = stems[0]
-			}
-			for _, stem := range stems {
-				st.stemUsers[stem]++
 			}
 		}
 	}

@@ -13,16 +13,16 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// lookedUpStems are the stems of the group sets a chain's rules look up, each once, in the
-// order of the rules: one for a chain as Apply writes it, none for one that looks none up, more
-// for a chain another tool rewrote.
-func lookedUpStems(rules []*nftables.Rule) []string {
+// lookedUpSets are the group sets a chain's rules look up, each once, in the order of the rules:
+// the sets of one stem for a chain as Apply writes it, none for one that looks none up, maybe
+// several stems' for a chain another tool rewrote.
+func lookedUpSets(rules []*nftables.Rule) []string {
 	var out []string
 	for _, r := range rules {
 		for _, e := range r.Exprs {
 			if l, ok := e.(*expr.Lookup); ok {
-				if stem, ok := setStem(l.SetName); ok && !slices.Contains(out, stem) {
-					out = append(out, stem)
+				if _, ok := setStem(l.SetName); ok && !slices.Contains(out, l.SetName) {
+					out = append(out, l.SetName)
 				}
 			}
 		}
