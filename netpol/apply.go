@@ -395,7 +395,8 @@ func (w *writer) removeUnused(bt *nftables.Table, cur state, want desired, final
 
 // unusedGroups returns the group chains, sorted, that no port of final refers to, and the group
 // sets that no chain of final looks up (a planned group's: its planned sets; a chain kept for a
-// refused list: whatever its rules look up), but those the edits already deleted. Pure.
+// refused list: its slot's and whatever its rules look up), but those the edits already deleted.
+// Pure.
 func unusedGroups(final map[string]map[int]string, cur state, want desired, edits map[string]*inPlaceEdit, sets []string) (unusedChains, unusedSets []string) {
 	used := map[string]bool{}
 	for _, m := range final {
@@ -423,8 +424,15 @@ func unusedGroups(final map[string]map[int]string, cur state, want desired, edit
 			for _, s := range groupSets(nil, g.stem, g.group, false) {
 				usedSets[s.set.Name] = true
 			}
-		} else if stem := cur.groupStems[chain]; stem != "" {
-			usedStems[stem] = true
+		} else {
+			// A kept chain's: its slot, and whatever else its rules look up (a chain another
+			// tool rewrote may look up another slot's set, which the kernel will not delete).
+			for _, s := range cur.groupLookups[chain] {
+				usedSets[s] = true
+			}
+			if stem := cur.groupStems[chain]; stem != "" {
+				usedStems[stem] = true
+			}
 		}
 	}
 	for _, s := range sets {
