@@ -122,8 +122,8 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	if err != nil {
 		return res, err
 	}
-	assignStems(want, cur, edits, free, opt.Verify)
-	refused, err := w.buildGroups(bt, want, cur, opt.Verify, func(name string) bool { return edits[name] == nil })
+	assignStems(want, cur, edits, free)
+	refused, err := w.buildGroups(bt, want, cur, opt.Verify, free, func(name string) bool { return edits[name] == nil })
 	if err != nil {
 		return res, err
 	}
@@ -183,7 +183,7 @@ func (w *writer) abandonEdits(bt *nftables.Table, want desired, cur state, verif
 		g.stem = free.next()
 		want.groups[name] = g
 	}
-	again, err := w.buildGroups(bt, want, cur, verify, func(name string) bool { return edits[name] != nil })
+	again, err := w.buildGroups(bt, want, cur, verify, free, func(name string) bool { return edits[name] != nil })
 	maps.Copy(refused, again)
 	return err
 }
@@ -501,8 +501,13 @@ func (w *writer) flush(what string) error {
 // groups (nothing of it happened), each is sent again alone: only the group it refuses alone is
 // refused. The error is for what is no group's doing (a set that cannot be encoded).
 //
+// A group whose sets differ from its list is built again in a new slot (free), its chain switched
+// there in the build's last transaction, rather than rewritten in the sets it had: another tool
+// may have made them anew with properties the kernel refuses to redefine (a hash set of the same
+// name, a size limit), and its pods never see a set half rewritten.
+//
 // only, when not nil, says which groups to look at (the others are edited in place, or done).
-func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool, only func(string) bool) (map[string]error, error) {
+func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool, free *slots, only func(string) bool) (map[string]error, error) {
 	refused := map[string]error{}
 	type queued struct {
 		name  string
@@ -538,6 +543,10 @@ func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify
 		st := cur.groupState(name, g, verify)
 		if st == groupOK {
 			continue
+		}
+		if st == groupSetsDiffer && g.stem == cur.groupStems[name] {
+			g.stem = free.next()
+			want.groups[name] = g
 		}
 		written[name] = st
 		n := g.group.elements()
@@ -589,7 +598,7 @@ func (e sendError) Error() string { return e.err.Error() }
 func (e sendError) Unwrap() error { return e.err }
 
 // writeGroup queues one group: its sets (emptied first should they exist, so that a rewrite
-// never keeps a stale element; assignStems gives a group whose sets differ a new slot) and then
+// never keeps a stale element; buildGroups gives a group whose sets differ a new slot) and then
 // its chain, whose rules refer to them. A group whose sets are as planned and whose rules differ
 // (a flushed table) only gets its rules back. With split, it sends a transaction whenever one
 // holds enough elements (a group bigger than one transaction: nothing refers to its sets yet);

@@ -77,7 +77,7 @@ func TestGolden(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const network = "golden"
 			d := plan(tc.rs, newGroupMemo())
-			assignStems(d, state{}, nil, newSlots(nil), false)
+			assignStems(d, state{}, nil, newSlots(nil))
 			if len(d.refused) > 0 {
 				t.Fatalf("refused: %v", d.refused)
 			}

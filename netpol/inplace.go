@@ -61,11 +61,9 @@ func (s *slots) next() string {
 // donor's, a group whose chain alone looks up a slot's sets that slot (repaired there if they
 // differ), any other (new, of the older layout, or whose slot another chain looks up too: a
 // tool's rewrite) a new slot, the cheapest group first. Two groups never keep one slot: the
-// repair of one would hand its list to the other's pods. A group whose sets differ from its list
-// is built again in a new slot, and its chain switched there in the build's last transaction:
-// the sets it had may have properties another tool gave them (a hash set of the same name, a
-// size limit), which the kernel refuses to redefine, and its pods never see them half rewritten.
-func assignStems(want desired, cur state, edits map[string]*inPlaceEdit, free *slots, verify bool) {
+// repair of one would hand its list to the other's pods (and buildGroups moves a group whose
+// sets differ to a new slot).
+func assignStems(want desired, cur state, edits map[string]*inPlaceEdit, free *slots) {
 	for _, name := range want.byCost() {
 		g := want.groups[name]
 		stem := cur.groupStems[name]
@@ -75,9 +73,6 @@ func assignStems(want desired, cur state, edits map[string]*inPlaceEdit, free *s
 			g.stem = e.stem
 		case cur.groupChains[name] && slot && cur.stemUsers[stem] == 1:
 			g.stem = stem
-			if cur.groupState(name, g, verify) == groupSetsDiffer {
-				g.stem = free.next()
-			}
 		default:
 			g.stem = free.next()
 		}
