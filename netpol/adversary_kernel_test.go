@@ -30,9 +30,40 @@ func (n *bridgedNode) pointChainAt(t *testing.T, chain, stem string) {
 		if err != nil {
 			return err
 		}
-		nft.ReplaceChain(c, &nftables.Chain{Table: BridgeTable(n.network), Name: chain}, groupRules(stem, dir, g, ig.Audit))
+		nft.ReplaceChain(c, &nftables.Chain{Table: BridgeTable(n.network), Name: chain}, groupRules(chain, stem, dir, g, ig.Audit))
 		return c.Flush()
 	})
+}
+
+// applyTwoGroups applies a ruleset of two groups of the same set kinds, b allowing a and c
+// allowing x on TCP 8080, and returns it and the two groups' chains.
+func (n *bridgedNode) applyTwoGroups(t *testing.T) (rs policyrules.Ruleset, bChain, cChain string) {
+	t.Helper()
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	rs = with(with(n.open(), b.port, allowFrom(tcp8080, a.v4), policyrules.Direction{}), c.port, allowFrom(tcp8080, x4), policyrules.Direction{})
+	n.apply(t, rs, Options{})
+	d := groupNames(t, n)
+	return rs, d[MapIngress][b.port], d[MapIngress][c.port]
+}
+
+// expectTwoGroups probes twoGroups' traffic: each of b and c allows its peer, not the other's.
+func (n *bridgedNode) expectTwoGroups(t *testing.T, when string) {
+	t.Helper()
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	n.expectTCP(t, when+": a → b", a.ns, b.v4, 8080, true)
+	n.expectTCP(t, when+": x → b", n.x, b.v4, 8080, false)
+	n.expectTCP(t, when+": x → c", n.x, c.v4, 8080, true)
+	n.expectTCP(t, when+": a → c", a.ns, c.v4, 8080, false)
+}
+
+// expectUndamaged fails for every group Inspect finds damaged.
+func (n *bridgedNode) expectUndamaged(t *testing.T, when string) {
+	t.Helper()
+	for name, g := range n.inspect(t).Groups {
+		if len(g.Damage) > 0 {
+			t.Errorf("%s: group %s: %v", when, name, g.Damage)
+		}
+	}
 }
 
 // TestChainLookingUpAnotherGroupsSets: another tool rewrites a group's chain to look up another
@@ -48,34 +79,19 @@ func TestChainLookingUpAnotherGroupsSets(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			n := newBridgedNode(t)
-			a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-			// b allows a, c allows x: two groups of the same set kinds.
-			rs := with(with(n.open(), b.port, allowFrom(tcp8080, a.v4), policyrules.Direction{}), c.port, allowFrom(tcp8080, x4), policyrules.Direction{})
-			n.apply(t, rs, Options{})
-			d := groupNames(t, n)
-			bChain, cChain := d[MapIngress][b.port], d[MapIngress][c.port]
+			b := n.pods["b"]
+			rs, bChain, cChain := n.applyTwoGroups(t)
 			cStem, _ := setStem(n.groupSet(t, cChain, "-ports-ipv4"))
 			n.pointChainAt(t, bChain, cStem)
 			n.expectTCP(t, "tampered: x → b (c's peer)", n.x, b.v4, 8080, true)
 
 			res := n.apply(t, rs, Options{Verify: verify})
-			probe := func(when string) {
-				t.Helper()
-				n.expectTCP(t, when+": a → b", a.ns, b.v4, 8080, true)
-				n.expectTCP(t, when+": x → b", n.x, b.v4, 8080, false)
-				n.expectTCP(t, when+": x → c", n.x, c.v4, 8080, true)
-				n.expectTCP(t, when+": a → c", a.ns, c.v4, 8080, false)
-			}
-			probe("repaired")
-			for name, g := range n.inspect(t).Groups {
-				if len(g.Damage) > 0 {
-					t.Errorf("after the repair (%+v), group %s: %v", res, name, g.Damage)
-				}
-			}
+			n.expectTwoGroups(t, "repaired")
+			n.expectUndamaged(t, fmt.Sprintf("after the repair (%+v)", res))
 			if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
 				t.Errorf("a Verify pass after the repair changed something: %+v", again)
 			}
-			probe("verified again")
+			n.expectTwoGroups(t, "verified again")
 			if left := n.unusedGroupObjects(t); len(left) > 0 {
 				t.Errorf("group objects no port uses: %v", left)
 			}
@@ -141,7 +157,7 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 				if err := c.AddSet(s, tc.els(x4)); err != nil {
 					return err
 				}
-				nft.ReplaceChain(c, ch, groupRules(stem, ingressDir, g, false))
+				nft.ReplaceChain(c, ch, groupRules(chain, stem, ingressDir, g, false))
 				return c.Flush()
 			})
 			n.expectTCP(t, "tampered: x → b", n.x, b.v4, 8080, true)
@@ -153,11 +169,7 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 			if len(res.Refused) > 0 || res.RepairedGroups != 1 {
 				t.Errorf("repair: %+v, want b's group repaired", res)
 			}
-			for name, g := range n.inspect(t).Groups {
-				if len(g.Damage) > 0 {
-					t.Errorf("after the repair, group %s: %v", name, g.Damage)
-				}
-			}
+			n.expectUndamaged(t, "after the repair")
 			if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
 				t.Errorf("a Verify pass after the repair changed something: %+v", again)
 			}
@@ -244,11 +256,7 @@ func TestCrashBetweenTransactions(t *testing.T) {
 			for _, p := range all {
 				n.expectTCP(t, "restarted: "+p.src+" → "+p.dst, nsOf(p.src), n.pods[p.dst].v4, 8080, newAllowed[p])
 			}
-			for name, g := range n.inspect(t).Groups {
-				if len(g.Damage) > 0 {
-					t.Errorf("after the restart's pass (%+v), group %s: %v", res, name, g.Damage)
-				}
-			}
+			n.expectUndamaged(t, fmt.Sprintf("after the restart's pass (%+v)", res))
 			if left := n.unusedGroupObjects(t); len(left) > 0 {
 				t.Errorf("group objects no port uses: %v", left)
 			}
@@ -312,8 +320,8 @@ func TestTraceReadsTheSetsTheChainLooksUp(t *testing.T) {
 	cSet := n.groupSet(t, cChain, "-ports-ipv4")
 	ig := n.inspect(t).Groups[bChain]
 	g, _ := canonical(ig.Entries, maxGroupCost)
-	rules := groupRules(bStem, ingressDir, g, false)
-	extraRule := groupRules(strings.TrimSuffix(cSet, "-ports-ipv4"), ingressDir, g, false)
+	rules := groupRules(bChain, bStem, ingressDir, g, false)
+	extraRule := groupRules(bChain, strings.TrimSuffix(cSet, "-ports-ipv4"), ingressDir, g, false)
 	nettest.Do(t, n.node, func() error {
 		c, err := nftables.New()
 		if err != nil {
@@ -325,4 +333,30 @@ func TestTraceReadsTheSetsTheChainLooksUp(t *testing.T) {
 	})
 	trace("b's chain looks up c's set too: x → b", x4, n.x, 0, b, "rules")
 	trace("b's chain looks up c's set too: a → b", a.v4, a.ns, a.port, b, "rules")
+}
+
+// TestSwappedChainNames: another tool swaps the names of two group chains (nft rename chain:
+// the kernel lets a chain that map elements go to be renamed, and the elements follow it). The
+// traffic is unchanged, but each chain's name now stands for the other's list. The next pass,
+// even without Verify, must not move each group's pods to the chain of their group's name,
+// whose sets hold the other list: each pod allows exactly its peers throughout.
+func TestSwappedChainNames(t *testing.T) {
+	n := newBridgedNode(t)
+	rs, bChain, cChain := n.applyTwoGroups(t)
+	table := TableName(n.network)
+	nftIn(t, n.node, "rename", "chain", "bridge", table, bChain, "in-swap")
+	nftIn(t, n.node, "rename", "chain", "bridge", table, cChain, bChain)
+	nftIn(t, n.node, "rename", "chain", "bridge", table, "in-swap", cChain)
+	n.expectTwoGroups(t, "swapped")
+	for name, g := range n.inspect(t).Groups {
+		if len(g.Damage) == 0 {
+			t.Errorf("swapped: group %s shows no damage", name)
+		}
+	}
+	res := n.apply(t, rs, Options{})
+	n.expectTwoGroups(t, "applied")
+	n.expectUndamaged(t, fmt.Sprintf("after the pass (%+v)", res))
+	if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
+		t.Errorf("a Verify pass after it changed something: %+v", again)
+	}
 }

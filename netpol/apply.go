@@ -627,7 +627,7 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 			}
 		}
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(g.stem, g.dir, g.group, g.audit))
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
 	return nil
 }
 
@@ -988,6 +988,10 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 	if !st.groupChains[name] {
 		return groupMissing
 	}
+	if writtenFor(st.bridgeRules[name]) != name {
+		// A chain renamed (or written by another tool): its sets may hold any list.
+		return groupSetsDiffer
+	}
 	for _, s := range groupSets(BridgeTable(""), g.stem, g.group, verify) {
 		if !slices.Contains(st.sets, s.set.Name) {
 			return groupSetsDiffer
@@ -996,7 +1000,7 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 			return groupSetsDiffer
 		}
 	}
-	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(g.stem, g.dir, g.group, g.audit)) != nil {
+	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(name, g.stem, g.dir, g.group, g.audit)) != nil {
 		return groupRulesDiffer
 	}
 	return groupOK

@@ -100,7 +100,7 @@ type setEdit struct {
 // donorCandidates returns, for each planned group that has no chain yet, the groups that could
 // give it their sets: groups no port of final uses whose every port moves to it, of the same
 // direction and audit-ness, whose sets are a slot's that no other chain looks up (any of its
-// sets). Sorted. Pure.
+// sets), whose rules were written for it (not a renamed chain). Sorted. Pure.
 func donorCandidates(want desired, cur state, final map[string]map[int]string) map[string][]string {
 	used := map[string]bool{}
 	for _, m := range final {
@@ -127,7 +127,8 @@ func donorCandidates(want desired, cur state, final map[string]map[int]string) m
 		stem := cur.groupStems[donor]
 		_, slot := slotOf(stem)
 		_, planned := want.groups[to]
-		if to == "" || used[donor] || !planned || cur.groupChains[to] || !slot || cur.stemUsers[stem] != 1 || groupKind(donor) != groupKind(to) {
+		renamed := writtenFor(cur.bridgeRules[donor]) != donor // its sets may hold any list
+		if to == "" || used[donor] || !planned || cur.groupChains[to] || !slot || cur.stemUsers[stem] != 1 || groupKind(donor) != groupKind(to) || renamed {
 			continue
 		}
 		out[to] = append(out[to], donor)
@@ -275,6 +276,6 @@ func (w *writer) queueEdit(bt *nftables.Table, name string, g plannedGroup, e *i
 		}
 		w.queued += len(se.del) + len(se.add)
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(g.stem, g.dir, g.group, g.audit))
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
 	return nil
 }

@@ -219,7 +219,7 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	if canon.name(nameDir) != name {
 		g.Damage = append(g.Damage, "its sets do not hold the allow list its name stands for (elements missing or added)")
 	}
-	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(stem, dir, canon, g.Audit)); d != nil {
+	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(name, stem, dir, canon, g.Audit)); d != nil {
 		g.Damage = append(g.Damage, "its rules are not the ones its sets call for: "+d.Error())
 	}
 	return g
