@@ -52,7 +52,13 @@ type Options struct {
 	// transactionElements, when set, caps the set elements of one transaction instead of
 	// maxElementsPerTransaction (tests).
 	transactionElements int
+	// crashAfter, when set, ends the pass as a SIGKILL would right after its crashAfter-th
+	// transaction is committed: the writer panics with simulatedCrash (tests).
+	crashAfter int
 }
+
+// simulatedCrash is the panic of Options.crashAfter.
+type simulatedCrash struct{}
 
 // Applier applies rulesets one after another (the agent's passes) and keeps, from one pass to
 // the next, the canonical form and name of every allow list the last pass had: a pass whose
@@ -155,7 +161,7 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 		return res, err
 	}
 	assignStems(want, cur, edits, free)
-	refused, err := w.buildGroups(bt, want, cur, opt.Verify, func(name string) bool { return edits[name] == nil })
+	refused, err := w.buildGroups(bt, want, cur, opt.Verify, free, func(name string) bool { return edits[name] == nil })
 	if err != nil {
 		return res, err
 	}
@@ -215,7 +221,7 @@ func (w *writer) abandonEdits(bt *nftables.Table, want desired, cur state, verif
 		g.stem = free.next()
 		want.groups[name] = g
 	}
-	again, err := w.buildGroups(bt, want, cur, verify, func(name string) bool { return edits[name] != nil })
+	again, err := w.buildGroups(bt, want, cur, verify, free, func(name string) bool { return edits[name] != nil })
 	maps.Copy(refused, again)
 	return err
 }
@@ -427,7 +433,8 @@ func (w *writer) removeUnused(bt *nftables.Table, cur state, want desired, final
 
 // unusedGroups returns the group chains, sorted, that no port of final refers to, and the group
 // sets that no chain of final looks up (a planned group's: its planned sets; a chain kept for a
-// refused list: whatever its rules look up), but those the edits already deleted. Pure.
+// refused list: its slot's and whatever its rules look up), but those the edits already deleted.
+// Pure.
 func unusedGroups(final map[string]map[int]string, cur state, want desired, edits map[string]*inPlaceEdit, sets []string) (unusedChains, unusedSets []string) {
 	used := map[string]bool{}
 	for _, m := range final {
@@ -455,8 +462,15 @@ func unusedGroups(final map[string]map[int]string, cur state, want desired, edit
 			for _, s := range groupSets(nil, g.stem, g.group, false) {
 				usedSets[s.set.Name] = true
 			}
-		} else if stem := cur.groupStems[chain]; stem != "" {
-			usedStems[stem] = true
+		} else {
+			// A kept chain's: its slot, and whatever else its rules look up (a chain another
+			// tool rewrote may look up another slot's set, which the kernel will not delete).
+			for _, s := range cur.groupLookups[chain] {
+				usedSets[s] = true
+			}
+			if stem := cur.groupStems[chain]; stem != "" {
+				usedStems[stem] = true
+			}
 		}
 	}
 	for _, s := range sets {
@@ -475,13 +489,14 @@ type writer struct {
 	network           string
 	log               policyrules.DropLog
 	maxPerTransaction int
+	crashAfter        int
 	perTransaction    int // set elements the next transaction may carry
 	queued            int // set elements queued since the last flush
 	dirty             bool
 }
 
 func newWriter(c *nftables.Conn, res *policyrules.Applied, network string, opt Options) *writer {
-	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction}
+	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction, crashAfter: opt.crashAfter}
 	if opt.transactionElements > 0 {
 		w.maxPerTransaction = opt.transactionElements
 	}
@@ -505,6 +520,9 @@ func (w *writer) flush(what string) error {
 	if err != nil {
 		return fmt.Errorf("%s of network %q: %w", what, w.network, err)
 	}
+	if w.crashAfter > 0 && w.res.Transactions >= w.crashAfter {
+		panic(simulatedCrash{})
+	}
 	if queued >= w.perTransaction/2 {
 		// As many elements as the kernel took in transactionTarget, growing at most twofold.
 		rate := float64(queued) / max(took.Seconds(), 1e-6)
@@ -521,8 +539,13 @@ func (w *writer) flush(what string) error {
 // groups (nothing of it happened), each is sent again alone: only the group it refuses alone is
 // refused. The error is for what is no group's doing (a set that cannot be encoded).
 //
+// A group whose sets differ from its list is built again in a new slot (free), its chain switched
+// there in the build's last transaction, rather than rewritten in the sets it had: another tool
+// may have made them anew with properties the kernel refuses to redefine (a hash set of the same
+// name, a size limit), and its pods never see a set half rewritten.
+//
 // only, when not nil, says which groups to look at (the others are edited in place, or done).
-func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool, only func(string) bool) (map[string]error, error) {
+func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify bool, free *slots, only func(string) bool) (map[string]error, error) {
 	refused := map[string]error{}
 	type queued struct {
 		name  string
@@ -558,6 +581,10 @@ func (w *writer) buildGroups(bt *nftables.Table, want desired, cur state, verify
 		st := cur.groupState(name, g, verify)
 		if st == groupOK {
 			continue
+		}
+		if st == groupSetsDiffer && g.stem == cur.groupStems[name] {
+			g.stem = free.next()
+			want.groups[name] = g
 		}
 		written[name] = st
 		n := g.group.elements()
@@ -608,12 +635,12 @@ type sendError struct{ err error }
 func (e sendError) Error() string { return e.err.Error() }
 func (e sendError) Unwrap() error { return e.err }
 
-// writeGroup queues one group: its sets (emptied first when they exist, so a rewrite never keeps
-// a stale element) and then its chain, whose rules refer to them. A group whose sets are as
-// planned and whose rules differ (a flushed table) only gets its rules back. With split, it
-// sends a transaction whenever one holds enough elements (a group bigger than one transaction:
-// nothing refers to its sets yet, or, when it is being repaired, their partial content only
-// denies more); such a refusal comes back as a sendError.
+// writeGroup queues one group: its sets (emptied first should they exist, so that a rewrite
+// never keeps a stale element; buildGroups gives a group whose sets differ a new slot) and then
+// its chain, whose rules refer to them. A group whose sets are as planned and whose rules differ
+// (a flushed table) only gets its rules back. With split, it sends a transaction whenever one
+// holds enough elements (a group bigger than one transaction: nothing refers to its sets yet);
+// such a refusal comes back as a sendError.
 func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st groupState, cur state, split bool) error {
 	w.begin(bt)
 	if st != groupRulesDiffer {
@@ -638,7 +665,7 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 			}
 		}
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(g.stem, g.dir, g.group, g.audit))
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
 	return nil
 }
 
@@ -967,7 +994,12 @@ type state struct {
 	groupChains  map[string]bool
 	// groupStems is the stem of the sets each group chain's rules look up (setStem; "" for a
 	// chain that looks none up).
-	groupStems  map[string]string
+	groupStems map[string]string
+	// groupLookups are the group sets each group chain's rules look up (lookedUpSets).
+	groupLookups map[string][]string
+	// stemUsers counts, for each stem, the group chains that look up one of its sets (any of
+	// their lookups: a chain another tool rewrote may look up several stems).
+	stemUsers   map[string]int
 	sets        []string
 	maps        map[string]map[int]string // map → port → chain
 	onLink      []nftables.SetElement
@@ -994,6 +1026,10 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 	if !st.groupChains[name] {
 		return groupMissing
 	}
+	if writtenFor(st.bridgeRules[name]) != name {
+		// A chain renamed (or written by another tool): its sets may hold any list.
+		return groupSetsDiffer
+	}
 	for _, s := range groupSets(BridgeTable(""), g.stem, g.group, verify) {
 		if !slices.Contains(st.sets, s.set.Name) {
 			return groupSetsDiffer
@@ -1002,7 +1038,7 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 			return groupSetsDiffer
 		}
 	}
-	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(g.stem, g.dir, g.group, g.audit)) != nil {
+	if nft.Compare(&nftables.Chain{Table: BridgeTable(""), Name: name}, st.bridgeRules[name], groupRules(name, g.stem, g.dir, g.group, g.audit)) != nil {
 		return groupRulesDiffer
 	}
 	return groupOK
@@ -1035,7 +1071,7 @@ func elementsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElem
 
 // readState reads the tables; missing ones read as empty.
 func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
-	st := state{groupChains: map[string]bool{}, groupStems: map[string]string{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
+	st := state{groupChains: map[string]bool{}, groupStems: map[string]string{}, groupLookups: map[string][]string{}, stemUsers: map[string]int{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
 		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}, drops: map[string][]nftables.SetElement{}}
 	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
 	inetRules, err := nft.TableRules(it)
@@ -1070,7 +1106,18 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 	for _, ch := range chains {
 		if ch.Table.Name == bt.Name && (strings.HasPrefix(ch.Name, ingressDir+"-") || strings.HasPrefix(ch.Name, egressDir+"-")) {
 			st.groupChains[ch.Name] = true
-			st.groupStems[ch.Name] = lookedUpStem(st.bridgeRules[ch.Name])
+			st.groupStems[ch.Name] = ""
+			st.groupLookups[ch.Name] = lookedUpSets(st.bridgeRules[ch.Name])
+			var stems []string
+			for _, set := range st.groupLookups[ch.Name] {
+				if stem, _ := setStem(set); !slices.Contains(stems, stem) {
+					stems = append(stems, stem)
+					st.stemUsers[stem]++
+				}
+			}
+			if len(stems) > 0 {
+				st.groupStems[ch.Name] = stems[0]
+			}
 		}
 	}
 	if st.sets, err = setNames(c, bt); err != nil {

@@ -119,7 +119,7 @@ func TestGolden(t *testing.T) {
 				for _, s := range groupSets(bt, g.stem, g.group, true) {
 					sets = append(sets, nftrender.Set{Set: s.set, Elements: s.elements})
 				}
-				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(g.stem, g.dir, g.group, g.audit)})
+				chains = append(chains, nftrender.Chain{Chain: &nftables.Chain{Table: bt, Name: name}, Rules: groupRules(name, g.stem, g.dir, g.group, g.audit)})
 			}
 			var inet []nftrender.Chain
 			inetRules := InetRules()

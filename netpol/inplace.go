@@ -13,19 +13,21 @@ import (
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
-// lookedUpStem is the stem of the group sets a chain's rules look up (the first one's); "" when
-// they look none up.
-func lookedUpStem(rules []*nftables.Rule) string {
+// lookedUpSets are the group sets a chain's rules look up, each once, in the order of the rules:
+// the sets of one stem for a chain as Apply writes it, none for one that looks none up, maybe
+// several stems' for a chain another tool rewrote.
+func lookedUpSets(rules []*nftables.Rule) []string {
+	var out []string
 	for _, r := range rules {
 		for _, e := range r.Exprs {
 			if l, ok := e.(*expr.Lookup); ok {
-				if stem, ok := setStem(l.SetName); ok {
-					return stem
+				if _, ok := setStem(l.SetName); ok && !slices.Contains(out, l.SetName) {
+					out = append(out, l.SetName)
 				}
 			}
 		}
 	}
-	return ""
+	return out
 }
 
 // slots hands out the slots no set of the table has and no group of the pass took.
@@ -56,8 +58,11 @@ func (s *slots) next() string {
 }
 
 // assignStems gives every planned group the stem of its sets: a group edited in place its
-// donor's, a group whose chain looks up a slot's sets that slot (repaired there if they differ),
-// any other (new, or of the older layout) a new slot, the cheapest group first.
+// donor's, a group whose chain alone looks up a slot's sets that slot (repaired there if they
+// differ), any other (new, of the older layout, or whose slot another chain looks up too: a
+// tool's rewrite) a new slot, the cheapest group first. Two groups never keep one slot: the
+// repair of one would hand its list to the other's pods (and buildGroups moves a group whose
+// sets differ to a new slot).
 func assignStems(want desired, cur state, edits map[string]*inPlaceEdit, free *slots) {
 	for _, name := range want.byCost() {
 		g := want.groups[name]
@@ -66,7 +71,7 @@ func assignStems(want desired, cur state, edits map[string]*inPlaceEdit, free *s
 		switch e := edits[name]; {
 		case e != nil:
 			g.stem = e.stem
-		case cur.groupChains[name] && slot:
+		case cur.groupChains[name] && slot && cur.stemUsers[stem] == 1:
 			g.stem = stem
 		default:
 			g.stem = free.next()
@@ -94,17 +99,14 @@ type setEdit struct {
 
 // donorCandidates returns, for each planned group that has no chain yet, the groups that could
 // give it their sets: groups no port of final uses whose every port moves to it, of the same
-// direction and audit-ness, whose sets are a slot's that no other chain looks up. Sorted. Pure.
+// direction and audit-ness, whose sets are a slot's that no other chain looks up (any of its
+// sets), whose rules were written for it (not a renamed chain). Sorted. Pure.
 func donorCandidates(want desired, cur state, final map[string]map[int]string) map[string][]string {
 	used := map[string]bool{}
 	for _, m := range final {
 		for _, chain := range m {
 			used[chain] = true
 		}
-	}
-	stemUsers := map[string]int{}
-	for _, stem := range cur.groupStems {
-		stemUsers[stem]++
 	}
 	target := map[string]string{} // donor → the one group its ports go to; "" when several
 	for m, ports := range cur.maps {
@@ -125,7 +127,8 @@ func donorCandidates(want desired, cur state, final map[string]map[int]string) m
 		stem := cur.groupStems[donor]
 		_, slot := slotOf(stem)
 		_, planned := want.groups[to]
-		if to == "" || used[donor] || !planned || cur.groupChains[to] || !slot || stemUsers[stem] != 1 || groupKind(donor) != groupKind(to) {
+		renamed := writtenFor(cur.bridgeRules[donor]) != donor // its sets may hold any list
+		if to == "" || used[donor] || !planned || cur.groupChains[to] || !slot || cur.stemUsers[stem] != 1 || groupKind(donor) != groupKind(to) || renamed {
 			continue
 		}
 		out[to] = append(out[to], donor)
@@ -273,6 +276,6 @@ func (w *writer) queueEdit(bt *nftables.Table, name string, g plannedGroup, e *i
 		}
 		w.queued += len(se.del) + len(se.add)
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(g.stem, g.dir, g.group, g.audit))
+	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
 	return nil
 }

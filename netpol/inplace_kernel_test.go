@@ -330,7 +330,7 @@ func (n *bridgedNode) toOldLayout(t *testing.T) []string {
 					return err
 				}
 			}
-			nft.ReplaceChain(c, &nftables.Chain{Table: bt, Name: o}, groupRules(o, dir, g, ig.Audit))
+			nft.ReplaceChain(c, &nftables.Chain{Table: bt, Name: o}, groupRules(o, o, dir, g, ig.Audit))
 		}
 		for _, m := range []string{MapEgress, MapIngress} {
 			set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}

@@ -177,25 +177,36 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	if g.Audit {
 		nameDir = dir + auditInfix
 	}
-	stem := name
+	// The sets the chain's rules look up are what the kernel judges by; a set of its slot that
+	// none looks up is no part of the group. A stem without a chain: the sets of the stem.
+	stem, sets := name, []string{}
+	for _, is6 := range []bool{false, true} {
+		for _, set := range []string{anySetName(name, is6), portsSetName(name, is6)} {
+			if slices.Contains(st.sets, set) {
+				sets = append(sets, set)
+			}
+		}
+	}
 	if st.groupChains[name] {
-		stem = st.groupStems[name]
+		stem, sets = st.groupStems[name], st.groupLookups[name]
+		for _, is6 := range []bool{false, true} {
+			for _, set := range []string{anySetName(stem, is6), portsSetName(stem, is6)} {
+				if stem != "" && slices.Contains(st.sets, set) && !slices.Contains(sets, set) {
+					g.Damage = append(g.Damage, "set "+set+" of its slot is looked up by none of its rules")
+				}
+			}
+		}
 	}
 	var entries []policyrules.Entry
-	for _, is6 := range []bool{false, true} {
-		for _, set := range []string{anySetName(stem, is6), portsSetName(stem, is6)} {
-			if stem == "" || !slices.Contains(st.sets, set) {
+	for _, set := range sets {
+		g.Sets = append(g.Sets, set)
+		for _, el := range st.setElements[set] {
+			e, err := decodeElement(el, strings.HasSuffix(set, "-ipv6"), strings.Contains(set, "-ports-"))
+			if err != nil {
+				g.Damage = append(g.Damage, fmt.Sprintf("set %s: %v", set, err))
 				continue
 			}
-			g.Sets = append(g.Sets, set)
-			for _, el := range st.setElements[set] {
-				e, err := decodeElement(el, is6, strings.Contains(set, "-ports-"))
-				if err != nil {
-					g.Damage = append(g.Damage, fmt.Sprintf("set %s: %v", set, err))
-					continue
-				}
-				entries = append(entries, e)
-			}
+			entries = append(entries, e)
 		}
 	}
 	canon, _ := canonical(entries, math.MaxInt)
@@ -211,7 +222,7 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	if canon.name(nameDir) != name {
 		g.Damage = append(g.Damage, "its sets do not hold the allow list its name stands for (elements missing or added)")
 	}
-	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(stem, dir, canon, g.Audit)); d != nil {
+	if d := nft.Compare(&nftables.Chain{Table: bt, Name: name}, st.bridgeRules[name], groupRules(name, stem, dir, canon, g.Audit)); d != nil {
 		g.Damage = append(g.Damage, "its rules are not the ones its sets call for: "+d.Error())
 	}
 	return g

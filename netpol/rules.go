@@ -865,18 +865,20 @@ func laterFragments(bit uint32) []nft.Rule {
 	}
 }
 
-// groupRules are the rules of a group's chain: grant the direction's mark to packets of
+// groupRules are the rules of group name's chain: grant the direction's mark to packets of
 // connections conntrack knows (replies) and to packets whose peer, protocol and port one of the
 // sets holds; drop the rest. The peer is the source for ingress and the destination for egress.
 // An audit group (only staged policies isolate its pods) grants the rest too: its last rule
-// marks what the staged policies would drop, and changes no verdict.
-func groupRules(stem, dir string, g group, audit bool) []nft.Rule {
+// marks what the staged policies would drop, and changes no verdict. The first rule's comment
+// names the group (writtenFor): the kernel lets a chain be renamed, map elements and all, and a
+// chain renamed to another group's name must not pass for that group.
+func groupRules(name, stem, dir string, g group, audit bool) []nft.Rule {
 	peer, bit, drop, pass := nft.Source, MarkIngress, ChainDropIngress, ChainAuditIngress
 	if dir == egressDir {
 		peer, bit, drop, pass = nft.Destination, MarkEgress, ChainDropEgress, ChainAuditEgress
 	}
 	rules := []nft.Rule{{
-		Comment: "packets of connections conntrack knows (the inet table's mark)",
+		Comment: groupCommentPrefix + name + ": packets of connections conntrack knows (the inet table's mark)",
 		Exprs:   concat(hasMark(MarkConntracked, true), grant(bit)),
 	}}
 	if dir == ingressDir {
@@ -914,6 +916,27 @@ func groupRules(stem, dir string, g group, audit bool) []nft.Rule {
 	}
 	return append(rules, nft.Rule{Comment: "not allowed by any policy of the pod: counted, logged if logging is on, dropped (" + drop + ")",
 		Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: drop}}})
+}
+
+// groupCommentPrefix starts the comment of a group chain's first rule, followed by the group's
+// name.
+const groupCommentPrefix = "group "
+
+// writtenFor is the group a chain's rules were written for (groupRules), by its first rule's
+// comment; "" when it names none.
+func writtenFor(rules []*nftables.Rule) string {
+	if len(rules) == 0 {
+		return ""
+	}
+	rest, ok := strings.CutPrefix(nft.RuleComment(rules[0]), groupCommentPrefix)
+	if !ok {
+		return ""
+	}
+	name, _, ok := strings.Cut(rest, ":")
+	if !ok {
+		return ""
+	}
+	return name
 }
 
 // IsPodState tells whether an object of the policy tables, by name, holds per-pod or per-policy

@@ -118,18 +118,19 @@ func TestMapDiff(t *testing.T) {
 func TestUnusedGroups(t *testing.T) {
 	one := group{any4: []policyrules.Range{policyrules.Single(netip.MustParseAddr("10.0.0.1"))}}
 	// in-a is planned with slot 0 (any-ipv4 only); out-a is a refused list's chain, kept, that
-	// looks up slot 5; in-b and out-c go; in-e came from out-x's slot 7 by an edit that deleted
-	// g7-ports-ipv6.
+	// looks up slot 5 (and, rewritten by another tool, g4-ports-ipv4); in-b and out-c go; in-e
+	// came from out-x's slot 7 by an edit that deleted g7-ports-ipv6.
 	final := map[string]map[int]string{MapIngress: ports(1, "in-a", 2, ChainAllowIngress, 3, "in-e"), MapEgress: ports(1, "out-a")}
 	cur := state{
-		groupChains: map[string]bool{"in-a": true, "in-b": true, "out-a": true, "out-c": true, "out-x": true},
-		groupStems:  map[string]string{"in-a": "g0", "in-b": "in-b", "out-a": "g5", "out-c": "g2", "out-x": "g7"},
+		groupChains:  map[string]bool{"in-a": true, "in-b": true, "out-a": true, "out-c": true, "out-x": true},
+		groupStems:   map[string]string{"in-a": "g0", "in-b": "in-b", "out-a": "g5", "out-c": "g2", "out-x": "g7"},
+		groupLookups: map[string][]string{"out-a": {"g5-any-ipv4", "g4-ports-ipv4"}},
 	}
 	want := desired{groups: map[string]plannedGroup{"in-a": {stem: "g0", group: one}, "in-e": {stem: "g7", group: one}}}
 	edits := map[string]*inPlaceEdit{"in-e": {donor: "out-x", stem: "g7", sets: []setEdit{
 		{set: &nftables.Set{Name: "g7-any-ipv4"}}, {set: &nftables.Set{Name: "g7-ports-ipv6"}, remove: true}}}}
 	sets := []string{"g0-any-ipv4", "g0-ports-ipv4", "in-b-any-ipv4", "in-b-ports-ipv6", "g2-any-ipv6", "g5-any-ipv4", "g5-ports-ipv6",
-		"g9-ports-ipv4", "g7-any-ipv4", "g7-ports-ipv6", SetOnLink, SetSourcesIPv4}
+		"g9-ports-ipv4", "g7-any-ipv4", "g7-ports-ipv6", "g4-ports-ipv4", SetOnLink, SetSourcesIPv4}
 	gotChains, gotSets := unusedGroups(final, cur, want, edits, sets)
 	if !slices.Equal(gotChains, []string{"in-b", "out-c"}) {
 		t.Errorf("unused chains = %v, want [in-b out-c] (out-x went with its edit)", gotChains)
