@@ -8,6 +8,7 @@ package loop
 import (
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -32,6 +33,9 @@ type Config struct {
 	// a quiet pass (at most one fire while it ran) waits only MinGap: a single change is not
 	// delayed, changes that keep coming are batched into fewer passes.
 	BusyGap float64
+	// Urgent names the triggers that never wait for BusyGap (MinGap only): what a pass must not
+	// make wait behind the batching of the others (a pod held until it has its rules).
+	Urgent []string
 	// BackoffMin and BackoffMax bound the wait before a failed pass is retried: it starts at
 	// BackoffMin and doubles with every failure in a row. Zero BackoffMin: no retries (the next
 	// trigger or period runs the next pass).
@@ -172,11 +176,21 @@ func (l *Loop) Run(ctx context.Context) {
 			w = Wake{}
 			continue
 		}
-		if gap := minGap - time.Since(last); w.onlyTriggers() && !last.IsZero() && gap > 0 {
+		for w.onlyTriggers() && !last.IsZero() {
+			gap := minGap
+			if slices.ContainsFunc(l.cfg.Urgent, w.Fired) {
+				gap = min(gap, l.cfg.MinGap)
+			}
+			wait := gap - time.Since(last)
+			if wait <= 0 {
+				break
+			}
+			// Triggers that come meanwhile join this pass; an urgent one shortens the wait.
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(gap):
+			case <-time.After(wait):
+			case <-l.wake:
 			}
 			w.fired = l.take(w.fired)
 		}

@@ -450,3 +450,32 @@ func TestBusyGap(t *testing.T) {
 		})
 	}
 }
+
+// TestUrgentSkipsBusyGap: in the middle of churn, whose passes leave BusyGap times their
+// duration idle, an urgent trigger (a new pod held until its pass) starts the next pass at once
+// (MinGap only); without it, the next pass waits the busy gap.
+func TestUrgentSkipsBusyGap(t *testing.T) {
+	const took, busyGap = 60 * time.Millisecond, 20 // a busy gap of 1.2 s
+	for _, tc := range []struct {
+		name     string
+		urgent   []string
+		wantIdle func(time.Duration) bool
+		want     string
+	}{
+		{"urgent", []string{"record"}, func(d time.Duration) bool { return d < busyGap*took/4 }, "well under the busy gap"},
+		{"not urgent", nil, func(d time.Duration) bool { return d >= busyGap*took-5*time.Millisecond }, "the busy gap"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spans := make(chan span, 100)
+			l := run(t, Config{BusyGap: busyGap, Urgent: tc.urgent, Pass: timedPass(took, spans)}, make(chan Wake, 100))
+			storm(t, l, "change")
+			next(t, spans)
+			prev := next(t, spans) // a pass during the storm: the next waits the busy gap
+			l.Fire("record")
+			s := next(t, spans)
+			if idle := s.start.Sub(prev.end); !tc.wantIdle(idle) {
+				t.Fatalf("the pass after the record started %s after the previous ended, want %s (%s)", idle, tc.want, busyGap*took)
+			}
+		})
+	}
+}
