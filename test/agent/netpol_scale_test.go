@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -252,9 +253,9 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	// A restart: the first pass compiles everything (its time from the agent's log). The agent
 	// stops once it has applied the churn's last changes: the first pass measures a restart, not
 	// the backlog of changes made while a pass of the churn waited.
-	// Passes of the churn took about a second each, and a busy pass leaves three times its
-	// duration before the next.
-	_, err = n.settledPasses(2*time.Minute, 6*time.Second)
+	// Passes of the churn take up to about a second each, and a busy pass leaves
+	// policy.DefaultBusyGap times its duration before the next.
+	_, err = n.settledPasses(2*time.Minute, time.Duration(policy.DefaultBusyGap+2)*time.Second)
 	must(err)
 	must(n.agent.Stop())
 	n.startAgent(b, "--log-level=info", fmt.Sprint("--profiling=", *netpolStartProf != ""))
