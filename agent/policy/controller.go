@@ -374,10 +374,13 @@ func remotePod(pods cache.Indexer) func(netip.Addr) string {
 func (c *Controller) loopConfig() loop.Config {
 	unplugged := time.Duration(0)
 	return loop.Config{
-		AtStart:    true,
-		Period:     c.cfg.Resync,
-		MinGap:     max(c.cfg.MinGap, 0),
-		BusyGap:    max(c.cfg.BusyGap, 0),
+		AtStart: true,
+		Period:  c.cfg.Resync,
+		MinGap:  max(c.cfg.MinGap, 0),
+		BusyGap: max(c.cfg.BusyGap, 0),
+		// A repair the healer asks for (another tool flushed or changed the tables: the node
+		// may forward unfiltered until the pass) does not wait for a tenant's churn.
+		Prompt:     []string{triggerVerify, triggerCheck},
 		BackoffMin: retryMin, BackoffMax: retryMax,
 		OnFailure: func(err error, _ int, retryIn time.Duration) {
 			c.log.Warn("network policy pass failed, retrying", "err", err, "in", retryIn)
