@@ -64,7 +64,8 @@ func watchRecords(networkDir string, kick func()) (*recordWatcher, error) {
 			if networkGone {
 				// The network directory was removed: its watch ended with it, and the next ADD
 				// makes it again (host-local's MkdirAll) with the records in it. It is made
-				// here as at the start, and watched again; if that fails, the resync is left.
+				// here as at the start, and watched again (the directory still there: the
+				// same watch); if that fails, the resync is left.
 				if os.MkdirAll(networkDir, 0o755) == nil {
 					if wd, err := addNetwork(); err == nil {
 						networkWatch = wd
@@ -83,10 +84,10 @@ func watchRecords(networkDir string, kick func()) (*recordWatcher, error) {
 
 // recordsChanged tells whether inotify events (as read) say that a record, or the records
 // directory, changed, and whether the network directory's watch ended (the directory was
-// removed, or its file system unmounted: IN_IGNORED). Other names in the network directory are not the records': the address
-// files of host-local's ADD and DEL, and the policy state (core.PolicyStateFile) each pass writes
-// there, which woke the controller for another pass after every pass. A queue overflow may have
-// lost anything.
+// removed, or its file system unmounted: IN_IGNORED) or may have (a queue overflow). Other names
+// in the network directory are not the records': the address files of host-local's ADD and
+// DEL, and the policy state (core.PolicyStateFile) each pass writes there, which woke the
+// controller for another pass after every pass. A queue overflow may have lost anything.
 func recordsChanged(events []byte, networkWatch int32) (changed, networkGone bool) {
 	for len(events) >= unix.SizeofInotifyEvent {
 		wd := int32(binary.NativeEndian.Uint32(events[0:4]))
@@ -98,8 +99,8 @@ func recordsChanged(events []byte, networkWatch int32) (changed, networkGone boo
 		}
 		name, _, _ := strings.Cut(string(events[unix.SizeofInotifyEvent:end]), "\x00")
 		events = events[end:]
-		if wd == networkWatch && mask&unix.IN_IGNORED != 0 {
-			networkGone = true
+		if (wd == networkWatch && mask&unix.IN_IGNORED != 0) || mask&unix.IN_Q_OVERFLOW != 0 {
+			networkGone = true // or may be: the overflow may have lost its IN_IGNORED
 		}
 		if mask&unix.IN_Q_OVERFLOW != 0 || wd != networkWatch || name == core.RecordDirName {
 			changed = true
