@@ -95,7 +95,13 @@ func newHealer(log *slog.Logger, period, minGap time.Duration, config func() (*c
 		BackoffMax: max(period, healRetryMin),
 		Pass: func(ctx context.Context, w loop.Wake) loop.Outcome {
 			h.resubscribe(w)
-			err := h.pass(ctx, w.Start || w.Periodic, w.OnlyFired(healTablesEnded))
+			// The periodic pass takes the triggers that came as the period elapsed: an event's
+			// or a lost subscription's ask of the policy controller must not be lost in it.
+			err := h.pass(ctx, healPass{
+				full:       w.Start || w.Periodic,
+				announced:  w.Fired(healKick),
+				eventsLost: w.Fired(healTablesEnded) && !w.Fired(healKick),
+			})
 			return loop.Outcome{Err: err, After: h.resubscribeLater()}
 		},
 	})
@@ -108,8 +114,12 @@ func (h *healer) wake() { h.loop.Fire(healKick) }
 // healPass is what one pass found and did.
 type healPass struct {
 	full bool // the periodic pass, which compares every map element
-	// eventsLost: the pass ran only because the nftables subscription ended (its socket
-	// overflowed): no event said that anything changed, the lost ones may have.
+	// announced: an nftables event of another process's change (or the agent) asked for the
+	// pass, the periodic one too.
+	announced bool
+	// eventsLost: the pass ran because the nftables subscription ended (its socket
+	// overflowed) and no event asked for it: no event said that anything changed, the lost
+	// ones may have.
 	eventsLost bool
 	err        error
 	took       time.Duration
@@ -231,19 +241,18 @@ func (h *healer) bridgeNeedsHeal() bool {
 	return off
 }
 
-// pass runs one HealNode with the current configuration; eventsLost says that it runs only
-// because events were lost (healPass).
-func (h *healer) pass(ctx context.Context, full, eventsLost bool) error {
+// pass runs one HealNode with the current configuration; p says why (healPass) and gets what
+// the pass found and did.
+func (h *healer) pass(ctx context.Context, p healPass) error {
 	cfg, err := h.config()
 	if cfg == nil && err == nil {
 		return nil // no pod CIDR yet: nothing is set up, nothing to keep
 	}
 	start := time.Now()
-	p := healPass{full: full, eventsLost: eventsLost}
 	if err != nil {
 		p.err = err
 	} else {
-		p.NodeRepair, p.err = core.HealNode(ctx, cfg, full)
+		p.NodeRepair, p.err = core.HealNode(ctx, cfg, p.full)
 	}
 	p.took = time.Since(start)
 	switch {
@@ -259,6 +268,12 @@ func (h *healer) pass(ctx context.Context, full, eventsLost bool) error {
 		h.done(p)
 	}
 	return p.err
+}
+
+// routine tells whether the pass is a periodic one that nothing else asked for and that found
+// nothing to put back: the other controllers have periods of their own.
+func (p healPass) routine() bool {
+	return p.full && !p.announced && !p.eventsLost && !p.repaired()
 }
 
 // repaired tells whether the pass found something changed by somebody else and put it back.
@@ -409,7 +424,7 @@ func (a *Agent) newHealer() *healer {
 		// The policy table is node-wide state too, but the policy controller owns it: a
 		// change by somebody else (a flushed ruleset) makes it compare and rewrite at once
 		// instead of at its next resync, while the flushed node forwards unfiltered.
-		if !p.full && a.cfg.ManageRoutes {
+		if !p.routine() && a.cfg.ManageRoutes {
 			// The overlay's firewall is a kubenet table too; the sync compares it (and writes
 			// nothing when it is as planned).
 			a.loops.sync.Fire(syncHealed)
@@ -430,14 +445,15 @@ func (a *Agent) newHealer() *healer {
 type policyAsk int
 
 const (
-	policyNothing policyAsk = iota // the periodic pass: the controller has its own resync
+	policyNothing policyAsk = iota // a routine periodic pass: the controller has its own resync
 	// policyCheck: a pass that compares the policy tables' chains, rules and sets (not the
 	// group sets' elements) and repairs what differs.
 	policyCheck
 	policyVerify // a pass that also reads every group set's elements back (Controller.Wake)
 )
 
-// policyAskOf: a change of a kubenet table announced by an event, or a node that the pass found
+// policyAskOf: a periodic pass that nothing else asked for and that found the node intact asks
+// nothing (the controller has its own resync). A change of a kubenet table announced by an event, or a node that the pass found
 // changed (a flushed ruleset), may have touched anything of the policy tables: they are read
 // back whole. A pass that ran only because events were lost and found the node intact asks for
 // a check: the lost events were mostly the policy controller's own writes (the element events
@@ -446,7 +462,7 @@ const (
 // to a read-back when it finds a group damaged (Controller.Check).
 func policyAskOf(p healPass) policyAsk {
 	switch {
-	case p.full:
+	case p.routine():
 		return policyNothing
 	case p.eventsLost && p.err == nil && !p.repaired():
 		return policyCheck

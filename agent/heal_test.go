@@ -107,7 +107,7 @@ func TestSubscriptionRetriedAfterFailure(t *testing.T) {
 // read-back of every group set: the lost events are mostly the controller's own element writes,
 // and a read-back after each overflow made most passes at 10 000 pods read every set. A change
 // announced by an event, a node found changed (a flushed ruleset) or a failed pass still ask
-// for the read-back.
+// for the read-back, whether or not the pass is the periodic one.
 func TestPolicyAskOfHealPass(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -115,7 +115,15 @@ func TestPolicyAskOfHealPass(t *testing.T) {
 		want policyAsk
 	}{
 		{"periodic pass", healPass{full: true}, policyNothing},
-		{"periodic pass that repaired", healPass{full: true, NodeRepair: core.NodeRepair{Restored: 2}}, policyNothing},
+		// The tool that changed the node-wide state unannounced (events lost, or the
+		// subscription down) may have flushed the policy tables too: the node forwards
+		// unfiltered until the controller's own resync, up to 30 s later.
+		{"periodic pass that repaired", healPass{full: true, NodeRepair: core.NodeRepair{Restored: 2}}, policyVerify},
+		{"periodic pass that found a flushed ruleset", healPass{full: true, NodeRepair: core.NodeRepair{Found: errors.New("table gone")}}, policyVerify},
+		// An event of another process's change that came as the period elapsed is taken by
+		// the periodic pass: it asks what the event's own pass would have.
+		{"periodic pass an event asked for too", healPass{full: true, announced: true}, policyVerify},
+		{"periodic pass after events were lost", healPass{full: true, eventsLost: true}, policyCheck},
 		{"event of a kubenet table, node intact", healPass{}, policyVerify},
 		{"event of a kubenet table, node repaired", healPass{NodeRepair: core.NodeRepair{Found: errors.New("table gone")}}, policyVerify},
 		{"events lost, node intact", healPass{eventsLost: true}, policyCheck},

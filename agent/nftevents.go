@@ -105,10 +105,16 @@ func readTableEvents(rc rawReader, out chan<- nftBatch, done <-chan struct{}) {
 		var n int
 		var rerr error
 		if err := rc.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			// MSG_TRUNC: the datagram's whole length, which tells a cut one.
+			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_TRUNC)
 			return !errors.Is(rerr, unix.EAGAIN) && !errors.Is(rerr, unix.EINTR)
 		}); err != nil {
 			return // closed
+		}
+		if rerr == nil && n > len(buf) {
+			// Its generation message lost, its changes would count as the next transaction's,
+			// whose writer may be the agent: like an overflow, only a pass can tell.
+			rerr = fmt.Errorf("a notification of %d bytes cut to %d", n, len(buf))
 		}
 		if rerr != nil {
 			send(nftBatch{err: fmt.Errorf("nftables events: %w", rerr)})

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -80,5 +81,83 @@ func TestParseTableEvents(t *testing.T) {
 				t.Errorf("batches %+v, pending %+v from malformed data", got, b)
 			}
 		})
+	}
+}
+
+// FuzzParseTableEvents: whatever a datagram holds, parseTableEvents neither panics nor reads
+// past it, completes at most one batch per message, and names only changes it read whole; a
+// well-formed transaction after the fuzzed data's messages is still read when the fuzzed data
+// ends on a message boundary.
+func FuzzParseTableEvents(f *testing.F) {
+	gen := nlMessage(unix.NFT_MSG_NEWGEN, nlAttr(nftaGenProcPID, []byte{0, 0, 0, 9}), nlAttr(nftaGenProcName, []byte("nft\x00")))
+	chain := nlMessage(unix.NFT_MSG_NEWCHAIN, nlAttr(nftaTable, []byte("kubenet-x\x00")))
+	f.Add(slices.Concat(chain, gen))
+	f.Add(chain[:len(chain)-3])
+	f.Add(nlMessage(unix.NFT_MSG_NEWSETELEM, nlAttr(nftaTable, []byte("t"))))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var batch nftBatch
+		got := parseTableEvents(data, &batch)
+		if len(got) > len(data)/unix.NLMSG_HDRLEN {
+			t.Fatalf("%d batches from %d bytes", len(got), len(data))
+		}
+		for _, b := range got {
+			for _, c := range b.changes {
+				if len(c.table) > len(data) {
+					t.Fatalf("table name %q longer than the data", c.table)
+				}
+			}
+		}
+	})
+}
+
+// socketReader reads a blocking descriptor the way readTableEvents reads its socket
+// (syscall.RawConn's Read, one call per datagram).
+type socketReader int
+
+func (s socketReader) Read(f func(fd uintptr) bool) error {
+	for !f(uintptr(s)) {
+	}
+	return nil
+}
+
+// TestReadTableEventsTruncated: a datagram larger than the read buffer ends the subscription
+// (the healer subscribes again and looks) instead of being cut silently: the cut transaction's
+// changes, without their generation message, were taken into the next transaction's batch and
+// credited to its writer, the agent itself perhaps, which wakes nothing.
+func TestReadTableEventsTruncated(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUF, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	chain := nlMessage(unix.NFT_MSG_NEWCHAIN, nlAttr(nftaTable, []byte("kubenet-x\x00")))
+	genOf := func(comm string) []byte {
+		return nlMessage(unix.NFT_MSG_NEWGEN, nlAttr(nftaGenProcPID, []byte{0, 0, 0, 9}), nlAttr(nftaGenProcName, []byte(comm+"\x00")))
+	}
+	var theirs []byte
+	for len(theirs) < 70<<10 {
+		theirs = append(theirs, chain...)
+	}
+	theirs = append(theirs, genOf("nft")...)
+	for _, d := range [][]byte{theirs, genOf("kubenet-agent")} {
+		if _, err := unix.Write(fds[0], d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, done := make(chan nftBatch, 4), make(chan struct{})
+	defer close(done)
+	go readTableEvents(socketReader(fds[1]), out, done)
+	select {
+	case b := <-out:
+		if b.err == nil && (b.comm != "nft" || len(b.changes) == 0) {
+			t.Fatalf("first batch %d changes by %q, want the subscription ended or the changes by nft", len(b.changes), b.comm)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no batch")
 	}
 }

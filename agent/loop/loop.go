@@ -33,8 +33,14 @@ type Config struct {
 	// a quiet pass (at most one fire while it ran) waits only MinGap: a single change is not
 	// delayed, changes that keep coming are batched into fewer passes.
 	BusyGap float64
-	// Urgent names the triggers that never wait for BusyGap (MinGap only): what a pass must not
-	// make wait behind the batching of the others (a pod held until it has its rules).
+	// Prompt are the triggers that wait only MinGap after a busy pass, and end a busy gap that
+	// has begun: repairs of what somebody else changed, which must not wait for the churn. Not
+	// after a busy pass that one of them ran for: another tool fighting over what the passes
+	// repair must not keep them back to back.
+	Prompt []string
+	// Urgent are the triggers that never wait for BusyGap (MinGap only), also after a busy pass
+	// that ran for them: what no other party can fire at will and a pass must not keep waiting
+	// behind the batching of the others (a pod held until it has its rules).
 	Urgent []string
 	// BackoffMin and BackoffMax bound the wait before a failed pass is retried: it starts at
 	// BackoffMin and doubles with every failure in a row. Zero BackoffMin: no retries (the next
@@ -139,6 +145,16 @@ func (l *Loop) gapAfter(took time.Duration, fires int) time.Duration {
 	return max(l.cfg.MinGap, time.Duration(l.cfg.BusyGap*float64(took)))
 }
 
+// prompt tells whether one of the triggers fired is prompt (Config.Prompt).
+func (l *Loop) prompt(fired map[string]bool) bool {
+	for _, p := range l.cfg.Prompt {
+		if fired[p] {
+			return true
+		}
+	}
+	return false
+}
+
 // Run runs passes until ctx ends; a running pass is not interrupted but by ctx itself.
 func (l *Loop) Run(ctx context.Context) {
 	var tick <-chan time.Time
@@ -152,6 +168,7 @@ func (l *Loop) Run(ctx context.Context) {
 	failures := 0
 	var last time.Time // the end of the last pass
 	minGap := l.cfg.MinGap
+	lastPrompt := false // the last pass ran for a prompt trigger
 	w := Wake{Start: l.cfg.AtStart}
 	for ctx.Err() == nil {
 		if !w.Start {
@@ -178,26 +195,25 @@ func (l *Loop) Run(ctx context.Context) {
 		}
 		for w.onlyTriggers() && !last.IsZero() {
 			gap := minGap
-			if slices.ContainsFunc(l.cfg.Urgent, w.Fired) {
-				gap = min(gap, l.cfg.MinGap)
+			if (!lastPrompt && l.prompt(w.fired)) || slices.ContainsFunc(l.cfg.Urgent, w.Fired) {
+				gap = l.cfg.MinGap
 			}
-			wait := gap - time.Since(last)
-			if wait <= 0 {
+			gap -= time.Since(last)
+			if gap <= 0 {
 				break
 			}
-			// Triggers that come meanwhile join this pass; an urgent one shortens the wait.
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(wait):
-			case <-l.wake:
+			case <-time.After(gap):
+			case <-l.wake: // a prompt or urgent trigger may end the gap
 			}
 			w.fired = l.take(w.fired)
 		}
 		w.Failures = failures
 		started := time.Now()
 		out := l.cfg.Pass(ctx, w)
-		last = time.Now()
+		last, lastPrompt = time.Now(), l.prompt(w.fired)
 		minGap = l.gapAfter(last.Sub(started), l.firesSinceTake())
 		w = Wake{}
 		if (out.Err != nil || out.Retry) && l.cfg.BackoffMin > 0 {

@@ -479,3 +479,44 @@ func TestUrgentSkipsBusyGap(t *testing.T) {
 		})
 	}
 }
+
+// TestPromptTriggerSkipsBusyGap: a trigger of Config.Prompt (the healer asking the policy
+// controller to repair tables another tool flushed: the node forwards unfiltered until then)
+// waits only MinGap after a busy pass, not BusyGap times the pass, and cuts short a busy gap
+// that has begun; the others still wait it, and so does a prompt trigger after a busy pass that
+// one ran for (another tool fighting over the tables must not keep the passes back to back).
+func TestPromptTriggerSkipsBusyGap(t *testing.T) {
+	const took, busyGap, minGap = 100 * time.Millisecond, 20, 10 * time.Millisecond // a busy gap of 2 s
+	for _, tc := range []struct {
+		name        string
+		first, then string        // the triggers of the busy pass and of the next
+		within      time.Duration // the next pass starts this soon after the busy one ended (0: no bound)
+		atLeast     time.Duration // and not sooner
+	}{
+		{"prompt trigger after churn", "change", "repair", took, minGap},
+		{"other trigger after churn", "change", "change", 0, busyGap * took},
+		{"prompt trigger after a busy repair", "repair", "repair", 0, busyGap * took},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spans := make(chan span, 10)
+			passes := 0
+			var l *Loop
+			l = run(t, Config{BusyGap: busyGap, MinGap: minGap, Prompt: []string{"repair"}, Pass: func(ctx context.Context, w Wake) Outcome {
+				if passes++; passes == 1 {
+					l.Fire("change") // changes kept coming during the first pass: a busy one
+					l.Fire("change")
+				}
+				return timedPass(took, spans)(ctx, w)
+			}}, make(chan Wake, 10))
+			l.Fire(tc.first)
+			busy := next(t, spans)
+			time.Sleep(took / 2) // the busy gap has begun; no synchronisation rests on it
+			l.Fire(tc.then)
+			s := next(t, spans)
+			idle := s.start.Sub(busy.end)
+			if idle < tc.atLeast || (tc.within > 0 && idle > tc.within) {
+				t.Errorf("a pass for %q %s after a busy %s pass for %q, want between %s and %s", tc.then, idle, took, tc.first, tc.atLeast, tc.within)
+			}
+		})
+	}
+}

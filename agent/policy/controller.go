@@ -381,9 +381,11 @@ func (c *Controller) loopConfig() loop.Config {
 		Period:  c.cfg.Resync,
 		MinGap:  max(c.cfg.MinGap, 0),
 		BusyGap: max(c.cfg.BusyGap, 0),
-		// A new pod is held until its pass, and a repair of another tool's change restores
-		// what the node lost: neither waits behind the batching of churn.
-		Urgent:     []string{triggerRecord, triggerVerify},
+		// A repair the healer asks for (another tool flushed or changed the tables: the node
+		// may forward unfiltered until the pass) does not wait for a tenant's churn.
+		Prompt: []string{triggerVerify, triggerCheck},
+		// A new pod is held until its pass: its record never waits for the churn.
+		Urgent:     []string{triggerRecord},
 		BackoffMin: retryMin, BackoffMax: retryMax,
 		OnFailure: func(err error, _ int, retryIn time.Duration) {
 			c.log.Warn("network policy pass failed, retrying", "err", err, "in", retryIn)

@@ -74,19 +74,25 @@ func TestRecordsChanged(t *testing.T) {
 		name   string
 		events []byte
 		want   bool
+		gone   bool // the network directory's watch ended
 	}{
-		{"policy state written", state, false},
-		{"address file written", inotifyEvent(networkWatch, unix.IN_CREATE, "10.244.1.7"), false},
-		{"records directory made", inotifyEvent(networkWatch, unix.IN_CREATE|unix.IN_ISDIR, core.RecordDirName), true},
-		{"records directory removed", inotifyEvent(networkWatch, unix.IN_DELETE|unix.IN_ISDIR, core.RecordDirName), true},
-		{"record written", inotifyEvent(recordsWatch, unix.IN_CLOSE_WRITE, "c1@eth0.json"), true},
-		{"record written after the policy state", slices.Concat(state, inotifyEvent(recordsWatch, unix.IN_MOVED_TO, "c1@eth0.json")), true},
-		{"queue overflowed", inotifyEvent(-1, unix.IN_Q_OVERFLOW, ""), true},
-		{"event cut short", inotifyEvent(networkWatch, unix.IN_CREATE, "kubenet-policy.json")[:20], true},
+		{"policy state written", state, false, false},
+		{"address file written", inotifyEvent(networkWatch, unix.IN_CREATE, "10.244.1.7"), false, false},
+		{"records directory made", inotifyEvent(networkWatch, unix.IN_CREATE|unix.IN_ISDIR, core.RecordDirName), true, false},
+		{"records directory removed", inotifyEvent(networkWatch, unix.IN_DELETE|unix.IN_ISDIR, core.RecordDirName), true, false},
+		{"record written", inotifyEvent(recordsWatch, unix.IN_CLOSE_WRITE, "c1@eth0.json"), true, false},
+		{"record written after the policy state", slices.Concat(state, inotifyEvent(recordsWatch, unix.IN_MOVED_TO, "c1@eth0.json")), true, false},
+		{"queue overflowed", inotifyEvent(-1, unix.IN_Q_OVERFLOW, ""), true, true},
+		{"event cut short", inotifyEvent(networkWatch, unix.IN_CREATE, "kubenet-policy.json")[:20], true, false},
+		{"network directory removed", slices.Concat(inotifyEvent(networkWatch, unix.IN_DELETE_SELF, ""), inotifyEvent(networkWatch, unix.IN_IGNORED, "")), false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := recordsChanged(tc.events, networkWatch); got != tc.want {
+			got, gone := recordsChanged(tc.events, networkWatch)
+			if got != tc.want {
 				t.Errorf("recordsChanged = %v, want %v", got, tc.want)
+			}
+			if gone != tc.gone {
+				t.Errorf("recordsChanged: network directory gone %v, want %v", gone, tc.gone)
 			}
 		})
 	}
@@ -137,5 +143,67 @@ func TestWatchRecordsIgnoresPolicyState(t *testing.T) {
 	}
 	if n := kicks.Load(); n != 1 {
 		t.Errorf("%d wake-ups for three policy states and a record, want the record's only", n)
+	}
+}
+
+// TestWatchRecordsNetworkDirRemade: the network directory removed (a node's state cleaned up by
+// hand, or by a tool) and made again by the next ADD (host-local's MkdirAll) with the records
+// directory and a record in it: the record still wakes the controller. Its watch had ended
+// with the directory, and nothing watched the new one: the pod stayed held until the resync.
+func TestWatchRecordsNetworkDirRemade(t *testing.T) {
+	networkDir := filepath.Join(t.TempDir(), "kubenet")
+	records := filepath.Join(networkDir, core.RecordDirName)
+	record := filepath.Join(records, "c2@eth0.json")
+	woken := make(chan bool, 100) // whether the record existed when the controller was woken
+	w, err := watchRecords(networkDir, func() {
+		_, err := os.Stat(record)
+		woken <- err == nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	if err := os.MkdirAll(records, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(records, "c1@eth0.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(networkDir); err != nil {
+		t.Fatal(err)
+	}
+	quiet(t, woken) // the removal's wake-ups are all in
+	if err := os.MkdirAll(records, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(record, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case sawRecord := <-woken:
+			if sawRecord {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the record written into the remade network directory woke nothing")
+		}
+	}
+}
+
+// quiet waits until woken has had nothing for a while (the events of a change are in), within a
+// deadline.
+func quiet(t *testing.T, woken <-chan bool) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case <-woken:
+		case <-time.After(300 * time.Millisecond):
+			return
+		case <-deadline:
+			t.Fatal("wake-ups did not stop")
+		}
 	}
 }

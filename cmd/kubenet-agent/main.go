@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -111,6 +112,9 @@ func parseFlags(args []string) (*options, error) {
 	if o.cfg.NetworkPolicy && o.cfg.Conflist.NetfilterBackend == string(core.NetfilterIPTables) {
 		return nil, fmt.Errorf("--network-policy needs the nftables backend (policies are nftables sets and maps); with --netfilter-backend iptables pass --network-policy=false")
 	}
+	if o.memLimitMiB > maxMemLimitMiB {
+		return nil, fmt.Errorf("--memory-limit-mib %d: must be at most %d (the limit in bytes is an int64)", o.memLimitMiB, maxMemLimitMiB)
+	}
 	if o.logGroup == 0 || o.logGroup > 65535 {
 		return nil, fmt.Errorf("--policy-log-group %d: must be between 1 and 65535", o.logGroup)
 	}
@@ -174,6 +178,10 @@ func parseCIDRs(flagName, list string) ([]netip.Prefix, error) {
 // MiB; 110 MiB stays under issue 27's 150 MiB goal with a little more room for the collector.
 // The manifest's memory limit is 200Mi.
 const defaultMemLimitMiB = 110
+
+// maxMemLimitMiB is the largest --memory-limit-mib whose bytes fit the runtime's int64: beyond
+// it they wrapped around, to 0 (a collector running all the time) or below.
+const maxMemLimitMiB = math.MaxInt64 >> 20
 
 // softMemoryLimit is the limit in bytes for --memory-limit-mib, and whether to set it: not when
 // it is 0, nor when GOMEMLIMIT (gomemlimit) is set, which the runtime has applied already.

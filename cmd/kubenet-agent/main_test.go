@@ -78,6 +78,20 @@ func TestParseFlags(t *testing.T) {
 		},
 		{name: "drop log group 0", args: []string{"--policy-log", "--policy-log-group=0"}, wantErr: "--policy-log-group 0: must be between 1 and 65535"},
 		{name: "drop log group too big", args: []string{"--policy-log-group=65536"}, wantErr: "--policy-log-group 65536"},
+		// In bytes these overflow int64: 2^44 MiB wrapped to a limit of 0 (the garbage
+		// collector running all the time), 2^63 MiB to a negative one.
+		{name: "memory limit past int64 bytes", args: []string{"--memory-limit-mib=17592186044416"}, wantErr: "--memory-limit-mib 17592186044416: must be at most 8796093022207"},
+		{name: "memory limit of 2^63 MiB", args: []string{"--memory-limit-mib=9223372036854775808"}, wantErr: "--memory-limit-mib 9223372036854775808"},
+		{name: "negative memory limit", args: []string{"--memory-limit-mib=-1"}, wantErr: "memory-limit-mib"},
+		{
+			name: "largest memory limit",
+			args: []string{"--memory-limit-mib=8796093022207"},
+			check: func(t *testing.T, o *options) {
+				if limit, set := softMemoryLimit(o.memLimitMiB, ""); !set || limit <= 0 {
+					t.Errorf("softMemoryLimit(%d) = %d, %v", o.memLimitMiB, limit, set)
+				}
+			},
+		},
 		{name: "drop log rate 0", args: []string{"--policy-log-rate=0"}, wantErr: "--policy-log-rate 0"},
 		{name: "drop log without policies", args: []string{"--policy-log", "--network-policy=false", "--netfilter-backend=iptables"}, wantErr: "--policy-log needs --network-policy"},
 		{
