@@ -360,7 +360,7 @@ func (h *healer) forward(ctx context.Context, events <-chan nftBatch, wake func(
 				h.log.Warn("nftables event subscription failed", "err", batch.err)
 				continue
 			}
-			if !h.ours(batch) && slices.ContainsFunc(batch.changes, concernsKubenet) {
+			if slices.ContainsFunc(batch.changes, concernsKubenet) && !h.ours(batch) {
 				wake()
 			}
 		}
