@@ -145,16 +145,6 @@ func (l *Loop) gapAfter(took time.Duration, fires int) time.Duration {
 	return max(l.cfg.MinGap, time.Duration(l.cfg.BusyGap*float64(took)))
 }
 
-// prompt tells whether one of the triggers fired is prompt (Config.Prompt).
-func (l *Loop) prompt(fired map[string]bool) bool {
-	for _, p := range l.cfg.Prompt {
-		if fired[p] {
-			return true
-		}
-	}
-	return false
-}
-
 // Run runs passes until ctx ends; a running pass is not interrupted but by ctx itself.
 func (l *Loop) Run(ctx context.Context) {
 	var tick <-chan time.Time
@@ -195,7 +185,7 @@ func (l *Loop) Run(ctx context.Context) {
 		}
 		for w.onlyTriggers() && !last.IsZero() {
 			gap := minGap
-			if (!lastPrompt && l.prompt(w.fired)) || slices.ContainsFunc(l.cfg.Urgent, w.Fired) {
+			if (!lastPrompt && slices.ContainsFunc(l.cfg.Prompt, w.Fired)) || slices.ContainsFunc(l.cfg.Urgent, w.Fired) {
 				gap = l.cfg.MinGap
 			}
 			gap -= time.Since(last)
@@ -213,7 +203,7 @@ func (l *Loop) Run(ctx context.Context) {
 		w.Failures = failures
 		started := time.Now()
 		out := l.cfg.Pass(ctx, w)
-		last, lastPrompt = time.Now(), l.prompt(w.fired)
+		last, lastPrompt = time.Now(), slices.ContainsFunc(l.cfg.Prompt, w.Fired)
 		minGap = l.gapAfter(last.Sub(started), l.firesSinceTake())
 		w = Wake{}
 		if (out.Err != nil || out.Retry) && l.cfg.BackoffMin > 0 {
