@@ -39,7 +39,8 @@ type PolicyNetwork struct {
 }
 
 // PolicyApplier is what one caller's policy passes carry from one to the next: the groups the
-// allow lists of its last pass made (netpol.Applier). Not safe for concurrent passes.
+// allow lists of its last pass made and the netlink socket they went through
+// (netpol.Applier). Not safe for concurrent passes.
 type PolicyApplier struct{ applier *netpol.Applier }
 
 // NewPolicyApplier returns the applier of a caller's passes.
@@ -49,6 +50,10 @@ func NewPolicyApplier() *PolicyApplier { return &PolicyApplier{netpol.NewApplier
 // portid was one of this applier's passes (lately): the agent's own writes, which its healer
 // must not take for another tool's.
 func (a *PolicyApplier) Committed(portid uint32) bool { return a.applier.Committed(portid) }
+
+// Close closes the netlink socket the applier keeps open from pass to pass; a later pass opens
+// another.
+func (a *PolicyApplier) Close() { a.applier.Close() }
 
 // PolicyLocal is one attachment of the node, from its record, with what the policy rules need
 // of it from the kernel.
@@ -124,6 +129,8 @@ func ApplyPolicies(n PolicyNetwork, compile func([]PolicyLocal) policyrules.Rule
 	applier := netpol.NewApplier()
 	if n.Applier != nil {
 		applier = n.Applier.applier
+	} else {
+		defer applier.Close()
 	}
 	pass.Applied, err = applier.Apply(n.Network, rs, netpol.Options{Verify: n.Verify, Log: n.Log})
 	if err == nil {

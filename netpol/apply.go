@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -67,12 +68,89 @@ type simulatedCrash struct{}
 type Applier struct {
 	mu   sync.Mutex
 	memo *groupMemo
-	// sockets are the netlink port ids of the Applier's sockets (Committed).
+	// conn is the Applier's one netlink socket, kept open from pass to pass in the network
+	// namespace connNS (a lasting google/nftables connection), nil before the first pass and
+	// after a failed one. The kernel makes the close of a netfilter netlink socket wait for the
+	// release of whatever the namespace's last transactions removed (a grace period, 7–20 ms),
+	// and a pass that opened a socket per request paid that several times over; one socket also
+	// keeps one port id for Committed.
+	conn   *nftables.Conn
+	connNS netnsID
+	// current is the port id of conn's socket; sockets the ids of those it had before, each for
+	// ownWindow after it was closed (Committed).
+	current atomic.Uint32
 	sockets portLog
 }
 
-// ownWindow is how long Committed knows a socket's port id after the socket was opened: the
-// notification of what it commits arrives within a pass; a port id given to another socket later
+// netnsID tells network namespaces apart (the device and inode of their nsfs file): a socket of
+// the Applier keeps its namespace alive, so no other namespace gets its inode meanwhile.
+type netnsID struct{ dev, ino uint64 }
+
+func currentNetNS() (netnsID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return netnsID{}, fmt.Errorf("policy rules: network namespace: %w", err)
+	}
+	return netnsID{dev: st.Dev, ino: st.Ino}, nil
+}
+
+// socket returns the Applier's socket in the calling thread's network namespace, opened if it
+// has none there.
+func (a *Applier) socket() (*nftables.Conn, error) {
+	ns, err := currentNetNS()
+	if err != nil {
+		return nil, err
+	}
+	if a.conn != nil && a.connNS == ns {
+		return a.conn, nil
+	}
+	a.closeSocket()
+	// Removing, building or editing a hundred groups is a transaction of hundreds of messages,
+	// sent as one datagram and each acknowledged before any acknowledgement is read.
+	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer), nft.SendBuffer(nft.BatchSendBuffer), nft.PortID(a.opened)))
+	if err != nil {
+		return nil, fmt.Errorf("policy rules: netlink: %w", err)
+	}
+	a.conn, a.connNS = c, ns
+	return c, nil
+}
+
+// opened notes the port id of a socket the Applier opened.
+func (a *Applier) opened(id uint32) {
+	if old := a.current.Swap(id); old != 0 && old != id {
+		a.sockets.add(old)
+	}
+}
+
+// closeSocket closes the Applier's socket, if any: after a failed pass (whatever the kernel
+// still had to say on it must not be read as the answer to the next request), when the calling
+// thread is in another network namespace, and by Close.
+func (a *Applier) closeSocket() {
+	if a.conn == nil {
+		return
+	}
+	_ = a.conn.CloseLasting() // nothing of a closed socket is read again
+	a.conn = nil
+	if old := a.current.Swap(0); old != 0 {
+		a.sockets.add(old)
+	}
+}
+
+// reopen closes the Applier's socket and opens another.
+func (a *Applier) reopen() (*nftables.Conn, error) {
+	a.closeSocket()
+	return a.socket()
+}
+
+// Close closes the Applier's socket. An Applier may apply again after Close: it opens another.
+func (a *Applier) Close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closeSocket()
+}
+
+// ownWindow is how long Committed knows a socket's port id after the socket was closed: the
+// notification of what it committed arrives soon after; a port id given to another socket later
 // (the kernel reuses those of closed sockets) must not be taken for this Applier's for long.
 const ownWindow = 10 * time.Second
 
@@ -102,17 +180,21 @@ func (l *portLog) has(id uint32) bool {
 }
 
 // Committed tells whether a transaction the kernel announces as committed through netlink port
-// portid (the header of its generation message) was one of this Applier's, lately (ownWindow):
-// an agent watching the tables for other tools' changes leaves its own passes alone by it,
-// whatever PID namespace it runs in.
-func (a *Applier) Committed(portid uint32) bool { return portid != 0 && a.sockets.has(portid) }
+// portid (the header of its generation message) was one of this Applier's: through its open
+// socket, or one it closed lately (ownWindow). An agent watching the tables for other tools'
+// changes leaves its own passes alone by it, whatever PID namespace it runs in.
+func (a *Applier) Committed(portid uint32) bool {
+	return portid != 0 && (portid == a.current.Load() || a.sockets.has(portid))
+}
 
 // NewApplier returns an Applier that knows no allow list yet.
 func NewApplier() *Applier { return &Applier{memo: newGroupMemo()} }
 
 // Apply is a one-off Applier's Apply (tools, tests).
 func Apply(network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
-	return NewApplier().Apply(network, rs, opt)
+	a := NewApplier()
+	defer a.Close()
+	return a.Apply(network, rs, opt)
 }
 
 // Apply makes the network's policy tables hold rs: the fixed chains, maps and sets, a group
@@ -136,15 +218,23 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var res policyrules.Applied
-	// Removing, building or editing a hundred groups is a transaction of hundreds of messages,
-	// sent as one datagram and each acknowledged before any acknowledgement is read.
-	c, err := nftables.New(nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer), nft.SendBuffer(nft.BatchSendBuffer), nft.PortID(a.sockets.add)))
-	if err != nil {
-		return res, fmt.Errorf("policy rules: netlink: %w", err)
-	}
 	if opt.Log.Group != 0 && opt.Log.Rate == 0 {
 		return res, fmt.Errorf("policy drop log of network %q: group %d with a rate of 0 packets/s", network, opt.Log.Group)
 	}
+	c, err := a.socket()
+	if err != nil {
+		return res, err
+	}
+	res, err = a.apply(c, network, rs, opt)
+	if err != nil {
+		a.closeSocket()
+	}
+	return res, err
+}
+
+// apply is Apply through c.
+func (a *Applier) apply(c *nftables.Conn, network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
+	var res policyrules.Applied
 	bt, it := BridgeTable(network), InetTable(network)
 	cur, err := readState(c, bt, opt.Verify)
 	if err != nil {
@@ -153,6 +243,7 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 	want := plan(rs, a.memo)
 	defer a.memo.sweep() // after the edits, which look the last pass's groups up
 	w := newWriter(c, &res, network, opt)
+	w.reopen = a.reopen
 	free := newSlots(cur.sets)
 
 	// Groups: edit in place what can be, build the other missing ones, repair the damaged ones.
@@ -484,7 +575,10 @@ func unusedGroups(final map[string]map[int]string, cur state, want desired, edit
 
 // writer queues changes on one connection and counts the transactions it sends.
 type writer struct {
-	c                 *nftables.Conn
+	c *nftables.Conn
+	// reopen, when set, replaces c after the kernel refused a transaction: what it still had to
+	// say about the refused batch is not read as the answer to the next request.
+	reopen            func() (*nftables.Conn, error)
 	res               *policyrules.Applied
 	network           string
 	log               policyrules.DropLog
@@ -518,7 +612,15 @@ func (w *writer) flush(what string) error {
 	took := time.Since(start)
 	w.res.LongestTransaction = max(w.res.LongestTransaction, took)
 	if err != nil {
-		return fmt.Errorf("%s of network %q: %w", what, w.network, err)
+		err = fmt.Errorf("%s of network %q: %w", what, w.network, err)
+		if w.reopen != nil {
+			c, rerr := w.reopen()
+			if rerr != nil {
+				return errors.Join(err, rerr)
+			}
+			w.c = c
+		}
+		return err
 	}
 	if w.crashAfter > 0 && w.res.Transactions >= w.crashAfter {
 		panic(simulatedCrash{})

@@ -317,6 +317,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 
 	c.loop.Run(ctx)
+	c.applier.Close()
 	return nil
 }
 
