@@ -49,8 +49,12 @@ type controlPlaneResult struct {
 	converge   time.Duration   // Local ADDs → every local pod released
 	latencies  []time.Duration // API update of a policy → the node's map points to the new group
 	podChanges []time.Duration // API update of a pod's labels → the node's group of a local pod changed
-	churnCPU   float64         // the agent's CPU, % of one core, while pods change at cpChurnRate a second
-	churned    int             // pod changes made during the churn
+	// quietChanges are podChanges each made once no pass had run for quietBefore: one change on
+	// its own, where podChanges (one right after the other) also time the wait for the end of
+	// the last change's pass and the loop's MinGap after it.
+	quietChanges []time.Duration
+	churnCPU     float64 // the agent's CPU, % of one core, while pods change at cpChurnRate a second
+	churned      int     // pod changes made during the churn
 	// churnPasses and churnPassTime are the passes during the churn and their time in all
 	// (the agent's metrics): how much of the CPU the passes are.
 	churnPasses   float64
@@ -59,6 +63,10 @@ type controlPlaneResult struct {
 	idleRSS       int64         // the agent's resident memory before the objects were created
 	rss, peak     int64         // at the end, and the highest sampled (every 100 ms)
 }
+
+// quietBefore is how long no pass has run before each of the quiet pod changes: five times the
+// agent's MinGap.
+const quietBefore = 5 * policy.DefaultMinGap
 
 var netpolOut = flag.String("netpol.out", "", "markdown file whose control-plane block receives BenchmarkNetworkPolicyScale's table (docs/networkpolicy.md)")
 
@@ -202,6 +210,16 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 		}
 		res.podChanges = append(res.podChanges, timeChange(fmt.Sprint("pod change ", c), 0, func() error { return relabel(pod.Name, pod.Namespace, app) }))
 	}
+	for c := range cpPodChanges {
+		pod := size.Pod(size.Namespaces*(5+c/2%5), "")
+		app := "a1"
+		if c%2 == 1 {
+			app = pod.Labels["app"]
+		}
+		_, err := n.settledPasses(30*time.Second, quietBefore)
+		must(err)
+		res.quietChanges = append(res.quietChanges, timeChange(fmt.Sprint("quiet pod change ", c), 0, func() error { return relabel(pod.Name, pod.Namespace, app) }))
+	}
 
 	// Churn: cpChurnRate pod changes a second, remote pods moving between the local pods'
 	// ingress peers (a1), egress peers (a2) and no peers (a7); the agent's CPU meanwhile.
@@ -279,6 +297,7 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	b.ReportMetric(float64(res.latencies[len(res.latencies)/2])/1e6, "change-p50-ms")
 	b.ReportMetric(float64(res.latencies[len(res.latencies)-1])/1e6, "change-max-ms")
 	b.ReportMetric(float64(percentile(res.podChanges, 99))/1e6, "pod-change-p99-ms")
+	b.ReportMetric(float64(percentile(res.quietChanges, 99))/1e6, "quiet-pod-change-p99-ms")
 	b.ReportMetric(res.churnCPU, "churn-cpu-%")
 	b.ReportMetric(float64(res.firstPass)/1e6, "first-pass-ms")
 	b.ReportMetric(mib(res.peak), "peak-rss-MiB")
@@ -307,6 +326,8 @@ func cpReport(res controlPlaneResult, began time.Time) string {
 	b.WriteString("| measure | value |\n|---|--:|\n")
 	fmt.Fprintf(&b, "| policy change → node's rules, p50 | %s |\n| policy change → node's rules, max of %d | %s |\n", p50.Round(100*time.Microsecond), len(res.latencies), worst.Round(100*time.Microsecond))
 	fmt.Fprintf(&b, "| pod label change → node's rules, p50 / p99 of %d | %s / %s |\n", len(res.podChanges), pod50.Round(100*time.Microsecond), pod99.Round(100*time.Microsecond))
+	fmt.Fprintf(&b, "| the same, each once no pass ran for %s, p50 / p99 of %d | %s / %s |\n", quietBefore, len(res.quietChanges),
+		percentile(res.quietChanges, 50).Round(100*time.Microsecond), percentile(res.quietChanges, 99).Round(100*time.Microsecond))
 	fmt.Fprintf(&b, "| agent CPU while %d pods change a second (%d changes) | %.1f %% of a core |\n", cpChurnRate, res.churned, res.churnCPU)
 	fmt.Fprintf(&b, "| passes meanwhile, and their time in all | %.0f, %s |\n", res.churnPasses, res.churnPassTime.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| first pass after a restart (the agent's log) | %s |\n", res.firstPass.Round(time.Millisecond))
