@@ -81,7 +81,7 @@ func TestChainLookingUpAnotherGroupsSets(t *testing.T) {
 			n := newBridgedNode(t)
 			b := n.pods["b"]
 			rs, bChain, cChain := n.applyTwoGroups(t)
-			cStem, _ := setStem(n.groupSet(t, cChain, "-ports-ipv4"))
+			cStem, _ := setStem(n.groupSet(t, cChain, "-points-ipv4"))
 			n.pointChainAt(t, bChain, cStem)
 			n.expectTCP(t, "tampered: x → b (c's peer)", n.x, b.v4, 8080, true)
 
@@ -136,7 +136,7 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 			rs := with(n.open(), b.port, allowFrom(tcp8080, a.v4, c.v4), policyrules.Direction{})
 			n.apply(t, rs, Options{})
 			chain := groupNames(t, n)[MapIngress][b.port]
-			setName := n.groupSet(t, chain, "-ports-ipv4")
+			setName := n.groupSet(t, chain, "-points-ipv4")
 			stem, _ := setStem(setName)
 			ig := n.inspect(t).Groups[chain]
 			g, _ := canonical(ig.Entries, maxGroupCost)
@@ -301,7 +301,7 @@ func TestTraceReadsTheSetsTheChainLooksUp(t *testing.T) {
 
 	n.apply(t, rs, Options{})
 	bChain, cChain := groupNames(t, n)[MapIngress][b.port], groupNames(t, n)[MapIngress][c.port]
-	bStem, _ := setStem(n.groupSet(t, bChain, "-ports-ipv4"))
+	bStem, _ := setStem(n.groupSet(t, bChain, "-points-ipv4"))
 	extra := anySetName(bStem, false)
 	nettest.Do(t, n.node, func() error {
 		c, err := nftables.New()
@@ -317,11 +317,11 @@ func TestTraceReadsTheSetsTheChainLooksUp(t *testing.T) {
 	trace("a set of b's slot no rule looks up: x → b", x4, n.x, 0, b, extra)
 
 	n.apply(t, rs, Options{})
-	cSet := n.groupSet(t, cChain, "-ports-ipv4")
+	cSet := n.groupSet(t, cChain, "-points-ipv4")
 	ig := n.inspect(t).Groups[bChain]
 	g, _ := canonical(ig.Entries, maxGroupCost)
 	rules := groupRules(bChain, bStem, ingressDir, g, false)
-	extraRule := groupRules(bChain, strings.TrimSuffix(cSet, "-ports-ipv4"), ingressDir, g, false)
+	extraRule := groupRules(bChain, strings.TrimSuffix(cSet, "-points-ipv4"), ingressDir, g, false)
 	nettest.Do(t, n.node, func() error {
 		c, err := nftables.New()
 		if err != nil {

@@ -47,6 +47,26 @@ func TestGolden(t *testing.T) {
 				{Port: 9, Name: "ns/open", IPs: []netip.Addr{a("fd00:10:244:1::9")}},
 			},
 		}, policyrules.DropLog{}},
+		// Pods as peers: single addresses on every port (hosts) and one address on one port
+		// (points) go into hash sets; a point a range of the same list covers is left out; a
+		// single address on a port range stays an interval element.
+		{"pod-peers", policyrules.Ruleset{
+			PodCIDRs:  []netip.Prefix{p("10.244.1.0/24"), p("fd00:10:244:1::/64")},
+			NodeAddrs: []netip.Addr{a("10.244.1.1"), a("fd00:10:244:1::1")},
+			Pods: []policyrules.Pod{
+				{Port: 5, Name: "ns/web", IPs: []netip.Addr{a("10.244.1.5"), a("fd00:10:244:1::5")},
+					Ingress: policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{
+						{Peer: policyrules.Single(a("10.244.2.7"))},
+						{Peer: policyrules.Single(a("fd00:10:244:2::7"))},
+						{Peer: policyrules.Single(a("10.244.2.8")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}},
+						{Peer: policyrules.Single(a("10.244.2.9")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 8080, Last: 8080}},
+						{Peer: policyrules.Single(a("fd00:10:244:2::8")), Ports: &policyrules.Ports{Protocol: policyrules.UDP, First: 53, Last: 53}},
+						{Peer: policyrules.Single(a("10.0.0.15")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}}, // in the range below
+						{Peer: rng("10.0.0.10", "10.0.0.20"), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}},
+						{Peer: policyrules.Single(a("10.244.2.10")), Ports: &policyrules.Ports{Protocol: policyrules.TCP, First: 9000, Last: 9010}},
+					}}},
+			},
+		}, policyrules.DropLog{}},
 		// The same allow list enforced (ns/web) and staged (ns/staged): two groups, the audit
 		// one passing what it does not allow; a staged deny-all egress (ns/staged).
 		{"audit", policyrules.Ruleset{

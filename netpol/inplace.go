@@ -201,7 +201,7 @@ func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGr
 		}
 	}
 	for _, is6 := range []bool{false, true} {
-		for _, name := range []string{anySetName(e.stem, is6), portsSetName(e.stem, is6)} {
+		for _, name := range groupSetNames(e.stem, is6) {
 			s, want := planned[name]
 			have := slices.Contains(cur.sets, name)
 			switch {

@@ -99,7 +99,7 @@ func TestSetEditInOneTransaction(t *testing.T) {
 					}
 					if concat {
 						for _, el := range els {
-							e, err := decodeElement(el, is6, false)
+							e, err := decodeElement(el, is6, kindAny)
 							if err != nil {
 								return err
 							}
@@ -192,9 +192,9 @@ func TestInPlaceEdit(t *testing.T) {
 	if after.chain == before.chain || !slices.Equal(after.sets, before.sets) {
 		t.Errorf("b's group: chain %s sets %v before, chain %s sets %v after: want a new chain on the same sets", before.chain, before.sets, after.chain, after.sets)
 	}
-	v4 := portsSetName(strings.TrimSuffix(before.sets[0], "-ports-ipv4"), false)
+	v4 := pointsSetName(strings.TrimSuffix(before.sets[0], "-points-ipv4"), false)
 	del, add := intervalDiff(before.elements[v4], after.elements[v4])
-	v6 := portsSetName(strings.TrimSuffix(v4, "-ports-ipv4"), true)
+	v6 := pointsSetName(strings.TrimSuffix(v4, "-points-ipv4"), true)
 	if len(del) != 1 || len(add) != 1 || len(after.elements[v6]) != 1 || !sameElements(after.elements[v6], before.elements[v6]) {
 		t.Errorf("elements of %s: %d deleted and %d added, want a's address replaced by c's; the IPv6 set unchanged", v4, len(del), len(add))
 	}
@@ -206,16 +206,16 @@ func TestInPlaceEdit(t *testing.T) {
 	n.expectTCP(t, "edited: a → b v6 (kept peer)", a.ns, b.v6, 8080, true)
 	n.expectTCP(t, "edited: x → b (never a peer)", n.x, b.v4, 8080, false)
 
-	// b's list: c on 8080 and a's IPv6 address on every port: ports-ipv6 goes, any-ipv6 comes.
+	// b's list: c on 8080 and a's IPv6 address on every port: points-ipv6 goes, hosts-ipv6 comes.
 	before = after
 	rs = with(rs, b.port, ingress(allowFrom(tcp8080, c.v4).Allow, any(a.v6)), policyrules.Direction{})
 	res = n.apply(t, rs, Options{})
 	after = n.ingressGroup(t, b.port)
-	stem := strings.TrimSuffix(before.sets[0], "-ports-ipv4")
-	if res.EditedGroups != 1 || res.NewGroups != 0 || !slices.Equal(after.sets, []string{portsSetName(stem, false), anySetName(stem, true)}) {
+	stem := strings.TrimSuffix(before.sets[0], "-points-ipv4")
+	if res.EditedGroups != 1 || res.NewGroups != 0 || !slices.Equal(after.sets, []string{pointsSetName(stem, false), hostsSetName(stem, true)}) {
 		t.Errorf("b's list with a set kind more and one less: %+v, sets %v, want the group edited, the sets of slot %s", res, after.sets, stem)
 	}
-	if objs := n.groupObjects(t); slices.Contains(objs, portsSetName(stem, true)) {
+	if objs := n.groupObjects(t); slices.Contains(objs, pointsSetName(stem, true)) {
 		t.Errorf("the set kind b's list no longer needs is still there: %v", objs)
 	}
 	n.expectTCP(t, "kinds: a → b v6 on 8080", a.ns, b.v6, 8080, true)
@@ -252,12 +252,12 @@ func TestInPlaceEdit(t *testing.T) {
 	rs = with(with(rs, b.port, allowFrom(tcp8080, a.v4, x4), policyrules.Direction{}), c.port, allowFrom(tcp8080, a.v4, x4), policyrules.Direction{})
 	res = n.apply(t, rs, Options{})
 	bAfter, cAfter := n.ingressGroup(t, b.port), n.ingressGroup(t, c.port)
-	bStem := strings.TrimSuffix(bBefore.sets[0], "-ports-ipv4")
-	if res.EditedGroups != 1 || res.NewGroups != 0 || res.RemovedGroups != 1 || bAfter.chain != cAfter.chain || !slices.Equal(bAfter.sets, []string{portsSetName(bStem, false)}) {
+	bStem := strings.TrimSuffix(bBefore.sets[0], "-points-ipv4")
+	if res.EditedGroups != 1 || res.NewGroups != 0 || res.RemovedGroups != 1 || bAfter.chain != cAfter.chain || !slices.Equal(bAfter.sets, []string{pointsSetName(bStem, false)}) {
 		t.Errorf("two donors: %+v, the new group's sets %v, want b's old group (sets %v) edited, c's (sets %v) removed", res, bAfter.sets, bBefore.sets, cBefore.sets)
 	}
 	objs := n.groupObjects(t)
-	for _, o := range append([]string{cBefore.chain, bBefore.chain, portsSetName(bStem, true)}, cBefore.sets...) {
+	for _, o := range append([]string{cBefore.chain, bBefore.chain, pointsSetName(bStem, true)}, cBefore.sets...) {
 		if slices.Contains(objs, o) {
 			t.Errorf("%s is still there: %v", o, objs)
 		}
@@ -437,7 +437,7 @@ func TestInPlaceEditOfDamagedDonor(t *testing.T) {
 	}
 	deleteElement := func(port int, peer netip.Addr) {
 		t.Helper()
-		set := n.groupSet(t, n.ingressGroup(t, port).chain, "-ports-ipv4")
+		set := n.groupSet(t, n.ingressGroup(t, port).chain, "-points-ipv4")
 		nftIn(t, n.node, "delete", "element", "bridge", TableName(n.network), set, fmt.Sprintf("{ %s . tcp . 8080 }", peer))
 	}
 

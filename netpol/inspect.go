@@ -181,7 +181,7 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	// none looks up is no part of the group. A stem without a chain: the sets of the stem.
 	stem, sets := name, []string{}
 	for _, is6 := range []bool{false, true} {
-		for _, set := range []string{anySetName(name, is6), portsSetName(name, is6)} {
+		for _, set := range groupSetNames(name, is6) {
 			if slices.Contains(st.sets, set) {
 				sets = append(sets, set)
 			}
@@ -190,26 +190,39 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	if st.groupChains[name] {
 		stem, sets = st.groupStems[name], st.groupLookups[name]
 		for _, is6 := range []bool{false, true} {
-			for _, set := range []string{anySetName(stem, is6), portsSetName(stem, is6)} {
+			for _, set := range groupSetNames(stem, is6) {
 				if stem != "" && slices.Contains(st.sets, set) && !slices.Contains(sets, set) {
 					g.Damage = append(g.Damage, "set "+set+" of its slot is looked up by none of its rules")
 				}
 			}
 		}
 	}
-	var entries []policyrules.Entry
+	// The group as the sets hold it, each element in the list of its set's kind: what the
+	// kernel judges by. Its name is checked below, so an element added, missing or moved to a
+	// set of another kind is damage.
+	var canon group
+	var ranges []policyrules.Entry
 	for _, set := range sets {
 		g.Sets = append(g.Sets, set)
+		kind := setKindOf(set)
 		for _, el := range st.setElements[set] {
-			e, err := decodeElement(el, strings.HasSuffix(set, "-ipv6"), strings.Contains(set, "-ports-"))
+			e, err := decodeElement(el, strings.HasSuffix(set, "-ipv6"), kind)
 			if err != nil {
 				g.Damage = append(g.Damage, fmt.Sprintf("set %s: %v", set, err))
 				continue
 			}
-			entries = append(entries, e)
+			if kind == kindHosts || kind == kindPoints {
+				canon.add(kind, e)
+			} else {
+				ranges = append(ranges, e)
+			}
 		}
 	}
-	canon, _ := canonical(entries, math.MaxInt)
+	// The intervals' elements in canonical's order (the kernel lists them in any), the
+	// singles sorted: a single that canonical would have left out (inside a range) is damage,
+	// as the name check below finds.
+	canon.setRanges(ranges, math.MaxInt)
+	canon.sortSingles()
 	g.Entries = canon.entries()
 	if !st.groupChains[name] {
 		if _, ok := GroupDirection(name); ok {
@@ -228,10 +241,62 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	return g
 }
 
-// decodeElement turns one element of a group set back into an entry: an "any" element is
-// peer . protocol 0-255, a "ports" element peer . protocol . port range.
-func decodeElement(el nftables.SetElement, is6, ports bool) (policyrules.Entry, error) {
+// setKind is the kind of a group set, by its name's suffix.
+type setKind int
+
+const (
+	kindAny    setKind = iota // peer . protocol 0-255, an interval
+	kindPorts                 // peer . protocol . port, an interval
+	kindHosts                 // one address
+	kindPoints                // one address . protocol . port
+)
+
+func setKindOf(set string) setKind {
+	switch {
+	case strings.Contains(set, "-hosts-"):
+		return kindHosts
+	case strings.Contains(set, "-points-"):
+		return kindPoints
+	case strings.Contains(set, "-ports-"):
+		return kindPorts
+	}
+	return kindAny
+}
+
+// add puts entry e, a host or a point, in its list.
+func (g *group) add(kind setKind, e policyrules.Entry) {
+	is6 := e.Peer.First.Is6()
+	switch {
+	case kind == kindHosts && is6:
+		g.hosts6 = append(g.hosts6, e.Peer.First)
+	case kind == kindHosts:
+		g.hosts4 = append(g.hosts4, e.Peer.First)
+	case is6:
+		g.points6 = append(g.points6, box{e.Peer, *e.Ports})
+	default:
+		g.points4 = append(g.points4, box{e.Peer, *e.Ports})
+	}
+}
+
+// decodeElement turns one element of a group set of kind back into an entry: an "any" element
+// is peer . protocol 0-255, a "ports" element peer . protocol . port range (both intervals), a
+// "hosts" element one address, a "points" element one address . protocol . port.
+func decodeElement(el nftables.SetElement, is6 bool, kind setKind) (policyrules.Entry, error) {
 	n := int(addrBytes(is6))
+	switch kind {
+	case kindHosts:
+		a, ok := netip.AddrFromSlice(el.Key)
+		if !ok || len(el.Key) != n || len(el.KeyEnd) != 0 {
+			return policyrules.Entry{}, fmt.Errorf("an element of %d and %d bytes, want %d and none", len(el.Key), len(el.KeyEnd), n)
+		}
+		return policyrules.Entry{Peer: policyrules.Range{First: a, Last: a}}, nil
+	case kindPoints:
+		if len(el.Key) != n+8 || len(el.KeyEnd) != 0 {
+			return policyrules.Entry{}, fmt.Errorf("an element of %d and %d bytes, want %d and none", len(el.Key), len(el.KeyEnd), n+8)
+		}
+		el.KeyEnd = el.Key // one address, one port: decoded as the range from it to itself
+	}
+	ports := kind == kindPorts || kind == kindPoints
 	want := n + 4
 	if ports {
 		want += 4
@@ -272,7 +337,12 @@ func (g group) entries() []policyrules.Entry {
 			out = append(out, policyrules.Entry{Peer: r})
 		}
 	}
-	for _, bs := range [][]box{g.ports4, g.ports6} {
+	for _, hs := range [][]netip.Addr{g.hosts4, g.hosts6} {
+		for _, a := range hs {
+			out = append(out, policyrules.Entry{Peer: policyrules.Range{First: a, Last: a}})
+		}
+	}
+	for _, bs := range [][]box{g.ports4, g.ports6, g.points4, g.points6} {
 		for _, b := range bs {
 			out = append(out, policyrules.Entry{Peer: b.addrs, Ports: &b.ports})
 		}

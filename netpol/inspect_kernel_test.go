@@ -103,16 +103,18 @@ func TestInspectRoundTrip(t *testing.T) {
 		t.Errorf("%d groups read back, want 3 (a's egress, b's ingress, c's empty egress)", len(in.Groups))
 	}
 	// The ranges' cuts are there as the kernel holds them: the overlapping TCP ranges of b's
-	// ingress are three disjoint boxes.
+	// ingress are three disjoint boxes; the pods' addresses on one port (points) and on every
+	// port (hosts) are elements of their own, not cut into the boxes.
 	bIn := in.Groups[in.Ports[n.pods["b"].port].Ingress]
-	for _, want := range []string{"10.9.0.0-10.9.0.127 tcp/8000-8079", "10.9.0.0-10.9.0.255 tcp/8081-8100", "10.9.0.64-10.9.0.255 tcp/8101-9000", "10.4.0.2", "fd00:5::-fd00:5::ffff"} {
+	for _, want := range []string{"10.9.0.0-10.9.0.127 tcp/8000-8079", "10.9.0.0-10.9.0.255 tcp/8080-8100", "10.9.0.64-10.9.0.255 tcp/8101-9000", "10.4.0.2", "fd00:5::-fd00:5::ffff",
+		"10.3.0.2 tcp/8080", "10.3.0.2 udp/5353", "fd00:3::2 tcp/8080"} {
 		if !slices.ContainsFunc(bIn.Entries, func(e policyrules.Entry) bool { return strings.TrimSpace(e.Peer.String()+" "+portsString(e)) == want }) {
 			t.Errorf("b's ingress %v: no entry %q", bIn.Entries, want)
 		}
 	}
 
 	// Damage: an element of b's group removed, a's map element removed.
-	bSet := n.groupSet(t, bIn.Name, "-ports-ipv4")
+	bSet := n.groupSet(t, bIn.Name, "-points-ipv4")
 	nettest.Do(t, n.node, func() error {
 		c, err := nftables.New()
 		if err != nil {

@@ -469,7 +469,7 @@ func TestBrokenRulesFailClosed(t *testing.T) {
 			args := breakage.args
 			if args == nil {
 				d := groupNames(t, n)
-				args = []string{"flush", "set", "bridge", TableName(n.network), n.groupSet(t, d[MapIngress][b.port], "-ports-ipv4")}
+				args = []string{"flush", "set", "bridge", TableName(n.network), n.groupSet(t, d[MapIngress][b.port], "-points-ipv4")}
 			}
 			nftIn(t, n.node, args...)
 			for _, p := range everything {
@@ -1302,5 +1302,55 @@ func TestCutDeniedWhicheverEndSendsFirst(t *testing.T) {
 	}
 	if carries(c.client, c.server, "client then", 2*time.Second) {
 		t.Errorf("a → b on the cut connection after b sent: the client's segment reached the server")
+	}
+}
+
+// TestSinglePeers: single peers are elements of the hash sets (hosts: an address on every port;
+// points: an address on one protocol and port), and the kernel judges by address, protocol and
+// port through them, in both families: a point on TCP 8080 lets nothing else of its peer through,
+// a point on UDP 5353 no TCP, a host everything of its peer and nothing of another address.
+func TestSinglePeers(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	udp5353 := &policyrules.Ports{Protocol: policyrules.UDP, First: 5353, Last: 5353}
+	allow := []policyrules.Entry{
+		{Peer: policyrules.Single(a.v4), Ports: tcp8080},
+		{Peer: policyrules.Single(a.v6), Ports: tcp8080},
+		{Peer: policyrules.Single(c.v4), Ports: udp5353},
+		{Peer: policyrules.Single(x4)},
+	}
+	rs := with(n.open(), b.port, policyrules.Direction{Isolated: true, Allow: allow}, policyrules.Direction{})
+	n.apply(t, rs, Options{})
+	in := n.inspect(t)
+	g := in.Groups[in.Ports[b.port].Ingress]
+	for _, kind := range []string{"-hosts-ipv4", "-points-ipv4", "-points-ipv6"} {
+		n.groupSet(t, g.Name, kind) // fatal without it
+	}
+	if slices.ContainsFunc(g.Sets, func(s string) bool { return strings.Contains(s, "-ports-") || strings.Contains(s, "-any-") }) {
+		t.Errorf("b's group of single peers looks up interval sets: %v", g.Sets)
+	}
+	if len(g.Damage) > 0 {
+		t.Errorf("b's group read back with damage: %v", g.Damage)
+	}
+	n.expectTCP(t, "point tcp/8080: a → b", a.ns, b.v4, 8080, true)
+	n.expectTCP(t, "point tcp/8080: a → b v6", a.ns, b.v6, 8080, true)
+	n.expectUDP(t, "point tcp/8080: a → b udp/5353", a.ns, b.v4, b, false)
+	n.expectUDP(t, "point udp/5353: c → b", c.ns, b.v4, b, true)
+	n.expectTCP(t, "point udp/5353: c → b tcp/8080", c.ns, b.v4, 8080, false)
+	n.expectTCP(t, "point udp/5353: c → b v6 tcp/8080", c.ns, b.v6, 8080, false)
+	n.expectTCP(t, "host: x → b tcp/8080", n.x, b.v4, 8080, true)
+	n.expectUDP(t, "host: x → b udp/5353", n.x, b.v4, b, true)
+
+	// a leaves (its point deleted from the hash set), c gets every port.
+	rs = with(rs, b.port, policyrules.Direction{Isolated: true, Allow: []policyrules.Entry{{Peer: policyrules.Single(c.v4)}, {Peer: policyrules.Single(x4)}}}, policyrules.Direction{})
+	if res := n.apply(t, rs, Options{}); res.EditedGroups != 1 {
+		t.Errorf("b's single peers changed: %+v, want the group edited in place", res)
+	}
+	n.expectTCP(t, "left: a → b", a.ns, b.v4, 8080, false)
+	n.expectTCP(t, "left: a → b v6", a.ns, b.v6, 8080, false)
+	n.expectTCP(t, "host now: c → b tcp/8080", c.ns, b.v4, 8080, true)
+	n.expectTCP(t, "host kept: x → b tcp/8080", n.x, b.v4, 8080, true)
+	if d := n.inspect(t).Groups[n.ingressGroup(t, b.port).chain].Damage; len(d) > 0 {
+		t.Errorf("after the edit: damage %v", d)
 	}
 }

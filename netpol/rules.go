@@ -717,7 +717,13 @@ func slotOf(stem string) (int, bool) {
 }
 
 // setKinds are the suffixes of a group's sets, after their stem.
-var setKinds = []string{"-any-ipv4", "-any-ipv6", "-ports-ipv4", "-ports-ipv6"}
+var setKinds = []string{"-any-ipv4", "-any-ipv6", "-ports-ipv4", "-ports-ipv6", "-hosts-ipv4", "-hosts-ipv6", "-points-ipv4", "-points-ipv6"}
+
+// groupSetNames are the names of every set a group of the stem may have in one family: the
+// hash sets first (hosts, points), then the interval ones (any, ports), the order of their rules.
+func groupSetNames(stem string, is6 bool) []string {
+	return []string{hostsSetName(stem, is6), pointsSetName(stem, is6), anySetName(stem, is6), portsSetName(stem, is6)}
+}
 
 // setStem returns the stem of a group set ("g3-any-ipv4" → "g3"; the older layout's
 // "in-<hash>-any-ipv4" → "in-<hash>"); false for any other set.
@@ -737,20 +743,18 @@ func setStem(set string) (string, bool) {
 	return "", false
 }
 
-// Names of a group's sets, by their stem.
-func anySetName(stem string, is6 bool) string {
+// Names of a group's sets, by their stem: stem-kind-ipv4 or -ipv6.
+func groupSetName(stem, kind string, is6 bool) string {
 	if is6 {
-		return stem + "-any-ipv6"
+		return stem + "-" + kind + "-ipv6"
 	}
-	return stem + "-any-ipv4"
+	return stem + "-" + kind + "-ipv4"
 }
 
-func portsSetName(stem string, is6 bool) string {
-	if is6 {
-		return stem + "-ports-ipv6"
-	}
-	return stem + "-ports-ipv4"
-}
+func hostsSetName(stem string, is6 bool) string  { return groupSetName(stem, "hosts", is6) }
+func pointsSetName(stem string, is6 bool) string { return groupSetName(stem, "points", is6) }
+func anySetName(stem string, is6 bool) string    { return groupSetName(stem, "any", is6) }
+func portsSetName(stem string, is6 bool) string  { return groupSetName(stem, "ports", is6) }
 
 // groupSets returns the set definitions of a group whose sets have the stem, with their elements when withElements: "any"
 // is keyed by peer . protocol (the protocol always 0-255: the kernel's concatenated interval sets
@@ -758,9 +762,30 @@ func portsSetName(stem string, is6 bool) string {
 func groupSets(t *nftables.Table, stem string, g group, withElements bool) []setWithElements {
 	var out []setWithElements
 	for _, is6 := range []bool{false, true} {
-		anyRanges, boxes := g.any4, g.ports4
+		anyRanges, boxes, hosts, points := g.any4, g.ports4, g.hosts4, g.points4
 		if is6 {
-			anyRanges, boxes = g.any6, g.ports6
+			anyRanges, boxes, hosts, points = g.any6, g.ports6, g.hosts6, g.points6
+		}
+		if len(hosts) > 0 {
+			s := setWithElements{set: &nftables.Set{Table: t, Name: hostsSetName(stem, is6), KeyType: addrType(is6)}}
+			if withElements {
+				s.elements = make([]nftables.SetElement, 0, len(hosts))
+				for _, a := range hosts {
+					s.elements = append(s.elements, nftables.SetElement{Key: a.AsSlice()})
+				}
+			}
+			out = append(out, s)
+		}
+		if len(points) > 0 {
+			s := setWithElements{set: &nftables.Set{Table: t, Name: pointsSetName(stem, is6), Concatenation: true,
+				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}}
+			if withElements {
+				s.elements = make([]nftables.SetElement, 0, len(points))
+				for _, b := range points {
+					s.elements = append(s.elements, nftables.SetElement{Key: portsKey(b.addrs.First, b.ports.Protocol, b.ports.First)})
+				}
+			}
+			out = append(out, s)
 		}
 		if len(anyRanges) > 0 {
 			s := setWithElements{set: &nftables.Set{Table: t, Name: anySetName(stem, is6), Interval: true, Concatenation: true,
@@ -885,29 +910,37 @@ func groupRules(name, stem, dir string, g group, audit bool) []nft.Rule {
 		rules = append(rules, laterFragments(bit)...)
 	}
 	for _, is6 := range []bool{false, true} {
-		anyRanges, boxes := g.any4, g.ports4
+		anyRanges, boxes, hosts, points := g.any4, g.ports4, g.hosts4, g.points4
 		if is6 {
-			anyRanges, boxes = g.any6, g.ports6
+			anyRanges, boxes, hosts, points = g.any6, g.ports6, g.hosts6, g.points6
 		}
-		if len(anyRanges) > 0 {
-			set := anySetName(stem, is6)
-			rules = append(rules, nft.Rule{
-				Comment: "peer allowed on every protocol and port (" + set + ")",
-				Exprs: concat(isFamily(is6), []expr.Any{loadAddr(is6, peer, cat(0)),
-					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: cat(addrBytes(is6) / 4)},
-					&expr.Lookup{SourceRegister: cat(0), SetName: set}}, grant(bit)),
-			})
-		}
-		if len(boxes) > 0 {
-			set := portsSetName(stem, is6)
+		// The hash sets first: a pod peer, the usual one, is found by one hash lookup.
+		for _, l := range []struct {
+			set   string
+			ports bool // address . protocol . port, else address (. protocol, for an interval set)
+			proto bool
+			used  bool
+		}{
+			{hostsSetName(stem, is6), false, false, len(hosts) > 0},
+			{pointsSetName(stem, is6), true, true, len(points) > 0},
+			{anySetName(stem, is6), false, true, len(anyRanges) > 0},
+			{portsSetName(stem, is6), true, true, len(boxes) > 0},
+		} {
+			if !l.used {
+				continue
+			}
+			comment := "peer allowed on every protocol and port (" + l.set + ")"
+			match := []expr.Any{loadAddr(is6, peer, cat(0))}
 			proto := addrBytes(is6) / 4
-			rules = append(rules, nft.Rule{
-				Comment: "peer allowed on this protocol and port (" + set + ")",
-				Exprs: concat(isFamily(is6), []expr.Any{loadAddr(is6, peer, cat(0)),
-					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: cat(proto)},
-					&expr.Payload{DestRegister: cat(proto + 1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-					&expr.Lookup{SourceRegister: cat(0), SetName: set}}, grant(bit)),
-			})
+			if l.proto {
+				match = append(match, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: cat(proto)})
+			}
+			if l.ports {
+				comment = "peer allowed on this protocol and port (" + l.set + ")"
+				match = append(match, &expr.Payload{DestRegister: cat(proto + 1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			}
+			match = append(match, &expr.Lookup{SourceRegister: cat(0), SetName: l.set})
+			rules = append(rules, nft.Rule{Comment: comment, Exprs: concat(isFamily(is6), match, grant(bit))})
 		}
 	}
 	if audit {
