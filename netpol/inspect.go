@@ -205,6 +205,11 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	for _, set := range sets {
 		g.Sets = append(g.Sets, set)
 		kind := setKindOf(set)
+		if st.misshapen[set] {
+			// Its elements may mean something else to the kernel (an interval set's open a
+			// range): the group's list is not what the kernel judges by.
+			g.Damage = append(g.Damage, "set "+set+" is not defined as its kind calls for (another tool recreated it)")
+		}
 		for _, el := range st.setElements[set] {
 			e, err := decodeElement(el, strings.HasSuffix(set, "-ipv6"), kind)
 			if err != nil {
