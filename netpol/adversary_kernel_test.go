@@ -187,6 +187,41 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 	}
 }
 
+// applyCrashing applies rs with a new Applier, which opt's simulated crash may stop (an agent
+// killed after that transaction); crashed tells whether it did.
+func (n *bridgedNode) applyCrashing(t *testing.T, rs policyrules.Ruleset, opt Options) (res policyrules.Applied, crashed bool) {
+	t.Helper()
+	rs.PodCIDRs, rs.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
+	nettest.Do(t, n.node, func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(simulatedCrash); !ok {
+					panic(r)
+				}
+				crashed, err = true, nil
+			}
+		}()
+		a := NewApplier()
+		defer a.Close() // the killed agent's socket closes with it
+		res, err = a.Apply(n.network, rs, opt)
+		return err
+	})
+	return res, crashed
+}
+
+// expectSettled fails unless the tables are as a pass of rs leaves them: no group damaged,
+// nothing no port uses, and a Verify pass of rs changes nothing.
+func (n *bridgedNode) expectSettled(t *testing.T, when string, rs policyrules.Ruleset) {
+	t.Helper()
+	n.expectUndamaged(t, when)
+	if left := n.unusedGroupObjects(t); len(left) > 0 {
+		t.Errorf("%s: group objects no port uses: %v", when, left)
+	}
+	if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
+		t.Errorf("%s: a Verify pass changed something: %+v", when, again)
+	}
+}
+
 // TestCrashBetweenTransactions: an agent killed after any transaction of a pass (builds, the
 // switch with its edits, the removal) leaves no pod more open than both its old and its new list
 // allow, and the first pass of a new Applier (its memo empty), without Verify, ends with exactly
@@ -232,21 +267,7 @@ func TestCrashBetweenTransactions(t *testing.T) {
 			n.apply(t, old, opt)
 			crashing := opt
 			crashing.crashAfter = crashAfter
-			var crashed bool
-			var res policyrules.Applied
-			nettest.Do(t, n.node, func() (err error) {
-				defer func() {
-					if r := recover(); r != nil {
-						if _, ok := r.(simulatedCrash); !ok {
-							panic(r)
-						}
-						crashed, err = true, nil
-					}
-				}()
-				next.PodCIDRs, next.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
-				res, err = NewApplier().Apply(n.network, next, crashing)
-				return err
-			})
+			res, crashed := n.applyCrashing(t, next, crashing)
 			if !crashed {
 				if done = true; res.EditedGroups != 2 || res.NewGroups != 1 || res.RemovedGroups != 1 {
 					t.Errorf("the pass without a crash: %+v, want a's and b's groups edited, c's built", res)
@@ -263,13 +284,7 @@ func TestCrashBetweenTransactions(t *testing.T) {
 			for _, p := range all {
 				n.expectTCP(t, "restarted: "+p.src+" → "+p.dst, nsOf(p.src), n.pods[p.dst].v4, 8080, newAllowed[p])
 			}
-			n.expectUndamaged(t, fmt.Sprintf("after the restart's pass (%+v)", res))
-			if left := n.unusedGroupObjects(t); len(left) > 0 {
-				t.Errorf("group objects no port uses: %v", left)
-			}
-			if again := n.apply(t, next, Options{Verify: true}); again.Changed() {
-				t.Errorf("a Verify pass after the restart's pass changed something: %+v", again)
-			}
+			n.expectSettled(t, fmt.Sprintf("after the restart's pass (%+v)", res), next)
 		})
 		if done || t.Failed() || crashAfter > 20 {
 			if crashAfter < 3 {
