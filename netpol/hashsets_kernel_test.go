@@ -2,11 +2,14 @@ package netpol
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
 
 	"github.com/kubenet-dev/kubenet/internal/policyrules"
+	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
 // toMergedPoints rewrites the network's groups, in one transaction, as the layout before hash
@@ -74,5 +77,52 @@ func TestUpgradeFromMergedPoints(t *testing.T) {
 		if done || t.Failed() || crashAfter > 10 {
 			break
 		}
+	}
+}
+
+// TestTraceOfAPointWithPadding: the kernel's hash sets compare every byte of a key, the padding
+// of the protocol and the port to 32 bits included, and a packet's key has it zero. Another
+// tool swaps the element of a's point in b's points set for one with a padding byte set: the
+// kernel drops a, and trace, which reads the sets back, must say so (and the group is damaged).
+func TestTraceOfAPointWithPadding(t *testing.T) {
+	n := newBridgedNode(t)
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	n.apply(t, with(n.open(), b.port, allowFrom(tcp8080, a.v4, c.v4), policyrules.Direction{}), Options{})
+	chain := groupNames(t, n)[MapIngress][b.port]
+	set := &nftables.Set{Table: BridgeTable(n.network), Name: n.groupSet(t, chain, "-points-ipv4")}
+	swap := func(from, to []byte) {
+		t.Helper()
+		nettest.Do(t, n.node, func() error {
+			nc, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			if err := nc.SetDeleteElements(set, []nftables.SetElement{{Key: from}}); err != nil {
+				return err
+			}
+			if err := nc.SetAddElements(set, []nftables.SetElement{{Key: to}}); err != nil {
+				return err
+			}
+			return nc.Flush()
+		})
+	}
+	for _, pad := range []int{1, 3, 6, 7} { // after the protocol's byte, after the port's two
+		key := portsKey(a.v4, policyrules.TCP, 8080)
+		padded := slices.Clone(key)
+		padded[4+pad] = 1
+		swap(key, padded)
+		in := n.inspect(t)
+		v, err := in.Trace(policyrules.Packet{Src: a.v4, Dst: b.v4, Protocol: policyrules.TCP, Port: 8080}, a.port, b.port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tcpReach(a.ns, b.v4, 8080, v.Allowed); err != nil {
+			t.Errorf("padding byte %d: traffic disagrees with trace (allowed %v: %+v): %v", pad, v.Allowed, v.Steps, err)
+		}
+		if len(in.Groups[chain].Damage) == 0 {
+			t.Errorf("padding byte %d: group %s shows no damage", pad, chain)
+		}
+		n.expectTCP(t, fmt.Sprintf("padding byte %d: c → b", pad), c.ns, b.v4, 8080, true)
+		swap(padded, key) // back as it was, for the next byte
 	}
 }

@@ -309,6 +309,17 @@ func decodeElement(el nftables.SetElement, is6 bool, kind setKind) (policyrules.
 	if len(el.Key) != want || len(el.KeyEnd) != want {
 		return policyrules.Entry{}, fmt.Errorf("an element of %d and %d bytes, want %d", len(el.Key), len(el.KeyEnd), want)
 	}
+	// The protocol and the port are padded to 32 bits, zero in a packet's key: a hash set
+	// compares every byte, so an element with padding set matches no packet.
+	for _, k := range [][]byte{el.Key, el.KeyEnd} {
+		pad := k[n+1 : n+4]
+		if ports {
+			pad = slices.Concat(pad, k[n+6:])
+		}
+		if slices.ContainsFunc(pad, func(b byte) bool { return b != 0 }) {
+			return policyrules.Entry{}, fmt.Errorf("an element with padding bytes set (%x): no packet matches it", k)
+		}
+	}
 	first, _ := netip.AddrFromSlice(el.Key[:n])
 	last, _ := netip.AddrFromSlice(el.KeyEnd[:n])
 	e := policyrules.Entry{Peer: policyrules.Range{First: first, Last: last}}
