@@ -77,7 +77,7 @@ type Applier struct {
 	conn   *nftables.Conn
 	connNS netnsID
 	// current is the port id of conn's socket; sockets the ids of those it had before, each for
-	// ownWindow after it was closed (Committed).
+	// ownWindow after it was closed (Committed). Both are written under mu only.
 	current atomic.Uint32
 	sockets portLog
 }
@@ -117,9 +117,10 @@ func (a *Applier) socket() (*nftables.Conn, error) {
 
 // opened notes the port id of a socket the Applier opened.
 func (a *Applier) opened(id uint32) {
-	if old := a.current.Swap(id); old != 0 && old != id {
-		a.sockets.add(old)
+	if old := a.current.Load(); old != 0 && old != id {
+		a.sockets.add(old) // as in closeSocket: logged before it stops being the current one
 	}
+	a.current.Store(id)
 }
 
 // closeSocket closes the Applier's socket, if any: after a failed pass (whatever the kernel
@@ -131,9 +132,12 @@ func (a *Applier) closeSocket() {
 	}
 	_ = a.conn.CloseLasting() // nothing of a closed socket is read again
 	a.conn = nil
-	if old := a.current.Swap(0); old != 0 {
+	// Logged before it stops being the current one: a watcher asking about the notification of
+	// the socket's last transaction meanwhile (Committed) finds it as one or the other.
+	if old := a.current.Load(); old != 0 {
 		a.sockets.add(old)
 	}
+	a.current.Store(0)
 }
 
 // reopen closes the Applier's socket and opens another.
