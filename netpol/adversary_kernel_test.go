@@ -388,7 +388,8 @@ func TestSwappedChainNames(t *testing.T) {
 // first opening a range and the last closing it (an element with the interval-end flag). Read
 // element by element the set holds the group's list, but the kernel lets every address between
 // the two through: c, whose address lies between a's and x's, reaches b. Inspect must see the
-// damage (trace would otherwise say c is dropped), and a Verify pass must give b its list back.
+// damage (trace would otherwise say c is dropped); a Verify pass must give b its list back, and
+// a pass that changes b's list must not edit the group in place (the edit would keep the set).
 func TestHashSetRecreatedAsInterval(t *testing.T) {
 	for _, tc := range []struct {
 		kind  string
@@ -403,37 +404,38 @@ func TestHashSetRecreatedAsInterval(t *testing.T) {
 			return &nftables.Set{Name: name, Interval: true, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
 		}, func(a netip.Addr) []byte { return portsKey(a, policyrules.TCP, 8080) }},
 	} {
-		t.Run(tc.kind, func(t *testing.T) {
-			n := newBridgedNode(t)
-			a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-			if a.v4.Compare(c.v4) >= 0 || c.v4.Compare(x4) >= 0 {
-				t.Fatalf("c's address %s is not between a's %s and x's %s", c.v4, a.v4, x4)
-			}
-			rs := with(n.open(), b.port, allowFrom(tc.ports, a.v4, x4), policyrules.Direction{})
-			n.apply(t, rs, Options{})
-			chain := groupNames(t, n)[MapIngress][b.port]
-			setName := n.groupSet(t, chain, tc.kind)
-			stem, _ := setStem(setName)
-			n.recreateSet(t, chain, stem, tc.set(setName), []nftables.SetElement{{Key: tc.key(a.v4)}, {Key: tc.key(x4), IntervalEnd: true}})
-			n.expectTCP(t, "tampered: c → b", c.ns, b.v4, 8080, true)
-			if damage := n.inspect(t).Groups[chain].Damage; len(damage) == 0 {
-				t.Errorf("tampered: Inspect finds no damage in group %s, whose set %s lets c through", chain, setName)
-			}
+		for _, pass := range []struct {
+			name   string
+			verify bool
+			more   []netip.Addr // peers the pass adds to b's list
+		}{{"a Verify pass", true, nil}, {"an edit's donor", false, []netip.Addr{netip.MustParseAddr("fd00:3::2")} /* a's IPv6 address */}} {
+			t.Run(tc.kind+": "+pass.name, func(t *testing.T) {
+				n := newBridgedNode(t)
+				a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+				if a.v4.Compare(c.v4) >= 0 || c.v4.Compare(x4) >= 0 {
+					t.Fatalf("c's address %s is not between a's %s and x's %s", c.v4, a.v4, x4)
+				}
+				rs := with(n.open(), b.port, allowFrom(tc.ports, a.v4, x4), policyrules.Direction{})
+				n.apply(t, rs, Options{})
+				chain := groupNames(t, n)[MapIngress][b.port]
+				setName := n.groupSet(t, chain, tc.kind)
+				stem, _ := setStem(setName)
+				n.recreateSet(t, chain, stem, tc.set(setName), []nftables.SetElement{{Key: tc.key(a.v4)}, {Key: tc.key(x4), IntervalEnd: true}})
+				n.expectTCP(t, "tampered: c → b", c.ns, b.v4, 8080, true)
+				if damage := n.inspect(t).Groups[chain].Damage; len(damage) == 0 {
+					t.Errorf("tampered: Inspect finds no damage in group %s, whose set %s lets c through", chain, setName)
+				}
 
-			res := n.apply(t, rs, Options{Verify: true})
-			n.expectTCP(t, "repaired: c → b", c.ns, b.v4, 8080, false)
-			n.expectTCP(t, "repaired: a → b", a.ns, b.v4, 8080, true)
-			n.expectTCP(t, "repaired: x → b", n.x, b.v4, 8080, true)
-			if res.RepairedGroups != 1 {
-				t.Errorf("repair: %+v, want b's group repaired", res)
-			}
-			n.expectUndamaged(t, "after the repair")
-			if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
-				t.Errorf("a Verify pass after the repair changed something: %+v", again)
-			}
-			if left := n.unusedGroupObjects(t); len(left) > 0 {
-				t.Errorf("group objects no port uses: %v", left)
-			}
-		})
+				rs = with(n.open(), b.port, allowFrom(tc.ports, append([]netip.Addr{a.v4, x4}, pass.more...)...), policyrules.Direction{})
+				res := n.apply(t, rs, Options{Verify: pass.verify})
+				n.expectTCP(t, "applied: c → b", c.ns, b.v4, 8080, false)
+				n.expectTCP(t, "applied: a → b", a.ns, b.v4, 8080, true)
+				n.expectTCP(t, "applied: x → b", n.x, b.v4, 8080, true)
+				if res.RepairedGroups+res.NewGroups != 1 || res.EditedGroups != 0 {
+					t.Errorf("applied: %+v, want b's group built in a new slot", res)
+				}
+				n.expectSettled(t, "applied", rs)
+			})
+		}
 	}
 }
