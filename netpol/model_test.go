@@ -472,3 +472,24 @@ func TestCanonicalMeansTheList(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanClusterWidePeers: a policy that lets every pod of a big dual-stack cluster in (a
+// namespaceSelector of {}: 60 000 pods, each a host of both families, the usual peers) fits
+// the group limit, as it did when neighbouring pods merged into a few ranges: a hash set's
+// element is one key, whatever its family, not the prefixes an interval set splits a range into.
+func TestPlanClusterWidePeers(t *testing.T) {
+	var allow []policyrules.Entry
+	v4, v6 := netip.MustParseAddr("10.0.0.0"), netip.MustParseAddr("fd00::")
+	for range 60000 {
+		v4, v6 = v4.Next(), v6.Next()
+		allow = append(allow, policyrules.Entry{Peer: policyrules.Single(v4)}, policyrules.Entry{Peer: policyrules.Single(v6)})
+	}
+	rs := policyrules.Ruleset{Pods: []policyrules.Pod{{Port: 1, Name: "server", Ingress: policyrules.Direction{Isolated: true, Allow: allow}}}}
+	d := plan(rs, newGroupMemo())
+	if len(d.refused) > 0 {
+		t.Fatalf("refused: %+v", d.refused)
+	}
+	if len(d.groups) != 1 {
+		t.Fatalf("%d groups, want 1", len(d.groups))
+	}
+}
