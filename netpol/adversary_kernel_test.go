@@ -99,6 +99,34 @@ func TestChainLookingUpAnotherGroupsSets(t *testing.T) {
 	}
 }
 
+// recreateSet swaps set s (by its name) of ingress group chain for s, holding els, as another
+// tool could: the chain's rules out, the set deleted and made anew, the rules back as Apply
+// writes them for the group's list with the sets of stem.
+func (n *bridgedNode) recreateSet(t *testing.T, chain, stem string, s *nftables.Set, els []nftables.SetElement) {
+	t.Helper()
+	ig := n.inspect(t).Groups[chain]
+	g, _ := canonical(ig.Entries, maxGroupCost)
+	bt := BridgeTable(n.network)
+	nettest.Do(t, n.node, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		ch := &nftables.Chain{Table: bt, Name: chain}
+		c.FlushChain(ch)
+		c.DelSet(&nftables.Set{Table: bt, Name: s.Name})
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("the chain's rules and its set out: %w", err)
+		}
+		s.Table = bt
+		if err := c.AddSet(s, els); err != nil {
+			return err
+		}
+		nft.ReplaceChain(c, ch, groupRules(chain, stem, ingressDir, g, false))
+		return c.Flush()
+	})
+}
+
 // TestRepairOfARecreatedSet: another tool swaps a group's set for one of the same name and key
 // but other properties (a hash set instead of an interval one, or an interval set of one
 // element at most), holding a peer the group does not allow, and points the chain at it again.
@@ -138,28 +166,7 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 			chain := groupNames(t, n)[MapIngress][b.port]
 			setName := n.groupSet(t, chain, "-points-ipv4")
 			stem, _ := setStem(setName)
-			ig := n.inspect(t).Groups[chain]
-			g, _ := canonical(ig.Entries, maxGroupCost)
-			bt := BridgeTable(n.network)
-			nettest.Do(t, n.node, func() error {
-				c, err := nftables.New()
-				if err != nil {
-					return err
-				}
-				ch := &nftables.Chain{Table: bt, Name: chain}
-				c.FlushChain(ch)
-				c.DelSet(&nftables.Set{Table: bt, Name: setName})
-				if err := c.Flush(); err != nil {
-					return fmt.Errorf("the chain's rules and its set out: %w", err)
-				}
-				s := tc.set(setName)
-				s.Table = bt
-				if err := c.AddSet(s, tc.els(x4)); err != nil {
-					return err
-				}
-				nft.ReplaceChain(c, ch, groupRules(chain, stem, ingressDir, g, false))
-				return c.Flush()
-			})
+			n.recreateSet(t, chain, stem, tc.set(setName), tc.els(x4))
 			n.expectTCP(t, "tampered: x → b", n.x, b.v4, 8080, true)
 
 			res := n.apply(t, rs, Options{Verify: true})
@@ -177,6 +184,41 @@ func TestRepairOfARecreatedSet(t *testing.T) {
 				t.Errorf("group objects no port uses: %v", left)
 			}
 		})
+	}
+}
+
+// applyCrashing applies rs with a new Applier, which opt's simulated crash may stop (an agent
+// killed after that transaction); crashed tells whether it did.
+func (n *bridgedNode) applyCrashing(t *testing.T, rs policyrules.Ruleset, opt Options) (res policyrules.Applied, crashed bool) {
+	t.Helper()
+	rs.PodCIDRs, rs.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
+	nettest.Do(t, n.node, func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(simulatedCrash); !ok {
+					panic(r)
+				}
+				crashed, err = true, nil
+			}
+		}()
+		a := NewApplier()
+		defer a.Close() // the killed agent's socket closes with it
+		res, err = a.Apply(n.network, rs, opt)
+		return err
+	})
+	return res, crashed
+}
+
+// expectSettled fails unless the tables are as a pass of rs leaves them: no group damaged,
+// nothing no port uses, and a Verify pass of rs changes nothing.
+func (n *bridgedNode) expectSettled(t *testing.T, when string, rs policyrules.Ruleset) {
+	t.Helper()
+	n.expectUndamaged(t, when)
+	if left := n.unusedGroupObjects(t); len(left) > 0 {
+		t.Errorf("%s: group objects no port uses: %v", when, left)
+	}
+	if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
+		t.Errorf("%s: a Verify pass changed something: %+v", when, again)
 	}
 }
 
@@ -225,21 +267,7 @@ func TestCrashBetweenTransactions(t *testing.T) {
 			n.apply(t, old, opt)
 			crashing := opt
 			crashing.crashAfter = crashAfter
-			var crashed bool
-			var res policyrules.Applied
-			nettest.Do(t, n.node, func() (err error) {
-				defer func() {
-					if r := recover(); r != nil {
-						if _, ok := r.(simulatedCrash); !ok {
-							panic(r)
-						}
-						crashed, err = true, nil
-					}
-				}()
-				next.PodCIDRs, next.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
-				res, err = NewApplier().Apply(n.network, next, crashing)
-				return err
-			})
+			res, crashed := n.applyCrashing(t, next, crashing)
 			if !crashed {
 				if done = true; res.EditedGroups != 2 || res.NewGroups != 1 || res.RemovedGroups != 1 {
 					t.Errorf("the pass without a crash: %+v, want a's and b's groups edited, c's built", res)
@@ -256,13 +284,7 @@ func TestCrashBetweenTransactions(t *testing.T) {
 			for _, p := range all {
 				n.expectTCP(t, "restarted: "+p.src+" → "+p.dst, nsOf(p.src), n.pods[p.dst].v4, 8080, newAllowed[p])
 			}
-			n.expectUndamaged(t, fmt.Sprintf("after the restart's pass (%+v)", res))
-			if left := n.unusedGroupObjects(t); len(left) > 0 {
-				t.Errorf("group objects no port uses: %v", left)
-			}
-			if again := n.apply(t, next, Options{Verify: true}); again.Changed() {
-				t.Errorf("a Verify pass after the restart's pass changed something: %+v", again)
-			}
+			n.expectSettled(t, fmt.Sprintf("after the restart's pass (%+v)", res), next)
 		})
 		if done || t.Failed() || crashAfter > 20 {
 			if crashAfter < 3 {
@@ -358,5 +380,62 @@ func TestSwappedChainNames(t *testing.T) {
 	n.expectUndamaged(t, fmt.Sprintf("after the pass (%+v)", res))
 	if again := n.apply(t, rs, Options{Verify: true}); again.Changed() {
 		t.Errorf("a Verify pass after it changed something: %+v", again)
+	}
+}
+
+// TestHashSetRecreatedAsInterval: another tool swaps a group's hash set (hosts, points) for an
+// interval set of the same name and key length whose elements are the group's own singles, the
+// first opening a range and the last closing it (an element with the interval-end flag). Read
+// element by element the set holds the group's list, but the kernel lets every address between
+// the two through: c, whose address lies between a's and x's, reaches b. Inspect must see the
+// damage (trace would otherwise say c is dropped); a Verify pass must give b its list back, and
+// a pass that changes b's list must not edit the group in place (the edit would keep the set).
+func TestHashSetRecreatedAsInterval(t *testing.T) {
+	for _, tc := range []struct {
+		kind  string
+		ports *policyrules.Ports
+		set   func(name string) *nftables.Set
+		key   func(a netip.Addr) []byte
+	}{
+		{"-hosts-ipv4", nil, func(name string) *nftables.Set {
+			return &nftables.Set{Name: name, Interval: true, KeyType: nftables.TypeIPAddr}
+		}, func(a netip.Addr) []byte { return a.AsSlice() }},
+		{"-points-ipv4", tcp8080, func(name string) *nftables.Set {
+			return &nftables.Set{Name: name, Interval: true, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+		}, func(a netip.Addr) []byte { return portsKey(a, policyrules.TCP, 8080) }},
+	} {
+		for _, pass := range []struct {
+			name   string
+			verify bool
+			more   []netip.Addr // peers the pass adds to b's list
+		}{{"a Verify pass", true, nil}, {"an edit's donor", false, []netip.Addr{netip.MustParseAddr("fd00:3::2")} /* a's IPv6 address */}} {
+			t.Run(tc.kind+": "+pass.name, func(t *testing.T) {
+				n := newBridgedNode(t)
+				a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+				if a.v4.Compare(c.v4) >= 0 || c.v4.Compare(x4) >= 0 {
+					t.Fatalf("c's address %s is not between a's %s and x's %s", c.v4, a.v4, x4)
+				}
+				rs := with(n.open(), b.port, allowFrom(tc.ports, a.v4, x4), policyrules.Direction{})
+				n.apply(t, rs, Options{})
+				chain := groupNames(t, n)[MapIngress][b.port]
+				setName := n.groupSet(t, chain, tc.kind)
+				stem, _ := setStem(setName)
+				n.recreateSet(t, chain, stem, tc.set(setName), []nftables.SetElement{{Key: tc.key(a.v4)}, {Key: tc.key(x4), IntervalEnd: true}})
+				n.expectTCP(t, "tampered: c → b", c.ns, b.v4, 8080, true)
+				if damage := n.inspect(t).Groups[chain].Damage; len(damage) == 0 {
+					t.Errorf("tampered: Inspect finds no damage in group %s, whose set %s lets c through", chain, setName)
+				}
+
+				rs = with(n.open(), b.port, allowFrom(tc.ports, append([]netip.Addr{a.v4, x4}, pass.more...)...), policyrules.Direction{})
+				res := n.apply(t, rs, Options{Verify: pass.verify})
+				n.expectTCP(t, "applied: c → b", c.ns, b.v4, 8080, false)
+				n.expectTCP(t, "applied: a → b", a.ns, b.v4, 8080, true)
+				n.expectTCP(t, "applied: x → b", n.x, b.v4, 8080, true)
+				if res.RepairedGroups+res.NewGroups != 1 || res.EditedGroups != 0 {
+					t.Errorf("applied: %+v, want b's group built in a new slot", res)
+				}
+				n.expectSettled(t, "applied", rs)
+			})
+		}
 	}
 }

@@ -77,7 +77,7 @@ type Applier struct {
 	conn   *nftables.Conn
 	connNS netnsID
 	// current is the port id of conn's socket; sockets the ids of those it had before, each for
-	// ownWindow after it was closed (Committed).
+	// ownWindow after it was closed (Committed). Both are written under mu only.
 	current atomic.Uint32
 	sockets portLog
 }
@@ -117,9 +117,10 @@ func (a *Applier) socket() (*nftables.Conn, error) {
 
 // opened notes the port id of a socket the Applier opened.
 func (a *Applier) opened(id uint32) {
-	if old := a.current.Swap(id); old != 0 && old != id {
-		a.sockets.add(old)
+	if old := a.current.Load(); old != 0 && old != id {
+		a.sockets.add(old) // as in closeSocket: logged before it stops being the current one
 	}
+	a.current.Store(id)
 }
 
 // closeSocket closes the Applier's socket, if any: after a failed pass (whatever the kernel
@@ -131,9 +132,12 @@ func (a *Applier) closeSocket() {
 	}
 	_ = a.conn.CloseLasting() // nothing of a closed socket is read again
 	a.conn = nil
-	if old := a.current.Swap(0); old != 0 {
+	// Logged before it stops being the current one: a watcher asking about the notification of
+	// the socket's last transaction meanwhile (Committed) finds it as one or the other.
+	if old := a.current.Load(); old != 0 {
 		a.sockets.add(old)
 	}
+	a.current.Store(0)
 }
 
 // reopen closes the Applier's socket and opens another.
@@ -1101,8 +1105,12 @@ type state struct {
 	groupLookups map[string][]string
 	// stemUsers counts, for each stem, the group chains that look up one of its sets (any of
 	// their lookups: a chain another tool rewrote may look up several stems).
-	stemUsers   map[string]int
-	sets        []string
+	stemUsers map[string]int
+	sets      []string
+	// misshapen are the group sets whose definition is not the one their name's kind calls for
+	// (groupSetShape): another tool recreated them. Their elements read back as the group's
+	// may mean something else to the kernel (an interval set's element that ends a range).
+	misshapen   map[string]bool
 	maps        map[string]map[int]string // map → port → chain
 	onLink      []nftables.SetElement
 	localPods   map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
@@ -1133,7 +1141,7 @@ func (st state) groupState(name string, g plannedGroup, verify bool) groupState 
 		return groupSetsDiffer
 	}
 	for _, s := range groupSets(BridgeTable(""), g.stem, g.group, verify) {
-		if !slices.Contains(st.sets, s.set.Name) {
+		if !slices.Contains(st.sets, s.set.Name) || st.misshapen[s.set.Name] {
 			return groupSetsDiffer
 		}
 		if verify && !sameElements(st.setElements[s.set.Name], s.elements) {
@@ -1222,8 +1230,16 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 			}
 		}
 	}
-	if st.sets, err = setNames(c, bt); err != nil {
-		return st, err
+	sets, err := c.GetSets(bt)
+	if err != nil && !nft.IsNotExist(err) {
+		return st, fmt.Errorf("list sets: %w", err)
+	}
+	st.misshapen = map[string]bool{}
+	for _, s := range sets {
+		st.sets = append(st.sets, s.Name)
+		if want, ok := groupSetShape(s.Name); ok && !want.same(s) {
+			st.misshapen[s.Name] = true
+		}
 	}
 	for _, m := range []string{MapEgress, MapIngress} {
 		if !slices.Contains(st.sets, m) {

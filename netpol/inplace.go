@@ -128,12 +128,25 @@ func donorCandidates(want desired, cur state, final map[string]map[int]string) m
 		_, slot := slotOf(stem)
 		_, planned := want.groups[to]
 		renamed := writtenFor(cur.bridgeRules[donor]) != donor // its sets may hold any list
-		if to == "" || used[donor] || !planned || cur.groupChains[to] || !slot || cur.stemUsers[stem] != 1 || groupKind(donor) != groupKind(to) || renamed {
+		if to == "" || used[donor] || !planned || cur.groupChains[to] || !slot || cur.stemUsers[stem] != 1 || groupKind(donor) != groupKind(to) || renamed || cur.stemMisshapen(stem) {
 			continue
 		}
 		out[to] = append(out[to], donor)
 	}
 	return out
+}
+
+// stemMisshapen tells whether a set of the stem has a definition its kind does not call for: an
+// edit would keep it, and its elements would not mean what the new group's name says.
+func (st state) stemMisshapen(stem string) bool {
+	for _, is6 := range []bool{false, true} {
+		for _, set := range groupSetNames(stem, is6) {
+			if st.misshapen[set] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // groupKind is a group name without its hash: direction and audit-ness ("in", "out-audit").

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -302,13 +303,12 @@ func oldLayoutName(g group, prefix string) string {
 	return prefix + "-" + hex.EncodeToString(sum[:8])
 }
 
-// toOldLayout rewrites the network's groups as the layout before slots had them, in one
-// transaction: each group's chain and sets named after the old hash of its elements, the map
-// elements going there. It returns the old groups' names.
-func (n *bridgedNode) toOldLayout(t *testing.T) []string {
+// rewriteGroups rewrites the network's groups in one transaction, as an older layout wrote
+// them: as gives each group (in name order) its chain's name, the stem of its sets and what they
+// hold; the map elements go to the new chains, the groups' chains and sets go.
+func (n *bridgedNode) rewriteGroups(t *testing.T, as func(i int, name string, ig policyrules.InstalledGroup) (chain, stem string, g group)) {
 	t.Helper()
 	in := n.inspect(t)
-	var old []string
 	nettest.Do(t, n.node, func() error {
 		c, err := nftables.New()
 		if err != nil {
@@ -316,21 +316,20 @@ func (n *bridgedNode) toOldLayout(t *testing.T) []string {
 		}
 		bt := BridgeTable(n.network)
 		renamed := map[string]string{}
-		for name, ig := range in.Groups {
-			g, _ := canonical(ig.Entries, maxGroupCost)
+		for i, name := range slices.Sorted(maps.Keys(in.Groups)) {
+			ig := in.Groups[name]
 			dir := egressDir
 			if ig.Ingress {
 				dir = ingressDir
 			}
-			o := oldLayoutName(g, groupKind(name))
+			o, stem, g := as(i, name, ig)
 			renamed[name] = o
-			old = append(old, o)
-			for _, s := range groupSets(bt, o, g, true) {
+			for _, s := range groupSets(bt, stem, g, true) {
 				if err := c.AddSet(s.set, s.elements); err != nil {
 					return err
 				}
 			}
-			nft.ReplaceChain(c, &nftables.Chain{Table: bt, Name: o}, groupRules(o, o, dir, g, ig.Audit))
+			nft.ReplaceChain(c, &nftables.Chain{Table: bt, Name: o}, groupRules(o, stem, dir, g, ig.Audit))
 		}
 		for _, m := range []string{MapEgress, MapIngress} {
 			set := &nftables.Set{Table: bt, Name: m, IsMap: true, KeyType: nftables.TypeIFIndex, DataType: nftables.TypeVerdict}
@@ -356,6 +355,20 @@ func (n *bridgedNode) toOldLayout(t *testing.T) []string {
 			}
 		}
 		return c.Flush()
+	})
+}
+
+// toOldLayout rewrites the network's groups as the layout before slots had them, in one
+// transaction: each group's chain and sets named after the old hash of its elements, the map
+// elements going there. It returns the old groups' names.
+func (n *bridgedNode) toOldLayout(t *testing.T) []string {
+	t.Helper()
+	var old []string
+	n.rewriteGroups(t, func(_ int, name string, ig policyrules.InstalledGroup) (string, string, group) {
+		g, _ := canonical(ig.Entries, maxGroupCost)
+		o := oldLayoutName(g, groupKind(name))
+		old = append(old, o)
+		return o, o, g
 	})
 	slices.Sort(old)
 	return old

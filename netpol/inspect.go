@@ -205,6 +205,11 @@ func decodeGroup(bt *nftables.Table, name string, st state) policyrules.Installe
 	for _, set := range sets {
 		g.Sets = append(g.Sets, set)
 		kind := setKindOf(set)
+		if st.misshapen[set] {
+			// Its elements may mean something else to the kernel (an interval set's open a
+			// range): the group's list is not what the kernel judges by.
+			g.Damage = append(g.Damage, "set "+set+" is not defined as its kind calls for (another tool recreated it)")
+		}
 		for _, el := range st.setElements[set] {
 			e, err := decodeElement(el, strings.HasSuffix(set, "-ipv6"), kind)
 			if err != nil {
@@ -303,6 +308,17 @@ func decodeElement(el nftables.SetElement, is6 bool, kind setKind) (policyrules.
 	}
 	if len(el.Key) != want || len(el.KeyEnd) != want {
 		return policyrules.Entry{}, fmt.Errorf("an element of %d and %d bytes, want %d", len(el.Key), len(el.KeyEnd), want)
+	}
+	// The protocol and the port are padded to 32 bits, zero in a packet's key: a hash set
+	// compares every byte, so an element with padding set matches no packet.
+	for _, k := range [][]byte{el.Key, el.KeyEnd} {
+		pad := k[n+1 : n+4]
+		if ports {
+			pad = slices.Concat(pad, k[n+6:])
+		}
+		if slices.ContainsFunc(pad, func(b byte) bool { return b != 0 }) {
+			return policyrules.Entry{}, fmt.Errorf("an element with padding bytes set (%x): no packet matches it", k)
+		}
 	}
 	first, _ := netip.AddrFromSlice(el.Key[:n])
 	last, _ := netip.AddrFromSlice(el.KeyEnd[:n])

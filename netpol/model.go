@@ -188,8 +188,11 @@ const (
 	maxNodeCost = 4 * maxGroupCost
 )
 
-// cost is what the group's sets cost the kernel, in IPv4 prefixes: every element's address
-// range in prefixes, an IPv6 prefix four times an IPv4 one.
+// cost is what the group's sets cost the kernel, in IPv4 prefixes: every interval element's
+// address range in prefixes, an IPv6 prefix four times an IPv4 one; a hash set's element (a
+// host, a point) one, whatever its family: it is one key, split into no prefixes, and a set's
+// build takes time in proportion to its size (a policy that lets every pod of a dual-stack
+// cluster in is two hosts a pod, which neighbouring pods no longer merge into ranges).
 func (g group) cost() int {
 	n := 0
 	for _, rs := range [][]policyrules.Range{g.any4, g.any6} {
@@ -202,7 +205,7 @@ func (g group) cost() int {
 			n += rangeCost(b.addrs)
 		}
 	}
-	return n + len(g.hosts4) + len(g.points4) + 4*(len(g.hosts6)+len(g.points6))
+	return n + len(g.hosts4) + len(g.points4) + len(g.hosts6) + len(g.points6)
 }
 
 // elements counts the group's set elements.

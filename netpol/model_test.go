@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kubenet-dev/kubenet/internal/ipnet"
@@ -388,5 +389,107 @@ func TestPlanLimits(t *testing.T) {
 	}
 	if c := refused["costly"].Cost; c <= maxGroupCost {
 		t.Errorf("costly's cost %d, want over %d", c, maxGroupCost)
+	}
+}
+
+// TestCanonicalMeansTheList: for random allow lists over a few addresses of each family, a few
+// protocols and the edge ports (0, 65535), the canonical group — hosts, points, ranges, after
+// the singles a range covers are dropped — allows exactly what the list allows, and its sets'
+// elements, decoded kind by kind as Inspect reads them, give its name back (no false damage).
+func TestCanonicalMeansTheList(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	addrs := func(is6 bool) []netip.Addr {
+		a := netip.MustParseAddr("10.0.0.0")
+		if is6 {
+			a = netip.MustParseAddr("fd00::")
+		}
+		out := []netip.Addr{a}
+		for range 7 {
+			a = a.Next()
+			out = append(out, a)
+		}
+		return out
+	}
+	v4, v6 := addrs(false), addrs(true)
+	protocols := []uint8{policyrules.TCP, policyrules.UDP}
+	ports := []uint16{0, 1, 79, 80, 81, 65534, 65535}
+	for i := range 3000 {
+		var allow []policyrules.Entry
+		for range 1 + rng.IntN(6) {
+			pool := v4
+			if rng.IntN(2) == 0 {
+				pool = v6
+			}
+			first := rng.IntN(len(pool))
+			last := first
+			if rng.IntN(3) == 0 {
+				last = first + rng.IntN(len(pool)-first)
+			}
+			e := policyrules.Entry{Peer: policyrules.Range{First: pool[first], Last: pool[last]}}
+			if rng.IntN(3) > 0 {
+				p := &policyrules.Ports{Protocol: protocols[rng.IntN(len(protocols))], First: ports[rng.IntN(len(ports))]}
+				p.Last = p.First
+				if rng.IntN(3) == 0 {
+					p.Last = ports[rng.IntN(len(ports))]
+				}
+				e.Ports = p
+			}
+			allow = append(allow, e)
+		}
+		g := canon(t, allow)
+		list := policyrules.Direction{Isolated: true, Allow: allow}
+		installed := policyrules.Direction{Isolated: true, Allow: g.entries()}
+		for _, a := range slices.Concat(v4, v6) {
+			for _, proto := range protocols {
+				for _, port := range ports {
+					if list.Allows(a, proto, port) != installed.Allows(a, proto, port) {
+						t.Fatalf("list %d %v: %s %d/%d allowed %v by the list, %v by its group %s", i, allow, a, proto, port,
+							list.Allows(a, proto, port), installed.Allows(a, proto, port), g)
+					}
+				}
+			}
+		}
+		var back group
+		var ranges []policyrules.Entry
+		for _, s := range groupSets(BridgeTable("t"), "g0", g, true) {
+			kind := setKindOf(s.set.Name)
+			for _, el := range s.elements {
+				e, err := decodeElement(el, strings.HasSuffix(s.set.Name, "-ipv6"), kind)
+				if err != nil {
+					t.Fatalf("list %d %v: set %s: %v", i, allow, s.set.Name, err)
+				}
+				if kind == kindHosts || kind == kindPoints {
+					back.add(kind, e)
+				} else {
+					ranges = append(ranges, e)
+				}
+			}
+		}
+		back.setRanges(ranges, maxGroupCost)
+		back.sortSingles()
+		if back.name(ingressDir) != g.name(ingressDir) {
+			t.Fatalf("list %d %v: group %s read back as %s", i, allow, g, back)
+		}
+	}
+}
+
+// TestPlanClusterWidePeers: a policy that lets every pod of a big dual-stack cluster in (a
+// namespaceSelector of {}: 60 000 pods, each a host of both families, the usual peers) fits
+// the group limit, as it did when neighbouring pods merged into a few ranges: a hash set's
+// element is one key, whatever its family, not the prefixes an interval set splits a range into.
+func TestPlanClusterWidePeers(t *testing.T) {
+	var allow []policyrules.Entry
+	v4, v6 := netip.MustParseAddr("10.0.0.0"), netip.MustParseAddr("fd00::")
+	for range 60000 {
+		v4, v6 = v4.Next(), v6.Next()
+		allow = append(allow, policyrules.Entry{Peer: policyrules.Single(v4)}, policyrules.Entry{Peer: policyrules.Single(v6)})
+	}
+	rs := policyrules.Ruleset{Pods: []policyrules.Pod{{Port: 1, Name: "server", Ingress: policyrules.Direction{Isolated: true, Allow: allow}}}}
+	d := plan(rs, newGroupMemo())
+	if len(d.refused) > 0 {
+		t.Fatalf("refused: %+v", d.refused)
+	}
+	if len(d.groups) != 1 {
+		t.Fatalf("%d groups, want 1", len(d.groups))
 	}
 }

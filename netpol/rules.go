@@ -751,6 +751,37 @@ func groupSetName(stem, kind string, is6 bool) string {
 	return stem + "-" + kind + "-ipv4"
 }
 
+// setShape is what a group set's definition must say for its elements to mean what their
+// kind's decoding reads: a hash set's element is one key, an interval set's a range; a set of
+// the same key length with other flags (an element that opens or ends a range) or another length
+// is another tool's.
+type setShape struct {
+	interval, concat bool
+	keyLen           uint32
+}
+
+// groupSetShape is the shape of the group set of that name, by its kind; false for any other set.
+func groupSetShape(set string) (setShape, bool) {
+	if _, ok := setStem(set); !ok {
+		return setShape{}, false
+	}
+	n := addrBytes(strings.HasSuffix(set, "-ipv6"))
+	switch setKindOf(set) {
+	case kindHosts:
+		return setShape{keyLen: n}, true
+	case kindPoints:
+		return setShape{concat: true, keyLen: n + 8}, true
+	case kindAny:
+		return setShape{interval: true, concat: true, keyLen: n + 4}, true
+	}
+	return setShape{interval: true, concat: true, keyLen: n + 8}, true
+}
+
+// same tells whether the kernel's set s has the shape.
+func (sh setShape) same(s *nftables.Set) bool {
+	return s.Interval == sh.interval && s.Concatenation == sh.concat && s.KeyType.Bytes == sh.keyLen && !s.IsMap && !s.HasTimeout
+}
+
 func hostsSetName(stem string, is6 bool) string  { return groupSetName(stem, "hosts", is6) }
 func pointsSetName(stem string, is6 bool) string { return groupSetName(stem, "points", is6) }
 func anySetName(stem string, is6 bool) string    { return groupSetName(stem, "any", is6) }
