@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -40,6 +41,7 @@ var (
 	netpolChurn     = flag.Duration("netpol.churn", time.Minute, "how long BenchmarkNetworkPolicyScale changes pods at 50 a second to measure the agent's CPU")
 	netpolProf      = flag.String("netpol.cpuprofile", "", "file that receives the agent's CPU profile during BenchmarkNetworkPolicyScale's churn (the agent runs with --profiling)")
 	netpolStartProf = flag.String("netpol.startprofile", "", "file that receives the agent's CPU profile over the first seconds after its restart (BenchmarkNetworkPolicyScale's first pass; the agent runs with --profiling)")
+	netpolKeep      = flag.String("netpol.keep", "", "directory that receives BenchmarkNetworkPolicyScale's agent log (agent.log, the first agent's) and each timed change's start and duration (changes.tsv), to match slow changes with the passes around them")
 	netpolHeapProf  = flag.String("netpol.heapprofile", "", "file that receives the agent's heap profile at the end of BenchmarkNetworkPolicyScale's churn (the agent runs with --profiling)")
 )
 
@@ -162,6 +164,7 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	res.converge = time.Since(start)
 
 	// timeChange times change until the node's ingress map sends local pod i to another group.
+	var timed strings.Builder // what, start (RFC 3339, ns), duration (ms): -netpol.keep's changes.tsv
 	timeChange := func(what string, i int, change func() error) time.Duration {
 		port, err := testkit.PolicyPort(n.ns, "kubenet", local[i])
 		must(err)
@@ -173,7 +176,9 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 			now, _, err := testkit.PolicyChains(n.ns, "kubenet", port)
 			must(err)
 			if now != before && now != "" {
-				return time.Since(t0)
+				took := time.Since(t0)
+				fmt.Fprintf(&timed, "%s\t%s\t%.1f\n", what, t0.UTC().Format(time.RFC3339Nano), float64(took.Microseconds())/1000)
+				return took
 			}
 			if time.Since(t0) > 30*time.Second {
 				b.Fatalf("%s never reached the node (ingress chain of port %d still %s)", what, port, now)
@@ -267,6 +272,13 @@ func BenchmarkNetworkPolicyScale(b *testing.B) {
 	}
 	res.rss = procStatus(b, n.agent.Pid(), "VmRSS")
 	res.peak = mem.stop()
+	if *netpolKeep != "" {
+		must(os.MkdirAll(*netpolKeep, 0o755))
+		must(os.WriteFile(filepath.Join(*netpolKeep, "changes.tsv"), []byte(timed.String()), 0o644))
+		log, err := os.ReadFile(n.logFile())
+		must(err)
+		must(os.WriteFile(filepath.Join(*netpolKeep, "agent.log"), log, 0o644))
+	}
 
 	// A restart: the first pass compiles everything (its time from the agent's log). The agent
 	// stops once it has applied the churn's last changes: the first pass measures a restart, not
