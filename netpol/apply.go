@@ -80,6 +80,7 @@ type Applier struct {
 	// ownWindow after it was closed (Committed). Both are written under mu only.
 	current atomic.Uint32
 	sockets portLog
+	opening bool // socket is opening the lasting socket (opened); under mu
 }
 
 // netnsID tells network namespaces apart (the device and inode of their nsfs file): a socket of
@@ -107,7 +108,9 @@ func (a *Applier) socket() (*nftables.Conn, error) {
 	a.closeSocket()
 	// Removing, building or editing a hundred groups is a transaction of hundreds of messages,
 	// sent as one datagram and each acknowledged before any acknowledgement is read.
+	a.opening = true
 	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(nft.ReceiveBuffer(nft.BatchReceiveBuffer), nft.SendBuffer(nft.BatchSendBuffer), nft.PortID(a.opened)))
+	a.opening = false
 	if err != nil {
 		return nil, fmt.Errorf("policy rules: netlink: %w", err)
 	}
@@ -115,8 +118,16 @@ func (a *Applier) socket() (*nftables.Conn, error) {
 	return c, nil
 }
 
-// opened notes the port id of a socket the Applier opened.
+// opened notes the port id of a socket the Applier opened: the lasting one, which is its own
+// while open, or a socket of one request through a connection whose lasting socket is closed
+// (google/nftables opens one per request then; a pass whose reopen failed goes on that way),
+// closed right after the request, so known for ownWindow only: the kernel gives its id to the
+// next socket that asks.
 func (a *Applier) opened(id uint32) {
+	if !a.opening {
+		a.sockets.add(id)
+		return
+	}
 	if old := a.current.Load(); old != 0 && old != id {
 		a.sockets.add(old) // as in closeSocket: logged before it stops being the current one
 	}
