@@ -329,6 +329,11 @@ var (
 	groupName  = regexp.MustCompile(`^` + group + `$`)
 	groupChain = regexp.MustCompile(`(?m)^\s*chain (` + group + `) \{$`)
 	groupSet   = regexp.MustCompile(`(?m)^\s*set (` + group + `)-(?:any|ports)-ipv[46] \{$`)
+	// A slot's sets (netpol names a group's sets g<N>-hosts-ipv4 and so on), where a chain looks
+	// them up, and where a name is.
+	slotSet    = regexp.MustCompile(`(?m)^\s*set (g[0-9]+-(?:hosts|points|any|ports)-ipv[46]) \{$`)
+	slotLookup = regexp.MustCompile(`@(g[0-9]+)-`)
+	slotName   = regexp.MustCompile(`\bg[0-9]+-`)
 )
 
 // group is how a group (an allow list's chain and sets) is named.
@@ -354,7 +359,7 @@ func (f *faultBed) state() (policyState, error) {
 			keep = append(keep, l)
 		}
 	}
-	s.listing = strings.Join(keep, "\n")
+	s.listing = bySlotUser(keep)
 	var maps map[string]map[int]string
 	err = f.n.ns.Do(func(ns.NetNS) error {
 		maps, err = netpol.Dispatch("kubenet")
@@ -378,6 +383,36 @@ func (f *faultBed) state() (policyState, error) {
 	return s, nil
 }
 
+// bySlotUser joins the listing's lines with each slot (the g<N> of a group's sets) renamed after
+// the group chain that looks its sets up: which slot a group gets depends on the order in which
+// passes made groups (a pass killed after building some keeps them where they are), not on what
+// the tables do. A slot no chain looks up keeps its number: an orphan.
+func bySlotUser(lines []string) string {
+	user := map[string]string{}
+	chain := ""
+	for _, l := range lines {
+		if m := groupChain.FindStringSubmatch(l); m != nil {
+			chain = m[1]
+			continue
+		}
+		if strings.TrimSpace(l) == "}" {
+			chain = ""
+		}
+		for _, m := range slotLookup.FindAllStringSubmatch(l, -1) {
+			if chain != "" {
+				user[m[1]] = chain
+			}
+		}
+	}
+	out := strings.Join(lines, "\n")
+	return slotName.ReplaceAllStringFunc(out, func(name string) string {
+		if c, ok := user[strings.TrimSuffix(name, "-")]; ok {
+			return "slot-of-" + c + "-"
+		}
+		return name
+	})
+}
+
 // orphans are the group chains no port is sent to and the group sets without their chain: what a
 // pass that died half-way leaves until the next one.
 func (s policyState) orphans() []string {
@@ -393,6 +428,9 @@ func (s policyState) orphans() []string {
 		if !chains[m[1]] {
 			out = append(out, "set of "+m[1])
 		}
+	}
+	for _, m := range slotSet.FindAllStringSubmatch(s.listing, -1) {
+		out = append(out, "set "+m[1]+" (no chain looks it up)") // bySlotUser renamed every set a chain looks up
 	}
 	return out
 }
