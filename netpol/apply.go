@@ -128,8 +128,15 @@ func (a *Applier) opened(id uint32) {
 		a.sockets.add(id)
 		return
 	}
+	a.replaceCurrent(id)
+}
+
+// replaceCurrent makes id the current port id, the old one logged before it stops being
+// current: a watcher asking about the notification of the old socket's last transaction
+// meanwhile (Committed) finds it as one or the other.
+func (a *Applier) replaceCurrent(id uint32) {
 	if old := a.current.Load(); old != 0 && old != id {
-		a.sockets.add(old) // as in closeSocket: logged before it stops being the current one
+		a.sockets.add(old)
 	}
 	a.current.Store(id)
 }
@@ -143,12 +150,7 @@ func (a *Applier) closeSocket() {
 	}
 	_ = a.conn.CloseLasting() // nothing of a closed socket is read again
 	a.conn = nil
-	// Logged before it stops being the current one: a watcher asking about the notification of
-	// the socket's last transaction meanwhile (Committed) finds it as one or the other.
-	if old := a.current.Load(); old != 0 {
-		a.sockets.add(old)
-	}
-	a.current.Store(0)
+	a.replaceCurrent(0)
 }
 
 // reopen closes the Applier's socket and opens another.
