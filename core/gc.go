@@ -306,7 +306,11 @@ func (h *handle) gcHostPorts(k Keeper) error {
 		return k.keeps(h.dir.records, attachmentKey(o).attachment())
 	}
 	err := h.dir.withLock(func() error {
-		_, err := hostport.GC(h.hostportConfig(), keep)
+		hp, err := h.hostportsNow()
+		if err != nil {
+			return err
+		}
+		_, err = hostport.GC(hp, keep)
 		return err
 	})
 	if err != nil {

@@ -13,11 +13,15 @@ import (
 // attachment holds are removed, so trying too many keys is harmless. With unknown (a record that
 // cannot be read) the whole index and the maps are searched for the attachment's reservations.
 func (h *handle) delHostPorts(k attachmentKey, rec *Record, unknown bool) ([]hostport.Entry, error) {
-	hp, owner := h.hostportConfig(), k.owner()
+	owner := k.owner()
 	var removed []hostport.Entry
 	var err error
 	if unknown {
 		err = h.dir.withLock(func() (err error) {
+			hp, err := h.hostportsNow()
+			if err != nil {
+				return err
+			}
 			removed, err = hostport.UnmapOwner(hp, owner)
 			return err
 		})
@@ -44,6 +48,10 @@ func (h *handle) delHostPorts(k attachmentKey, rec *Record, unknown bool) ([]hos
 		families = []bool{false, true}
 	}
 	err = h.dir.withLock(func() (err error) {
+		hp, err := h.hostportsNow()
+		if err != nil {
+			return err
+		}
 		removed, err = hostport.Unmap(hp, owner, hostport.Keys(toMappings(mappings), families))
 		return err
 	})
@@ -51,6 +59,24 @@ func (h *handle) delHostPorts(k attachmentKey, rec *Record, unknown bool) ([]hos
 		return removed, fmt.Errorf("host ports: %w", err)
 	}
 	return removed, nil
+}
+
+// hostportsNow is the host ports of the network in the backend that holds its rules now, for a
+// verb that opened as found and removes host ports under the network lock (called under it).
+// An ADD may have switched the backend since this verb read it: the switch, under the same lock,
+// put the index's host ports into the new backend, this verb's pod's too while its reservations
+// were still indexed; removing them from the old backend only would leave them leading the port
+// to an address the next pod is given.
+func (h *handle) hostportsNow() (hostport.Config, error) {
+	rec, err := readChoice(h.dir.root())
+	if err != nil {
+		return hostport.Config{}, err
+	}
+	hp := h.hostportConfig()
+	if now := backendOf(h.cfg, rec); now != h.nf.backend {
+		hp.Backend, hp.Known = backendFor(h.cfg, now, h.dir).hostPorts, nil
+	}
+	return hp, nil
 }
 
 // checkHostPorts verifies the attachment's host-port reservations, map elements and rules
