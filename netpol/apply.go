@@ -56,6 +56,10 @@ type Options struct {
 	// crashAfter, when set, ends the pass as a SIGKILL would right after its crashAfter-th
 	// transaction is committed: the writer panics with simulatedCrash (tests).
 	crashAfter int
+	// aroundCommit, when set, is called right before each transaction is sent (false) and right
+	// after the kernel answered (true), before the writer looks at the generation: another tool
+	// committing there (tests).
+	aroundCommit func(after bool)
 }
 
 // simulatedCrash is the panic of Options.crashAfter.
@@ -76,6 +80,11 @@ type Applier struct {
 	// keeps one port id for Committed.
 	conn   *nftables.Conn
 	connNS netnsID
+	// gens reads the namespace's nftables generation (opened and closed with conn); rules is
+	// what the last pass left in the policy tables' chains, trusted while the generation is the
+	// one its last commit left (nil: read them).
+	gens  *nft.Generations
+	rules *ruleCache
 	// current is the port id of conn's socket; sockets the ids of those it had before, each for
 	// ownWindow after it was closed (Committed). Both are written under mu only.
 	current atomic.Uint32
@@ -114,7 +123,12 @@ func (a *Applier) socket() (*nftables.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy rules: netlink: %w", err)
 	}
-	a.conn, a.connNS = c, ns
+	gens, err := nft.OpenGenerations()
+	if err != nil {
+		_ = c.CloseLasting()
+		return nil, fmt.Errorf("policy rules: %w", err)
+	}
+	a.conn, a.connNS, a.gens = c, ns, gens
 	return c, nil
 }
 
@@ -149,7 +163,8 @@ func (a *Applier) closeSocket() {
 		return
 	}
 	_ = a.conn.CloseLasting() // nothing of a closed socket is read again
-	a.conn = nil
+	_ = a.gens.Close()
+	a.conn, a.gens, a.rules = nil, nil, nil
 	a.replaceCurrent(0)
 }
 
@@ -253,7 +268,9 @@ func (a *Applier) Apply(network string, rs policyrules.Ruleset, opt Options) (po
 func (a *Applier) apply(c *nftables.Conn, network string, rs policyrules.Ruleset, opt Options) (policyrules.Applied, error) {
 	var res policyrules.Applied
 	bt, it := BridgeTable(network), InetTable(network)
-	cur, err := readState(c, bt, opt.Verify)
+	known := a.rules
+	a.rules = nil // until this pass ends well
+	trail, cur, err := readTrusted(c, a.gens, bt, opt.Verify, known)
 	if err != nil {
 		return res, err
 	}
@@ -261,6 +278,7 @@ func (a *Applier) apply(c *nftables.Conn, network string, rs policyrules.Ruleset
 	defer a.memo.sweep() // after the edits, which look the last pass's groups up
 	w := newWriter(c, &res, network, opt)
 	w.reopen = a.reopen
+	w.trail = trail
 	free := newSlots(cur.sets)
 
 	// Groups: edit in place what can be, build the other missing ones, repair the damaged ones.
@@ -316,6 +334,9 @@ func (a *Applier) apply(c *nftables.Conn, network string, rs policyrules.Ruleset
 	}
 	res.EditedGroups = len(edits)
 	err = w.removeUnused(bt, cur, want, final, edits, len(refused) > 0) // counts into res: called before res is read
+	if err == nil {
+		a.rules = w.trail.left()
+	}
 	return res, err
 }
 
@@ -434,7 +455,7 @@ func (w *writer) switchPorts(bt, it *nftables.Table, cur state, rs policyrules.R
 	// set a rule still looks up.
 	for _, name := range slices.Sorted(maps.Keys(edits)) {
 		e := edits[name]
-		w.c.DelChain(&nftables.Chain{Table: bt, Name: e.donor})
+		w.delChain(&nftables.Chain{Table: bt, Name: e.donor})
 		for _, se := range e.sets {
 			if se.remove {
 				w.c.DelSet(se.set)
@@ -528,8 +549,7 @@ func (w *writer) removeUnused(bt *nftables.Table, cur state, want desired, final
 	}
 	chains, sets := unusedGroups(final, cur, want, edits, sets)
 	for _, name := range chains {
-		w.c.DelChain(&nftables.Chain{Table: bt, Name: name})
-		w.dirty = true
+		w.delChain(&nftables.Chain{Table: bt, Name: name})
 	}
 	for _, s := range sets {
 		w.c.DelSet(&nftables.Set{Table: bt, Name: s})
@@ -601,18 +621,28 @@ type writer struct {
 	log               policyrules.DropLog
 	maxPerTransaction int
 	crashAfter        int
+	aroundCommit      func(after bool)
 	perTransaction    int // set elements the next transaction may carry
 	queued            int // set elements queued since the last flush
 	dirty             bool
+	// trail follows the chains' rules through the pass's commits (nil: not followed).
+	trail *ruleTrail
 }
 
 func newWriter(c *nftables.Conn, res *policyrules.Applied, network string, opt Options) *writer {
-	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction, crashAfter: opt.crashAfter}
+	w := &writer{c: c, res: res, network: network, log: opt.Log, maxPerTransaction: maxElementsPerTransaction, crashAfter: opt.crashAfter, aroundCommit: opt.aroundCommit}
 	if opt.transactionElements > 0 {
 		w.maxPerTransaction = opt.transactionElements
 	}
 	w.perTransaction = w.maxPerTransaction
 	return w
+}
+
+// around calls Options.aroundCommit, if set.
+func (w *writer) around(after bool) {
+	if w.aroundCommit != nil {
+		w.aroundCommit(after)
+	}
 }
 
 // flush sends what is queued as one transaction, and adapts how many set elements the next one
@@ -624,10 +654,14 @@ func (w *writer) flush(what string) error {
 	queued := w.queued
 	w.dirty, w.queued = false, 0
 	w.res.Transactions++
+	w.around(false)
+	w.trail.beforeCommit()
 	start := time.Now()
 	err := w.c.Flush()
 	took := time.Since(start)
 	w.res.LongestTransaction = max(w.res.LongestTransaction, took)
+	w.around(true)
+	w.trail.afterCommit(err == nil)
 	if err != nil {
 		err = fmt.Errorf("%s of network %q: %w", what, w.network, err)
 		if w.reopen != nil {
@@ -784,7 +818,7 @@ func (w *writer) writeGroup(bt *nftables.Table, name string, g plannedGroup, st 
 			}
 		}
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
+	w.replaceChain(&nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
 	return nil
 }
 
@@ -807,12 +841,12 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 	wrote := false
 	if !cur.inetOK {
 		if cur.inetForeign {
-			w.c.DelTable(it)
+			w.delTable(it)
 		}
 		w.c.AddTable(it)
 		rules := InetRules()
 		for _, ch := range inetChains(it) {
-			nft.ReplaceChain(w.c, ch, rules[ch.Name])
+			w.replaceChain(ch, rules[ch.Name])
 		}
 		wrote = true
 	}
@@ -855,7 +889,7 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		if nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
 			continue
 		}
-		nft.ReplaceChain(w.c, ch, rules[ch.Name])
+		w.replaceChain(ch, rules[ch.Name])
 		wrote = true
 	}
 	w.dirty = true
@@ -1110,6 +1144,7 @@ type state struct {
 	inetOK       bool
 	inetForeign  bool                        // the inet table holds chains that are not this layout's
 	bridgeRules  map[string][]*nftables.Rule // chain → rules
+	inetRules    map[string][]*nftables.Rule // chain → rules
 	groupChains  map[string]bool
 	// groupStems is the stem of the sets each group chain's rules look up (setStem; "" for a
 	// chain that looks none up).
@@ -1192,23 +1227,26 @@ func elementsDiff(have, want []nftables.SetElement) (del, add []nftables.SetElem
 	return diffBy(have, want, func(e nftables.SetElement) string { return string(e.Key) })
 }
 
-// readState reads the tables; missing ones read as empty.
-func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error) {
+// readState reads the tables; missing ones read as empty. The chains' rules are those of known
+// when it is not nil (the caller knows them, and that nobody changed them since), else read.
+func readState(c *nftables.Conn, bt *nftables.Table, verify bool, known *ruleCache) (state, error) {
 	st := state{groupChains: map[string]bool{}, groupStems: map[string]string{}, groupLookups: map[string][]string{}, stemUsers: map[string]int{}, maps: map[string]map[int]string{MapEgress: {}, MapIngress: {}}, setElements: map[string][]nftables.SetElement{},
 		localPods: map[string][]nftables.SetElement{}, sources: map[string][]nftables.SetElement{}, drops: map[string][]nftables.SetElement{}}
 	it := &nftables.Table{Family: nftables.TableFamilyINet, Name: bt.Name}
-	inetRules, err := nft.TableRules(it)
-	if err != nil && !nft.IsNotExist(err) {
+	var err error
+	if known != nil {
+		st.inetRules = known.inet
+	} else if st.inetRules, err = nft.TableRules(it); err != nil && !nft.IsNotExist(err) {
 		return st, fmt.Errorf("read policy table inet %s: %w", it.Name, err)
 	}
 	st.inetOK = true
 	want := InetRules()
 	for _, ch := range inetChains(it) {
-		if nft.Compare(ch, inetRules[ch.Name], want[ch.Name]) != nil {
+		if nft.Compare(ch, st.inetRules[ch.Name], want[ch.Name]) != nil {
 			st.inetOK = false
 		}
 	}
-	for name := range inetRules {
+	for name := range st.inetRules {
 		if _, ours := want[name]; !ours {
 			// A chain of the pending-set layout of an older kubenet, which filtered in this table:
 			// the table goes and is made anew.
@@ -1219,7 +1257,9 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool) (state, error)
 		return st, err
 	}
 	st.bridgeExists = true
-	if st.bridgeRules, err = nft.TableRules(bt); err != nil && !nft.IsNotExist(err) {
+	if known != nil {
+		st.bridgeRules = known.bridge
+	} else if st.bridgeRules, err = nft.TableRules(bt); err != nil && !nft.IsNotExist(err) {
 		return st, fmt.Errorf("read policy table bridge %s: %w", bt.Name, err)
 	}
 	chains, err := c.ListChainsOfTableFamily(bt.Family)

@@ -9,8 +9,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-
-	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 // lookedUpSets are the group sets a chain's rules look up, each once, in the order of the rules:
@@ -289,6 +287,6 @@ func (w *writer) queueEdit(bt *nftables.Table, name string, g plannedGroup, e *i
 		}
 		w.queued += len(se.del) + len(se.add)
 	}
-	nft.ReplaceChain(w.c, &nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
+	w.replaceChain(&nftables.Chain{Table: bt, Name: name}, groupRules(name, g.stem, g.dir, g.group, g.audit))
 	return nil
 }

@@ -22,7 +22,7 @@ func Inspect(network string) (policyrules.Installed, error) {
 		return policyrules.Installed{}, fmt.Errorf("policy rules: netlink: %w", err)
 	}
 	bt := BridgeTable(network)
-	st, err := readState(c, bt, true)
+	st, err := readState(c, bt, true, nil)
 	if err != nil {
 		return policyrules.Installed{}, err
 	}

@@ -16,8 +16,9 @@ import (
 // share, swap and edit their lists, turn audit or open; small transactions now and then, so that
 // some edits are too big for one and fall back to building): after each Apply, Inspect reads
 // back exactly the planned groups, undamaged, with the planned entries, no group object left
-// over, and every port's chains are those a fresh Apply of the same ruleset into an empty
-// namespace gives, with the same entries.
+// over, every port's chains are those a fresh Apply of the same ruleset into an empty
+// namespace gives, with the same entries, and what the Applier knows of the chains' rules for
+// its next pass (the trail of its commits) is what the kernel holds.
 func TestRandomSequence(t *testing.T) {
 	const network, pods, steps = "seq", 8, 30
 	kept, fresh := nettest.NewNS(t), nettest.NewNS(t)
@@ -30,7 +31,7 @@ func TestRandomSequence(t *testing.T) {
 			}
 			lists := make([]policyrules.Direction, 2*pods)
 			applier := NewApplier()
-			edited, built := 0, 0
+			edited, built, trusted := 0, 0, 0
 			for step := range steps {
 				for i := range lists {
 					switch r := rng.IntN(10); {
@@ -70,6 +71,10 @@ func TestRandomSequence(t *testing.T) {
 					got, err = Inspect(network)
 					return err
 				})
+				if trusts(t, kept, applier) {
+					trusted++
+				}
+				expectKnownRules(t, kept, network, applier, fmt.Sprint("step ", step))
 				nettest.Do(t, fresh, func() (err error) {
 					if err := Remove(network); err != nil {
 						return err
@@ -106,6 +111,9 @@ func TestRandomSequence(t *testing.T) {
 			t.Logf("%d groups edited in place, %d built", edited, built)
 			if edited == 0 || built == 0 {
 				t.Errorf("%d groups edited in place, %d built over %d steps: want both paths taken", edited, built, steps)
+			}
+			if trusted < steps/2 {
+				t.Errorf("the Applier knew the rules after %d steps of %d: want most", trusted, steps)
 			}
 		})
 	}

@@ -1,0 +1,162 @@
+package netpol
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/policyrules"
+	"github.com/kubenet-dev/kubenet/test/nettest"
+)
+
+// applyWith is n.apply through a, which keeps what it knows from pass to pass.
+func (n *bridgedNode) applyWith(t *testing.T, a *Applier, rs policyrules.Ruleset, opt Options) policyrules.Applied {
+	t.Helper()
+	var res policyrules.Applied
+	rs.PodCIDRs, rs.NodeAddrs = []netip.Prefix{gw4.Masked(), gw6.Masked()}, []netip.Addr{gw4.Addr(), gw6.Addr()}
+	nettest.Do(t, n.node, func() (err error) { res, err = a.Apply(n.network, rs, opt); return err })
+	return res
+}
+
+// flushChain empties a chain of the bridge table as another tool could. Called in the node's
+// namespace.
+func (n *bridgedNode) flushChain(chain string) error {
+	c, err := nft.NewConn()
+	if err != nil {
+		return err
+	}
+	c.FlushChain(&nftables.Chain{Table: BridgeTable(n.network), Name: chain})
+	return c.Flush()
+}
+
+// trusts tells whether a's next pass in node would take the chains' rules from what it knows:
+// it knows them at the generation the kernel is at.
+func trusts(t *testing.T, node ns.NetNS, a *Applier) bool {
+	t.Helper()
+	var gen uint32
+	nettest.Do(t, node, func() (err error) { gen, err = a.gens.Read(); return err })
+	return a.rules != nil && a.rules.gen == gen
+}
+
+func (n *bridgedNode) trusts(t *testing.T, a *Applier) bool { return trusts(t, n.node, a) }
+
+// expectKnownRules fails unless what a knows of network's chains in node, if it trusts it, is
+// what the kernel holds.
+func expectKnownRules(t *testing.T, node ns.NetNS, network string, a *Applier, when string) {
+	t.Helper()
+	if !trusts(t, node, a) {
+		return
+	}
+	nettest.Do(t, node, func() error {
+		for _, table := range []*nftables.Table{BridgeTable(network), InetTable(network)} {
+			have, err := nft.TableRules(table)
+			if err != nil {
+				return err
+			}
+			known := a.rules.bridge
+			if table.Family == nftables.TableFamilyINet {
+				known = a.rules.inet
+			}
+			if err := sameChains(table, have, known); err != nil {
+				t.Errorf("%s: the Applier's rules of table %s: %v", when, table.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+func (n *bridgedNode) expectTrailOfKernel(t *testing.T, a *Applier, when string) {
+	t.Helper()
+	expectKnownRules(t, n.node, n.network, a, when)
+}
+
+// sameChains compares two chain → rules maps, the rules by comment and encoding (nft.Compare).
+func sameChains(table *nftables.Table, kernel, known map[string][]*nftables.Rule) error {
+	for chain, rules := range kernel {
+		if _, ok := known[chain]; !ok {
+			return fmt.Errorf("chain %s (%d rules) unknown", chain, len(rules))
+		}
+	}
+	for chain, rules := range known {
+		want := make([]nft.Rule, len(rules))
+		for i, r := range rules {
+			want[i] = nft.Rule{Comment: nft.RuleComment(r), Exprs: r.Exprs}
+		}
+		if d := nft.Compare(&nftables.Chain{Table: table, Name: chain}, kernel[chain], want); d != nil {
+			return d
+		}
+	}
+	return nil
+}
+
+// TestTrailSeesOtherCommits: an Applier trusts the rules its last pass left only while nobody
+// else commits. Another tool empties group b's chain between two passes, right before one of a
+// pass's transactions, and right after one (TestTrailTrustsOnlyItsOwnCommits tells the two
+// checks around a transaction apart); the Applier trusts nothing afterwards, and the next pass
+// without Verify puts the rules back: b and c each allow exactly their peer again.
+func TestTrailSeesOtherCommits(t *testing.T) {
+	for _, when := range []string{"between passes", "before a commit", "after a commit"} {
+		t.Run(when, func(t *testing.T) {
+			n := newBridgedNode(t)
+			a := NewApplier()
+			defer a.Close()
+			b, c := n.pods["b"], n.pods["c"]
+			rs := with(with(n.open(), b.port, allowFrom(tcp8080, n.pods["a"].v4), policyrules.Direction{}), c.port, allowFrom(tcp8080, x4), policyrules.Direction{})
+			n.applyWith(t, a, rs, Options{})
+			bChain := groupNames(t, n)[MapIngress][b.port]
+			if !n.trusts(t, a) {
+				t.Fatal("the Applier trusts nothing after a pass nobody else wrote into")
+			}
+			n.expectTrailOfKernel(t, a, "after the first pass")
+			tampered := false
+			tamper := func() {
+				if !tampered {
+					tampered = true
+					if err := n.flushChain(bChain); err != nil {
+						t.Errorf("flush %s: %v", bChain, err)
+					}
+				}
+			}
+			switch when {
+			case "between passes":
+				nettest.Do(t, n.node, func() error { tamper(); return nil })
+			case "before a commit":
+				n.applyWith(t, a, rs, Options{aroundCommit: func(after bool) {
+					if !after {
+						tamper()
+					}
+				}})
+			case "after a commit":
+				// c's list changes, so that the pass's transactions change something.
+				rs = with(rs, c.port, allowFrom(tcp8080, x4, n.pods["b"].v4), policyrules.Direction{})
+				n.applyWith(t, a, rs, Options{aroundCommit: func(after bool) {
+					if after {
+						tamper()
+					}
+				}})
+			}
+			if !tampered {
+				t.Fatal("the pass committed nothing: the tool never wrote")
+			}
+			if n.trusts(t, a) {
+				t.Fatal("the Applier trusts what it knows of the rules after another tool wrote")
+			}
+			res := n.applyWith(t, a, rs, Options{})
+			if res.RepairedGroups == 0 {
+				t.Errorf("the pass after the tool emptied %s repaired nothing: %+v", bChain, res)
+			}
+			if !n.trusts(t, a) {
+				t.Error("the Applier trusts nothing after the repair")
+			}
+			n.expectTrailOfKernel(t, a, "after the repair")
+			n.expectTCP(t, "a → b", n.pods["a"].ns, b.v4, 8080, true)
+			n.expectTCP(t, "x → b", n.x, b.v4, 8080, false)
+			n.expectTCP(t, "x → c", n.x, c.v4, 8080, true)
+			n.expectTCP(t, "a → c", n.pods["a"].ns, c.v4, 8080, false)
+		})
+	}
+}
