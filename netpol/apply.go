@@ -852,6 +852,13 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 	}
 	w.c.AddTable(bt)
 	for _, s := range fixedSets(bt) {
+		if cur.fixedAsPlanned[s.Name] {
+			// The kernel commits (and announces) adding an existing set as an update of it:
+			// a pass that finds everything as planned commits nothing. A set of another
+			// definition is added all the same: the kernel refuses the transaction rather than
+			// take elements into it that would mean something else.
+			continue
+		}
 		if err := w.c.AddSet(s, nil); err != nil {
 			return false, fmt.Errorf("policy set %s: %w", s.Name, err)
 		}
@@ -1159,6 +1166,8 @@ type state struct {
 	// (groupSetShape): another tool recreated them. Their elements read back as the group's
 	// may mean something else to the kernel (an interval set's element that ends a range).
 	misshapen   map[string]bool
+	// fixedAsPlanned are the fixed sets (fixedSets) whose kernel definition is the planned one.
+	fixedAsPlanned map[string]bool
 	maps        map[string]map[int]string // map → port → chain
 	onLink      []nftables.SetElement
 	localPods   map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
@@ -1287,11 +1296,15 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool, known *ruleCac
 	if err != nil && !nft.IsNotExist(err) {
 		return st, fmt.Errorf("list sets: %w", err)
 	}
-	st.misshapen = map[string]bool{}
+	st.misshapen, st.fixedAsPlanned = map[string]bool{}, map[string]bool{}
+	fixed := fixedSets(bt)
 	for _, s := range sets {
 		st.sets = append(st.sets, s.Name)
 		if want, ok := groupSetShape(s.Name); ok && !want.same(s) {
 			st.misshapen[s.Name] = true
+		}
+		if i := slices.IndexFunc(fixed, func(f *nftables.Set) bool { return f.Name == s.Name }); i >= 0 && sameDefinition(s, fixed[i]) {
+			st.fixedAsPlanned[s.Name] = true
 		}
 	}
 	for _, m := range []string{MapEgress, MapIngress} {
@@ -1346,6 +1359,16 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool, known *ruleCac
 		}
 	}
 	return st, nil
+}
+
+// sameDefinition tells whether the kernel's set have is defined as want, as far as
+// google/nftables reads a set back: its flags, and a plain set's key length. It reads neither a
+// map's key and data types nor a set's counter; a map of other types refuses the verdict
+// elements a pass adds, and a drops set without counters counts nothing (no verdict changes).
+func sameDefinition(have, want *nftables.Set) bool {
+	return have.IsMap == want.IsMap && have.Interval == want.Interval && have.Concatenation == want.Concatenation &&
+		have.HasTimeout == want.HasTimeout && have.Constant == want.Constant &&
+		(want.IsMap || have.KeyType.Bytes == want.KeyType.Bytes)
 }
 
 // hasCounter tells whether the table has the named counter.

@@ -160,3 +160,25 @@ func TestTrailSeesOtherCommits(t *testing.T) {
 		})
 	}
 }
+
+// TestUnchangedPassCommitsNothing: a pass that finds everything as planned, with or without
+// Verify, commits no transaction: the generation stays where it was, and nobody watching the
+// node's commits (the agent's healer, kube-proxy's) is woken by it. The kernel counts a
+// transaction that re-adds an existing set or chain as a change.
+func TestUnchangedPassCommitsNothing(t *testing.T) {
+	n := newBridgedNode(t)
+	a := NewApplier()
+	defer a.Close()
+	b, c := n.pods["b"], n.pods["c"]
+	rs := with(with(n.open(), b.port, allowFrom(tcp8080, n.pods["a"].v4), allowFrom(tcp8080, x4)), c.port, policyrules.Direction{}, allowFrom(tcp8080, b.v4))
+	n.applyWith(t, a, rs, Options{})
+	for _, verify := range []bool{false, true, false} {
+		var before, after uint32
+		nettest.Do(t, n.node, func() (err error) { before, err = a.gens.Read(); return err })
+		res := n.applyWith(t, a, rs, Options{Verify: verify})
+		nettest.Do(t, n.node, func() (err error) { after, err = a.gens.Read(); return err })
+		if res.Changed() || after != before {
+			t.Errorf("a pass (verify %v) of an unchanged ruleset moved the generation %d → %d: %+v", verify, before, after, res)
+		}
+	}
+}
