@@ -1165,15 +1165,15 @@ type state struct {
 	// misshapen are the group sets whose definition is not the one their name's kind calls for
 	// (groupSetShape): another tool recreated them. Their elements read back as the group's
 	// may mean something else to the kernel (an interval set's element that ends a range).
-	misshapen   map[string]bool
+	misshapen map[string]bool
 	// fixedAsPlanned are the fixed sets (fixedSets) whose kernel definition is the planned one.
 	fixedAsPlanned map[string]bool
-	maps        map[string]map[int]string // map → port → chain
-	onLink      []nftables.SetElement
-	localPods   map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
-	sources     map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
-	drops       map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
-	rateLimited bool                             // the CounterLogRateLimited object exists
+	maps           map[string]map[int]string // map → port → chain
+	onLink         []nftables.SetElement
+	localPods      map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
+	sources        map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
+	drops          map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
+	rateLimited    bool                             // the CounterLogRateLimited object exists
 	// setElements holds the elements of every group set (read only with Verify).
 	setElements map[string][]nftables.SetElement
 }

@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"maps"
@@ -201,14 +202,14 @@ func (w *writer) inPlaceEdits(bt *nftables.Table, want desired, cur state, final
 // editOf is the edit that turns donor's sets into g's.
 func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGroup, known func(string) (group, bool)) (*inPlaceEdit, error) {
 	e := &inPlaceEdit{donor: donor, stem: cur.groupStems[donor]}
-	planned := map[string]setWithElements{}
-	for _, s := range groupSets(bt, e.stem, g.group, true) {
-		planned[s.set.Name] = s
+	planned := map[string]packedSet{}
+	for _, p := range packGroupSets(bt, e.stem, g.group, true) {
+		planned[p.set.Name] = p
 	}
-	held := map[string][]nftables.SetElement{}
+	held := map[string]packedSet{}
 	if dg, ok := known(donor); ok {
-		for _, s := range groupSets(bt, e.stem, dg, true) {
-			held[s.set.Name] = s.elements
+		for _, p := range packGroupSets(bt, e.stem, dg, true) {
+			held[p.set.Name] = p
 		}
 	}
 	for _, is6 := range []bool{false, true} {
@@ -217,28 +218,67 @@ func (w *writer) editOf(bt *nftables.Table, cur state, donor string, g plannedGr
 			have := slices.Contains(cur.sets, name)
 			switch {
 			case want && have:
-				els, ok := cur.setElements[name]
-				if !ok {
-					els, ok = held[name]
-				}
-				if !ok {
-					var err error
-					if els, err = w.c.GetSetElements(&nftables.Set{Table: bt, Name: name}); err != nil {
+				var del, add []nftables.SetElement
+				if els, read := cur.setElements[name]; read {
+					del, add = intervalDiff(els, s.elements())
+				} else if h, ok := held[name]; ok {
+					del, add = packedDiff(h, s)
+				} else {
+					els, err := w.c.GetSetElements(&nftables.Set{Table: bt, Name: name})
+					if err != nil {
 						return nil, fmt.Errorf("read set %s: %w", name, err)
 					}
+					del, add = intervalDiff(els, s.elements())
 				}
-				del, add := intervalDiff(els, s.elements)
 				e.sets = append(e.sets, setEdit{set: s.set, del: del, add: add})
 				e.cost += len(del) + len(add)
 			case want:
-				e.sets = append(e.sets, setEdit{set: s.set, add: s.elements, create: true})
-				e.cost += len(s.elements)
+				e.sets = append(e.sets, setEdit{set: s.set, add: s.elements(), create: true})
+				e.cost += s.len()
 			case have:
 				e.sets = append(e.sets, setEdit{set: &nftables.Set{Table: bt, Name: name}, remove: true})
 			}
 		}
 	}
 	return e, nil
+}
+
+// packedDiff is intervalDiff of two packings of one set (records of one size): the records are
+// sorted by index and merged, so that no element is made but those that change. Pure.
+func packedDiff(have, want packedSet) (del, add []nftables.SetElement) {
+	h, w := sortedRecords(have), sortedRecords(want)
+	for i, j := 0, 0; i < len(h) || j < len(w); {
+		c := 0
+		switch {
+		case j == len(w):
+			c = -1
+		case i == len(h):
+			c = 1
+		default:
+			c = bytes.Compare(have.rec(h[i]), want.rec(w[j]))
+		}
+		switch {
+		case c < 0:
+			del = append(del, have.element(h[i]))
+			i++
+		case c > 0:
+			add = append(add, want.element(w[j]))
+			j++
+		default:
+			i, j = i+1, j+1
+		}
+	}
+	return del, add
+}
+
+// sortedRecords are the indexes of p's records in the order of their bytes.
+func sortedRecords(p packedSet) []int {
+	idx := make([]int, p.len())
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return bytes.Compare(p.rec(a), p.rec(b)) })
+	return idx
 }
 
 // intervalDiff returns the elements of have that want lacks and those of want that have lacks,

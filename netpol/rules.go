@@ -791,60 +791,98 @@ func portsSetName(stem string, is6 bool) string  { return groupSetName(stem, "po
 // is keyed by peer . protocol (the protocol always 0-255: the kernel's concatenated interval sets
 // need two fields), "ports" by peer . protocol . port.
 func groupSets(t *nftables.Table, stem string, g group, withElements bool) []setWithElements {
-	var out []setWithElements
+	packed := packGroupSets(t, stem, g, withElements)
+	out := make([]setWithElements, len(packed))
+	for i, p := range packed {
+		out[i] = setWithElements{set: p.set}
+		if withElements {
+			out[i].elements = p.elements()
+		}
+	}
+	return out
+}
+
+// packedSet is a group set's definition and its elements as records of one size (the key, then
+// the key end of an interval set) in one buffer: a pass encodes every element of every group it
+// edits or builds, and a key allocated apiece was most of its garbage.
+type packedSet struct {
+	set            *nftables.Set
+	keyLen, endLen int
+	recs           []byte
+}
+
+func (p packedSet) len() int { return len(p.recs) / (p.keyLen + p.endLen) }
+
+func (p packedSet) rec(i int) []byte {
+	n := p.keyLen + p.endLen
+	return p.recs[i*n : (i+1)*n : (i+1)*n]
+}
+
+// element is record i as a set element (its key and key end share the buffer).
+func (p packedSet) element(i int) nftables.SetElement {
+	r := p.rec(i)
+	e := nftables.SetElement{Key: r[:p.keyLen:p.keyLen]}
+	if p.endLen > 0 {
+		e.KeyEnd = r[p.keyLen:]
+	}
+	return e
+}
+
+func (p packedSet) elements() []nftables.SetElement {
+	out := make([]nftables.SetElement, p.len())
+	for i := range out {
+		out[i] = p.element(i)
+	}
+	return out
+}
+
+// packGroupSets is groupSets with the elements packed (none without withElements).
+func packGroupSets(t *nftables.Table, stem string, g group, withElements bool) []packedSet {
+	var out []packedSet
 	for _, is6 := range []bool{false, true} {
 		anyRanges, boxes, hosts, points := g.any4, g.ports4, g.hosts4, g.points4
 		if is6 {
 			anyRanges, boxes, hosts, points = g.any6, g.ports6, g.hosts6, g.points6
 		}
-		if len(hosts) > 0 {
-			s := setWithElements{set: &nftables.Set{Table: t, Name: hostsSetName(stem, is6), KeyType: addrType(is6)}}
+		n := int(addrBytes(is6))
+		pack := func(set *nftables.Set, keyLen, endLen, count int, put func(rec []byte, i int)) {
+			p := packedSet{set: set, keyLen: keyLen, endLen: endLen}
 			if withElements {
-				s.elements = make([]nftables.SetElement, 0, len(hosts))
-				for _, a := range hosts {
-					s.elements = append(s.elements, nftables.SetElement{Key: a.AsSlice()})
+				size := keyLen + endLen
+				p.recs = make([]byte, count*size)
+				for i := range count {
+					put(p.recs[i*size:(i+1)*size], i)
 				}
 			}
-			out = append(out, s)
+			out = append(out, p)
+		}
+		if len(hosts) > 0 {
+			pack(&nftables.Set{Table: t, Name: hostsSetName(stem, is6), KeyType: addrType(is6)}, n, 0, len(hosts),
+				func(rec []byte, i int) { putAddr(rec, hosts[i]) })
 		}
 		if len(points) > 0 {
-			s := setWithElements{set: &nftables.Set{Table: t, Name: pointsSetName(stem, is6), Concatenation: true,
-				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}}
-			if withElements {
-				s.elements = make([]nftables.SetElement, 0, len(points))
-				for _, b := range points {
-					s.elements = append(s.elements, nftables.SetElement{Key: portsKey(b.addrs.First, b.ports.Protocol, b.ports.First)})
-				}
-			}
-			out = append(out, s)
+			pack(&nftables.Set{Table: t, Name: pointsSetName(stem, is6), Concatenation: true,
+				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}, n+8, 0, len(points),
+				func(rec []byte, i int) {
+					putPortsKey(rec, points[i].addrs.First, points[i].ports.Protocol, points[i].ports.First)
+				})
 		}
 		if len(anyRanges) > 0 {
-			s := setWithElements{set: &nftables.Set{Table: t, Name: anySetName(stem, is6), Interval: true, Concatenation: true,
-				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto)}}
-			if withElements {
-				s.elements = make([]nftables.SetElement, 0, len(anyRanges))
-				for _, r := range anyRanges {
-					s.elements = append(s.elements, nftables.SetElement{
-						Key:    anyKey(r.First, 0),
-						KeyEnd: anyKey(r.Last, 255),
-					})
-				}
-			}
-			out = append(out, s)
+			pack(&nftables.Set{Table: t, Name: anySetName(stem, is6), Interval: true, Concatenation: true,
+				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto)}, n+4, n+4, len(anyRanges),
+				func(rec []byte, i int) {
+					putAnyKey(rec[:n+4], anyRanges[i].First, 0)
+					putAnyKey(rec[n+4:], anyRanges[i].Last, 255)
+				})
 		}
 		if len(boxes) > 0 {
-			s := setWithElements{set: &nftables.Set{Table: t, Name: portsSetName(stem, is6), Interval: true, Concatenation: true,
-				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}}
-			if withElements {
-				s.elements = make([]nftables.SetElement, 0, len(boxes))
-				for _, b := range boxes {
-					s.elements = append(s.elements, nftables.SetElement{
-						Key:    portsKey(b.addrs.First, b.ports.Protocol, b.ports.First),
-						KeyEnd: portsKey(b.addrs.Last, b.ports.Protocol, b.ports.Last),
-					})
-				}
-			}
-			out = append(out, s)
+			pack(&nftables.Set{Table: t, Name: portsSetName(stem, is6), Interval: true, Concatenation: true,
+				KeyType: nftables.MustConcatSetType(addrType(is6), nftables.TypeInetProto, nftables.TypeInetService)}, n+8, n+8, len(boxes),
+				func(rec []byte, i int) {
+					b := boxes[i]
+					putPortsKey(rec[:n+8], b.addrs.First, b.ports.Protocol, b.ports.First)
+					putPortsKey(rec[n+8:], b.addrs.Last, b.ports.Protocol, b.ports.Last)
+				})
 		}
 	}
 	return out
@@ -855,25 +893,27 @@ type setWithElements struct {
 	elements []nftables.SetElement
 }
 
-// anyKey is a bound of an "any" element: the address, the protocol padded to 32 bits. One
-// allocation: a pass makes a few of these for every element of every group it edits or builds.
-func anyKey(a netip.Addr, proto uint8) []byte {
-	n := addrBytes(a.Is6())
-	k := make([]byte, n+4)
+// putAnyKey writes a bound of an "any" element into k, which has its length and is zero: the
+// address, the protocol padded to 32 bits.
+func putAnyKey(k []byte, a netip.Addr, proto uint8) {
 	putAddr(k, a)
-	k[n] = proto
-	return k
+	k[addrBytes(a.Is6())] = proto
 }
 
 // portsKey is a bound of a "ports" element: the address, the protocol and the port, each
 // padded to 32 bits.
 func portsKey(a netip.Addr, proto uint8, port uint16) []byte {
+	k := make([]byte, addrBytes(a.Is6())+8)
+	putPortsKey(k, a, proto, port)
+	return k
+}
+
+// putPortsKey writes portsKey(a, proto, port) into k, which has its length and is zero.
+func putPortsKey(k []byte, a netip.Addr, proto uint8, port uint16) {
 	n := addrBytes(a.Is6())
-	k := make([]byte, n+8)
 	putAddr(k, a)
 	k[n] = proto
 	binary.BigEndian.PutUint16(k[n+4:], port)
-	return k
 }
 
 // putAddr writes a's bytes (4 or 16) at the start of k.

@@ -3,6 +3,7 @@ package netpol
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -172,5 +173,63 @@ func TestIntervalDiff(t *testing.T) {
 				t.Errorf("del %v add %v, want %v %v", str(del), str(add), tc.wantDel, tc.wantAdd)
 			}
 		})
+	}
+}
+
+// TestPackedDiffIsIntervalDiff: between two random groups' sets of one stem, the packed diff
+// deletes and adds exactly the elements intervalDiff does (by both bounds), and every element it
+// makes encodes what groupSets encodes.
+func TestPackedDiffIsIntervalDiff(t *testing.T) {
+	rng := rand.New(rand.NewPCG(34, 1))
+	bounds := func(els []nftables.SetElement) []string {
+		out := make([]string, len(els))
+		for i, e := range els {
+			out[i] = fmt.Sprintf("%x-%x", e.Key, e.KeyEnd)
+		}
+		slices.Sort(out)
+		return out
+	}
+	randomGroup := func() group {
+		allow := randomAllow(rng, rng.IntN(12))
+		for range rng.IntN(6) { // single addresses, some on one port: hosts and points
+			a := netip.AddrFrom4([4]byte{10, 0, 0, byte(rng.IntN(16))})
+			e := policyrules.Entry{Peer: policyrules.Single(a)}
+			if rng.IntN(2) == 0 {
+				e.Ports = &policyrules.Ports{Protocol: policyrules.TCP, First: 80, Last: 80}
+			}
+			allow = append(allow, e)
+		}
+		g, _ := canonical(allow, maxGroupCost)
+		return g
+	}
+	compared := 0
+	for range 300 {
+		a, b := randomGroup(), randomGroup()
+		have := map[string]packedSet{}
+		for _, p := range packGroupSets(nil, "g1", a, true) {
+			have[p.set.Name] = p
+		}
+		plain := map[string][]nftables.SetElement{}
+		for _, s := range groupSets(nil, "g1", b, true) {
+			plain[s.set.Name] = s.elements
+		}
+		for _, want := range packGroupSets(nil, "g1", b, true) {
+			if got := bounds(want.elements()); !slices.Equal(got, bounds(plain[want.set.Name])) {
+				t.Fatalf("set %s packs %v, groupSets gives %v", want.set.Name, got, bounds(plain[want.set.Name]))
+			}
+			h, ok := have[want.set.Name]
+			if !ok {
+				continue
+			}
+			del, add := packedDiff(h, want)
+			wantDel, wantAdd := intervalDiff(h.elements(), want.elements())
+			if !slices.Equal(bounds(del), bounds(wantDel)) || !slices.Equal(bounds(add), bounds(wantAdd)) {
+				t.Fatalf("set %s: packed diff deletes %v adds %v; intervalDiff deletes %v adds %v", want.set.Name, bounds(del), bounds(add), bounds(wantDel), bounds(wantAdd))
+			}
+			compared++
+		}
+	}
+	if compared < 100 {
+		t.Errorf("only %d sets held by both groups compared", compared)
 	}
 }
