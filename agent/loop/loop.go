@@ -33,6 +33,11 @@ type Config struct {
 	// a quiet pass (at most one fire while it ran) waits only MinGap: a single change is not
 	// delayed, changes that keep coming are batched into fewer passes.
 	BusyGap float64
+	// BusyFloor, when not zero, is the shortest wait after a busy pass (with BusyGap): passes
+	// made cheap do not run more often than this under sustained triggers, so the time they take
+	// falls with their cost (BusyGap alone keeps it at the same share of the time, however
+	// cheap they get). A trigger after a quiet pass does not wait for it.
+	BusyFloor time.Duration
 	// Prompt are the triggers that wait only MinGap after a busy pass, and end a busy gap that
 	// has begun: repairs of what somebody else changed, which must not wait for the churn. Not
 	// after a busy pass that one of them ran for: another tool fighting over what the passes
@@ -142,7 +147,7 @@ func (l *Loop) gapAfter(took time.Duration, fires int) time.Duration {
 	if l.cfg.BusyGap <= 0 || fires < 2 {
 		return l.cfg.MinGap
 	}
-	return max(l.cfg.MinGap, time.Duration(l.cfg.BusyGap*float64(took)))
+	return max(l.cfg.MinGap, time.Duration(l.cfg.BusyGap*float64(took)), l.cfg.BusyFloor)
 }
 
 // Run runs passes until ctx ends; a running pass is not interrupted but by ctx itself.

@@ -451,6 +451,43 @@ func TestBusyGap(t *testing.T) {
 	}
 }
 
+// TestBusyFloor: under sustained triggers, passes far cheaper than the floor still wait the
+// floor after each busy pass (BusyGap times their duration would be shorter); a trigger after a
+// quiet pass does not.
+func TestBusyFloor(t *testing.T) {
+	const took, busyGap, floor = 5 * time.Millisecond, 3, 150 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		churn bool
+		ok    func(time.Duration) bool
+		want  string
+	}{
+		{"changes keep coming", true, func(d time.Duration) bool { return d >= floor-5*time.Millisecond }, "at least the floor"},
+		{"one change after another", false, func(d time.Duration) bool { return d < floor/2 }, "well under the floor"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spans := make(chan span, 100)
+			l := run(t, Config{BusyGap: busyGap, BusyFloor: floor, Pass: timedPass(took, spans)}, make(chan Wake, 100))
+			if tc.churn {
+				storm(t, l, "change")
+			} else {
+				l.Fire("change")
+			}
+			prev := next(t, spans)
+			for i := range 3 {
+				if !tc.churn {
+					l.Fire("change")
+				}
+				s := next(t, spans)
+				if idle := s.start.Sub(prev.end); !tc.ok(idle) {
+					t.Fatalf("pass %d started %s after the previous %s pass ended, want %s (%s)", i+2, idle, took, tc.want, floor)
+				}
+				prev = s
+			}
+		})
+	}
+}
+
 // TestUrgentSkipsBusyGap: in the middle of churn, whose passes leave BusyGap times their
 // duration idle, an urgent trigger (a new pod held until its pass) starts the next pass at once
 // (MinGap only); without it, the next pass waits the busy gap.

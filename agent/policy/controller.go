@@ -51,6 +51,12 @@ const (
 	// CPU), and each batches the changes of the gap; a change that comes alone waits only
 	// MinGap, and a new pod's record or a repair never waits for it (loop.Config.Urgent).
 	DefaultBusyGap = 11
+	// DefaultBusyFloor is the shortest wait after a busy pass (loop.Config.BusyFloor): under
+	// sustained churn a remote change reaches the node's rules within about this plus a pass,
+	// and passes that got cheap (a pod change's pass at issue 27's size is some 50 ms) run at
+	// most once in it instead of twelve times their duration apart, so the agent's CPU falls
+	// with their cost. Twice kube-proxy's default --min-sync-period (1 s).
+	DefaultBusyFloor = 2 * time.Second
 	// unpluggedMin is the first wait before a pass looks again for the bridge port of an
 	// attachment whose record is there but whose veth is not a port yet (doubling up to retryMax).
 	unpluggedMin = 50 * time.Millisecond
@@ -75,7 +81,10 @@ type Config struct {
 	// BusyGap is how many times its duration a pass during which changes kept coming leaves
 	// idle after it (default DefaultBusyGap; negative: none).
 	BusyGap float64
-	Logger  *slog.Logger
+	// BusyFloor is the shortest wait after a busy pass (default DefaultBusyFloor; negative:
+	// none).
+	BusyFloor time.Duration
+	Logger    *slog.Logger
 	// Registry receives the controller's metrics; nil: none.
 	Registry prometheus.Registerer
 	// Events records the Events on policies whose allow lists were refused; nil: Run records
@@ -179,6 +188,9 @@ func New(coreClient typedcorev1.CoreV1Interface, networking typednetworkingv1.Ne
 	}
 	if cfg.BusyGap == 0 {
 		cfg.BusyGap = DefaultBusyGap
+	}
+	if cfg.BusyFloor == 0 {
+		cfg.BusyFloor = DefaultBusyFloor
 	}
 	if cfg.PodCIDRs == nil {
 		cfg.PodCIDRs = func() []netip.Prefix { return nil }
@@ -378,10 +390,11 @@ func remotePod(pods cache.Indexer) func(netip.Addr) string {
 func (c *Controller) loopConfig() loop.Config {
 	unplugged := time.Duration(0)
 	return loop.Config{
-		AtStart: true,
-		Period:  c.cfg.Resync,
-		MinGap:  max(c.cfg.MinGap, 0),
-		BusyGap: max(c.cfg.BusyGap, 0),
+		AtStart:   true,
+		Period:    c.cfg.Resync,
+		MinGap:    max(c.cfg.MinGap, 0),
+		BusyGap:   max(c.cfg.BusyGap, 0),
+		BusyFloor: max(c.cfg.BusyFloor, 0),
 		// A repair the healer asks for (another tool flushed or changed the tables: the node
 		// may forward unfiltered until the pass) does not wait for a tenant's churn.
 		Prompt: []string{triggerVerify, triggerCheck},

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubenet-dev/kubenet/agent/policy"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -23,7 +24,7 @@ func TestAgentPolicyQuiet(t *testing.T) {
 	createPod(t, api, "quiet", "pod", n.name, map[string]string{"app": "quiet"})
 	n.cni.MustAdd(t, list, npPod(t, n, "quiet", "pod", netip.MustParseAddr("10.244.1.60")))
 
-	count, err := n.settledPasses(converge, time.Second)
+	count, err := n.settledPasses(converge, policy.DefaultBusyFloor+time.Second)
 	if err != nil {
 		t.Fatalf("the policy passes never stopped: %v", err)
 	}
@@ -49,7 +50,8 @@ func (n *simNode) policyPasses() (float64, error) {
 
 // settledPasses waits until the agent's policy passes have stopped (their count unchanged for
 // quiet, after at least one) and returns their count. quiet must be longer than the gap a busy
-// pass leaves before the next (policy.DefaultBusyGap times its duration), or a pass still
+// pass leaves before the next (policy.DefaultBusyGap times its duration, at least
+// policy.DefaultBusyFloor), or a pass still
 // waiting for its turn is taken for none.
 func (n *simNode) settledPasses(timeout, quiet time.Duration) (float64, error) {
 	var count float64
