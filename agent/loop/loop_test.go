@@ -412,24 +412,28 @@ func TestStopsDuringGap(t *testing.T) {
 }
 
 // TestBusyGap: while triggers keep coming during passes (pods churning), the loop leaves BusyGap
-// times the last pass's duration idle before the next, so passes take at most a share of the
-// time; a trigger that comes after a quiet pass (one change after another, each waiting for
-// the last) gets its pass after MinGap alone.
+// times the last pass's duration idle before the next, and at least BusyFloor (passes far
+// cheaper than the floor), so passes take at most a share of the time; a trigger that comes
+// after a quiet pass (one change after another, each waiting for the last) gets its pass after
+// MinGap alone.
 func TestBusyGap(t *testing.T) {
-	const took, busyGap = 60 * time.Millisecond, 3
+	const busyGap = 3
 	for _, tc := range []struct {
-		name     string
-		churn    bool
-		minIdle  time.Duration // the shortest idle time allowed between passes
-		maxIdle  time.Duration // the longest (0: no bound)
-		wantIdle string
+		name        string
+		took, floor time.Duration
+		churn       bool
+		minIdle     time.Duration // the shortest idle time allowed between passes
+		maxIdle     time.Duration // the longest (0: no bound)
+		wantIdle    string
 	}{
-		{"changes keep coming", true, busyGap*took - 5*time.Millisecond, 0, "at least BusyGap times the pass"},
-		{"one change after another", false, 0, took, "less than one pass (MinGap is 0)"},
+		{"changes keep coming", 60 * time.Millisecond, 0, true, busyGap*60*time.Millisecond - 5*time.Millisecond, 0, "at least BusyGap times the pass"},
+		{"one change after another", 60 * time.Millisecond, 0, false, 0, 60 * time.Millisecond, "less than one pass (MinGap is 0)"},
+		{"cheap passes, changes keep coming", 5 * time.Millisecond, 150 * time.Millisecond, true, 145 * time.Millisecond, 0, "at least the floor"},
+		{"cheap passes, one change after another", 5 * time.Millisecond, 150 * time.Millisecond, false, 0, 75 * time.Millisecond, "well under the floor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spans := make(chan span, 100)
-			l := run(t, Config{BusyGap: busyGap, Pass: timedPass(took, spans)}, make(chan Wake, 100))
+			l := run(t, Config{BusyGap: busyGap, BusyFloor: tc.floor, Pass: timedPass(tc.took, spans)}, make(chan Wake, 100))
 			if tc.churn {
 				storm(t, l, "change")
 			} else {
@@ -443,44 +447,7 @@ func TestBusyGap(t *testing.T) {
 				s := next(t, spans)
 				idle := s.start.Sub(prev.end)
 				if idle < tc.minIdle || (tc.maxIdle > 0 && idle > tc.maxIdle) {
-					t.Fatalf("pass %d started %s after the previous %s pass ended, want %s", i+2, idle, took, tc.wantIdle)
-				}
-				prev = s
-			}
-		})
-	}
-}
-
-// TestBusyFloor: under sustained triggers, passes far cheaper than the floor still wait the
-// floor after each busy pass (BusyGap times their duration would be shorter); a trigger after a
-// quiet pass does not.
-func TestBusyFloor(t *testing.T) {
-	const took, busyGap, floor = 5 * time.Millisecond, 3, 150 * time.Millisecond
-	for _, tc := range []struct {
-		name  string
-		churn bool
-		ok    func(time.Duration) bool
-		want  string
-	}{
-		{"changes keep coming", true, func(d time.Duration) bool { return d >= floor-5*time.Millisecond }, "at least the floor"},
-		{"one change after another", false, func(d time.Duration) bool { return d < floor/2 }, "well under the floor"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			spans := make(chan span, 100)
-			l := run(t, Config{BusyGap: busyGap, BusyFloor: floor, Pass: timedPass(took, spans)}, make(chan Wake, 100))
-			if tc.churn {
-				storm(t, l, "change")
-			} else {
-				l.Fire("change")
-			}
-			prev := next(t, spans)
-			for i := range 3 {
-				if !tc.churn {
-					l.Fire("change")
-				}
-				s := next(t, spans)
-				if idle := s.start.Sub(prev.end); !tc.ok(idle) {
-					t.Fatalf("pass %d started %s after the previous %s pass ended, want %s (%s)", i+2, idle, took, tc.want, floor)
+					t.Fatalf("pass %d started %s after the previous %s pass ended, want %s", i+2, idle, tc.took, tc.wantIdle)
 				}
 				prev = s
 			}
