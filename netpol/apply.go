@@ -512,6 +512,9 @@ func diffBy[K comparable](have, want []nftables.SetElement, id func(nftables.Set
 // replaceElements queues the deletion of del and the addition of add in set, and counts them.
 func (w *writer) replaceElements(set *nftables.Set, del, add []nftables.SetElement) error {
 	w.res.MapChanges += len(add) + len(del)
+	if len(add)+len(del) > 0 {
+		w.dirty = true
+	}
 	if err := deleteElements(w.c, set, del); err != nil {
 		return err
 	}
@@ -862,6 +865,7 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		if err := w.c.AddSet(s, nil); err != nil {
 			return false, fmt.Errorf("policy set %s: %w", s.Name, err)
 		}
+		wrote = true
 	}
 	if !cur.rateLimited {
 		w.c.AddObj(rateLimitedCounter(bt))
@@ -899,7 +903,10 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		w.replaceChain(ch, rules[ch.Name])
 		wrote = true
 	}
-	w.dirty = true
+	// Only what changes something makes the switch a transaction: the kernel does not count
+	// one that changes nothing (the table added again), and a commit of another tool's right
+	// after it would move the generation by one, as if it were the Applier's (ruleTrail).
+	w.dirty = w.dirty || wrote
 	return wrote, nil
 }
 

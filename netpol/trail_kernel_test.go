@@ -125,6 +125,9 @@ func TestTrailSeesOtherCommits(t *testing.T) {
 			case "between passes":
 				nettest.Do(t, n.node, func() error { tamper(); return nil })
 			case "before a commit":
+				// c's list changes, so that the pass sends a transaction (one that would
+				// change nothing is not sent).
+				rs = with(rs, c.port, allowFrom(tcp8080, x4, n.pods["b"].v4), policyrules.Direction{})
 				n.applyWith(t, a, rs, Options{aroundCommit: func(after bool) {
 					if !after {
 						tamper()
@@ -181,4 +184,43 @@ func TestUnchangedPassCommitsNothing(t *testing.T) {
 			t.Errorf("a pass (verify %v) of an unchanged ruleset moved the generation %d → %d: %+v", verify, before, after, res)
 		}
 	}
+}
+
+// TestTrailSeesOtherCommitAfterUnchangedPass: a pass that finds everything as planned sends a
+// transaction the kernel does not count (TestUnchangedPassCommitsNothing); another tool that
+// empties group b's chain right after it, before the writer reads the generation, moves the
+// generation by one, as a counted transaction of the Applier's would. The Applier must not take
+// that commit for its own: the next pass puts b's rules back, and b allows exactly its peer.
+func TestTrailSeesOtherCommitAfterUnchangedPass(t *testing.T) {
+	n := newBridgedNode(t)
+	a := NewApplier()
+	defer a.Close()
+	b := n.pods["b"]
+	rs := with(n.open(), b.port, allowFrom(tcp8080, n.pods["a"].v4), policyrules.Direction{})
+	n.applyWith(t, a, rs, Options{})
+	bChain := groupNames(t, n)[MapIngress][b.port]
+	tampered := false
+	n.applyWith(t, a, rs, Options{aroundCommit: func(after bool) {
+		if after && !tampered {
+			tampered = true
+			if err := n.flushChain(bChain); err != nil {
+				t.Errorf("flush %s: %v", bChain, err)
+			}
+		}
+	}})
+	// Whether or not the unchanged pass sent a transaction, the chain is empty now (the tool
+	// empties it between passes when the pass sent none).
+	if !tampered {
+		nettest.Do(t, n.node, func() error { return n.flushChain(bChain) })
+	}
+	if n.trusts(t, a) {
+		t.Error("the Applier trusts what it knows of the rules after another tool emptied " + bChain)
+	}
+	res := n.applyWith(t, a, rs, Options{})
+	if res.RepairedGroups == 0 {
+		t.Errorf("the pass after the tool emptied %s repaired nothing: %+v", bChain, res)
+	}
+	n.expectTrailOfKernel(t, a, "after the repair")
+	n.expectTCP(t, "a → b", n.pods["a"].ns, b.v4, 8080, true)
+	n.expectTCP(t, "x → b", n.x, b.v4, 8080, false)
 }
