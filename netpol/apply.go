@@ -854,6 +854,29 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		wrote = true
 	}
 	w.c.AddTable(bt)
+	rewrite := map[string]bool{} // chains whose rules are written again whatever they are
+	for _, dir := range []string{egressDir, ingressDir} {
+		name := dropsName(dir)
+		if cur.fixedAsPlanned[name] || !slices.Contains(cur.sets, name) {
+			continue
+		}
+		// Another tool made the drop counters' set anew with another definition (without
+		// counters, say: drops would go uncounted). Only the direction's drop and audit chains
+		// look it up: emptied first, the set goes and comes back as planned in the same
+		// transaction, with every element (dropsDiff from none), and the chains are written
+		// again.
+		for _, ch := range []string{ChainDropEgress, ChainAuditEgress} {
+			if dir == ingressDir {
+				ch = map[string]string{ChainDropEgress: ChainDropIngress, ChainAuditEgress: ChainAuditIngress}[ch]
+			}
+			w.c.AddChain(&nftables.Chain{Table: bt, Name: ch})
+			w.c.FlushChain(&nftables.Chain{Table: bt, Name: ch})
+			rewrite[ch] = true
+		}
+		w.c.DelSet(&nftables.Set{Table: bt, Name: name})
+		delete(cur.drops, name) // the caller's map: switchPorts adds every element
+		wrote = true
+	}
 	for _, s := range fixedSets(bt) {
 		if cur.fixedAsPlanned[s.Name] {
 			// The kernel commits (and announces) adding an existing set as an update of it:
@@ -897,7 +920,7 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 	}
 	rules := BridgeRules(w.network, w.log)
 	for _, ch := range bridgeChains(bt) {
-		if nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
+		if !rewrite[ch.Name] && nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
 			continue
 		}
 		w.replaceChain(ch, rules[ch.Name])
@@ -1172,15 +1195,15 @@ type state struct {
 	// misshapen are the group sets whose definition is not the one their name's kind calls for
 	// (groupSetShape): another tool recreated them. Their elements read back as the group's
 	// may mean something else to the kernel (an interval set's element that ends a range).
-	misshapen   map[string]bool
+	misshapen map[string]bool
 	// fixedAsPlanned are the fixed sets (fixedSets) whose kernel definition is the planned one.
 	fixedAsPlanned map[string]bool
-	maps        map[string]map[int]string // map → port → chain
-	onLink      []nftables.SetElement
-	localPods   map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
-	sources     map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
-	drops       map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
-	rateLimited bool                             // the CounterLogRateLimited object exists
+	maps           map[string]map[int]string // map → port → chain
+	onLink         []nftables.SetElement
+	localPods      map[string][]nftables.SetElement // SetLocalPodsIPv4, SetLocalPodsIPv6 → elements
+	sources        map[string][]nftables.SetElement // SetSourcesIPv4, SetSourcesIPv6 → elements
+	drops          map[string][]nftables.SetElement // SetDropsEgress, SetDropsIngress → elements
+	rateLimited    bool                             // the CounterLogRateLimited object exists
 	// setElements holds the elements of every group set (read only with Verify).
 	setElements map[string][]nftables.SetElement
 }
@@ -1370,8 +1393,7 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool, known *ruleCac
 
 // sameDefinition tells whether the kernel's set have is defined as want, as far as
 // google/nftables reads a set back: its flags, and a plain set's key length. It reads neither a
-// map's key and data types nor a set's counter; a map of other types refuses the verdict
-// elements a pass adds, and a drops set without counters counts nothing (no verdict changes).
+// map's key and data types nor a set's counter: readTrusted reads those (nft.SetDefinitions).
 func sameDefinition(have, want *nftables.Set) bool {
 	return have.IsMap == want.IsMap && have.Interval == want.Interval && have.Concatenation == want.Concatenation &&
 		have.HasTimeout == want.HasTimeout && have.Constant == want.Constant &&

@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"fmt"
 	"maps"
 
 	"github.com/google/nftables"
@@ -66,6 +67,18 @@ func readTrusted(c *nftables.Conn, gens *nft.Generations, bt *nftables.Table, ve
 	st, err := readState(c, bt, verify, known)
 	if err != nil {
 		return nil, st, err
+	}
+	// google/nftables reads neither a set's counter back nor every flag: the definitions the
+	// kernel compares when a set is added again are read here (a fixed set taken as planned is
+	// not added again, and another tool's drops set without counters would count nothing).
+	defs, err := gens.SetDefinitions(bt)
+	if err != nil {
+		return nil, st, fmt.Errorf("read policy table bridge %s: %w", bt.Name, err)
+	}
+	for _, s := range fixedSets(bt) {
+		if d, ok := defs[s.Name]; !ok || !d.Same(nft.PlannedDefinition(s)) {
+			delete(st.fixedAsPlanned, s.Name)
+		}
 	}
 	if known == nil && trusted {
 		// The dump is of one generation only if none came between its start and its end.
