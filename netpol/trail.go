@@ -24,7 +24,10 @@ import (
 // ruleCache is what the policy tables' chains hold (chain → rules, as a dump returns them) at
 // nftables generation gen.
 type ruleCache struct {
-	gen          uint32
+	gen uint32
+	// table is the policy tables' name (the network's): an Applier serves one network, and what
+	// it knows of one's chains never stands for another's.
+	table        string
 	bridge, inet map[string][]*nftables.Rule
 }
 
@@ -32,6 +35,7 @@ type ruleCache struct {
 // read, takes each change a committed transaction made, and, if the generation moved by those
 // commits alone, leaves a ruleCache for the next pass. A nil trail follows nothing.
 type ruleTrail struct {
+	table   string // the policy tables' name
 	gens    generations
 	gen     uint32 // the generation the rules are of
 	trusted bool   // nobody else committed since the rules were read
@@ -61,7 +65,7 @@ func readTrusted(c *nftables.Conn, gens *nft.Generations, bt *nftables.Table, ve
 	}
 	start, err := gens.Read()
 	trusted := err == nil
-	if !trusted || verify || known == nil || known.gen != start {
+	if !trusted || verify || known == nil || known.gen != start || known.table != bt.Name {
 		known = nil
 	}
 	st, err := readState(c, bt, verify, known)
@@ -85,7 +89,7 @@ func readTrusted(c *nftables.Conn, gens *nft.Generations, bt *nftables.Table, ve
 		end, err := gens.Read()
 		trusted = err == nil && end == start
 	}
-	t := &ruleTrail{gens: gens, gen: start, trusted: trusted, rules: map[nftables.TableFamily]map[string][]*nftables.Rule{
+	t := &ruleTrail{table: bt.Name, gens: gens, gen: start, trusted: trusted, rules: map[nftables.TableFamily]map[string][]*nftables.Rule{
 		nftables.TableFamilyBridge: cloneRules(st.bridgeRules),
 		nftables.TableFamilyINet:   cloneRules(st.inetRules),
 	}}
@@ -148,7 +152,7 @@ func (t *ruleTrail) left() *ruleCache {
 	if t == nil || !t.trusted || len(t.pending) > 0 {
 		return nil
 	}
-	return &ruleCache{gen: t.gen, bridge: t.rules[nftables.TableFamilyBridge], inet: t.rules[nftables.TableFamilyINet]}
+	return &ruleCache{gen: t.gen, table: t.table, bridge: t.rules[nftables.TableFamilyBridge], inet: t.rules[nftables.TableFamilyINet]}
 }
 
 func (t *ruleTrail) queue(ch chainChange) {

@@ -277,3 +277,34 @@ func TestFixedSetRedefined(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestTrailOfAnotherNetwork: an Applier serves one network, but nothing stops a caller from
+// applying another's ruleset through it. What it knows of one network's chains must not stand
+// for another's: a pass for a second network right after the first's (nobody committed in
+// between) makes both of its tables, the inet one with its planned chains.
+func TestTrailOfAnotherNetwork(t *testing.T) {
+	node := nettest.NewNS(t)
+	a := NewApplier()
+	defer a.Close()
+	rs := policyrules.Ruleset{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/24")}}
+	nettest.Do(t, node, func() error {
+		if _, err := a.Apply("one", rs, Options{}); err != nil {
+			return err
+		}
+		if _, err := a.Apply("two", rs, Options{}); err != nil {
+			return err
+		}
+		have, err := nft.TableRules(InetTable("two"))
+		if err != nil {
+			return fmt.Errorf("inet table of network two: %w", err)
+		}
+		it := InetTable("two")
+		want := InetRules()
+		for _, ch := range inetChains(it) {
+			if d := nft.Compare(ch, have[ch.Name], want[ch.Name]); d != nil {
+				t.Errorf("network two: %v", d)
+			}
+		}
+		return nil
+	})
+}
