@@ -213,3 +213,76 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 		}
 	}
 }
+
+// TestAddRacesBackendSwitch: ADDs of host-port pods that open with the iptables backend run while
+// the ADD of another pod switches the node to nftables. Whichever runs first, once every pod is
+// deleted (with the configuration of the backend in use) no host-port DNAT may stay in either
+// backend: an ADD that reserved its ports after the switch and wrote them into the old backend
+// would leave rules there that no DEL removes, leading the port to an address the next pod is
+// given.
+func TestAddRacesBackendSwitch(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		// The node starts each round on iptables.
+		first := node.NewPod(t, fmt.Sprintf("asw-%d-first", round))
+		if err := node.Add(ipt, first); err != nil {
+			t.Fatalf("round %d: ADD %s: %v", round, first.RT.ContainerID, err)
+		}
+		var added []*nettest.Pod
+		for i := range pods {
+			p := node.NewPod(t, fmt.Sprintf("asw-%d-%d", round, i))
+			p.RT.CapabilityArgs = hpArgs(true, hpMapping{host: 32100 + i, container: 80, proto: "tcp"})
+			added = append(added, p)
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("asw-%d-new", round))
+		var wg sync.WaitGroup
+		errs := make(chan error, pods+1)
+		for _, p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := node.Add(ipt, p); err != nil {
+					errs <- fmt.Errorf("ADD %s: %w", p.RT.ContainerID, err)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := node.Add(nft, switcher); err != nil {
+				errs <- fmt.Errorf("ADD %s: %w", switcher.RT.ContainerID, err)
+			}
+		}()
+		wg.Wait()
+		close(errs)
+		// An ADD may fail here (the runtime DELs it and tries again): the switch refused by
+		// ebtables while another ADD's guard chain is in use, or an ADD whose iptables chains
+		// the switch removed. What must not happen is a host port left behind.
+		for err := range errs {
+			t.Logf("round %d: %v", round, err)
+		}
+		// DEL every pod with the configuration of the backend the switch asked for.
+		for _, p := range append(append(added, first), switcher) {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if left := testkit.HostPortElements(t, node); len(left) > 0 {
+			t.Fatalf("round %d: host ports of deleted pods left in the nftables maps: %v", round, left)
+		}
+		for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+			var dnat []string
+			for _, line := range strings.Split(nettest.Run(t, node.NS, tool, "-t", "nat"), "\n") {
+				if strings.Contains(line, "DNAT") && strings.Contains(line, "--dport 321") {
+					dnat = append(dnat, line)
+				}
+			}
+			if len(dnat) > 0 {
+				t.Fatalf("round %d: host-port DNAT of deleted pods left in %s: %v", round, tool, dnat)
+			}
+		}
+	}
+}
