@@ -286,3 +286,67 @@ func TestAddRacesBackendSwitch(t *testing.T) {
 		}
 	}
 }
+
+// TestAddRacesBackendSwitchIsolation: ADDs on iptables racing an ADD that switches the node to
+// nftables. The switch puts back the isolation elements of every recorded pod whose attachment
+// it can lock, and skips those an ADD holds; every ADD that succeeded must leave its pod
+// isolated in the backend in use (CHECK), or its port would be left alone by the guard and the
+// anti-spoofing chains: a pod that may spoof addresses and answer as a router.
+//
+// It fails on this code (round 0 or 1: the racing ADDs' ports missing from pod-ports): an ADD
+// writes its elements into the backend it opened with, and the switch's rebuild skips the
+// attachments ADDs hold. Not fixed yet; KUBENET_KNOWN_RACES=1 runs it.
+func TestAddRacesBackendSwitchIsolation(t *testing.T) {
+	if os.Getenv("KUBENET_KNOWN_RACES") == "" {
+		t.Skip("known race, not fixed yet: KUBENET_KNOWN_RACES=1 runs it")
+	}
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		first := node.NewPod(t, fmt.Sprintf("isw-%d-first", round))
+		if err := node.Add(ipt, first); err != nil {
+			t.Fatalf("round %d: ADD %s: %v", round, first.RT.ContainerID, err)
+		}
+		added := make([]*nettest.Pod, pods)
+		ok := make([]bool, pods)
+		for i := range added {
+			added[i] = node.NewPod(t, fmt.Sprintf("isw-%d-%d", round, i))
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("isw-%d-new", round))
+		var wg sync.WaitGroup
+		for i, p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ok[i] = node.Add(ipt, p) == nil
+			}()
+		}
+		switched := false
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switched = node.Add(nft, switcher) == nil
+		}()
+		wg.Wait()
+		if switched {
+			for i, p := range added {
+				if !ok[i] {
+					continue
+				}
+				if err := node.Check(nft, p); err != nil {
+					t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+				}
+			}
+		}
+		for _, p := range append(append(added, first), switcher) {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
