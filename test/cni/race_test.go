@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -214,19 +215,29 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 	}
 }
 
-// TestAddRacesBackendSwitch: ADDs of host-port pods that open with the iptables backend run while
-// the ADD of another pod switches the node to nftables. Whichever runs first, once every pod is
+// TestAddRacesBackendSwitch: ADDs of host-port pods that open with one backend (iptables, then
+// nftables) run while the ADD of another pod switches the node to the other one. Whichever runs first, once every pod is
 // deleted (with the configuration of the backend in use) no host-port DNAT may stay in either
 // backend: an ADD that reserved its ports after the switch and wrote them into the old backend
 // would leave rules there that no DEL removes, leading the port to an address the next pod is
 // given.
 func TestAddRacesBackendSwitch(t *testing.T) {
+	for _, from := range []string{"iptables", "nftables"} {
+		t.Run("from "+from, func(t *testing.T) { addRacesBackendSwitch(t, from) })
+	}
+}
+
+// addRacesBackendSwitch is TestAddRacesBackendSwitch from backend from to the other one.
+func addRacesBackendSwitch(t *testing.T, from string) {
 	node := nettest.NewNode(t, binDir)
 	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
 	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	if from == "nftables" {
+		ipt, nft = nft, ipt // ipt is the configuration the round starts on, nft the switch's
+	}
 	const pods = 4
 	for round := range raceRounds(t) / 4 {
-		// The node starts each round on iptables.
+		// The node starts each round on backend from.
 		first := node.NewPod(t, fmt.Sprintf("asw-%d-first", round))
 		if err := node.Add(ipt, first); err != nil {
 			t.Fatalf("round %d: ADD %s: %v", round, first.RT.ContainerID, err)
@@ -270,8 +281,11 @@ func TestAddRacesBackendSwitch(t *testing.T) {
 				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
 			}
 		}
-		if left := testkit.HostPortElements(t, node); len(left) > 0 {
-			t.Fatalf("round %d: host ports of deleted pods left in the nftables maps: %v", round, left)
+		// Both backends are read, whichever the node's record names.
+		for _, m := range []string{hostport.MapIPv4, hostport.MapIPv4Addr, hostport.MapIPv6, hostport.MapIPv6Addr} {
+			if left := testkit.NFTElements(t, node, "inet", "map", m); len(left) > 0 {
+				t.Fatalf("round %d: host ports of deleted pods left in nftables map %s: %s", round, m, left)
+			}
 		}
 		for _, tool := range []string{"iptables-save", "ip6tables-save"} {
 			var dnat []string
