@@ -68,15 +68,23 @@ func (h *handle) delHostPorts(k attachmentKey, rec *Record, unknown bool) ([]hos
 // were still indexed; removing them from the old backend only would leave them leading the port
 // to an address the next pod is given.
 func (h *handle) hostportsNow() (hostport.Config, error) {
+	hp, _, err := h.hostportsSwitched()
+	return hp, err
+}
+
+// hostportsSwitched is hostportsNow, and whether the backend is another than the one this verb
+// opened with (an ADD then makes the new backend's node-wide host-port rules first).
+func (h *handle) hostportsSwitched() (hostport.Config, bool, error) {
 	rec, err := readChoice(h.dir.root())
 	if err != nil {
-		return hostport.Config{}, err
+		return hostport.Config{}, false, err
 	}
 	hp := h.hostportConfig()
-	if now := backendOf(h.cfg, rec); now != h.nf.backend {
+	now := backendOf(h.cfg, rec)
+	if now != h.nf.backend {
 		hp.Backend, hp.Known = backendFor(h.cfg, now, h.dir).hostPorts, nil
 	}
-	return hp, nil
+	return hp, now != h.nf.backend, nil
 }
 
 // checkHostPorts verifies the attachment's host-port reservations, map elements and rules

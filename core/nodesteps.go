@@ -114,7 +114,14 @@ func (h *handle) ensureHostPortNode(all bool) (hostport.Repair, error) {
 		return rep, nil
 	}
 	err := h.dir.withLock(func() (err error) {
-		rep, err = hostport.EnsureNode(hp, all)
+		// In the backend in use now: an ADD that switched it since this verb opened removed the
+		// old one's rules and put the index's host ports into the new one; restoring them into
+		// the old one would leave rules there that no DEL removes (hostportsNow).
+		now, err := h.hostportsNow()
+		if err != nil {
+			return err
+		}
+		rep, err = hostport.EnsureNode(now, all)
 		return err
 	})
 	if err != nil && !all {

@@ -512,6 +512,9 @@ func diffBy[K comparable](have, want []nftables.SetElement, id func(nftables.Set
 // replaceElements queues the deletion of del and the addition of add in set, and counts them.
 func (w *writer) replaceElements(set *nftables.Set, del, add []nftables.SetElement) error {
 	w.res.MapChanges += len(add) + len(del)
+	if len(add)+len(del) > 0 {
+		w.dirty = true
+	}
 	if err := deleteElements(w.c, set, del); err != nil {
 		return err
 	}
@@ -851,6 +854,29 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		wrote = true
 	}
 	w.c.AddTable(bt)
+	rewrite := map[string]bool{} // chains whose rules are written again whatever they are
+	for _, dir := range []string{egressDir, ingressDir} {
+		name := dropsName(dir)
+		if cur.fixedAsPlanned[name] || !slices.Contains(cur.sets, name) {
+			continue
+		}
+		// Another tool made the drop counters' set anew with another definition (without
+		// counters, say: drops would go uncounted). Only the direction's drop and audit chains
+		// look it up: emptied first, the set goes and comes back as planned in the same
+		// transaction, with every element (dropsDiff from none), and the chains are written
+		// again.
+		for _, ch := range []string{ChainDropEgress, ChainAuditEgress} {
+			if dir == ingressDir {
+				ch = map[string]string{ChainDropEgress: ChainDropIngress, ChainAuditEgress: ChainAuditIngress}[ch]
+			}
+			w.c.AddChain(&nftables.Chain{Table: bt, Name: ch})
+			w.c.FlushChain(&nftables.Chain{Table: bt, Name: ch})
+			rewrite[ch] = true
+		}
+		w.c.DelSet(&nftables.Set{Table: bt, Name: name})
+		delete(cur.drops, name) // the caller's map: switchPorts adds every element
+		wrote = true
+	}
 	for _, s := range fixedSets(bt) {
 		if cur.fixedAsPlanned[s.Name] {
 			// The kernel commits (and announces) adding an existing set as an update of it:
@@ -862,6 +888,7 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		if err := w.c.AddSet(s, nil); err != nil {
 			return false, fmt.Errorf("policy set %s: %w", s.Name, err)
 		}
+		wrote = true
 	}
 	if !cur.rateLimited {
 		w.c.AddObj(rateLimitedCounter(bt))
@@ -893,13 +920,16 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 	}
 	rules := BridgeRules(w.network, w.log)
 	for _, ch := range bridgeChains(bt) {
-		if nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
+		if !rewrite[ch.Name] && nft.Compare(ch, cur.bridgeRules[ch.Name], rules[ch.Name]) == nil {
 			continue
 		}
 		w.replaceChain(ch, rules[ch.Name])
 		wrote = true
 	}
-	w.dirty = true
+	// Only what changes something makes the switch a transaction: the kernel does not count
+	// one that changes nothing (the table added again), and a commit of another tool's right
+	// after it would move the generation by one, as if it were the Applier's (ruleTrail).
+	w.dirty = w.dirty || wrote
 	return wrote, nil
 }
 
@@ -1363,8 +1393,7 @@ func readState(c *nftables.Conn, bt *nftables.Table, verify bool, known *ruleCac
 
 // sameDefinition tells whether the kernel's set have is defined as want, as far as
 // google/nftables reads a set back: its flags, and a plain set's key length. It reads neither a
-// map's key and data types nor a set's counter; a map of other types refuses the verdict
-// elements a pass adds, and a drops set without counters counts nothing (no verdict changes).
+// map's key and data types nor a set's counter: readTrusted reads those (nft.SetDefinitions).
 func sameDefinition(have, want *nftables.Set) bool {
 	return have.IsMap == want.IsMap && have.Interval == want.Interval && have.Concatenation == want.Concatenation &&
 		have.HasTimeout == want.HasTimeout && have.Constant == want.Constant &&

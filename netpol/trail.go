@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"fmt"
 	"maps"
 
 	"github.com/google/nftables"
@@ -23,7 +24,10 @@ import (
 // ruleCache is what the policy tables' chains hold (chain → rules, as a dump returns them) at
 // nftables generation gen.
 type ruleCache struct {
-	gen          uint32
+	gen uint32
+	// table is the policy tables' name (the network's): an Applier serves one network, and what
+	// it knows of one's chains never stands for another's.
+	table        string
 	bridge, inet map[string][]*nftables.Rule
 }
 
@@ -31,6 +35,7 @@ type ruleCache struct {
 // read, takes each change a committed transaction made, and, if the generation moved by those
 // commits alone, leaves a ruleCache for the next pass. A nil trail follows nothing.
 type ruleTrail struct {
+	table   string // the policy tables' name
 	gens    generations
 	gen     uint32 // the generation the rules are of
 	trusted bool   // nobody else committed since the rules were read
@@ -60,19 +65,31 @@ func readTrusted(c *nftables.Conn, gens *nft.Generations, bt *nftables.Table, ve
 	}
 	start, err := gens.Read()
 	trusted := err == nil
-	if !trusted || verify || known == nil || known.gen != start {
+	if !trusted || verify || known == nil || known.gen != start || known.table != bt.Name {
 		known = nil
 	}
 	st, err := readState(c, bt, verify, known)
 	if err != nil {
 		return nil, st, err
 	}
+	// google/nftables reads neither a set's counter back nor every flag: the definitions the
+	// kernel compares when a set is added again are read here (a fixed set taken as planned is
+	// not added again, and another tool's drops set without counters would count nothing).
+	defs, err := gens.SetDefinitions(bt)
+	if err != nil {
+		return nil, st, fmt.Errorf("read policy table bridge %s: %w", bt.Name, err)
+	}
+	for _, s := range fixedSets(bt) {
+		if d, ok := defs[s.Name]; !ok || !d.Same(nft.PlannedDefinition(s)) {
+			delete(st.fixedAsPlanned, s.Name)
+		}
+	}
 	if known == nil && trusted {
 		// The dump is of one generation only if none came between its start and its end.
 		end, err := gens.Read()
 		trusted = err == nil && end == start
 	}
-	t := &ruleTrail{gens: gens, gen: start, trusted: trusted, rules: map[nftables.TableFamily]map[string][]*nftables.Rule{
+	t := &ruleTrail{table: bt.Name, gens: gens, gen: start, trusted: trusted, rules: map[nftables.TableFamily]map[string][]*nftables.Rule{
 		nftables.TableFamilyBridge: cloneRules(st.bridgeRules),
 		nftables.TableFamilyINet:   cloneRules(st.inetRules),
 	}}
@@ -135,7 +152,7 @@ func (t *ruleTrail) left() *ruleCache {
 	if t == nil || !t.trusted || len(t.pending) > 0 {
 		return nil
 	}
-	return &ruleCache{gen: t.gen, bridge: t.rules[nftables.TableFamilyBridge], inet: t.rules[nftables.TableFamilyINet]}
+	return &ruleCache{gen: t.gen, table: t.table, bridge: t.rules[nftables.TableFamilyBridge], inet: t.rules[nftables.TableFamilyINet]}
 }
 
 func (t *ruleTrail) queue(ch chainChange) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubenet-dev/kubenet/core"
+	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -210,6 +211,156 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 		}
 		if err := node.Del(nft, switcher); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestAddRacesBackendSwitch: ADDs of host-port pods that open with one backend (iptables, then
+// nftables) run while the ADD of another pod switches the node to the other one. Whichever runs first, once every pod is
+// deleted (with the configuration of the backend in use) no host-port DNAT may stay in either
+// backend: an ADD that reserved its ports after the switch and wrote them into the old backend
+// would leave rules there that no DEL removes, leading the port to an address the next pod is
+// given.
+func TestAddRacesBackendSwitch(t *testing.T) {
+	for _, from := range []string{"iptables", "nftables"} {
+		t.Run("from "+from, func(t *testing.T) { addRacesBackendSwitch(t, from) })
+	}
+}
+
+// addRacesBackendSwitch is TestAddRacesBackendSwitch from backend from to the other one.
+func addRacesBackendSwitch(t *testing.T, from string) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	if from == "nftables" {
+		ipt, nft = nft, ipt // ipt is the configuration the round starts on, nft the switch's
+	}
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		// The node starts each round on backend from.
+		first := node.NewPod(t, fmt.Sprintf("asw-%d-first", round))
+		if err := node.Add(ipt, first); err != nil {
+			t.Fatalf("round %d: ADD %s: %v", round, first.RT.ContainerID, err)
+		}
+		var added []*nettest.Pod
+		for i := range pods {
+			p := node.NewPod(t, fmt.Sprintf("asw-%d-%d", round, i))
+			p.RT.CapabilityArgs = hpArgs(true, hpMapping{host: 32100 + i, container: 80, proto: "tcp"})
+			added = append(added, p)
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("asw-%d-new", round))
+		var wg sync.WaitGroup
+		errs := make(chan error, pods+1)
+		for _, p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := node.Add(ipt, p); err != nil {
+					errs <- fmt.Errorf("ADD %s: %w", p.RT.ContainerID, err)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := node.Add(nft, switcher); err != nil {
+				errs <- fmt.Errorf("ADD %s: %w", switcher.RT.ContainerID, err)
+			}
+		}()
+		wg.Wait()
+		close(errs)
+		// An ADD may fail here (the runtime DELs it and tries again): the switch refused by
+		// ebtables while another ADD's guard chain is in use, or an ADD whose iptables chains
+		// the switch removed. What must not happen is a host port left behind.
+		for err := range errs {
+			t.Logf("round %d: %v", round, err)
+		}
+		// DEL every pod with the configuration of the backend the switch asked for.
+		for _, p := range append(append(added, first), switcher) {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		// Both backends are read, whichever the node's record names.
+		for _, m := range []string{hostport.MapIPv4, hostport.MapIPv4Addr, hostport.MapIPv6, hostport.MapIPv6Addr} {
+			if left := testkit.NFTElements(t, node, "inet", "map", m); len(left) > 0 {
+				t.Fatalf("round %d: host ports of deleted pods left in nftables map %s: %s", round, m, left)
+			}
+		}
+		for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+			var dnat []string
+			for _, line := range strings.Split(nettest.Run(t, node.NS, tool, "-t", "nat"), "\n") {
+				if strings.Contains(line, "DNAT") && strings.Contains(line, "--dport 321") {
+					dnat = append(dnat, line)
+				}
+			}
+			if len(dnat) > 0 {
+				t.Fatalf("round %d: host-port DNAT of deleted pods left in %s: %v", round, tool, dnat)
+			}
+		}
+	}
+}
+
+// TestAddRacesBackendSwitchIsolation: ADDs on iptables racing an ADD that switches the node to
+// nftables. The switch puts back the isolation elements of every recorded pod whose attachment
+// it can lock, and skips those an ADD holds; every ADD that succeeded must leave its pod
+// isolated in the backend in use (CHECK), or its port would be left alone by the guard and the
+// anti-spoofing chains: a pod that may spoof addresses and answer as a router.
+//
+// It fails on this code (round 0 or 1: the racing ADDs' ports missing from pod-ports): an ADD
+// writes its elements into the backend it opened with, and the switch's rebuild skips the
+// attachments ADDs hold. Not fixed yet; KUBENET_KNOWN_RACES=1 runs it.
+func TestAddRacesBackendSwitchIsolation(t *testing.T) {
+	if os.Getenv("KUBENET_KNOWN_RACES") == "" {
+		t.Skip("known race, not fixed yet: KUBENET_KNOWN_RACES=1 runs it")
+	}
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		first := node.NewPod(t, fmt.Sprintf("isw-%d-first", round))
+		if err := node.Add(ipt, first); err != nil {
+			t.Fatalf("round %d: ADD %s: %v", round, first.RT.ContainerID, err)
+		}
+		added := make([]*nettest.Pod, pods)
+		ok := make([]bool, pods)
+		for i := range added {
+			added[i] = node.NewPod(t, fmt.Sprintf("isw-%d-%d", round, i))
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("isw-%d-new", round))
+		var wg sync.WaitGroup
+		for i, p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ok[i] = node.Add(ipt, p) == nil
+			}()
+		}
+		switched := false
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switched = node.Add(nft, switcher) == nil
+		}()
+		wg.Wait()
+		if switched {
+			for i, p := range added {
+				if !ok[i] {
+					continue
+				}
+				if err := node.Check(nft, p); err != nil {
+					t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+				}
+			}
+		}
+		for _, p := range append(append(added, first), switcher) {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if t.Failed() {
+			return
 		}
 	}
 }
