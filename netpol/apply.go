@@ -853,7 +853,11 @@ func (w *writer) writeFixed(bt, it *nftables.Table, cur state, rs policyrules.Ru
 		}
 		wrote = true
 	}
-	w.c.AddTable(bt)
+	if !cur.bridgeExists {
+		// Only then: a pass that changes nothing sends nothing, and what it queued on the
+		// Applier's lasting connection would wait there for the next pass's transaction.
+		w.c.AddTable(bt)
+	}
 	rewrite := map[string]bool{} // chains whose rules are written again whatever they are
 	for _, dir := range []string{egressDir, ingressDir} {
 		name := dropsName(dir)
