@@ -279,8 +279,13 @@ func (n *bridgedNode) expectUDP(t *testing.T, what string, src ns.NetNS, dst net
 	payload := fmt.Sprintf("%s-%d", strings.ReplaceAll(what, " ", "_"), time.Now().UnixNano())
 	sendUDP(t, src, dst, 5353, payload)
 	if want {
+		// Sent again until it arrives: a datagram may be lost, and a pod's link-local address is
+		// tentative until its duplicate address detection ends (a second or more on a busy
+		// machine), the kernel choosing its other address as a link-scope multicast's source
+		// meanwhile.
 		if err := nettest.Eventually(3*time.Second, func() error {
 			if to.udp.count(payload) == 0 {
+				sendUDP(t, src, dst, 5353, payload)
 				return errors.New("not received")
 			}
 			return nil
