@@ -164,18 +164,24 @@ func npDropLog(b *testing.B, nPolicies, rounds int) logResult {
 		if round%2 == 1 {
 			order = []bool{true, false, false, true}
 		}
-		var cr []connResult
-		for _, on := range order {
-			set(map[bool]policyrules.DropLog{false: {}, true: logOn}[on])
-			c := connRate(nn.client.NS, nn.conns, 4, time.Second, cpuMeter{})
-			cr = append(cr, c)
-			if on {
-				res.on = append(res.on, c)
-			} else {
-				res.off = append(res.off, c)
+		// Logging off (A) and on (B) in the round's order: each sample, and the round's samples
+		// in order.
+		loggingOffOn := func(off, on *[]connResult) []connResult {
+			var cr []connResult
+			for _, logging := range order {
+				set(map[bool]policyrules.DropLog{false: {}, true: logOn}[logging])
+				c := connRate(nn.client.NS, nn.conns, 4, time.Second, cpuMeter{})
+				cr = append(cr, c)
+				if logging {
+					*on = append(*on, c)
+				} else {
+					*off = append(*off, c)
+				}
+				b.Logf("round %d logging %v: %.0f connections/s (%d failed)", round, logging, c.perSecond, c.failed)
 			}
-			b.Logf("round %d logging %v: %.0f connections/s (%d failed)", round, on, c.perSecond, c.failed)
+			return cr
 		}
+		cr := loggingOffOn(&res.off, &res.on)
 		res.onWall = append(res.onWall, boolRatio(order, func(i int) float64 { return cr[i].perSecond }))
 		res.onCPU = append(res.onCPU, 1/boolRatio(order, func(i int) float64 { return float64(cr[i].cpuEach) }))
 
@@ -219,20 +225,9 @@ func npDropLog(b *testing.B, nPolicies, rounds int) logResult {
 		if err != nil {
 			b.Fatal(err)
 		}
-		cr = cr[:0]
-		for _, on := range order {
-			set(map[bool]policyrules.DropLog{false: {}, true: logOn}[on])
-			c := connRate(nn.client.NS, nn.conns, 4, time.Second, cpuMeter{})
-			cr = append(cr, c)
-			if on {
-				res.floodOn = append(res.floodOn, c)
-			} else {
-				res.floodOff = append(res.floodOff, c)
-			}
-		}
+		cr = loggingOffOn(&res.floodOff, &res.floodOn)
 		f.halt()
 		res.floodLogWall = append(res.floodLogWall, boolRatio(order, func(i int) float64 { return cr[i].perSecond }))
-		b.Logf("round %d flood, logging off / on: %.0f / %.0f connections/s", round, (cr[0].perSecond+cr[3].perSecond)/2, (cr[1].perSecond+cr[2].perSecond)/2)
 		set(logOn)
 	}
 	res.lost, res.overruns = lc.lost.Load(), lc.overruns.Load()
