@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
+
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/test/nettest"
@@ -183,28 +185,14 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 			deleted = append(deleted, p)
 		}
 		switcher := node.NewPod(t, fmt.Sprintf("sw-%d-new", round))
-		var wg sync.WaitGroup
-		errs := make(chan error, pods+1)
-		for _, p := range deleted {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := node.Del(ipt, p); err != nil {
-					errs <- fmt.Errorf("DEL %s: %w", p.RT.ContainerID, err)
-				}
-			}()
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := node.Add(nft, switcher); err != nil {
-				errs <- fmt.Errorf("ADD %s: %w", switcher.RT.ContainerID, err)
+		errs, switchErr := raceSwitch(node, deleted, func(p *nettest.Pod) error { return node.Del(ipt, p) }, nft, switcher)
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("round %d: DEL %s: %v", round, deleted[i].RT.ContainerID, err)
 			}
-		}()
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Errorf("round %d: %v", round, err)
+		}
+		if switchErr != nil {
+			t.Errorf("round %d: ADD %s: %v", round, switcher.RT.ContainerID, switchErr)
 		}
 		if left := testkit.HostPortElements(t, node); len(left) > 0 {
 			t.Fatalf("round %d: host ports of deleted pods left in the maps: %v", round, left)
@@ -213,6 +201,19 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// raceSwitch runs verb on every pod at once with the ADD of switcher through the switching
+// configuration list, and returns each pod's error (in pods' order) and the switching ADD's.
+func raceSwitch(node *nettest.Node, pods []*nettest.Pod, verb func(*nettest.Pod) error, switching *libcni.NetworkConfigList, switcher *nettest.Pod) (errs []error, switchErr error) {
+	errs = make([]error, len(pods))
+	var wg sync.WaitGroup
+	for i, p := range pods {
+		wg.Go(func() { errs[i] = verb(p) })
+	}
+	wg.Go(func() { switchErr = node.Add(switching, switcher) })
+	wg.Wait()
+	return errs, switchErr
 }
 
 // TestAddRacesBackendSwitch: ADDs of host-port pods that open with one backend (iptables, then
@@ -249,31 +250,14 @@ func addRacesBackendSwitch(t *testing.T, from string) {
 			added = append(added, p)
 		}
 		switcher := node.NewPod(t, fmt.Sprintf("asw-%d-new", round))
-		var wg sync.WaitGroup
-		errs := make(chan error, pods+1)
-		for _, p := range added {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := node.Add(ipt, p); err != nil {
-					errs <- fmt.Errorf("ADD %s: %w", p.RT.ContainerID, err)
-				}
-			}()
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := node.Add(nft, switcher); err != nil {
-				errs <- fmt.Errorf("ADD %s: %w", switcher.RT.ContainerID, err)
-			}
-		}()
-		wg.Wait()
-		close(errs)
+		errs, switchErr := raceSwitch(node, added, func(p *nettest.Pod) error { return node.Add(ipt, p) }, nft, switcher)
 		// An ADD may fail here (the runtime DELs it and tries again): the switch refused by
 		// ebtables while another ADD's guard chain is in use, or an ADD whose iptables chains
 		// the switch removed. What must not happen is a host port left behind.
-		for err := range errs {
-			t.Logf("round %d: %v", round, err)
+		for i, err := range append(errs, switchErr) {
+			if err != nil {
+				t.Logf("round %d: ADD %s: %v", round, append(added, switcher)[i].RT.ContainerID, err)
+			}
 		}
 		// DEL every pod with the configuration of the backend the switch asked for.
 		for _, p := range append(append(added, first), switcher) {
@@ -324,29 +308,14 @@ func TestAddRacesBackendSwitchIsolation(t *testing.T) {
 			t.Fatalf("round %d: ADD %s: %v", round, first.RT.ContainerID, err)
 		}
 		added := make([]*nettest.Pod, pods)
-		ok := make([]bool, pods)
 		for i := range added {
 			added[i] = node.NewPod(t, fmt.Sprintf("isw-%d-%d", round, i))
 		}
 		switcher := node.NewPod(t, fmt.Sprintf("isw-%d-new", round))
-		var wg sync.WaitGroup
-		for i, p := range added {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ok[i] = node.Add(ipt, p) == nil
-			}()
-		}
-		switched := false
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			switched = node.Add(nft, switcher) == nil
-		}()
-		wg.Wait()
-		if switched {
+		errs, switchErr := raceSwitch(node, added, func(p *nettest.Pod) error { return node.Add(ipt, p) }, nft, switcher)
+		if switchErr == nil {
 			for i, p := range added {
-				if !ok[i] {
+				if errs[i] != nil {
 					continue
 				}
 				if err := node.Check(nft, p); err != nil {
