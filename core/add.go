@@ -335,23 +335,9 @@ func (a *addition) hostPorts(undo *undoStack) error {
 		return configError("runtimeConfig.portMappings", fmt.Sprint(a.cfg.Runtime.PortMappings), "%v", err)
 	}
 	owner := a.key.owner()
-	err = a.dir.withLock(func() error {
-		// Another ADD may have switched the backend since this one opened: the switch put the
-		// index's host ports into the new backend before this pod's were indexed, and removed
-		// the old one's rules. This pod's go where the node's rules are now, or no DEL (which
-		// removes them from the backend in use, hostportsNow) would ever take them out of the
-		// old one, where they would lead the port to an address the next pod is given.
-		now, switched, err := a.hostportsSwitched()
-		if err != nil {
-			return err
-		}
-		if switched {
-			if _, err := hostport.EnsureNode(now, false); err != nil {
-				return fmt.Errorf("host-port rules after a backend switch: %w", err)
-			}
-		}
-		return hostport.Add(now, owner, entries)
-	})
+	// In the backend this ADD chose: it holds the backend lock, so no other ADD has switched the
+	// node away from it.
+	err = a.dir.withLock(func() error { return hostport.Add(a.hostportConfig(), owner, entries) })
 	var conflict *hostport.ConflictError
 	if errors.As(err, &conflict) {
 		return types.NewError(ErrPortConflict, conflict.Error(), "")
@@ -367,13 +353,7 @@ func (a *addition) hostPorts(undo *undoStack) error {
 		return fmt.Errorf("host ports: %w", err)
 	}
 	undo.push(func() error {
-		return a.dir.withLock(func() error {
-			hp, err := a.hostportsNow()
-			if err != nil {
-				return err
-			}
-			return hostport.Remove(hp, owner, hostport.KeysOf(entries))
-		})
+		return a.dir.withLock(func() error { return hostport.Remove(a.hostportConfig(), owner, hostport.KeysOf(entries)) })
 	})
 	return nil
 }

@@ -115,42 +115,44 @@ func plannedBackend(cfg *Config, rec *BackendChoice) (b NetfilterBackend, known 
 	return cfg.Netfilter, true
 }
 
-// prepareBackend is the backend of a verb that applies the node's settings (ADD, EnsureNode,
-// HealNode), chosen once when its handle opens: want (decideBackend's decision) and, when the
-// node's rules are in the other one, the switch under the network lock: the other backend's rules
-// of the network are removed altogether, and the record names the new one. rec is the record as
-// read without the lock (the one decideBackend decided from): when it already names want nothing
-// is read again; otherwise the record is read afresh under the lock. The new backend's node-wide
+// recordBackend makes the network's record name want, the decision of a verb that applies the
+// node's settings (decideBackend's), under the network lock, reading the record afresh there.
+// When the node's rules are in the other backend it moves them, but only with exclusive set (the
+// caller holds the backend lock exclusively: no other verb is writing rules into the backend the
+// node is leaving); without it, it changes nothing and reports that a move is needed. A move
+// removes the other backend's rules of the network altogether; the new backend's node-wide
 // objects are then missing, so the steps that follow put back every running pod's host ports and
 // isolation from the index and the records, as after a flushed ruleset.
-func prepareBackend(cfg *Config, dir *networkDir, rec *BackendChoice, want BackendChoice) (netfilter, error) {
-	if rec == nil || *rec != want {
-		err := dir.withLock(func() error {
-			// Without a record (nothing set up yet, a kubenet from before there were backends,
-			// a damaged record) the rules are found where they are.
-			rec, err := readChoice(dir.root())
-			if err != nil {
-				return err
-			}
-			if inUse := backendOf(cfg, rec); inUse != want.Backend {
-				err := backendFor(cfg, inUse, dir).removeAll(cfg.Network)
-				if err != nil && rec != nil {
-					return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
-				}
-			}
-			return writeChoice(dir.root(), want)
-		})
+func recordBackend(cfg *Config, dir *networkDir, want BackendChoice, exclusive bool) (moveNeeded bool, err error) {
+	err = dir.withLock(func() error {
+		// Without a record (nothing set up yet, a kubenet from before there were backends,
+		// a damaged record) the rules are found where they are.
+		rec, err := readChoice(dir.root())
 		if err != nil {
-			return netfilter{}, err
+			return err
 		}
-	}
-	return backendFor(cfg, want.Backend, dir), nil
+		if rec != nil && *rec == want {
+			return nil
+		}
+		if inUse := backendOf(cfg, rec); inUse != want.Backend {
+			if !exclusive {
+				moveNeeded = true
+				return nil
+			}
+			err := backendFor(cfg, inUse, dir).removeAll(cfg.Network)
+			if err != nil && rec != nil {
+				return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
+			}
+		}
+		return writeChoice(dir.root(), want)
+	})
+	return moveNeeded, err
 }
 
 // decideBackend is the backend cfg asks for on this node (choose), rec being the network's
 // record, or the refusal of a configuration that backend cannot serve. It changes nothing: a verb
 // decides before it claims the node's settings, so that a refused configuration changes nothing
-// (prepareBackend then applies the decision).
+// (handle.prepareBackend then applies the decision).
 func decideBackend(cfg *Config, rec *BackendChoice) (BackendChoice, error) {
 	want, err := choose(cfg, rec)
 	if err != nil {

@@ -62,29 +62,26 @@ func (h *handle) delHostPorts(k attachmentKey, rec *Record, unknown bool) ([]hos
 }
 
 // hostportsNow is the host ports of the network in the backend that holds its rules now, for a
-// verb that opened as found and removes host ports under the network lock (called under it).
-// An ADD may have switched the backend since this verb read it: the switch, under the same lock,
-// put the index's host ports into the new backend, this verb's pod's too while its reservations
-// were still indexed; removing them from the old backend only would leave them leading the port
-// to an address the next pod is given.
+// verb that removes host ports under the network lock (called under it). A verb that holds the
+// backend lock (ADD, the node's healing) has the backend in use: none can switch it meanwhile.
+// One that opened as found (DEL, GC) reads the record again: an ADD may have switched the backend
+// since this verb read it, and the switch, under the same lock, put the index's host ports into
+// the new backend, this verb's pod's too while its reservations were still indexed; removing
+// them from the old backend only would leave them leading the port to an address the next pod
+// is given.
 func (h *handle) hostportsNow() (hostport.Config, error) {
-	hp, _, err := h.hostportsSwitched()
-	return hp, err
-}
-
-// hostportsSwitched is hostportsNow, and whether the backend is another than the one this verb
-// opened with (an ADD then makes the new backend's node-wide host-port rules first).
-func (h *handle) hostportsSwitched() (hostport.Config, bool, error) {
+	hp := h.hostportConfig()
+	if h.backend != nil {
+		return hp, nil
+	}
 	rec, err := readChoice(h.dir.root())
 	if err != nil {
-		return hostport.Config{}, false, err
+		return hostport.Config{}, err
 	}
-	hp := h.hostportConfig()
-	now := backendOf(h.cfg, rec)
-	if now != h.nf.backend {
+	if now := backendOf(h.cfg, rec); now != h.nf.backend {
 		hp.Backend, hp.Known = backendFor(h.cfg, now, h.dir).hostPorts, nil
 	}
-	return hp, now != h.nf.backend, nil
+	return hp, nil
 }
 
 // checkHostPorts verifies the attachment's host-port reservations, map elements and rules

@@ -7,6 +7,7 @@ import (
 	"github.com/kubenet-dev/kubenet/bridge"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/internal/statedir"
 )
 
 // handle is one verb's handle on one network of the node. A verb opens it once, first thing,
@@ -19,7 +20,9 @@ import (
 //   - seen, what preflight read of the bridge before anything changed (applying verbs);
 //   - settingsChanged, what the claim of the node-wide settings found;
 //   - known, the verified-rules memory of the verbs that apply the node's settings;
-//   - nf, the netfilter backend, chosen once when the handle opens.
+//   - nf, the netfilter backend, chosen once when the handle opens, and backend, the verb's
+//     shared hold on it (the verbs that apply the node's settings), so that no other verb
+//     switches the node to the other backend until this one is done.
 //
 // There are two ways to open it. openToApply is for the verbs that apply the node's settings
 // (ADD, EnsureNode and HealNode): it claims the node-wide settings and chooses the backend,
@@ -37,8 +40,9 @@ type handle struct {
 	settingsChanged bool
 	// known remembers the node-wide chains' dumps found as planned (nil: every check decodes
 	// and compares in full, as CHECK and STATUS do).
-	known nft.Verified
-	nf    netfilter
+	known   nft.Verified
+	nf      netfilter
+	backend *statedir.BackendLock // nil for the verbs that work on what is there
 }
 
 // openToApply opens cfg's network for a verb that applies the node's settings. Before anything
@@ -91,8 +95,13 @@ func (h *handle) open(att *Attachment, choose func() error) (err error) {
 // applySettings claims the node-wide settings and chooses the backend (switching the node's
 // rules over to it when they are in the other one).
 func (h *handle) applySettings() (err error) {
-	// The backend record is read once, without the lock: the claim below does not write it, and
-	// prepareBackend reads it again under the lock when it has to change it.
+	// Held until Close: the rules this verb writes go into the backend it chooses here, and no
+	// other verb moves the node's rules out of it meanwhile.
+	if h.backend, err = h.dir.state.ShareBackend(); err != nil {
+		return err
+	}
+	// The backend record is read once, without the network lock: the claim below does not write
+	// it, and prepareBackend reads it again under the lock when it has to change it.
 	rec, err := readChoice(h.dir.root())
 	if err != nil {
 		return err
@@ -106,10 +115,32 @@ func (h *handle) applySettings() (err error) {
 	if h.settingsChanged, err = claimNodeSettings(h.cfg, h.dir); err != nil {
 		return err
 	}
-	if h.nf, err = prepareBackend(h.cfg, h.dir, rec, want); err != nil {
+	if err := h.prepareBackend(rec, want); err != nil {
 		return err
 	}
 	h.known = newVerifiedRules(h.dir.root())
+	return nil
+}
+
+// prepareBackend makes want the handle's backend (decideBackend's decision; rec is the record it
+// decided from, read without the lock). When rec names want nothing is read again. Otherwise the
+// record is made to name it; when the node's rules are in the other backend they are moved, with
+// the backend lock held exclusively: the move waits for every other verb that writes rules (into
+// the backend the node is leaving) to finish, and none starts until it is over.
+func (h *handle) prepareBackend(rec *BackendChoice, want BackendChoice) error {
+	if rec == nil || *rec != want {
+		moveNeeded, err := recordBackend(h.cfg, h.dir, want, false)
+		if err == nil && moveNeeded {
+			if err = h.backend.Exclusive(); err == nil {
+				_, err = recordBackend(h.cfg, h.dir, want, true)
+				err = errors.Join(err, h.backend.Share())
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	h.nf = backendFor(h.cfg, want.Backend, h.dir)
 	return nil
 }
 
@@ -129,6 +160,9 @@ func (h *handle) Close() error {
 	var err error
 	if h.unlock != nil {
 		err = h.unlock()
+	}
+	if h.backend != nil {
+		err = errors.Join(err, h.backend.Release())
 	}
 	return errors.Join(err, h.dir.Close())
 }

@@ -113,15 +113,10 @@ func (h *handle) ensureHostPortNode(all bool) (hostport.Repair, error) {
 	if !all && hostport.CheckNode(hp) == nil {
 		return rep, nil
 	}
+	// The verbs that apply the node's settings hold the backend lock: hp's backend is the one in
+	// use for as long as they run.
 	err := h.dir.withLock(func() (err error) {
-		// In the backend in use now: an ADD that switched it since this verb opened removed the
-		// old one's rules and put the index's host ports into the new one; restoring them into
-		// the old one would leave rules there that no DEL removes (hostportsNow).
-		now, err := h.hostportsNow()
-		if err != nil {
-			return err
-		}
-		rep, err = hostport.EnsureNode(now, all)
+		rep, err = hostport.EnsureNode(hp, all)
 		return err
 	})
 	if err != nil && !all {

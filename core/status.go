@@ -62,7 +62,7 @@ func Status(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return notAvailable("netfilter backend: %v", err)
 	}
-	// As ADD refuses it (prepareBackend): by the backend the next ADD chooses, not the one
+	// As ADD refuses it (decideBackend): by the backend the next ADD chooses, not the one
 	// recorded, which that ADD may switch away from.
 	if planned, known := plannedBackend(cfg, rec); cfg.NetworkPolicy && known && planned != NetfilterNFTables {
 		return notAvailable("configuration: networkPolicy: NetworkPolicy is enforced with nftables only, and this node's backend is %s", planned)

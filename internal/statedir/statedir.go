@@ -2,7 +2,8 @@
 // locks that guard it. They guard more than addresses: the network lock is the flock(2) on
 // <dataDir>/<network>/lock (the file the reference host-local IPAM plugin flocks, so the two never
 // hand out one address twice), taken around every check-then-write of the network's state on the
-// node; the attachment locks and the netfilter lock are fcntl locks on bytes of the same file.
+// node; the attachment locks, the netfilter lock and the backend lock are fcntl locks on bytes of
+// the same file.
 // What lives in the directory (reservations: ipam; attachment records and the node's files:
 // core) is read and written through Root.
 package statedir
@@ -159,8 +160,83 @@ func (d *Dir) LockNetfilter() (func() error, error) {
 	}, nil
 }
 
-// netfilterByte is the byte of the lock file that LockNetfilter locks.
-const netfilterByte = 1 << 62
+// The bytes of the lock file above every attachment's: LockNetfilter's, the backend lock's, and
+// the turnstile in front of the backend lock.
+const (
+	netfilterByte = 1 << 62
+	backendByte   = netfilterByte + 1
+	turnstileByte = netfilterByte + 2
+)
+
+// BackendLock is a verb's hold on the network's netfilter backend: shared by every verb that
+// writes the node's rules in the backend it chose when it opened (ADD, the node's healing), and
+// exclusive while one of them moves the rules to the other backend. A switch therefore waits for
+// every such verb in flight to finish, and none starts until the switch is over: no verb writes
+// into a backend the node has left.
+//
+// It is an OFD lock on one byte of the lock file (released by the kernel when the holder dies),
+// with a turnstile in front: a verb that asks for it shared first passes the turnstile, which a
+// verb asking for it exclusively holds while it waits, so a stream of shared holders cannot keep
+// a switch waiting forever.
+type BackendLock struct {
+	d    *Dir
+	held int16 // unix.F_RDLCK, unix.F_WRLCK, or unix.F_UNLCK
+}
+
+// ShareBackend takes the backend lock shared, waiting for a switch in progress.
+func (d *Dir) ShareBackend() (*BackendLock, error) {
+	l := &BackendLock{d: d, held: unix.F_UNLCK}
+	return l, l.Share()
+}
+
+// Share takes the lock shared: from exclusive it is a downgrade, which never waits.
+func (l *BackendLock) Share() error {
+	if l.held == unix.F_UNLCK {
+		pass, _, err := l.d.lockRange(turnstileByte, unix.F_WRLCK, "backend turnstile", true)
+		if err != nil {
+			return err
+		}
+		if err := pass(); err != nil {
+			return err
+		}
+	}
+	if _, _, err := l.d.lockRange(backendByte, unix.F_RDLCK, "backend (shared)", true); err != nil {
+		return err
+	}
+	l.held = unix.F_RDLCK
+	return nil
+}
+
+// Exclusive takes the lock exclusively, waiting for every shared holder to release it. A shared
+// hold is released first: two holders each waiting for the other to let go would wait forever
+// (the kernel finds no deadlock among OFD locks).
+func (l *BackendLock) Exclusive() error {
+	if err := l.Release(); err != nil {
+		return err
+	}
+	leave, _, err := l.d.lockRange(turnstileByte, unix.F_WRLCK, "backend turnstile", true)
+	if err != nil {
+		return err
+	}
+	_, _, err = l.d.lockRange(backendByte, unix.F_WRLCK, "backend (exclusive)", true)
+	if err == nil {
+		l.held = unix.F_WRLCK
+	}
+	return errors.Join(err, leave())
+}
+
+// Release lets the lock go, whichever way it is held.
+func (l *BackendLock) Release() error {
+	if l.held == unix.F_UNLCK {
+		return nil
+	}
+	l.held = unix.F_UNLCK
+	un := unix.Flock_t{Type: unix.F_UNLCK, Start: backendByte, Len: 1}
+	if err := unix.FcntlFlock(l.d.lock.Fd(), unix.F_OFD_SETLK, &un); err != nil {
+		return fmt.Errorf("unlock the backend lock in %s: %w", l.d.Path(), err)
+	}
+	return nil
+}
 
 func (d *Dir) lockAttachment(id, ifname string, wait bool) (func() error, bool, error) {
 	h := fnv.New64a()
@@ -173,7 +249,13 @@ func (d *Dir) lockAttachment(id, ifname string, wait bool) (func() error, bool, 
 
 // lockByte takes an OFD write lock on one byte of the lock file.
 func (d *Dir) lockByte(offset int64, what string, wait bool) (func() error, bool, error) {
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: offset, Len: 1}
+	return d.lockRange(offset, unix.F_WRLCK, what, wait)
+}
+
+// lockRange takes an OFD lock of type kind (unix.F_RDLCK or unix.F_WRLCK) on one byte of the lock
+// file; a lock this Dir holds on it already is converted to kind.
+func (d *Dir) lockRange(offset int64, kind int16, what string, wait bool) (func() error, bool, error) {
+	lk := unix.Flock_t{Type: kind, Whence: 0, Start: offset, Len: 1}
 	cmd := unix.F_OFD_SETLK
 	if wait {
 		cmd = unix.F_OFD_SETLKW

@@ -1,7 +1,12 @@
 package statedir
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,4 +73,107 @@ func TestLockNotInherited(t *testing.T) {
 	if flags&unix.FD_CLOEXEC == 0 {
 		t.Error("lock descriptor lacks FD_CLOEXEC")
 	}
+}
+
+// TestBackendLock: verbs share the backend lock; one that asks for it exclusively waits for every
+// sharer to let go, and a verb that asks to share it after that waits behind the exclusive one
+// (the turnstile), so a stream of sharers cannot keep a switch waiting forever. Downgrading lets
+// the waiting sharer in.
+func TestBackendLock(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *Dir {
+		d, err := Open(dir, "net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	a, b, w, late := open(), open(), open(), open()
+	la, err := a.ShareBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.ShareBackend() // shared: does not wait for a
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 4)
+	lw := &BackendLock{d: w, held: unix.F_UNLCK}
+	go func() {
+		if err := lw.Exclusive(); err != nil {
+			t.Error(err)
+		}
+		events <- "exclusive"
+	}()
+	waitForBlockedLock(t, backendByte)
+	var llate *BackendLock
+	go func() {
+		l, err := late.ShareBackend()
+		if err != nil {
+			t.Error(err)
+		}
+		llate = l
+		events <- "late share"
+	}()
+	waitForBlockedLock(t, turnstileByte)
+	if err := la.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; got != "exclusive" {
+		t.Fatalf("first after the sharers let go: %q, want the exclusive holder", got)
+	}
+	// While w holds it exclusively, nobody else may have it in any way.
+	for _, kind := range []int16{unix.F_RDLCK, unix.F_WRLCK} {
+		if unlock, ok, err := a.lockRange(backendByte, kind, "probe", false); err != nil || ok {
+			if ok {
+				_ = unlock()
+			}
+			t.Fatalf("another Dir took the backend lock (type %d) while it was held exclusively (err %v)", kind, err)
+		}
+	}
+	if err := lw.Share(); err != nil { // the downgrade
+		t.Fatal(err)
+	}
+	if got := <-events; got != "late share" {
+		t.Fatalf("after the downgrade: %q", got)
+	}
+	if unlock, ok, err := a.lockRange(backendByte, unix.F_WRLCK, "probe", false); err != nil || ok {
+		if ok {
+			_ = unlock()
+		}
+		t.Fatalf("the backend lock was free for an exclusive holder while two shared it (err %v)", err)
+	}
+	if err := errors.Join(lw.Release(), llate.Release()); err != nil {
+		t.Fatal(err)
+	}
+	unlock, ok, err := a.lockRange(backendByte, unix.F_WRLCK, "probe", false)
+	if err != nil || !ok {
+		t.Fatalf("the backend lock is still held after every holder released it (err %v)", err)
+	}
+	_ = unlock()
+}
+
+// waitForBlockedLock polls /proc/locks until some process waits for a lock on byte offset of a
+// lock file (a line "N: -> OFDLCK ..." ending in "offset offset").
+func waitForBlockedLock(t *testing.T, offset int64) {
+	t.Helper()
+	suffix := fmt.Sprintf(" %d %d", offset, offset)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		data, err := os.ReadFile("/proc/locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, "-> OFDLCK") && strings.HasSuffix(line, suffix) {
+				return
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("nobody waits for byte %d of a lock file (/proc/locks)", offset)
 }

@@ -256,7 +256,7 @@ func addRacesBackendSwitch(t *testing.T, from string) {
 		// the switch removed. What must not happen is a host port left behind.
 		for i, err := range append(errs, switchErr) {
 			if err != nil {
-				t.Logf("round %d: ADD %s: %v", round, append(added, switcher)[i].RT.ContainerID, err)
+				t.Errorf("round %d: ADD %s: %v", round, append(added, switcher)[i].RT.ContainerID, err)
 			}
 		}
 		// DEL every pod with the configuration of the backend the switch asked for.
@@ -286,18 +286,16 @@ func addRacesBackendSwitch(t *testing.T, from string) {
 }
 
 // TestAddRacesBackendSwitchIsolation: ADDs on iptables racing an ADD that switches the node to
-// nftables. The switch puts back the isolation elements of every recorded pod whose attachment
-// it can lock, and skips those an ADD holds; every ADD that succeeded must leave its pod
-// isolated in the backend in use (CHECK), or its port would be left alone by the guard and the
-// anti-spoofing chains: a pod that may spoof addresses and answer as a router.
+// nftables (and ADDs after the switch that switch back). The switch puts back the isolation
+// elements of every recorded pod whose attachment it can lock, and skips those an ADD holds;
+// every ADD must succeed and leave its pod isolated in the backend in use (CHECK), or its port
+// would be left alone by the guard and the anti-spoofing chains: a pod that may spoof addresses
+// and answer as a router. The backend the node left holds nothing of the network.
 //
-// It fails on this code (round 0 or 1: the racing ADDs' ports missing from pod-ports): an ADD
-// writes its elements into the backend it opened with, and the switch's rebuild skips the
-// attachments ADDs hold. Not fixed yet; KUBENET_KNOWN_RACES=1 runs it.
+// It failed before the backend lock (round 0 or 1: the racing ADDs' ports missing from
+// pod-ports): an ADD wrote its elements into the backend it opened with, and the switch's
+// rebuild skipped the attachments ADDs held.
 func TestAddRacesBackendSwitchIsolation(t *testing.T) {
-	if os.Getenv("KUBENET_KNOWN_RACES") == "" {
-		t.Skip("known race, not fixed yet: KUBENET_KNOWN_RACES=1 runs it")
-	}
 	node := nettest.NewNode(t, binDir)
 	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
 	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
@@ -313,15 +311,18 @@ func TestAddRacesBackendSwitchIsolation(t *testing.T) {
 		}
 		switcher := node.NewPod(t, fmt.Sprintf("isw-%d-new", round))
 		errs, switchErr := raceSwitch(node, added, func(p *nettest.Pod) error { return node.Add(ipt, p) }, nft, switcher)
-		if switchErr == nil {
-			for i, p := range added {
-				if errs[i] != nil {
-					continue
-				}
-				if err := node.Check(nft, p); err != nil {
-					t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
-				}
+		for i, err := range append(errs, switchErr) {
+			if err != nil {
+				t.Errorf("round %d: ADD %s: %v", round, append(added, switcher)[i].RT.ContainerID, err)
 			}
+		}
+		for _, p := range append(added, switcher) {
+			if err := node.Check(nft, p); err != nil {
+				t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Errorf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, testkit.NodeBackend(node), left)
 		}
 		for _, p := range append(append(added, first), switcher) {
 			if err := node.Del(nft, p); err != nil {
@@ -332,4 +333,31 @@ func TestAddRacesBackendSwitchIsolation(t *testing.T) {
 			return
 		}
 	}
+}
+
+// otherBackendRules lists what the backend the node's record does not name holds of the tests'
+// network: its nftables tables, or its iptables, ip6tables and ebtables chains and rules (every
+// name kubenet gives them has "kubenet" in it), read with the tools.
+func otherBackendRules(t *testing.T, node *nettest.Node) []string {
+	t.Helper()
+	var out []string
+	switch b := testkit.NodeBackend(node); b {
+	case core.NetfilterIPTables:
+		for _, line := range strings.Split(nettest.Run(t, node.NS, "nft", "list", "tables"), "\n") {
+			if strings.Contains(line, "kubenet") {
+				out = append(out, line)
+			}
+		}
+	case core.NetfilterNFTables:
+		for _, tool := range []string{"iptables-save", "ip6tables-save", "ebtables-save"} {
+			for _, line := range strings.Split(nettest.Run(t, node.NS, tool), "\n") {
+				if !strings.HasPrefix(line, "#") && strings.Contains(strings.ToLower(line), "kubenet") {
+					out = append(out, tool+": "+line)
+				}
+			}
+		}
+	default:
+		t.Fatalf("the node records no backend (%q)", b)
+	}
+	return out
 }
