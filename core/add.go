@@ -53,6 +53,8 @@ type addition struct {
 	keepReservation bool
 	// isolated is the isolation step, which runs alongside the steps after it
 	isolated *pending
+	// nodeRules is the SNAT and host-port chains' step, which runs alongside the pod's own
+	nodeRules *pending
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
@@ -113,11 +115,12 @@ func (a *addition) steps() []step {
 		{"reserve addresses", a.reserve},
 		{"isolation", a.isolate},
 		{"bridge", a.bringUpBridge},
+		{"node rules", a.startNodeRules},
 		{"veth", a.addVeth},
 		{"policy guard", a.guardPort},
 		{"pod interface", a.configurePod},
 		{"hairpin", a.hairpin},
-		{"masquerade", a.masquerade},
+		{"node rules in place", a.awaitNodeRules},
 		{"host ports", a.hostPorts},
 		{"shaping", a.shaping},
 		{"isolation in place", a.awaitIsolation},
@@ -299,8 +302,30 @@ func (a *addition) hairpin(*undoStack) error {
 	return a.ensureDedup()
 }
 
-func (a *addition) masquerade(*undoStack) error {
-	return a.ensureMasquerade()
+// startNodeRules brings the SNAT chain and the node-wide host-port chains and maps up to date
+// (the localnet guard among them protects the node from every pod, with or without mappings),
+// alongside the pod's links and addresses: they need only the configuration and the bridge (a
+// node's first ADD writes them, a later one reads them back), and on a node's first ADD they
+// are most of its time. awaitNodeRules collects the outcome before the pod's own port mappings,
+// which go into those maps. The undo waits for them, so that nothing writes on behalf of this
+// ADD after it returned.
+func (a *addition) startNodeRules(undo *undoStack) error {
+	a.nodeRules = &pending{done: alongside(func() error {
+		if err := a.ensureMasquerade(); err != nil {
+			return err
+		}
+		_, err := a.ensureHostPortNode(false)
+		return err
+	})}
+	undo.push(func() error {
+		_ = a.nodeRules.wait() // reported by the step that failed, or by awaitNodeRules
+		return nil
+	})
+	return nil
+}
+
+func (a *addition) awaitNodeRules(*undoStack) error {
+	return a.nodeRules.wait()
 }
 
 // guardPort gives the new pod's bridge port its policy guard before the pod's interface comes
@@ -314,15 +339,11 @@ func (a *addition) guardPort(*undoStack) error {
 	return netpol.GuardPort(a.host.Attrs().Index)
 }
 
-// hostPorts brings the node-wide host-port rules and maps up to date (every ADD, with or without
-// mappings: the localnet guard among them protects the node from every pod), then programs the
-// attachment's port mappings (a.cfg.Runtime.PortMappings) for its addresses (a.ips) and pushes
-// their removal onto undo. The conflict check, the reservation and the nftables transaction
-// happen under the network lock, so two pods racing for one hostPort cannot both get it.
+// hostPorts programs the attachment's port mappings (a.cfg.Runtime.PortMappings) for its
+// addresses (a.ips) into the node-wide host-port maps (startNodeRules) and pushes their removal
+// onto undo. The conflict check, the reservation and the nftables transaction happen under the
+// network lock, so two pods racing for one hostPort cannot both get it.
 func (a *addition) hostPorts(undo *undoStack) error {
-	if _, err := a.ensureHostPortNode(false); err != nil {
-		return err
-	}
 	if len(a.cfg.Runtime.PortMappings) == 0 {
 		return nil
 	}
