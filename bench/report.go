@@ -52,6 +52,9 @@ func (m *measurements) targets() []target {
 	if low > 0 {
 		v := float64(high) / float64(low)
 		scale.actual, scale.met = fmt.Sprintf("%.2f (%s vs %s)", v, ms(high), ms(low)), v <= 1.15
+		if fl, fh := m.p50(rowScaleAddLow, floorChain), m.p50(rowScaleAddHigh, floorChain); fl > 0 {
+			scale.actual += fmt.Sprintf("; the floor plugin's %.2f (%s vs %s)", float64(fh)/float64(fl), ms(fh), ms(fl))
+		}
 	}
 	out := []target{
 		m.ratioTarget("single-pod ADD p50 ≤ 0.2 × reference (no hostPort)", rowAddPlain, 0.2),

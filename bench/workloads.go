@@ -122,7 +122,8 @@ type runner struct {
 	t      testing.TB
 	node   benchNode
 	chains []*chain // kubenet first
-	// floor is the floor plugin (nil: not run), which runs only in the sequential workload
+	// floor is the floor plugin (nil: not run), which runs only in the sequential and scale
+	// workloads
 	// without host ports: what it cannot do is not its measure.
 	floor *chain
 	pods  []*pod // netns pool, reused after every full DEL
@@ -345,10 +346,14 @@ func twoHostPorts(i int) podSpec {
 // window deleted last pod first, the rest deleted in parallel; and the empty-node window once
 // more. The empty-node samples are taken before and after the full-node ones, so drift during
 // the session (other work on the machine) falls on both sides alike.
+//
+// The floor plugin runs it too (its pods get no host ports): how the kernel's own work, the
+// links and addresses of a node with n pods, grows with them, against which the chains' growth
+// is read.
 func (r *runner) scale() {
 	n, w := r.opts.scalePods, r.opts.scaleWindow
 	for round := range r.opts.scaleRounds {
-		for _, c := range r.order(round) {
+		for _, c := range r.withFloor(round) {
 			r.session(c, rowScaleAddLow, twoHostPorts(n), func() error {
 				pods := make([]*pod, n)
 				seq := func(row string, op func(*chain, *pod) (time.Duration, error), ps []*pod) error {
@@ -385,8 +390,10 @@ func (r *runner) scale() {
 				if err := seq(rowScaleAddHigh, r.node.add, window); err != nil {
 					return err
 				}
-				if err := r.statuses(c, rowStatusFull); err != nil {
-					return err
+				if c != r.floor { // it has no STATUS
+					if err := r.statuses(c, rowStatusFull); err != nil {
+						return err
+					}
 				}
 				if err := r.probe(c, rowScaleAddHigh, twoHostPorts(n)); err != nil {
 					return err
