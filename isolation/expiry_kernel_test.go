@@ -60,8 +60,12 @@ func TestRemoveEndsElementsByExpiry(t *testing.T) {
 	n := nettest.NewNS(t)
 	cfg := Config{Network: "x", AntiSpoofing: true}
 	p1, p2 := testPort(1), testPort(2)
-	expiring := nft.ProbeElementExpiry() == nil
-	nettest.Do(t, n, func() error { return ensured(cfg, p1, p2) })
+	var probe error
+	nettest.Do(t, n, func() error {
+		probe = nft.ProbeElementExpiry(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "probe"})
+		return ensured(cfg, p1, p2)
+	})
+	expiring := probe == nil
 
 	found, els := setsAndElements(t, n, "x")
 	for _, want := range sets(nft.BridgeTable("x"), false) {
@@ -74,7 +78,7 @@ func TestRemoveEndsElementsByExpiry(t *testing.T) {
 		}
 	}
 	if !expiring {
-		t.Fatalf("this kernel does not apply element timeout updates (%v): the rest of this test needs one that does", nft.ProbeElementExpiry())
+		t.Fatalf("this kernel does not apply element timeout updates (%v): the rest of this test needs one that does", probe)
 	}
 	for _, el := range elementsOfPort(els, p1.Name) {
 		if el.Timeout < 50*365*24*time.Hour || el.Expires < 50*365*24*time.Hour {
@@ -173,14 +177,37 @@ func TestSetsOfAnEarlierKubenet(t *testing.T) {
 
 // TestProbeElementExpiry holds the probe to what the kernel does: an element given a timeout
 // of nft.EndTimeout after being added with nft.Forever leaves the listings within a second if and
-// only if the probe says the kernel applies such updates. The probe itself leaves nothing in
-// the caller's namespace.
+// only if the probe says the kernel applies such updates. The probe leaves nothing but its set in
+// the table it probed in (and, where the kernel keeps timeouts, its element), and two probes do
+// not read each other's elements.
 func TestProbeElementExpiry(t *testing.T) {
 	n := nettest.NewNS(t)
-	var probe error
-	nettest.Do(t, n, func() error { probe = nft.ProbeElementExpiry(); return nil })
-	if out := nettest.Run(t, n, "nft", "list", "ruleset"); strings.TrimSpace(out) != "" {
-		t.Errorf("the probe left in the caller's namespace:\n%s", out)
+	table := &nftables.Table{Family: nftables.TableFamilyBridge, Name: "kubenet-probed"}
+	var probes [2]error
+	nettest.Do(t, n, func() error {
+		for i := range probes {
+			probes[i] = nft.ProbeElementExpiry(table)
+		}
+		return nil
+	})
+	probe := probes[0]
+	if probes[1] != probe && (probes[1] == nil) != (probe == nil) {
+		t.Errorf("a second probe in the same table answered %v, the first %v", probes[1], probe)
+	}
+	out := nettest.Run(t, n, "nft", "list", "ruleset")
+	if strings.Count(out, "table ") != 1 || strings.Count(out, "set ") != 1 || !strings.Contains(out, "set "+nft.ProbeSet+" ") {
+		t.Errorf("the probe left more than its set in the caller's namespace:\n%s", out)
+	}
+	if probe == nil {
+		// The elements end at the next tick.
+		if err := nettest.Eventually(time.Second, func() error {
+			if out := nettest.Run(t, n, "nft", "list", "set", "bridge", table.Name, nft.ProbeSet); strings.Contains(out, "elements") {
+				return fmt.Errorf("the probe's elements are still listed:\n%s", out)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
 	}
 	nettest.Run(t, n, "nft", "add table bridge t; add set bridge t s { type ipv4_addr; flags timeout; }; add element bridge t s { 10.0.0.1 timeout 36500d }")
 	nettest.Run(t, n, "nft", "add element bridge t s { 10.0.0.1 timeout 1ms }")

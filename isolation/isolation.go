@@ -72,7 +72,7 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 // elements) go in several transactions of portsPerBatch, after the first.
 //
 // The sets are made with the timeout flag where the kernel can end an element by expiry
-// (nft.ProbeElementExpiry, run only when a set is made), and their elements added with timeout
+// (nft.ProbeElementExpiry, run in the table only when a set is made), and their elements added with timeout
 // nft.Forever, so that Remove ends them without a deletion. Sets made without the flag (by an
 // earlier kubenet, or on a kernel that cannot) keep it: their elements are added without a
 // timeout and deleted by Remove, as before.
@@ -292,7 +292,7 @@ func setsToWrite(table *nftables.Table) (defs []*nftables.Set, mistyped []string
 				mistyped = append(mistyped, want.Name)
 			}
 			if probed == nil {
-				ok := nft.ProbeElementExpiry() == nil
+				ok := nft.ProbeElementExpiry(table) == nil
 				probed = &ok
 			}
 			want.HasTimeout = *probed

@@ -1,9 +1,10 @@
 package nft
 
 import (
+	"bytes"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/google/nftables"
@@ -38,35 +39,30 @@ func IsEnded(el nftables.SetElement) bool { return el.Timeout > 0 && el.Timeout 
 // expiry, or on a kernel that cannot).
 func IsInvalid(err error) bool { return errors.Is(err, unix.EINVAL) }
 
+// ProbeSet is the set ProbeElementExpiry leaves in the table it probed in: one element per probe
+// on a kernel that keeps element timeouts, none on one that ends them.
+const ProbeSet = "expiry-probe"
+
 // ProbeElementExpiry tells whether the kernel applies a new timeout to an existing element (nil)
 // or keeps the old one (older kernels take the add of an existing element as a no-op), which
 // decides whether kubenet's sets are made with the timeout flag and their elements ended by
-// expiry. It adds an element with timeout Forever, gives it EndTimeout, and reads the expiry back, in
-// a network namespace of its own on a thread that dies with it: nothing can be left behind in
-// the caller's namespace, not even when the process is killed, and no deletion happens there.
-// About 1 ms; callers run it only when they create sets.
-func ProbeElementExpiry() error {
-	done := make(chan error, 1)
-	go func() {
-		// Never unlocked: the runtime ends the thread with the goroutine, and with it the
-		// thread's scratch namespace.
-		runtime.LockOSThread()
-		done <- probeExpiryHere()
-	}()
-	return <-done
-}
-
-func probeExpiryHere() error {
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("element expiry probe: a scratch network namespace: %w", err)
-	}
+// expiry. In table (made when missing), it adds an element with timeout Forever to ProbeSet,
+// gives it EndTimeout, and reads the expiry back. Nothing is deleted: on a kernel that applies
+// the update the element ends by expiry, on one that does not it stays, under a key of its own
+// (random: concurrent probes do not read each other's), in a set nothing refers to. A few
+// netlink round trips in the caller's namespace; callers run it only when they create sets.
+func ProbeElementExpiry(table *nftables.Table) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("element expiry probe: netlink: %w", err)
 	}
-	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: "kubenet-probe"})
-	set := &nftables.Set{Table: table, Name: "expiry", HasTimeout: true, KeyType: nftables.TypeInteger}
-	el := nftables.SetElement{Key: []byte{1, 2, 3, 4}, Timeout: Forever}
+	c.AddTable(table)
+	set := &nftables.Set{Table: table, Name: ProbeSet, HasTimeout: true, KeyType: nftables.TypeInteger}
+	key := make([]byte, 4)
+	if _, err := rand.Read(key); err != nil {
+		return fmt.Errorf("element expiry probe: %w", err)
+	}
+	el := nftables.SetElement{Key: key, Timeout: Forever}
 	if err := c.AddSet(set, []nftables.SetElement{el}); err != nil {
 		return fmt.Errorf("element expiry probe: %w", err)
 	}
@@ -85,8 +81,10 @@ func probeExpiryHere() error {
 		return fmt.Errorf("element expiry probe: read back: %w", err)
 	}
 	// Gone already, or running out: applied. Still expiring in a century: ignored.
-	if len(els) > 0 && els[0].Expires > time.Second {
-		return fmt.Errorf("the kernel keeps an element's timeout when the element is added again (expires in %v after a timeout of %v)", els[0].Expires, EndTimeout)
+	for _, got := range els {
+		if bytes.Equal(got.Key, key) && got.Expires > time.Second {
+			return fmt.Errorf("the kernel keeps an element's timeout when the element is added again (expires in %v after a timeout of %v)", got.Expires, EndTimeout)
+		}
 	}
 	return nil
 }
