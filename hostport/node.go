@@ -167,11 +167,20 @@ func missingMaps(c *nftables.Conn, cfg Config) ([]string, error) {
 	table := nft.InetTable(cfg.Network)
 	sets, err := c.GetSets(table)
 	if err != nil {
-		// google/nftables loses the errno of this dump; a missing table is the usual cause.
-		if exists, lerr := nft.TableExistsWith(c, table); lerr != nil || exists {
-			return nil, fmt.Errorf("hostport maps of network %q: %w", cfg.Network, err)
+		// google/nftables loses the errno of this dump; a missing table is the usual cause. The
+		// table may have been made since (by the same ADD's SNAT step, which runs alongside, or
+		// by another ADD): then the maps are read again.
+		exists, lerr := nft.TableExistsWith(c, table)
+		switch {
+		case lerr != nil:
+			return nil, fmt.Errorf("hostport maps of network %q: %w", cfg.Network, errors.Join(err, lerr))
+		case !exists:
+			sets = nil
+		default:
+			if sets, err = c.GetSets(table); err != nil {
+				return nil, fmt.Errorf("hostport maps of network %q: %w", cfg.Network, err)
+			}
 		}
-		sets = nil
 	}
 	var out []string
 	for _, name := range plannedMaps(cfg) {
@@ -254,12 +263,6 @@ func (b nftablesBackend) ensureNode(cfg Config) (Repair, bool, error) {
 		rep.Chains = append(rep.Chains, d.Object)
 	}
 	rep.Maps = missing
-	nft.LearnWritten(cfg.Known, nft.InetTable(cfg.Network), chainNames(), cfg.planInputs(), func() map[string][]nft.Rule { return plannedChains(cfg) }, func(have map[string][]*nftables.Rule) error {
-		if diffs := compareChains(cfg, have); len(diffs) > 0 {
-			return diffs[0]
-		}
-		return nil
-	})
 	return rep, len(missing) > 0 || slices.ContainsFunc(diffs, func(d *nft.Difference) bool { return d.Missing }), nil
 }
 

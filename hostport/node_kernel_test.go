@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
 
 	"github.com/kubenet-dev/kubenet/internal/nft"
 )
@@ -382,5 +383,47 @@ func TestLocalnetIngressChainRetired(t *testing.T) {
 	}
 	if err := w.checkNode(t); err != nil {
 		t.Errorf("CheckNode after EnsureNode: %v", err)
+	}
+}
+
+// TestEnsureNodeRacesTableCreation: on a node's first ADD the SNAT step creates the network's
+// inet table while the host-port step reads the table's maps: a read that finds no table and a
+// table that exists when asked right after must not fail the step (the map read is made again).
+// Many rounds, each on a fresh node, with the table made at once by another goroutine.
+func TestEnsureNodeRacesTableCreation(t *testing.T) {
+	for round := range 200 {
+		w := newWorld(t)
+		errs := make(chan error, 2)
+		w.do(t, func() error {
+			start := make(chan struct{})
+			here, err := ns.GetCurrentNS()
+			if err != nil {
+				return err
+			}
+			defer here.Close()
+			go func() {
+				<-start
+				errs <- here.Do(func(ns.NetNS) error {
+					c, err := nftables.New()
+					if err != nil {
+						return err
+					}
+					c.AddTable(nft.InetTable(w.cfg.Network))
+					return c.Flush()
+				})
+			}()
+			close(start)
+			_, err = EnsureNode(w.cfg, false)
+			errs <- err
+			return nil
+		})
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if err := w.checkNode(t); err != nil {
+			t.Fatalf("round %d: CheckNode after EnsureNode: %v", round, err)
+		}
 	}
 }
