@@ -53,8 +53,9 @@ type addition struct {
 	keepReservation bool
 	// isolated is the isolation step, which runs alongside the steps after it
 	isolated *pending
-	// nodeRules is the SNAT and host-port chains' step, which runs alongside the pod's own
-	nodeRules *pending
+	// snat and hostPortChains are the node-wide SNAT and host-port chains' steps, which run
+	// alongside the pod's own
+	snat, hostPortChains *pending
 }
 
 // Add attaches the pod in att.NetNS to the network and returns the CNI result. On any error
@@ -114,8 +115,9 @@ func (a *addition) steps() []step {
 	return []step{
 		{"reserve addresses", a.reserve},
 		{"isolation", a.isolate},
+		{"SNAT", a.startSNAT},
 		{"bridge", a.bringUpBridge},
-		{"node rules", a.startNodeRules},
+		{"host-port chains", a.startHostPortChains},
 		{"veth", a.addVeth},
 		{"policy guard", a.guardPort},
 		{"pod interface", a.configurePod},
@@ -302,30 +304,42 @@ func (a *addition) hairpin(*undoStack) error {
 	return a.ensureDedup()
 }
 
-// startNodeRules brings the SNAT chain and the node-wide host-port chains and maps up to date
-// (the localnet guard among them protects the node from every pod, with or without mappings),
-// alongside the pod's links and addresses: they need only the configuration and the bridge (a
-// node's first ADD writes them, a later one reads them back), and on a node's first ADD they
-// are most of its time. awaitNodeRules collects the outcome before the pod's own port mappings,
-// which go into those maps. The undo waits for them, so that nothing writes on behalf of this
-// ADD after it returned.
-func (a *addition) startNodeRules(undo *undoStack) error {
-	a.nodeRules = &pending{done: alongside(func() error {
-		if err := a.ensureMasquerade(); err != nil {
-			return err
-		}
+// The node-wide steps run alongside the pod's links and addresses: on a node's first ADD they
+// write the SNAT chain and the host-port chains and maps (the localnet guard among them protects
+// the node from every pod, with or without mappings), on a later one they read them back, and
+// they need only the configuration (and the host-port chains the bridge, whose route_localnet
+// they may set). awaitNodeRules collects both before the pod's own port mappings go into those
+// maps. Each pushes an undo that waits for it, so that nothing writes on behalf of an ADD after
+// it returned.
+
+// startSNAT brings the SNAT chain up to date alongside.
+func (a *addition) startSNAT(undo *undoStack) error {
+	a.snat = a.runAlongside(undo, a.ensureMasquerade)
+	return nil
+}
+
+// startHostPortChains brings the node-wide host-port chains and maps up to date alongside.
+func (a *addition) startHostPortChains(undo *undoStack) error {
+	a.hostPortChains = a.runAlongside(undo, func() error {
 		_, err := a.ensureHostPortNode(false)
 		return err
-	})}
-	undo.push(func() error {
-		_ = a.nodeRules.wait() // reported by the step that failed, or by awaitNodeRules
-		return nil
 	})
 	return nil
 }
 
+// runAlongside runs f alongside the steps that follow and pushes an undo that waits for it (its
+// error is the await's, or the failed step's).
+func (a *addition) runAlongside(undo *undoStack, f func() error) *pending {
+	p := &pending{done: alongside(f)}
+	undo.push(func() error {
+		_ = p.wait()
+		return nil
+	})
+	return p
+}
+
 func (a *addition) awaitNodeRules(*undoStack) error {
-	return a.nodeRules.wait()
+	return errors.Join(a.snat.wait(), a.hostPortChains.wait())
 }
 
 // guardPort gives the new pod's bridge port its policy guard before the pod's interface comes
@@ -340,7 +354,7 @@ func (a *addition) guardPort(*undoStack) error {
 }
 
 // hostPorts programs the attachment's port mappings (a.cfg.Runtime.PortMappings) for its
-// addresses (a.ips) into the node-wide host-port maps (startNodeRules) and pushes their removal
+// addresses (a.ips) into the node-wide host-port maps (startHostPortChains) and pushes their removal
 // onto undo. The conflict check, the reservation and the nftables transaction happen under the
 // network lock, so two pods racing for one hostPort cannot both get it.
 func (a *addition) hostPorts(undo *undoStack) error {

@@ -227,9 +227,10 @@ func TestProbeElementExpiry(t *testing.T) {
 }
 
 // TestEnsureRecognizesOnlyWhatItVerified: with Known, the chains Ensure writes are remembered
-// as verified, a healthy table is recognised without adding anything to remember, a rule
-// changed in place is still found and rewritten, and a new configuration is a new plan; known
-// by the binary or, without one, by digesting the plan.
+// as verified once a later Ensure has read them back and found them as planned (not by the
+// writer: a node's first ADD does not wait for the read), a healthy table is then recognised
+// without adding anything to remember, a rule changed in place is still found and rewritten, and
+// a new configuration is a new plan; known by the binary or, without one, by digesting the plan.
 func TestEnsureRecognizesOnlyWhatItVerified(t *testing.T) {
 	for name, binary := range map[string]string{"build ID": nft.BuildID(), "no build ID": ""} {
 		t.Run(name, func(t *testing.T) {
@@ -238,10 +239,14 @@ func TestEnsureRecognizesOnlyWhatItVerified(t *testing.T) {
 			on := Config{Network: "v", AntiSpoofing: true, Known: known}
 			off := Config{Network: "v", Known: known}
 			nettest.Do(t, n, func() error { return ensured(on, testPort(1)) })
-			if known.Len() != 1 {
-				t.Fatalf("after the chains were written %d pairs are remembered, want 1", known.Len())
+			if known.Len() != 0 {
+				t.Fatalf("the writer remembered %d pairs before anyone read the chains back", known.Len())
 			}
 			nettest.Do(t, n, func() error { return ensured(on, testPort(2)) })
+			if known.Len() != 1 {
+				t.Fatalf("after the chains were read back as planned %d pairs are remembered, want 1", known.Len())
+			}
+			nettest.Do(t, n, func() error { return ensured(on, testPort(4)) })
 			if known.Len() != 1 {
 				t.Errorf("a healthy table added a pair: %d", known.Len())
 			}
@@ -265,6 +270,7 @@ func TestEnsureRecognizesOnlyWhatItVerified(t *testing.T) {
 			if err := in(t, n, func() error { return CheckNode(off) }); err != nil {
 				t.Errorf("Ensure with Known did not apply the new configuration: %v", err)
 			}
+			nettest.Do(t, n, func() error { return ensured(off) })
 			if known.Len() != 2 {
 				t.Errorf("after a second configuration %d pairs are remembered, want 2", known.Len())
 			}

@@ -103,7 +103,7 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 			return rebuilt, err
 		}
 	}
-	for i, batch := range batches(ports, portsPerBatch) {
+	for _, batch := range batches(ports, portsPerBatch) {
 		err := addElements(cfg, table, defs, batch, rewrite)
 		if rewrite == nil && nft.IsInvalid(err) {
 			defs = sets(table, false)
@@ -111,11 +111,6 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 		}
 		if err != nil {
 			return rebuilt, err
-		}
-		if i == 0 && rewrite != nil {
-			nft.LearnWritten(cfg.Known, table, chainNames, cfg.planInputs(), func() map[string][]nft.Rule { return chainsByName(plan()) }, func(have map[string][]*nftables.Rule) error {
-				return compare(table, have, plan())
-			})
 		}
 		rewrite = nil // done with the first transaction
 	}

@@ -185,7 +185,6 @@ func SyncChain(known Verified, chain *nftables.Chain, rules []Rule, planOf any) 
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write chain %s: %w", chain.Name, err)
 	}
-	LearnWritten(known, chain.Table, names, planOf, plan, compare)
 	return nil
 }
 

@@ -182,27 +182,6 @@ func planKey(binary string, family nftables.TableFamily, names []string, planOf 
 	return sha256.Sum256(b), nil
 }
 
-// LearnWritten reads back the chains names of table after the caller wrote them, and remembers
-// the dump's digest for the plan (see Recognize) when compare (given the decoded rules) finds them
-// as planned, so that the next caller recognises them without decoding. Best effort: a failed
-// read learns nothing.
-func LearnWritten(known Verified, table *nftables.Table, names []string, planOf any, plan func() map[string][]Rule, compare func(map[string][]*nftables.Rule) error) {
-	if known == nil {
-		return
-	}
-	d, err := DumpRules(table)
-	if err != nil {
-		return
-	}
-	v, ok, err := Recognize(known, d, names, planOf, plan)
-	if err != nil || ok {
-		return
-	}
-	if have, err := d.Rules(); err == nil && compare(have) == nil {
-		v.Confirmed()
-	}
-}
-
 // Remembered is a Verified held in memory, for a process that checks the same chains again and
 // again (kubenet-agent's healing) and for tests. BinaryID is what Binary returns.
 type Remembered struct {
