@@ -361,3 +361,62 @@ func otherBackendRules(t *testing.T, node *nettest.Node) []string {
 	}
 	return out
 }
+
+// TestCheckRacesBackendSwitch: CHECKs of running pods (on iptables) run over and over while the
+// ADD of another pod switches the node to nftables. A CHECK holds its attachment's lock, and the
+// switch's rebuild of the new backend's isolation elements passes over an attachment whose lock
+// is held: a CHECK writes nothing, so a pod it held would be left out of the new backend's
+// isolation sets altogether, no longer guarded against spoofing. Once the switch is over every
+// pod must be isolated in the backend in use (CHECK with its configuration passes).
+func TestCheckRacesBackendSwitch(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		running := make([]*nettest.Pod, pods)
+		for i := range running {
+			running[i] = node.NewPod(t, fmt.Sprintf("csw-%d-%d", round, i))
+			if err := node.Add(ipt, running[i]); err != nil {
+				t.Fatalf("round %d: ADD %s: %v", round, running[i].RT.ContainerID, err)
+			}
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("csw-%d-new", round))
+		// The racing CHECKs may fail (the switch removed the rules they read); they run until
+		// the switch is over, so that one of them holds its lock whenever the rebuild comes.
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, p := range running {
+			wg.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					_ = node.Check(ipt, p)
+				}
+			})
+		}
+		switchErr := node.Add(nft, switcher)
+		close(done)
+		wg.Wait()
+		if switchErr != nil {
+			t.Errorf("round %d: ADD %s: %v", round, switcher.RT.ContainerID, switchErr)
+		}
+		for _, p := range append(running, switcher) {
+			if err := node.Check(nft, p); err != nil {
+				t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		for _, p := range append(running, switcher) {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
