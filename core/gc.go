@@ -139,7 +139,14 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (report GCReport, err e
 	report.Addresses = append(report.Addresses, released...)
 	errs = append(errs, err)
 	collect(orphans)
-	errs = append(errs, h.dir.withLock(func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), h.gcIsolation(k))
+	errs = append(errs, h.dir.withLock(func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }))
+	// The isolation sweep works in the backend in use now, which an ADD may have switched
+	// since GC opened.
+	if err := h.findBackend(); err != nil {
+		errs = append(errs, err)
+	} else {
+		errs = append(errs, h.gcIsolation(k))
+	}
 	return report, errors.Join(errs...)
 }
 
@@ -152,6 +159,14 @@ func (h *handle) collectOne(ctx context.Context, att Attachment, k Keeper) (rec 
 		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
+	// The backend is read again under the attachment lock, as DEL reads it: an ADD may have
+	// switched the node since GC opened, and the switch's rebuild put this attachment's isolation
+	// into the new backend while it was not locked; removing it from the backend GC opened with
+	// would leave its permissions to send there (TestGCRacesBackendSwitch). A switch from now
+	// on passes over the attachment, which GC holds.
+	if err := h.findBackend(); err != nil {
+		return nil, nil, err
+	}
 	if spared, err := h.dir.recordSpared(att, k); err != nil || spared {
 		return nil, nil, err
 	}

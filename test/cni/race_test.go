@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -420,3 +421,104 @@ func TestCheckRacesBackendSwitch(t *testing.T) {
 	}
 }
 
+// TestGCRacesBackendSwitch: a GC (run as the plugin, not through libcni, whose GC would DEL
+// every cached attachment first) that collects every pod but one runs while the ADD of another
+// pod switches the node from iptables to nftables. The switch puts back the isolation elements
+// of every recorded pod in the new backend; a pod GC collects after that must leave nothing
+// there (its elements would name a veth and addresses that are no longer its), nor a host port.
+// The pod GC keeps and the switching pod stay isolated (CHECK), and the backend left behind
+// holds nothing of the network.
+func TestGCRacesBackendSwitch(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 6
+	var gcSpan time.Duration // the longest GC so far
+	for round := range raceRounds(t) / 2 {
+		kept := node.NewPod(t, fmt.Sprintf("gsw-%d-kept", round))
+		if err := node.Add(ipt, kept); err != nil {
+			t.Fatalf("round %d: ADD %s: %v", round, kept.RT.ContainerID, err)
+		}
+		collected := make([]*nettest.Pod, pods)
+		for i := range collected {
+			collected[i] = node.NewPod(t, fmt.Sprintf("gsw-%d-%d", round, i))
+			collected[i].RT.CapabilityArgs = hpArgs(true, hpMapping{host: 32200 + i, container: 80, proto: "tcp"})
+			if err := node.Add(ipt, collected[i]); err != nil {
+				t.Fatalf("round %d: ADD %s: %v", round, collected[i].RT.ContainerID, err)
+			}
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("gsw-%d-new", round))
+		valid := []types.GCAttachment{{ContainerID: kept.RT.ContainerID, IfName: kept.RT.IfName},
+			{ContainerID: switcher.RT.ContainerID, IfName: switcher.RT.IfName}}
+		var gcErr, switchErr error
+		var gcTook time.Duration
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			start := time.Now()
+			gcErr = execGC(node, ipt, valid)
+			gcTook = time.Since(start)
+		})
+		// The switch starts later in each round, so that it lands in every phase of the GC; the
+		// delay waits for nothing.
+		wg.Go(func() {
+			time.Sleep(time.Duration(round%8) * gcSpan / 8)
+			switchErr = node.Add(nft, switcher)
+		})
+		wg.Wait()
+		gcSpan = max(gcSpan, gcTook)
+		if gcErr != nil {
+			t.Errorf("round %d: GC: %v", round, gcErr)
+		}
+		if switchErr != nil {
+			t.Errorf("round %d: ADD %s: %v", round, switcher.RT.ContainerID, switchErr)
+		}
+		els := testkit.IsolationElements(t, node)
+		for _, p := range collected {
+			port := core.NamesFor("kubenet", testkit.AttachmentOf(p)).HostVeth
+			if left := isolationOfPort(els, port, p.RT.ContainerID+"/"+p.RT.IfName); len(left) > 0 {
+				t.Errorf("round %d: GC collected %s, and the %s backend still isolates it: %v", round, p.RT.ContainerID, testkit.NodeBackend(node), left)
+			}
+		}
+		if left := testkit.HostPortElements(t, node); len(left) > 0 {
+			t.Errorf("round %d: host ports of collected pods left in the maps: %v", round, left)
+		}
+		for _, p := range []*nettest.Pod{kept, switcher} {
+			if err := node.Check(nft, p); err != nil {
+				t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Errorf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, testkit.NodeBackend(node), left)
+		}
+		for _, p := range []*nettest.Pod{kept, switcher} {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// execGC runs the plugin's GC with list's configuration and the valid attachments, as a runtime
+// does after it has deleted what it knows of itself: the plugin collects what is left.
+func execGC(node *nettest.Node, list *libcni.NetworkConfigList, valid []types.GCAttachment) error {
+	var conf map[string]any
+	if err := json.Unmarshal(list.Plugins[0].Bytes, &conf); err != nil {
+		return err
+	}
+	conf["cniVersion"], conf["name"], conf["cni.dev/valid-attachments"] = list.CNIVersion, list.Name, valid
+	stdin, err := json.Marshal(conf)
+	if err != nil {
+		return err
+	}
+	run, err := node.ExecPlugin(binDir, map[string]string{"CNI_COMMAND": "GC", "CNI_PATH": binDir}, stdin)
+	if err != nil {
+		return err
+	}
+	if run.ExitCode != 0 {
+		return fmt.Errorf("GC exit %d: %s", run.ExitCode, run.Stdout)
+	}
+	return nil
+}
