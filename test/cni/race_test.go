@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -521,4 +523,94 @@ func execGC(node *nettest.Node, list *libcni.NetworkConfigList, valid []types.GC
 		return fmt.Errorf("GC exit %d: %s", run.ExitCode, run.Stdout)
 	}
 	return nil
+}
+
+// TestSwitchesRaceBothWays: the node is switched both ways at once, round after round: ADDs of
+// host-port pods through the iptables configuration, ADDs through the nftables one, the agent's
+// periodic heal (in process, with the nftables configuration, as an agent that has read the new
+// one) over and over, and CHECKs of the pods already up, all together. Every ADD and heal must
+// succeed; once they are done the node's record names one backend, every pod is isolated there
+// with its host port (CHECK with that backend's configuration), and the other backend holds
+// nothing of the network.
+func TestSwitchesRaceBothWays(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	lists := map[core.NetfilterBackend]*libcni.NetworkConfigList{
+		core.NetfilterIPTables: node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"}),
+		core.NetfilterNFTables: node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"}),
+	}
+	healCfg := testkit.PluginConfig(t, lists[core.NetfilterNFTables])
+	const perSide = 3
+	var up []*nettest.Pod
+	for round := range raceRounds(t) / 8 {
+		var mu sync.Mutex
+		var errs []error
+		fail := func(err error) {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+		var adds, others sync.WaitGroup
+		var added []*nettest.Pod
+		for side, list := range lists {
+			for i := range perSide {
+				p := node.NewPod(t, fmt.Sprintf("both-%d-%s-%d", round, side, i))
+				p.RT.CapabilityArgs = hpArgs(true, hpMapping{host: 33000 + len(up) + len(added), container: 80, proto: "tcp"})
+				added = append(added, p)
+				adds.Go(func() {
+					if err := node.Add(list, p); err != nil {
+						fail(fmt.Errorf("ADD %s through %s: %w", p.RT.ContainerID, side, err))
+					}
+				})
+			}
+		}
+		// The heal and the CHECKs go on until every ADD is over.
+		done := make(chan struct{})
+		others.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				err := node.NS.Do(func(ns.NetNS) error {
+					_, err := core.HealNode(context.Background(), healCfg, true)
+					return err
+				})
+				if err != nil {
+					fail(fmt.Errorf("heal: %w", err))
+				}
+			}
+		})
+		for _, p := range up {
+			others.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					_ = node.Check(lists[core.NetfilterIPTables], p) // may fail while the node moves
+				}
+			})
+		}
+		adds.Wait()
+		close(done)
+		others.Wait()
+		for _, err := range errs {
+			t.Errorf("round %d: %v", round, err)
+		}
+		up = append(up, added...)
+		b := testkit.NodeBackend(node)
+		for _, p := range up {
+			if err := node.Check(lists[b], p); err != nil {
+				t.Errorf("round %d: CHECK %s on %s: %v", round, p.RT.ContainerID, b, err)
+			}
+		}
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Errorf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, b, left)
+		}
+		if t.Failed() {
+			return
+		}
+	}
 }
