@@ -169,13 +169,23 @@ func raceOutcome(t *testing.T, node *nettest.Node, pod *nettest.Pod, add nettest
 }
 
 // TestDelRacesBackendSwitch: DELs of host-port pods run while the ADD of another pod switches
-// the node's netfilter backend (iptables to nftables). Whichever runs first, no host port of a
-// deleted pod may stay in the new backend's maps: it would lead the port to an address the next
-// pod is given.
+// the node's netfilter backend (iptables to nftables, and the other way). Whichever runs first,
+// no host port of a deleted pod may stay in the new backend's maps: it would lead the port to an
+// address the next pod is given; and the backend left behind holds nothing of the network.
 func TestDelRacesBackendSwitch(t *testing.T) {
+	for _, from := range []string{"iptables", "nftables"} {
+		t.Run("from "+from, func(t *testing.T) { delRacesBackendSwitch(t, from) })
+	}
+}
+
+// delRacesBackendSwitch is TestDelRacesBackendSwitch from backend from to the other one.
+func delRacesBackendSwitch(t *testing.T, from string) {
 	node := nettest.NewNode(t, binDir)
 	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
 	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	if from == "nftables" {
+		ipt, nft = nft, ipt // ipt is the configuration the round starts on, nft the switch's
+	}
 	const pods = 4
 	for round := range raceRounds(t) / 4 {
 		var deleted []*nettest.Pod
@@ -199,6 +209,11 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 		}
 		if left := testkit.HostPortElements(t, node); len(left) > 0 {
 			t.Fatalf("round %d: host ports of deleted pods left in the maps: %v", round, left)
+		}
+		// A DEL that opened on the old backend removes its pod's rules there after the move
+		// emptied it: that must not put chains back.
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Fatalf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, testkit.NodeBackend(node), left)
 		}
 		if err := node.Del(nft, switcher); err != nil {
 			t.Fatal(err)
