@@ -139,14 +139,25 @@ func recordBackend(cfg *Config, dir *networkDir, want BackendChoice, exclusive b
 				moveNeeded = true
 				return nil
 			}
+			crashPoint("switch: exclusive")
 			err := backendFor(cfg, inUse, dir).removeAll(cfg.Network)
 			if err != nil && rec != nil {
 				return fmt.Errorf("switch network %q from %s to %s: %w", cfg.Network, inUse, want.Backend, err)
 			}
+			crashPoint("switch: old backend removed")
+			defer crashPoint("switch: recorded")
 		}
 		return writeChoice(dir.root(), want)
 	})
 	return moveNeeded, err
+}
+
+// SwitchCrashPoints names the crash points of a backend switch (see CrashPoints), in the order
+// an ADD that moves the node's rules passes them: the backend lock held exclusively, the old
+// backend's rules removed, the record naming the new one (the lock not yet downgraded, nothing
+// put back in the new backend).
+func SwitchCrashPoints() []string {
+	return []string{"switch: exclusive", "switch: old backend removed", "switch: recorded"}
 }
 
 // decideBackend is the backend cfg asks for on this node (choose), rec being the network's

@@ -37,9 +37,9 @@ func Check(ctx context.Context, cfg *Config, att Attachment) (err error) {
 		return err
 	}
 	defer podNS.Close()
-	// The attachment lock: an ADD or DEL of the attachment in progress would make the comparison
-	// meaningless.
-	h, err := openAsFound(cfg, &att)
+	// The attachment lock, shared: an ADD or DEL of the attachment in progress would make the
+	// comparison meaningless; the node's healing, which reads the attachment too, may run.
+	h, err := openToRead(cfg, att)
 	if err != nil {
 		return err
 	}

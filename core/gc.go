@@ -139,20 +139,47 @@ func Collect(ctx context.Context, cfg *Config, k Keeper) (report GCReport, err e
 	report.Addresses = append(report.Addresses, released...)
 	errs = append(errs, err)
 	collect(orphans)
-	errs = append(errs, h.dir.withLock(func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }), h.gcIsolation(k))
+	errs = append(errs, h.dir.withLock(func() error { return records.RemoveFiles(append(scan.Garbage, scan.Temp...)) }))
+	// The isolation sweep works in the backend in use now, which an ADD may have switched
+	// since GC opened.
+	if err := h.findBackend(); err != nil {
+		errs = append(errs, err)
+	} else {
+		errs = append(errs, h.gcIsolation(k))
+	}
 	return report, errors.Join(errs...)
 }
 
 // collectOne tears att down (Del's teardown) unless k spares it, and returns its record when it
 // had a readable one, and the addresses it released. The attachment lock comes first: an ADD of
 // att still running finishes before GC decides, and the age of what it wrote then spares it.
+//
+// With a cutoff, GC first decides under the lock taken shared. An attachment it spares stays
+// as it is, and GC writes nothing for it; held exclusively, the lock would make a backend
+// switch's rebuild (which takes it shared, without waiting) pass over a pod that stays,
+// leaving it out of the new backend's isolation (TestGCSparedPodIsolatedAfterSwitch).
 func (h *handle) collectOne(ctx context.Context, att Attachment, k Keeper) (rec *Record, released []netip.Addr, err error) {
+	if !k.WrittenBefore.IsZero() {
+		spared, err := h.decideShared(att, k)
+		if err != nil || spared {
+			return nil, nil, err
+		}
+	}
 	unlock, err := h.dir.lockAttachment(att.key())
 	if err != nil {
 		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
+	// Decided again: an ADD of att may have run since the shared lock was let go.
 	if spared, err := h.dir.recordSpared(att, k); err != nil || spared {
+		return nil, nil, err
+	}
+	// The backend is read again under the attachment lock, as DEL reads it: an ADD may have
+	// switched the node since GC opened, and the switch's rebuild put this attachment's isolation
+	// into the new backend while it was not locked; removing it from the backend GC opened with
+	// would leave its permissions to send there (TestGCRacesBackendSwitch). A switch from now
+	// on passes over the attachment, which GC holds.
+	if err := h.findBackend(); err != nil {
 		return nil, nil, err
 	}
 	rec, err = h.dir.records.Load(att)
@@ -166,6 +193,23 @@ func (h *handle) collectOne(ctx context.Context, att Attachment, k Keeper) (rec 
 	}
 	return rec, released, nil
 }
+
+// decideShared reports whether k spares att, deciding under att's lock taken shared (an ADD or
+// DEL of att in flight finishes first).
+func (h *handle) decideShared(att Attachment, k Keeper) (spared bool, err error) {
+	unlock, err := h.dir.lockAttachmentShared(att.key())
+	if err != nil {
+		return false, err
+	}
+	defer func() { err = errors.Join(err, unlock()) }()
+	if gcDeciding != nil {
+		gcDeciding(att)
+	}
+	return h.dir.recordSpared(att, k)
+}
+
+// gcDeciding, when set (tests), runs while collectOne decides whether to spare att.
+var gcDeciding func(att Attachment)
 
 // recordSpared reports, under the network lock, whether att's record is too young to collect.
 // Without a cutoff nothing is spared; without a record there is no age to judge (orphan

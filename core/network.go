@@ -43,6 +43,8 @@ type handle struct {
 	known   nft.Verified
 	nf      netfilter
 	backend *statedir.BackendLock // nil for the verbs that work on what is there
+	// readOnly: the verb only reads its attachment (CHECK) and takes its lock shared.
+	readOnly bool
 }
 
 // openToApply opens cfg's network for a verb that applies the node's settings. Before anything
@@ -75,6 +77,18 @@ func openAsFound(cfg *Config, att *Attachment) (*handle, error) {
 	return h, nil
 }
 
+// openToRead is openAsFound for a verb that only reads att (CHECK): its attachment lock is taken
+// shared. It still waits for an ADD or DEL of att in flight, but not for another reader, and the
+// node's healing (a backend switch's rebuild among it) does not pass over the attachment because
+// it is being read.
+func openToRead(cfg *Config, att Attachment) (*handle, error) {
+	h := &handle{cfg: cfg, readOnly: true}
+	if err := h.open(&att, h.findBackend); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
 // open opens the directory, takes att's lock when att is set and lets choose find the rest;
 // what it opened is closed again when something fails.
 func (h *handle) open(att *Attachment, choose func() error) (err error) {
@@ -82,7 +96,11 @@ func (h *handle) open(att *Attachment, choose func() error) (err error) {
 		return err
 	}
 	if att != nil {
-		if h.unlock, err = h.dir.lockAttachment(att.key()); err != nil {
+		lock := h.dir.lockAttachment
+		if h.readOnly {
+			lock = h.dir.lockAttachmentShared
+		}
+		if h.unlock, err = lock(att.key()); err != nil {
 			return errors.Join(err, h.dir.Close())
 		}
 	}

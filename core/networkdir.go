@@ -90,9 +90,16 @@ func (d *networkDir) lockAttachment(k attachmentKey) (func() error, error) {
 	return d.state.LockAttachment(k.ContainerID, k.IfName)
 }
 
-// tryLockAttachment takes the attachment lock of k if nobody holds it, without waiting.
-func (d *networkDir) tryLockAttachment(k attachmentKey) (unlock func() error, ok bool, err error) {
-	return d.state.TryLockAttachment(k.ContainerID, k.IfName)
+// lockAttachmentShared takes the attachment lock of k shared (a verb that only reads the
+// attachment), waiting for an ADD or DEL of it, and returns its release.
+func (d *networkDir) lockAttachmentShared(k attachmentKey) (func() error, error) {
+	return d.state.LockAttachmentShared(k.ContainerID, k.IfName)
+}
+
+// tryLockAttachmentShared takes the attachment lock of k shared if no ADD or DEL of it holds it,
+// without waiting. Readers (CHECK, another healing pass) do not keep it from the caller.
+func (d *networkDir) tryLockAttachmentShared(k attachmentKey) (unlock func() error, ok bool, err error) {
+	return d.state.TryLockAttachmentShared(k.ContainerID, k.IfName)
 }
 
 // serializeNetfilter runs f under the network's netfilter lock: what keeps plugin processes

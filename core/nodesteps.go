@@ -57,11 +57,14 @@ func (h *handle) ensureMasquerade() error {
 // unreadable cannot be put back: its addresses are unknown. self is the attachment an ADD works
 // on (nil for the node's healing): its port is among ports already.
 //
-// An attachment is put back only under its attachment lock, taken without waiting, and only
-// if its record is still there once the lock is held: a DEL removes the elements first and the
-// record last, so putting back from a record read while that DEL runs would leave elements of a
-// deleted pod behind. An attachment whose ADD or DEL is in flight is skipped: the ADD adds its
-// own elements, the DEL removes them, and the next pass puts back what is still missing.
+// An attachment is put back only under its attachment lock, taken shared without waiting, and
+// only if its record is still there once the lock is held: a DEL removes the elements first and
+// the record last, so putting back from a record read while that DEL runs would leave elements of
+// a deleted pod behind. An attachment whose ADD or DEL is in flight is skipped: the ADD adds its
+// own elements, the DEL removes them, and the next pass puts back what is still missing. The
+// lock is taken shared because a CHECK of the attachment holds it so too: a CHECK writes nothing,
+// and skipping the pods it held would leave them out of a new backend's sets after a switch, no
+// longer guarded (TestCheckRacesBackendSwitch).
 func (h *handle) ensureIsolation(all bool, self *attachmentKey, ports ...isolation.Port) (int, error) {
 	icfg := h.isolationConfig()
 	rebuilt, err := h.nf.ensureIsolation(icfg, ports...)
@@ -82,7 +85,7 @@ func (h *handle) ensureIsolation(all bool, self *attachmentKey, ports ...isolati
 		if self != nil && k == *self {
 			continue
 		}
-		unlock, ok, err := h.dir.tryLockAttachment(k)
+		unlock, ok, err := h.dir.tryLockAttachmentShared(k)
 		if err != nil || !ok {
 			scanErr = errors.Join(scanErr, err)
 			continue

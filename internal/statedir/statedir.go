@@ -129,7 +129,7 @@ func (d *Dir) Unlock() error {
 // released by the kernel when the holder dies, and it needs no file per attachment. Two
 // attachments share a byte with a chance of 2^-62: they would then only wait for each other.
 func (d *Dir) LockAttachment(id, ifname string) (func() error, error) {
-	unlock, _, err := d.lockAttachment(id, ifname, true)
+	unlock, _, err := d.lockAttachment(id, ifname, unix.F_WRLCK, true)
 	return unlock, err
 }
 
@@ -139,7 +139,25 @@ func (d *Dir) LockAttachment(id, ifname string) (func() error, error) {
 // the Dir's own: a Dir that already holds it gets it again, and the release then frees it,
 // so a caller skips the attachment it works on itself.
 func (d *Dir) TryLockAttachment(id, ifname string) (unlock func() error, ok bool, err error) {
-	return d.lockAttachment(id, ifname, false)
+	return d.lockAttachment(id, ifname, unix.F_WRLCK, false)
+}
+
+// LockAttachmentShared takes the attachment lock of (id, ifname) shared, waiting for a holder
+// of it exclusive (LockAttachment), and returns the function that releases it: for a verb that
+// only reads the attachment (CHECK). Shared holders exclude an ADD or DEL of the attachment, not
+// one another: a reader does not keep the node's healing, which takes the lock shared too, from
+// putting the attachment's rules back.
+func (d *Dir) LockAttachmentShared(id, ifname string) (func() error, error) {
+	unlock, _, err := d.lockAttachment(id, ifname, unix.F_RDLCK, true)
+	return unlock, err
+}
+
+// TryLockAttachmentShared is TryLockAttachment, shared: it fails only while an ADD or DEL of the
+// attachment holds the lock (exclusively), not while a reader (CHECK, another pass of the node's
+// healing) does. A Dir that holds the lock exclusively converts it to shared: a caller skips the
+// attachment it works on itself.
+func (d *Dir) TryLockAttachmentShared(id, ifname string) (unlock func() error, ok bool, err error) {
+	return d.lockAttachment(id, ifname, unix.F_RDLCK, false)
 }
 
 // LockNetfilter takes the network's netfilter lock, waiting for its holder, and returns the
@@ -238,13 +256,13 @@ func (l *BackendLock) Release() error {
 	return nil
 }
 
-func (d *Dir) lockAttachment(id, ifname string, wait bool) (func() error, bool, error) {
+func (d *Dir) lockAttachment(id, ifname string, kind int16, wait bool) (func() error, bool, error) {
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	h.Write([]byte{0})
 	h.Write([]byte(ifname))
 	// Attachments take bytes below 2^62: byte 2^62 is the netfilter lock'd.
-	return d.lockByte(int64(h.Sum64()>>2), "attachment "+id+" "+ifname, wait)
+	return d.lockRange(int64(h.Sum64()>>2), kind, "attachment "+id+" "+ifname, wait)
 }
 
 // lockByte takes an OFD write lock on one byte of the lock file.

@@ -177,3 +177,59 @@ func waitForBlockedLock(t *testing.T, offset int64) {
 	}
 	t.Fatalf("nobody waits for byte %d of a lock file (/proc/locks)", offset)
 }
+
+// TestAttachmentLockShared: readers of an attachment (CHECK, the node's healing) share its lock;
+// a holder of it exclusive (ADD, DEL) keeps every other out, and a reader keeps an ADD or DEL
+// out. The node's healing takes it without waiting, so it must get it while a CHECK holds it.
+func TestAttachmentLockShared(t *testing.T) {
+	dir := t.TempDir()
+	one, err := Open(dir, "net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	other, err := Open(dir, "net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, tc := range []struct {
+		name         string
+		held, asked  int16
+		wantAcquired bool
+	}{
+		{"reader while a reader holds it", unix.F_RDLCK, unix.F_RDLCK, true},
+		{"writer while a reader holds it", unix.F_RDLCK, unix.F_WRLCK, false},
+		{"reader while a writer holds it", unix.F_WRLCK, unix.F_RDLCK, false},
+		{"writer while a writer holds it", unix.F_WRLCK, unix.F_WRLCK, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var unlock func() error
+			if tc.held == unix.F_RDLCK {
+				unlock, err = one.LockAttachmentShared("pod", "eth0")
+			} else {
+				unlock, err = one.LockAttachment("pod", "eth0")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unlock() //nolint:errcheck // closing the Dirs releases it anyway
+			try := other.TryLockAttachment
+			if tc.asked == unix.F_RDLCK {
+				try = other.TryLockAttachmentShared
+			}
+			u, ok, err := try("pod", "eth0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				if err := u(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if ok != tc.wantAcquired {
+				t.Errorf("acquired = %v, want %v", ok, tc.wantAcquired)
+			}
+		})
+	}
+}

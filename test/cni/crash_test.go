@@ -116,3 +116,56 @@ func cleanUpAfterCrash(t *testing.T, node *nettest.Node, list *libcni.NetworkCon
 		t.Errorf("after a crash at %q and %s the data dir still holds %v", point, cleanup, left)
 	}
 }
+
+// TestCrashDuringBackendSwitch kills the ADD that switches the node from one backend to the
+// other at every point of the switch: holding the backend lock exclusively, with the old
+// backend's rules removed, and with the record naming the new backend but nothing put back in
+// it. The kernel releases the dead process's locks; the next ADD (through the switching
+// configuration) must finish the switch: every running pod isolated in the new backend (CHECK),
+// its host port leading to it there, and nothing of the network left in the old backend.
+func TestCrashDuringBackendSwitch(t *testing.T) {
+	crashBin, err := nettest.BuildPlugin(t.TempDir(), "kubenet_crashtest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []core.NetfilterBackend{core.NetfilterIPTables, core.NetfilterNFTables} {
+		to := map[core.NetfilterBackend]core.NetfilterBackend{core.NetfilterIPTables: core.NetfilterNFTables, core.NetfilterNFTables: core.NetfilterIPTables}[from]
+		for _, point := range core.SwitchCrashPoints() {
+			t.Run(string(from)+" to "+string(to)+"/"+point, func(t *testing.T) {
+				node := nettest.NewNode(t, crashBin)
+				old := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: string(from)})
+				running := crashPod(node, "running", t)
+				if err := node.Add(old, running); err != nil {
+					t.Fatal(err)
+				}
+				switching := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: string(to)})
+				crashed := node.NewPod(t, "crashed")
+				crashAt(t, point, "ADD", func() error { return node.Add(switching, crashed) })
+				next := node.NewPod(t, "next")
+				if err := node.Add(switching, next); err != nil {
+					t.Fatalf("ADD after a switch died at %q: %v", point, err)
+				}
+				if b := testkit.NodeBackend(node); b != to {
+					t.Errorf("after the next ADD the node records backend %q, want %q", b, to)
+				}
+				for _, p := range []*nettest.Pod{running, next} {
+					if err := node.Check(switching, p); err != nil {
+						t.Errorf("CHECK %s after a switch died at %q: %v", p.RT.ContainerID, point, err)
+					}
+				}
+				if left := otherBackendRules(t, node); len(left) > 0 {
+					t.Errorf("after a switch died at %q the old backend still holds rules of the network: %v", point, left)
+				}
+				if len(testkit.HostPortElements(t, node)) == 0 && to == core.NetfilterNFTables {
+					t.Errorf("after a switch died at %q the running pod's host port is not in the new backend's maps", point)
+				}
+				for _, p := range []*nettest.Pod{crashed, running, next} {
+					if err := node.Del(switching, p); err != nil {
+						t.Errorf("DEL %s: %v", p.RT.ContainerID, err)
+					}
+				}
+				testkit.AssertNoHostPortResidue(t, node, running.IPs(), 30080)
+			})
+		}
+	}
+}

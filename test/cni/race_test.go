@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -166,13 +169,23 @@ func raceOutcome(t *testing.T, node *nettest.Node, pod *nettest.Pod, add nettest
 }
 
 // TestDelRacesBackendSwitch: DELs of host-port pods run while the ADD of another pod switches
-// the node's netfilter backend (iptables to nftables). Whichever runs first, no host port of a
-// deleted pod may stay in the new backend's maps: it would lead the port to an address the next
-// pod is given.
+// the node's netfilter backend (iptables to nftables, and the other way). Whichever runs first,
+// no host port of a deleted pod may stay in the new backend's maps: it would lead the port to an
+// address the next pod is given; and the backend left behind holds nothing of the network.
 func TestDelRacesBackendSwitch(t *testing.T) {
+	for _, from := range []string{"iptables", "nftables"} {
+		t.Run("from "+from, func(t *testing.T) { delRacesBackendSwitch(t, from) })
+	}
+}
+
+// delRacesBackendSwitch is TestDelRacesBackendSwitch from backend from to the other one.
+func delRacesBackendSwitch(t *testing.T, from string) {
 	node := nettest.NewNode(t, binDir)
 	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
 	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	if from == "nftables" {
+		ipt, nft = nft, ipt // ipt is the configuration the round starts on, nft the switch's
+	}
 	const pods = 4
 	for round := range raceRounds(t) / 4 {
 		var deleted []*nettest.Pod
@@ -196,6 +209,11 @@ func TestDelRacesBackendSwitch(t *testing.T) {
 		}
 		if left := testkit.HostPortElements(t, node); len(left) > 0 {
 			t.Fatalf("round %d: host ports of deleted pods left in the maps: %v", round, left)
+		}
+		// A DEL that opened on the old backend removes its pod's rules there after the move
+		// emptied it: that must not put chains back.
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Fatalf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, testkit.NodeBackend(node), left)
 		}
 		if err := node.Del(nft, switcher); err != nil {
 			t.Fatal(err)
@@ -360,4 +378,254 @@ func otherBackendRules(t *testing.T, node *nettest.Node) []string {
 		t.Fatalf("the node records no backend (%q)", b)
 	}
 	return out
+}
+
+// TestCheckRacesBackendSwitch: CHECKs of running pods (on iptables) run over and over while the
+// ADD of another pod switches the node to nftables. A CHECK holds its attachment's lock, and the
+// switch's rebuild of the new backend's isolation elements passes over an attachment whose lock
+// is held: a CHECK writes nothing, so a pod it held would be left out of the new backend's
+// isolation sets altogether, no longer guarded against spoofing. Once the switch is over every
+// pod must be isolated in the backend in use (CHECK with its configuration passes).
+func TestCheckRacesBackendSwitch(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 4
+	for round := range raceRounds(t) / 4 {
+		running := make([]*nettest.Pod, pods)
+		for i := range running {
+			running[i] = node.NewPod(t, fmt.Sprintf("csw-%d-%d", round, i))
+			if err := node.Add(ipt, running[i]); err != nil {
+				t.Fatalf("round %d: ADD %s: %v", round, running[i].RT.ContainerID, err)
+			}
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("csw-%d-new", round))
+		// The racing CHECKs may fail (the switch removed the rules they read); they run until
+		// the switch is over, so that one of them holds its lock whenever the rebuild comes.
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, p := range running {
+			wg.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					_ = node.Check(ipt, p)
+				}
+			})
+		}
+		switchErr := node.Add(nft, switcher)
+		close(done)
+		wg.Wait()
+		if switchErr != nil {
+			t.Errorf("round %d: ADD %s: %v", round, switcher.RT.ContainerID, switchErr)
+		}
+		for _, p := range append(running, switcher) {
+			if err := node.Check(nft, p); err != nil {
+				t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		for _, p := range append(running, switcher) {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// TestGCRacesBackendSwitch: a GC (run as the plugin, not through libcni, whose GC would DEL
+// every cached attachment first) that collects every pod but one runs while the ADD of another
+// pod switches the node from iptables to nftables. The switch puts back the isolation elements
+// of every recorded pod in the new backend; a pod GC collects after that must leave nothing
+// there (its elements would name a veth and addresses that are no longer its), nor a host port.
+// The pod GC keeps and the switching pod stay isolated (CHECK), and the backend left behind
+// holds nothing of the network.
+func TestGCRacesBackendSwitch(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	ipt := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"})
+	nft := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"})
+	const pods = 6
+	var gcSpan time.Duration // the longest GC so far
+	for round := range raceRounds(t) / 2 {
+		kept := node.NewPod(t, fmt.Sprintf("gsw-%d-kept", round))
+		if err := node.Add(ipt, kept); err != nil {
+			t.Fatalf("round %d: ADD %s: %v", round, kept.RT.ContainerID, err)
+		}
+		collected := make([]*nettest.Pod, pods)
+		for i := range collected {
+			collected[i] = node.NewPod(t, fmt.Sprintf("gsw-%d-%d", round, i))
+			collected[i].RT.CapabilityArgs = hpArgs(true, hpMapping{host: 32200 + i, container: 80, proto: "tcp"})
+			if err := node.Add(ipt, collected[i]); err != nil {
+				t.Fatalf("round %d: ADD %s: %v", round, collected[i].RT.ContainerID, err)
+			}
+		}
+		switcher := node.NewPod(t, fmt.Sprintf("gsw-%d-new", round))
+		valid := []types.GCAttachment{{ContainerID: kept.RT.ContainerID, IfName: kept.RT.IfName},
+			{ContainerID: switcher.RT.ContainerID, IfName: switcher.RT.IfName}}
+		var gcErr, switchErr error
+		var gcTook time.Duration
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			start := time.Now()
+			gcErr = execGC(node, ipt, valid)
+			gcTook = time.Since(start)
+		})
+		// The switch starts later in each round, so that it lands in every phase of the GC; the
+		// delay waits for nothing.
+		wg.Go(func() {
+			time.Sleep(time.Duration(round%8) * gcSpan / 8)
+			switchErr = node.Add(nft, switcher)
+		})
+		wg.Wait()
+		gcSpan = max(gcSpan, gcTook)
+		if gcErr != nil {
+			t.Errorf("round %d: GC: %v", round, gcErr)
+		}
+		if switchErr != nil {
+			t.Errorf("round %d: ADD %s: %v", round, switcher.RT.ContainerID, switchErr)
+		}
+		els := testkit.IsolationElements(t, node)
+		for _, p := range collected {
+			port := core.NamesFor("kubenet", testkit.AttachmentOf(p)).HostVeth
+			if left := isolationOfPort(els, port, p.RT.ContainerID+"/"+p.RT.IfName); len(left) > 0 {
+				t.Errorf("round %d: GC collected %s, and the %s backend still isolates it: %v", round, p.RT.ContainerID, testkit.NodeBackend(node), left)
+			}
+		}
+		if left := testkit.HostPortElements(t, node); len(left) > 0 {
+			t.Errorf("round %d: host ports of collected pods left in the maps: %v", round, left)
+		}
+		for _, p := range []*nettest.Pod{kept, switcher} {
+			if err := node.Check(nft, p); err != nil {
+				t.Errorf("round %d: CHECK %s after the switch: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Errorf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, testkit.NodeBackend(node), left)
+		}
+		for _, p := range []*nettest.Pod{kept, switcher} {
+			if err := node.Del(nft, p); err != nil {
+				t.Fatalf("round %d: DEL %s: %v", round, p.RT.ContainerID, err)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// execGC runs the plugin's GC with list's configuration and the valid attachments, as a runtime
+// does after it has deleted what it knows of itself: the plugin collects what is left.
+func execGC(node *nettest.Node, list *libcni.NetworkConfigList, valid []types.GCAttachment) error {
+	var conf map[string]any
+	if err := json.Unmarshal(list.Plugins[0].Bytes, &conf); err != nil {
+		return err
+	}
+	conf["cniVersion"], conf["name"], conf["cni.dev/valid-attachments"] = list.CNIVersion, list.Name, valid
+	stdin, err := json.Marshal(conf)
+	if err != nil {
+		return err
+	}
+	run, err := node.ExecPlugin(binDir, map[string]string{"CNI_COMMAND": "GC", "CNI_PATH": binDir}, stdin)
+	if err != nil {
+		return err
+	}
+	if run.ExitCode != 0 {
+		return fmt.Errorf("GC exit %d: %s", run.ExitCode, run.Stdout)
+	}
+	return nil
+}
+
+// TestSwitchesRaceBothWays: the node is switched both ways at once, round after round: ADDs of
+// host-port pods through the iptables configuration, ADDs through the nftables one, the agent's
+// periodic heal (in process, with the nftables configuration, as an agent that has read the new
+// one) over and over, and CHECKs of the pods already up, all together. Every ADD and heal must
+// succeed; once they are done the node's record names one backend, every pod is isolated there
+// with its host port (CHECK with that backend's configuration), and the other backend holds
+// nothing of the network.
+func TestSwitchesRaceBothWays(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	lists := map[core.NetfilterBackend]*libcni.NetworkConfigList{
+		core.NetfilterIPTables: node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "iptables"}),
+		core.NetfilterNFTables: node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack(), NetfilterBackend: "nftables"}),
+	}
+	healCfg := testkit.PluginConfig(t, lists[core.NetfilterNFTables])
+	const perSide = 3
+	var up []*nettest.Pod
+	for round := range raceRounds(t) / 8 {
+		var mu sync.Mutex
+		var errs []error
+		fail := func(err error) {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+		var adds, others sync.WaitGroup
+		var added []*nettest.Pod
+		for side, list := range lists {
+			for i := range perSide {
+				p := node.NewPod(t, fmt.Sprintf("both-%d-%s-%d", round, side, i))
+				p.RT.CapabilityArgs = hpArgs(true, hpMapping{host: 33000 + len(up) + len(added), container: 80, proto: "tcp"})
+				added = append(added, p)
+				adds.Go(func() {
+					if err := node.Add(list, p); err != nil {
+						fail(fmt.Errorf("ADD %s through %s: %w", p.RT.ContainerID, side, err))
+					}
+				})
+			}
+		}
+		// The heal and the CHECKs go on until every ADD is over.
+		done := make(chan struct{})
+		others.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				err := node.NS.Do(func(ns.NetNS) error {
+					_, err := core.HealNode(context.Background(), healCfg, true)
+					return err
+				})
+				if err != nil {
+					fail(fmt.Errorf("heal: %w", err))
+				}
+			}
+		})
+		for _, p := range up {
+			others.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					_ = node.Check(lists[core.NetfilterIPTables], p) // may fail while the node moves
+				}
+			})
+		}
+		adds.Wait()
+		close(done)
+		others.Wait()
+		for _, err := range errs {
+			t.Errorf("round %d: %v", round, err)
+		}
+		up = append(up, added...)
+		b := testkit.NodeBackend(node)
+		for _, p := range up {
+			if err := node.Check(lists[b], p); err != nil {
+				t.Errorf("round %d: CHECK %s on %s: %v", round, p.RT.ContainerID, b, err)
+			}
+		}
+		if left := otherBackendRules(t, node); len(left) > 0 {
+			t.Errorf("round %d: the node's backend is %s, and the other one still holds rules of the network: %v", round, b, left)
+		}
+		if t.Failed() {
+			return
+		}
+	}
 }
