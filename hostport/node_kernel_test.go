@@ -393,17 +393,16 @@ func TestLocalnetIngressChainRetired(t *testing.T) {
 func TestEnsureNodeRacesTableCreation(t *testing.T) {
 	for round := range 200 {
 		w := newWorld(t)
-		errs := make(chan error, 2)
+		var tableErr, ensureErr error
 		w.do(t, func() error {
-			start := make(chan struct{})
 			here, err := ns.GetCurrentNS()
 			if err != nil {
 				return err
 			}
 			defer here.Close()
+			made := make(chan error, 1)
 			go func() {
-				<-start
-				errs <- here.Do(func(ns.NetNS) error {
+				made <- here.Do(func(ns.NetNS) error {
 					c, err := nftables.New()
 					if err != nil {
 						return err
@@ -412,15 +411,12 @@ func TestEnsureNodeRacesTableCreation(t *testing.T) {
 					return c.Flush()
 				})
 			}()
-			close(start)
-			_, err = EnsureNode(w.cfg, false)
-			errs <- err
+			_, ensureErr = EnsureNode(w.cfg, false)
+			tableErr = <-made // before here is closed
 			return nil
 		})
-		for range 2 {
-			if err := <-errs; err != nil {
-				t.Fatalf("round %d: %v", round, err)
-			}
+		if err := errors.Join(tableErr, ensureErr); err != nil {
+			t.Fatalf("round %d: %v", round, err)
 		}
 		if err := w.checkNode(t); err != nil {
 			t.Fatalf("round %d: CheckNode after EnsureNode: %v", round, err)
