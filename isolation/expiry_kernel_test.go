@@ -277,3 +277,33 @@ func TestEnsureRecognizesOnlyWhatItVerified(t *testing.T) {
 		})
 	}
 }
+
+// TestProbeSetOfAnotherDefinition: another tool made the probe's set with another definition (no
+// timeout flag, another key). The probe cannot answer, and the answer it falls back to is the one
+// that is safe on every kernel: the sets are made without the timeout flag, and Remove deletes a
+// pod's elements (gone from the next listing) instead of relying on an expiry the kernel might
+// ignore.
+func TestProbeSetOfAnotherDefinition(t *testing.T) {
+	n := nettest.NewNS(t)
+	cfg := Config{Network: "p", AntiSpoofing: true}
+	p1, p2 := testPort(1), testPort(2)
+	nettest.Run(t, n, "nft", "add table bridge kubenet-p; add set bridge kubenet-p "+nft.ProbeSet+" { type ipv4_addr; }")
+	nettest.Do(t, n, func() error { return ensured(cfg, p1, p2) })
+	found, _ := setsAndElements(t, n, "p")
+	for _, want := range sets(nft.BridgeTable("p"), false) {
+		s := found[want.Name]
+		if s == nil {
+			t.Fatalf("set %s missing", want.Name)
+		}
+		if s.HasTimeout {
+			t.Errorf("set %s has the timeout flag although the probe could not answer", s.Name)
+		}
+	}
+	nettest.Do(t, n, func() error { return Remove("p", p1) })
+	if err := listedNoMore(n, "kubenet-p", p1.Name, p1.Owner); err != nil {
+		t.Errorf("after Remove: %v", err)
+	}
+	if err := in(t, n, func() error { return Check(cfg, p2) }); err != nil {
+		t.Errorf("the other port after Remove: %v", err)
+	}
+}
