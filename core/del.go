@@ -194,19 +194,13 @@ func delFoundLinks(veth netlink.Link, ifbName string) error {
 
 // flushConntrack deletes conntrack entries whose original source or reply source is one of addrs.
 func flushConntrack(addrs []netip.Addr) error {
-	doomed := map[netip.Addr]bool{}
+	var sels []conntrack.Selector
+	seen := map[netip.Addr]bool{}
 	for _, a := range addrs {
-		if a.IsValid() {
-			doomed[a.Unmap()] = true
+		if a = a.Unmap(); a.IsValid() && !seen[a] {
+			seen[a] = true
+			sels = append(sels, conntrack.Selector{Src: a}, conntrack.Selector{Reply: true, Src: a})
 		}
 	}
-	if len(doomed) == 0 {
-		return nil
-	}
-	_, err := conntrack.Delete(func(f *netlink.ConntrackFlow) bool {
-		from, _ := netip.AddrFromSlice(f.Forward.SrcIP)
-		reply, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
-		return doomed[from.Unmap()] || doomed[reply.Unmap()]
-	})
-	return err
+	return conntrack.DeleteSelected(sels)
 }

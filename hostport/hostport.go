@@ -233,6 +233,11 @@ func enableRouteLocalnet(bridge string) error {
 // ports on a local address (for a specific hostIP: that address). Flows to other destinations
 // that happen to use the same port (the node's own DNS lookups to port 53, say) are none of
 // our business and stay.
+//
+// Each (address, port) is one filtered flush in the kernel. The local addresses are the node's
+// own and the loopback's, without IPv6 link-local ones (every host veth has one; a flow to one
+// of them or to another 127.0.0.0/8 address keeps its entry): a stale entry here points to no
+// pod at all, since DEL removes every entry whose reply comes from a pod it removes.
 func FlushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
@@ -240,66 +245,58 @@ func FlushUDP(entries []Entry) error {
 			keys = append(keys, e.Key)
 		}
 	}
-	if len(keys) == 0 {
+	if len(keys) == 0 || conntrack.Empty() {
 		return nil
 	}
-	// The node's addresses only matter for a flow to one of the ports on an address that is
-	// neither loopback nor a specific hostIP. Listing them is a dump that grows with the pods
-	// (each host veth has an IPv6 link-local address), so it happens once, when such a flow
-	// turns up.
-	var local map[netip.Addr]bool
-	var localErr error
-	_, err := conntrack.Delete(func(f *netlink.ConntrackFlow) bool {
-		if f.Forward.Protocol != unix.IPPROTO_UDP || localErr != nil {
-			return false
-		}
-		dst, ok := netip.AddrFromSlice(f.Forward.DstIP)
-		if !ok {
-			return false
-		}
-		dst = dst.Unmap()
-		for _, k := range keys {
-			if k.HostPort != f.Forward.DstPort || k.Is6() != dst.Is6() {
-				continue
-			}
-			if !k.Any() {
-				if dst == k.HostIP {
-					return true
-				}
-				continue
-			}
-			if dst.IsLoopback() {
-				return true
-			}
+	var local map[bool][]netip.Addr // by Is6
+	var sels []conntrack.Selector
+	for _, k := range keys {
+		dsts := []netip.Addr{k.HostIP}
+		if k.Any() {
 			if local == nil {
-				if local, localErr = localAddrs(); localErr != nil {
-					return false
+				var err error
+				if local, err = localAddrs(keys); err != nil {
+					return fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err)
 				}
 			}
-			if local[dst] {
-				return true
-			}
+			dsts = local[k.Is6()]
 		}
-		return false
-	})
-	if err != nil {
-		err = fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err)
+		for _, dst := range dsts {
+			sels = append(sels, conntrack.Selector{Dst: dst, Proto: unix.IPPROTO_UDP, DstPort: k.HostPort})
+		}
 	}
-	return errors.Join(localErr, err)
+	if err := conntrack.DeleteSelected(sels); err != nil {
+		return fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err)
+	}
+	return nil
 }
 
-// localAddrs lists the node's addresses. netlinksafe retries the dump: on a node with hundreds of
-// pods some host veth's IPv6 link-local address changes state (DAD) during almost every dump, and
-// the kernel then flags the dump as interrupted.
-func localAddrs() (map[netip.Addr]bool, error) {
-	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, fmt.Errorf("list local addresses: %w", err)
-	}
-	out := make(map[netip.Addr]bool, len(addrs))
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			out[ip.Unmap()] = true
+// localAddrs lists the node's addresses of the keys' families, without IPv6 link-local ones, and
+// the loopback address of each. netlinksafe retries the dump: on a node with hundreds of pods
+// some host veth's IPv6 link-local address changes state (DAD) during almost every dump, and the
+// kernel then flags the dump as interrupted.
+func localAddrs(keys []Key) (map[bool][]netip.Addr, error) {
+	out := map[bool][]netip.Addr{}
+	for _, is6 := range []bool{false, true} {
+		if !slices.ContainsFunc(keys, func(k Key) bool { return k.Is6() == is6 }) {
+			continue
+		}
+		family, loopback := netlink.FAMILY_V4, netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		if is6 {
+			family, loopback = netlink.FAMILY_V6, netip.IPv6Loopback()
+		}
+		addrs, err := netlinksafe.AddrList(nil, family)
+		if err != nil {
+			return nil, fmt.Errorf("list local addresses: %w", err)
+		}
+		seen := map[netip.Addr]bool{loopback: true}
+		out[is6] = append(out[is6], loopback)
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ip = ip.Unmap(); ok && !ip.IsLinkLocalUnicast() && !seen[ip] {
+				seen[ip] = true
+				out[is6] = append(out[is6], ip)
+			}
 		}
 	}
 	return out, nil

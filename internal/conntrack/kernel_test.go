@@ -14,11 +14,12 @@ import (
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
-// trackingNS makes a namespace whose output path runs through conntrack, as a node's does.
-func trackingNS(t *testing.T) ns.NetNS {
+// trackingNS makes a namespace whose output path runs through conntrack, as a node's does, with
+// more nft rules when given.
+func trackingNS(t *testing.T, more ...string) ns.NetNS {
 	t.Helper()
 	n := nettest.NewNS(t)
-	rules := "table inet cttest { chain out { type filter hook output priority 0; ct state new accept; }; }"
+	rules := strings.Join(append([]string{"table inet cttest { chain out { type filter hook output priority 0; ct state new accept; }; }"}, more...), "\n")
 	cmd := exec.Command("nsenter", "--net="+n.Path(), "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -33,7 +34,7 @@ func TestListAndDelete(t *testing.T) {
 	t.Run("namespace without entries", func(t *testing.T) {
 		n := nettest.NewNS(t)
 		nettest.Do(t, n, func() error {
-			if !empty() {
+			if !Empty() {
 				return fmt.Errorf("a new namespace does not count as empty")
 			}
 			flows, err := List()
@@ -49,7 +50,7 @@ func TestListAndDelete(t *testing.T) {
 			if err := trackUDP(40001, 40002); err != nil {
 				return err
 			}
-			if empty() {
+			if Empty() {
 				return fmt.Errorf("namespace with two tracked flows counts as empty")
 			}
 			if got := count(toPort(40001)); got != 1 {
