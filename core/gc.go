@@ -26,6 +26,9 @@ type Keeper struct {
 	WrittenBefore time.Time
 	// listed are the attachments InUse names, when the caller knows them (CNI GC's list).
 	listed []attachmentKey
+	// deciding, when set (tests), runs while GC decides under an attachment's shared lock
+	// whether to spare it.
+	deciding func(att Attachment)
 }
 
 // keeps reports whether att's host-side state (found without its record) stays: the attachment
@@ -202,14 +205,11 @@ func (h *handle) decideShared(att Attachment, k Keeper) (spared bool, err error)
 		return false, err
 	}
 	defer func() { err = errors.Join(err, unlock()) }()
-	if gcDeciding != nil {
-		gcDeciding(att)
+	if k.deciding != nil {
+		k.deciding(att)
 	}
 	return h.dir.recordSpared(att, k)
 }
-
-// gcDeciding, when set (tests), runs while collectOne decides whether to spare att.
-var gcDeciding func(att Attachment)
 
 // recordSpared reports, under the network lock, whether att's record is too young to collect.
 // Without a cutoff nothing is spared; without a record there is no age to judge (orphan

@@ -33,13 +33,15 @@ func TestGCSparedPodIsolatedAfterSwitch(t *testing.T) {
 		}
 		// The switch runs while GC holds the young pod's lock to decide on it.
 		var switchErr error
-		gcDeciding = func(att Attachment) {
-			if att.ContainerID == young.ContainerID {
-				_, switchErr = Add(context.Background(), nft, switcher)
-			}
+		k := Keeper{
+			InUse:         func(string, string) bool { return false },
+			WrittenBefore: time.Now().Add(-time.Hour),
+			deciding: func(att Attachment) {
+				if att.ContainerID == young.ContainerID {
+					_, switchErr = Add(context.Background(), nft, switcher)
+				}
+			},
 		}
-		defer func() { gcDeciding = nil }()
-		k := Keeper{InUse: func(string, string) bool { return false }, WrittenBefore: time.Now().Add(-time.Hour)}
 		if _, err := Collect(context.Background(), ipt, k); err != nil {
 			return err
 		}

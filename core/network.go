@@ -43,8 +43,6 @@ type handle struct {
 	known   nft.Verified
 	nf      netfilter
 	backend *statedir.BackendLock // nil for the verbs that work on what is there
-	// readOnly: the verb only reads its attachment (CHECK) and takes its lock shared.
-	readOnly bool
 }
 
 // openToApply opens cfg's network for a verb that applies the node's settings. Before anything
@@ -59,7 +57,7 @@ func openToApply(cfg *Config, att *Attachment) (*handle, error) {
 		return nil, err
 	}
 	h := &handle{cfg: cfg, seen: seen}
-	if err := h.open(att, h.applySettings); err != nil {
+	if err := h.open(att, lockExclusive, h.applySettings); err != nil {
 		return nil, err
 	}
 	return h, nil
@@ -71,7 +69,7 @@ func openToApply(cfg *Config, att *Attachment) (*handle, error) {
 // left).
 func openAsFound(cfg *Config, att *Attachment) (*handle, error) {
 	h := &handle{cfg: cfg}
-	if err := h.open(att, h.findBackend); err != nil {
+	if err := h.open(att, lockExclusive, h.findBackend); err != nil {
 		return nil, err
 	}
 	return h, nil
@@ -82,22 +80,31 @@ func openAsFound(cfg *Config, att *Attachment) (*handle, error) {
 // node's healing (a backend switch's rebuild among it) does not pass over the attachment because
 // it is being read.
 func openToRead(cfg *Config, att Attachment) (*handle, error) {
-	h := &handle{cfg: cfg, readOnly: true}
-	if err := h.open(&att, h.findBackend); err != nil {
+	h := &handle{cfg: cfg}
+	if err := h.open(&att, lockShared, h.findBackend); err != nil {
 		return nil, err
 	}
 	return h, nil
 }
 
-// open opens the directory, takes att's lock when att is set and lets choose find the rest;
-// what it opened is closed again when something fails.
-func (h *handle) open(att *Attachment, choose func() error) (err error) {
+// lockMode is how a verb holds its attachment's lock: exclusive when it may change the
+// attachment, shared when it only reads it (CHECK).
+type lockMode bool
+
+const (
+	lockExclusive lockMode = false
+	lockShared    lockMode = true
+)
+
+// open opens the directory, takes att's lock (in mode) when att is set and lets choose find the
+// rest; what it opened is closed again when something fails.
+func (h *handle) open(att *Attachment, mode lockMode, choose func() error) (err error) {
 	if h.dir, err = openNetworkDir(h.cfg); err != nil {
 		return err
 	}
 	if att != nil {
 		lock := h.dir.lockAttachment
-		if h.readOnly {
+		if mode == lockShared {
 			lock = h.dir.lockAttachmentShared
 		}
 		if h.unlock, err = lock(att.key()); err != nil {
