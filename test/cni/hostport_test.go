@@ -879,3 +879,59 @@ func TestHostPortLimit(t *testing.T) {
 	testkit.AssertNoHostPortResidue(t, node, ips, ports...)
 	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), ips)
 }
+
+// TestHostPortUDPStaleLoopbackEntry: a node process that sent to a UDP hostPort on 127.0.0.2
+// (any 127.0.0.0/8 address is local, and an "any address" mapping answers on it; a stub resolver
+// on 127.0.0.53 is one) before a pod held the port has an untranslated conntrack entry to the
+// node. ADD of the pod must clear it, as it clears one to 127.0.0.1, or the process keeps missing
+// the pod for as long as it keeps sending.
+func TestHostPortUDPStaleLoopbackEntry(t *testing.T) {
+	const hostPort = 31012
+	node, list, _ := hpNode(t)
+	// A pod with another host port: the node tracks connections from then on, as a node with
+	// pods does.
+	bystander := node.NewPod(t, "bystander")
+	bystander.RT.CapabilityArgs = hpArgs(false, hpMapping{hostPort + 100, 8081, "udp", ""})
+	node.MustAdd(t, list, bystander)
+	to := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), hostPort)
+	client := startUDPClient(t, node.NS, netip.MustParseAddrPort("127.0.0.1:40000"), to)
+	// Wait until the client's flow is an untranslated entry to the node itself.
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+		for _, f := range testkit.HostPortConntrack(t, node, false, hostPort) {
+			if strings.Contains(f, "sport=40000") && strings.Contains(f, "\tsrc=127.0.0.2 ") {
+				return nil
+			}
+		}
+		return errors.New("no untranslated conntrack entry for the client yet")
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	pod := node.NewPod(t, "udp-any")
+	pod.RT.CapabilityArgs = hpArgs(false, hpMapping{hostPort, 8081, "udp", ""})
+	srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
+	node.MustAdd(t, list, pod)
+	// A new flow from another port reaches the pod: the mapping answers on 127.0.0.2.
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+		_, err := nettest.UDPRequest(node.NS, to, "fresh", time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("a new flow to %s does not reach the pod: %v", to, err)
+	}
+	before := client.replies.Load()
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+		if client.replies.Load() <= before {
+			return fmt.Errorf("the client got no echo since the pod came up (sent %d)", client.sent.Load())
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(testkit.HostPortConntrack(t, node, false, hostPort), "\n"))
+	}
+	received := 0
+	for i := range client.sent.Load() {
+		received += srv.Received(fmt.Sprintf("seq-%d", i+1))
+	}
+	if received == 0 {
+		t.Error("the pod's server received nothing from the client")
+	}
+}
