@@ -234,7 +234,8 @@ func enableRouteLocalnet(bridge string) error {
 // that happen to use the same port (the node's own DNS lookups to port 53, say) are none of
 // our business and stay.
 //
-// Each (address, port) is one filtered flush in the kernel. The local addresses are the node's
+// Each (address, port) is one filtered flush in the kernel (one dump instead when there are many
+// of them: conntrack.DeleteSelected). The local addresses are the node's
 // own and the loopback's, without IPv6 link-local ones: every host veth has one, and a hostPort
 // cannot answer on one (the pod's reply to a link-local source has no route). The rest of
 // 127.0.0.0/8 is local too, and an untranslated entry to 127.0.0.2:port made before the mapping
