@@ -234,16 +234,15 @@ func enableRouteLocalnet(bridge string) error {
 // that happen to use the same port (the node's own DNS lookups to port 53, say) are none of
 // our business and stay.
 //
-// Each (address, port) is one filtered flush in the kernel (one dump instead when there are many
-// of them: conntrack.DeleteSelected). The local addresses are the node's
-// own and the loopback's, without IPv6 link-local ones: every host veth has one, and a hostPort
-// cannot answer on one (the pod's reply to a link-local source has no route). The rest of
-// 127.0.0.0/8 is local too, and an untranslated entry to 127.0.0.2:port made before the mapping
-// keeps its sender away from the pod just as one to 127.0.0.1 does; a filter cannot name a
-// prefix, but only the node sends to 127.0.0.0/8, from 127.0.0.1 unless it binds another
-// address (the loopback route's preferred source), and a flow from 127.0.0.1 goes nowhere but
-// to a local address (the localnet guard drops it on the bridge): so an IPv4 "any address"
-// port's flows from 127.0.0.1 go as well.
+// Each (address, port) is one filtered flush in the kernel (one dump instead when there are many of
+// them: conntrack.DeleteSelected). The local addresses are the node's own and the loopback's,
+// without IPv6 link-local ones: every host veth has one, and a hostPort cannot answer on one (the
+// pod's reply to a link-local source has no route). The rest of 127.0.0.0/8 is local too, and an
+// untranslated entry to 127.0.0.2:port made before the mapping keeps its sender away from the pod
+// just as one to 127.0.0.1 does; a filter cannot name a prefix, but only the node sends to
+// 127.0.0.0/8, from 127.0.0.1 unless it binds another address (the loopback route's preferred
+// source), and a flow from 127.0.0.1 goes nowhere but to a local address (the localnet guard drops
+// it on the bridge): so an IPv4 "any address" port's flows from 127.0.0.1 go as well.
 func FlushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
