@@ -241,8 +241,8 @@ func enableRouteLocalnet(bridge string) error {
 // untranslated entry to 127.0.0.2:port made before the mapping keeps its sender away from the pod
 // just as one to 127.0.0.1 does; a filter cannot name a prefix, but only the node sends to
 // 127.0.0.0/8, from 127.0.0.1 unless it binds another address (the loopback route's preferred
-// source), and a flow from 127.0.0.1 goes nowhere but to a local address (the localnet guard drops
-// it on the bridge): so an IPv4 "any address" port's flows from 127.0.0.1 go as well.
+// source), and a flow from 127.0.0.1 to the port anywhere else has no answer to lose (127.0.0.0/8
+// does not leave the node): so an IPv4 "any address" port's flows from 127.0.0.1 go as well.
 func FlushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
