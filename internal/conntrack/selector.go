@@ -47,8 +47,15 @@ func (s Selector) validate() error {
 		return fmt.Errorf("conntrack selector %v names no address", s)
 	case s.Src.IsValid() && s.Dst.IsValid() && s.Src.Unmap().Is6() != s.Dst.Unmap().Is6():
 		return fmt.Errorf("conntrack selector %v mixes address families", s)
-	case s.DstPort != 0 && s.Proto == 0:
-		return fmt.Errorf("conntrack selector %v has a port but no protocol", s)
+	case s.DstPort != 0 && s.Proto != unix.IPPROTO_UDP && s.Proto != unix.IPPROTO_TCP:
+		// The kernel's filter compares the ports of TCP and UDP only: for another protocol
+		// it would ignore the port and delete every flow of it.
+		return fmt.Errorf("conntrack selector %v has a port but not TCP or UDP", s)
+	case s.Src.IsValid() && s.Dst.IsValid() && s.Proto != 0 && s.DstPort == 0:
+		// Both addresses and a protocol without ports (ESP, GRE...) make a whole tuple, and a
+		// kernel before 6.12 ignores CTA_FILTER in a delete and takes the tuple for one exact
+		// entry: it deletes that entry of zone 0 only, or fails with ENOENT (DEL with it).
+		return fmt.Errorf("conntrack selector %v names a whole tuple without a port", s)
 	}
 	return nil
 }
@@ -74,9 +81,10 @@ func (s Selector) matches(f *netlink.ConntrackFlow) bool {
 		(s.DstPort == 0 || t.DstPort == s.DstPort)
 }
 
-// errNoFilteredFlush is what a kernel answers that cannot filter a flush: EOPNOTSUPP from one
-// that filters dumps only, EINVAL from one older still (it takes the tuple for an exact one and
-// finds it incomplete).
+// errNoFilteredFlush is what a kernel answers that cannot filter a flush. Before 6.12 a delete
+// that carries a tuple is the delete of that exact entry, CTA_FILTER or not, and the selector's
+// tuple is incomplete (validate sees to it): EINVAL. EOPNOTSUPP is what a flush with CTA_FILTER
+// got before, and what a kernel without ctnetlink answers.
 func errNoFilteredFlush(err error) bool {
 	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL)
 }
@@ -170,6 +178,12 @@ const (
 // flushFiltered asks the kernel to delete the entries s selects: a delete without an exact
 // tuple is a flush, and CTA_FILTER names which of the tuple's fields it compares.
 func flushFiltered(s Selector) error {
+	_, err := flushRequest(s).Execute(unix.NETLINK_NETFILTER, 0)
+	return err
+}
+
+// flushRequest is flushFiltered's request: the tuple, then CTA_FILTER (its last data).
+func flushRequest(s Selector) *nl.NetlinkRequest {
 	family, ipSrc, ipDst := uint8(unix.AF_INET), nl.CTA_IP_V4_SRC, nl.CTA_IP_V4_DST
 	if s.is6() {
 		family, ipSrc, ipDst = unix.AF_INET6, nl.CTA_IP_V6_SRC, nl.CTA_IP_V6_DST
@@ -209,6 +223,5 @@ func flushFiltered(s Selector) error {
 	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: unix.NFNETLINK_V0})
 	req.AddData(tuple)
 	req.AddData(filter)
-	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
-	return err
+	return req
 }

@@ -218,3 +218,39 @@ func TestDeleteSelectedManySelectors(t *testing.T) {
 		return nil
 	})
 }
+
+// TestFlushOnKernelWithoutFilteredFlush: a kernel before 6.12 ignores CTA_FILTER in a delete and
+// takes a delete that carries a tuple for the delete of that exact entry. Each selector that
+// validates must then be refused (an incomplete tuple: EINVAL, which DeleteSelected takes for a
+// kernel that cannot filter and answers with the dump), never be an exact delete: that deletes
+// one entry of one zone and reports success, or fails with ENOENT, and DEL with it. The request
+// without its CTA_FILTER is what such a kernel reads.
+func TestFlushOnKernelWithoutFilteredFlush(t *testing.T) {
+	nettest.RequireRoot(t)
+	ip := netip.MustParseAddr
+	sels := []Selector{
+		{Src: ip("127.0.0.2")},
+		{Reply: true, Src: ip("127.0.0.2")},
+		{Dst: ip("127.0.0.1"), Proto: unix.IPPROTO_UDP, DstPort: 40002},
+		{Src: ip("127.0.0.1"), Proto: unix.IPPROTO_UDP, DstPort: 40002},
+		{Src: ip("127.0.0.1"), Dst: ip("127.0.0.2"), Proto: unix.IPPROTO_UDP, DstPort: 40002},
+		{Src: ip("127.0.0.1"), Dst: ip("127.0.0.2"), Proto: unix.IPPROTO_ICMP},
+		{Src: ip("127.0.0.1"), Dst: ip("127.0.0.2")},
+		{Src: ip("127.0.0.1"), Dst: ip("127.0.0.2"), Proto: unix.IPPROTO_ESP}, // no ports: a whole tuple
+	}
+	for _, s := range sels {
+		if s.validate() != nil {
+			continue
+		}
+		n := trackingNS(t)
+		nettest.Do(t, n, func() error {
+			req := flushRequest(s)
+			req.Data = req.Data[:len(req.Data)-1]
+			_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+			if !errNoFilteredFlush(err) {
+				t.Errorf("selector %v, read by a kernel without filtered flush: %v, want EINVAL or EOPNOTSUPP", s, err)
+			}
+			return nil
+		})
+	}
+}
