@@ -304,7 +304,9 @@ func localAddrs(keys []Key) (map[bool][]netip.Addr, error) {
 		out[is6] = append(out[is6], loopback)
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP)
-			if ip = ip.Unmap(); ok && !ip.IsLinkLocalUnicast() && !seen[ip] {
+			// Only IPv6's: IsLinkLocalUnicast also takes IPv4's 169.254.0.0/16, which
+			// answers a hostPort like any address (NodeLocal DNSCache's 169.254.20.10).
+			if ip = ip.Unmap(); ok && !(ip.Is6() && ip.IsLinkLocalUnicast()) && !seen[ip] {
 				seen[ip] = true
 				out[is6] = append(out[is6], ip)
 			}
