@@ -102,11 +102,13 @@ func DeleteSelected(sels []Selector) error { return deleteSelected(sels, flushFi
 
 // maxFlushes is how many filtered flushes DeleteSelected sends at most; more selectors take one
 // dump instead. A flush still visits every bucket of the hash table that all namespaces share
-// and walks each one that holds an entry (~0.14 ms on an idle machine, more on a busy one), so
-// about 70 of them cost a dump (~10 ms): an "any address" host port on a node with hundreds of
-// addresses (kube-proxy's IPVS mode puts every Service IP on the node) would otherwise cost many
-// dumps per ADD. 32 keeps the flushes at under half a dump.
-const maxFlushes = 32
+// and walks each one that holds an entry: 0.14 ms on an idle machine, where the dump takes 10 ms,
+// but 17 ms with 150000 entries in the namespace, where the dump takes 215 ms. So about 70
+// flushes cost a dump on an idle node and about 13 on a busy one: an "any address" host port on
+// a node with hundreds of addresses (kube-proxy's IPVS mode puts every Service IP on the node)
+// would otherwise cost seconds per ADD. 16 keeps the common cases (DEL: two per address; a host
+// port: one per node address) on flushes, and costs at most a few dumps where they are slower.
+const maxFlushes = 16
 
 // deleteSelected is DeleteSelected with the kernel's filtered flush as flush (tests: one that
 // refuses, as an older kernel does).
