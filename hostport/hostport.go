@@ -234,10 +234,15 @@ func enableRouteLocalnet(bridge string) error {
 // that happen to use the same port (the node's own DNS lookups to port 53, say) are none of
 // our business and stay.
 //
-// Each (address, port) is one filtered flush in the kernel. The local addresses are the node's
-// own and the loopback's, without IPv6 link-local ones (every host veth has one; a flow to one
-// of them or to another 127.0.0.0/8 address keeps its entry): a stale entry here points to no
-// pod at all, since DEL removes every entry whose reply comes from a pod it removes.
+// Each (address, port) is one filtered flush in the kernel (one dump instead when there are many of
+// them: conntrack.DeleteSelected). The local addresses are the node's own and the loopback's,
+// without IPv6 link-local ones: every host veth has one, and a hostPort cannot answer on one (the
+// pod's reply to a link-local source has no route). The rest of 127.0.0.0/8 is local too, and an
+// untranslated entry to 127.0.0.2:port made before the mapping keeps its sender away from the pod
+// just as one to 127.0.0.1 does; a filter cannot name a prefix, but only the node sends to
+// 127.0.0.0/8, from 127.0.0.1 unless it binds another address (the loopback route's preferred
+// source), and a flow from 127.0.0.1 to the port anywhere else has no answer to lose (127.0.0.0/8
+// does not leave the node): so an IPv4 "any address" port's flows from 127.0.0.1 go as well.
 func FlushUDP(entries []Entry) error {
 	var keys []Key
 	for _, e := range entries {
@@ -264,12 +269,18 @@ func FlushUDP(entries []Entry) error {
 		for _, dst := range dsts {
 			sels = append(sels, conntrack.Selector{Dst: dst, Proto: unix.IPPROTO_UDP, DstPort: k.HostPort})
 		}
+		if k.Any() && !k.Is6() {
+			sels = append(sels, conntrack.Selector{Src: localhost4, Proto: unix.IPPROTO_UDP, DstPort: k.HostPort})
+		}
 	}
 	if err := conntrack.DeleteSelected(sels); err != nil {
 		return fmt.Errorf("clear UDP conntrack entries of %v: %w", keys, err)
 	}
 	return nil
 }
+
+// localhost4 is the IPv4 loopback address, 127.0.0.1.
+var localhost4 = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 
 // localAddrs lists the node's addresses of the keys' families, without IPv6 link-local ones, and
 // the loopback address of each. netlinksafe retries the dump: on a node with hundreds of pods
@@ -281,7 +292,7 @@ func localAddrs(keys []Key) (map[bool][]netip.Addr, error) {
 		if !slices.ContainsFunc(keys, func(k Key) bool { return k.Is6() == is6 }) {
 			continue
 		}
-		family, loopback := netlink.FAMILY_V4, netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		family, loopback := netlink.FAMILY_V4, localhost4
 		if is6 {
 			family, loopback = netlink.FAMILY_V6, netip.IPv6Loopback()
 		}
@@ -293,7 +304,9 @@ func localAddrs(keys []Key) (map[bool][]netip.Addr, error) {
 		out[is6] = append(out[is6], loopback)
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP)
-			if ip = ip.Unmap(); ok && !ip.IsLinkLocalUnicast() && !seen[ip] {
+			// Only IPv6's: IsLinkLocalUnicast also takes IPv4's 169.254.0.0/16, which
+			// answers a hostPort like any address (NodeLocal DNSCache's 169.254.20.10).
+			if ip = ip.Unmap(); ok && !(ip.Is6() && ip.IsLinkLocalUnicast()) && !seen[ip] {
 				seen[ip] = true
 				out[is6] = append(out[is6], ip)
 			}

@@ -19,6 +19,10 @@ func TestSelectorValidate(t *testing.T) {
 		{"no address: it would flush every entry", Selector{Proto: unix.IPPROTO_UDP}, false},
 		{"two families", Selector{Src: v4, Dst: v6}, false},
 		{"a port without a protocol", Selector{Dst: v4, DstPort: 53}, false},
+		{"a port of a protocol whose ports the kernel filter ignores", Selector{Dst: v4, Proto: unix.IPPROTO_SCTP, DstPort: 53}, false},
+		{"both addresses and a protocol without ports: an exact tuple for an older kernel", Selector{Src: v4, Dst: v4, Proto: unix.IPPROTO_ESP}, false},
+		{"both addresses, UDP and a port", Selector{Src: v4, Dst: v4, Proto: unix.IPPROTO_UDP, DstPort: 53}, true},
+		{"both addresses", Selector{Src: v4, Dst: v4}, true},
 	}
 	for _, tt := range tests {
 		err := tt.sel.validate()

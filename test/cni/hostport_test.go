@@ -879,3 +879,88 @@ func TestHostPortLimit(t *testing.T) {
 	testkit.AssertNoHostPortResidue(t, node, ips, ports...)
 	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(pod), ips)
 }
+
+// TestHostPortUDPStaleEntryOnOtherLocalAddress: a UDP client that sent to a hostPort before a
+// pod held it has an untranslated conntrack entry to the node, and ADD of the pod must clear it
+// on every local address an "any address" mapping answers on, or the client keeps missing the
+// pod for as long as it keeps sending. Two such addresses that are not simply the node's listed
+// ones: 127.0.0.2 (all of 127.0.0.0/8 is local; a stub resolver on 127.0.0.53 is one), sent to
+// by a node process, and an IPv4 link-local address of the node (NodeLocal DNSCache puts
+// 169.254.20.10 on a dummy interface), sent to by a neighbour.
+func TestHostPortUDPStaleEntryOnOtherLocalAddress(t *testing.T) {
+	linkLocal := netip.MustParseAddr("169.254.20.10")
+	cases := []struct {
+		name     string
+		hostPort uint16
+		client   func(node *nettest.Node) ns.NetNS
+		from, to netip.Addr
+		setup    func(t *testing.T, node *nettest.Node)
+	}{
+		{"127.0.0.2 from the node", 31012, func(node *nettest.Node) ns.NetNS { return node.NS },
+			netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"), func(*testing.T, *nettest.Node) {}},
+		{"an IPv4 link-local address of the node from a neighbour", 31013, func(node *nettest.Node) ns.NetNS { return node.External },
+			nettest.External4.Addr(), linkLocal, func(t *testing.T, node *nettest.Node) {
+				nettest.Do(t, node.NS, func() error {
+					// On lo: dummy interfaces need a module this machine may not have.
+					lo, err := netlink.LinkByName("lo")
+					if err != nil {
+						return err
+					}
+					return netlink.AddrAdd(lo, &netlink.Addr{IPNet: ipnet.FromPrefix(netip.PrefixFrom(linkLocal, 32))})
+				})
+				nettest.AddRoute(t, node.External, netip.PrefixFrom(linkLocal, 32), nettest.NodeUplink4.Addr())
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			node, list, _ := hpNode(t)
+			tc.setup(t, node)
+			// A pod with another host port: the node tracks connections from then on, as a
+			// node with pods does.
+			bystander := node.NewPod(t, "bystander")
+			bystander.RT.CapabilityArgs = hpArgs(false, hpMapping{int(tc.hostPort) + 100, 8081, "udp", ""})
+			node.MustAdd(t, list, bystander)
+			to := netip.AddrPortFrom(tc.to, tc.hostPort)
+			client := startUDPClient(t, tc.client(node), netip.AddrPortFrom(tc.from, 40000), to)
+			// Wait until the client's flow is an untranslated entry to the node itself.
+			if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+				for _, f := range testkit.HostPortConntrack(t, node, false, int(tc.hostPort)) {
+					if strings.Contains(f, "sport=40000") && strings.Contains(f, "\tsrc="+tc.to.String()+" ") {
+						return nil
+					}
+				}
+				return errors.New("no untranslated conntrack entry for the client yet")
+			}); err != nil {
+				t.Fatal(err)
+			}
+
+			pod := node.NewPod(t, "udp-any")
+			pod.RT.CapabilityArgs = hpArgs(false, hpMapping{int(tc.hostPort), 8081, "udp", ""})
+			srv := nettest.StartUDPEcho(t, pod.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), 8081))
+			node.MustAdd(t, list, pod)
+			// A new flow from another port reaches the pod: the mapping answers on that address.
+			if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+				_, err := nettest.UDPRequest(tc.client(node), to, "fresh", time.Second)
+				return err
+			}); err != nil {
+				t.Fatalf("a new flow to %s does not reach the pod: %v", to, err)
+			}
+			before := client.replies.Load()
+			if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+				if client.replies.Load() <= before {
+					return fmt.Errorf("the client got no echo since the pod came up (sent %d)", client.sent.Load())
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(testkit.HostPortConntrack(t, node, false, int(tc.hostPort)), "\n"))
+			}
+			received := 0
+			for i := range client.sent.Load() {
+				received += srv.Received(fmt.Sprintf("seq-%d", i+1))
+			}
+			if received == 0 {
+				t.Error("the pod's server received nothing from the client")
+			}
+		})
+	}
+}
