@@ -270,7 +270,7 @@ func FlushUDP(entries []Entry) error {
 			sels = append(sels, conntrack.Selector{Dst: dst, Proto: unix.IPPROTO_UDP, DstPort: k.HostPort})
 		}
 		if k.Any() && !k.Is6() {
-			sels = append(sels, conntrack.Selector{Src: localhost4, Proto: unix.IPPROTO_UDP, DstPort: k.HostPort})
+			sels = append(sels, conntrack.Selector{Src: localhost4(), Proto: unix.IPPROTO_UDP, DstPort: k.HostPort})
 		}
 	}
 	if err := conntrack.DeleteSelected(sels); err != nil {
@@ -280,7 +280,7 @@ func FlushUDP(entries []Entry) error {
 }
 
 // localhost4 is the IPv4 loopback address, 127.0.0.1.
-var localhost4 = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+func localhost4() netip.Addr { return netip.AddrFrom4([4]byte{127, 0, 0, 1}) }
 
 // localAddrs lists the node's addresses of the keys' families, without IPv6 link-local ones, and
 // the loopback address of each. netlinksafe retries the dump: on a node with hundreds of pods
@@ -292,7 +292,7 @@ func localAddrs(keys []Key) (map[bool][]netip.Addr, error) {
 		if !slices.ContainsFunc(keys, func(k Key) bool { return k.Is6() == is6 }) {
 			continue
 		}
-		family, loopback := netlink.FAMILY_V4, localhost4
+		family, loopback := netlink.FAMILY_V4, localhost4()
 		if is6 {
 			family, loopback = netlink.FAMILY_V6, netip.IPv6Loopback()
 		}
