@@ -270,6 +270,47 @@ type hpUDPClient struct {
 	sent    atomic.Int64
 }
 
+// awaitUntranslated waits until the client's flow (from port 40000) is an untranslated conntrack
+// entry to the node's own address to, on hostPort: what a client sending before any pod holds
+// the port leaves behind.
+func (c *hpUDPClient) awaitUntranslated(t *testing.T, node *nettest.Node, hostPort int, to netip.Addr) {
+	t.Helper()
+	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+		for _, f := range testkit.HostPortConntrack(t, node, false, hostPort) {
+			if strings.Contains(f, "sport=40000") && strings.Contains(f, "\tsrc="+to.String()+" ") {
+				return nil
+			}
+		}
+		return errors.New("no untranslated conntrack entry for the client yet")
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// echoedSince waits until the client gets an echo after it had before of them; the error says
+// that the stale entry still holds its flow, with the port's conntrack entries.
+func (c *hpUDPClient) echoedSince(t *testing.T, node *nettest.Node, hostPort int, before int64, whose string) error {
+	err := nettest.Eventually(testkit.TrafficTimeout, func() error {
+		if c.replies.Load() <= before {
+			return fmt.Errorf("the client got no echo since %s came up (sent %d)", whose, c.sent.Load())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(testkit.HostPortConntrack(t, node, false, hostPort), "\n"))
+	}
+	return nil
+}
+
+// receivedBy counts the client's datagrams that srv received.
+func (c *hpUDPClient) receivedBy(srv *nettest.EchoServer) int {
+	received := 0
+	for i := range c.sent.Load() {
+		received += srv.Received(fmt.Sprintf("seq-%d", i+1))
+	}
+	return received
+}
+
 func startUDPClient(t *testing.T, n ns.NetNS, from, to netip.AddrPort) *hpUDPClient {
 	t.Helper()
 	c := &hpUDPClient{}
@@ -340,18 +381,7 @@ func TestHostPortUDPPodReplaced(t *testing.T) {
 	if err := node.Del(list, oldPod); err != nil {
 		t.Fatal(err)
 	}
-	// Wait until the client's flow is an untranslated entry to the node itself.
-	untranslated := func() error {
-		for _, f := range testkit.HostPortConntrack(t, node, false, hostPort) {
-			if strings.Contains(f, "sport=40000") && strings.Contains(f, "\tsrc=198.18.0.1 ") {
-				return nil
-			}
-		}
-		return errors.New("no untranslated conntrack entry for the client yet")
-	}
-	if err := nettest.Eventually(testkit.TrafficTimeout, untranslated); err != nil {
-		t.Fatal(err)
-	}
+	client.awaitUntranslated(t, node, hostPort, nettest.NodeUplink4.Addr())
 
 	newPod := node.NewPod(t, "udp-new")
 	newPod.RT.CapabilityArgs = args
@@ -360,20 +390,10 @@ func TestHostPortUDPPodReplaced(t *testing.T) {
 	if newPod.IP(nettest.NodeUplink4.Addr()) == oldPod.IP(nettest.NodeUplink4.Addr()) {
 		t.Fatalf("the new pod got the old pod's address %s; the test needs a new one", newPod.IPs())
 	}
-	before := client.replies.Load()
-	if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
-		if client.replies.Load() <= before {
-			return fmt.Errorf("the client got no echo since the new pod came up (sent %d)", client.sent.Load())
-		}
-		return nil
-	}); err != nil {
-		t.Errorf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(testkit.HostPortConntrack(t, node, false, hostPort), "\n"))
+	if err := client.echoedSince(t, node, hostPort, client.replies.Load(), "the new pod"); err != nil {
+		t.Error(err)
 	}
-	received := 0
-	for i := range client.sent.Load() {
-		received += newSrv.Received(fmt.Sprintf("seq-%d", i+1))
-	}
-	if received == 0 {
+	if client.receivedBy(newSrv) == 0 {
 		t.Error("the new pod's server received nothing from the client")
 	}
 }
@@ -922,17 +942,7 @@ func TestHostPortUDPStaleEntryOnOtherLocalAddress(t *testing.T) {
 			node.MustAdd(t, list, bystander)
 			to := netip.AddrPortFrom(tc.to, tc.hostPort)
 			client := startUDPClient(t, tc.client(node), netip.AddrPortFrom(tc.from, 40000), to)
-			// Wait until the client's flow is an untranslated entry to the node itself.
-			if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
-				for _, f := range testkit.HostPortConntrack(t, node, false, int(tc.hostPort)) {
-					if strings.Contains(f, "sport=40000") && strings.Contains(f, "\tsrc="+tc.to.String()+" ") {
-						return nil
-					}
-				}
-				return errors.New("no untranslated conntrack entry for the client yet")
-			}); err != nil {
-				t.Fatal(err)
-			}
+			client.awaitUntranslated(t, node, int(tc.hostPort), tc.to)
 
 			pod := node.NewPod(t, "udp-any")
 			pod.RT.CapabilityArgs = hpArgs(false, hpMapping{int(tc.hostPort), 8081, "udp", ""})
@@ -945,20 +955,10 @@ func TestHostPortUDPStaleEntryOnOtherLocalAddress(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("a new flow to %s does not reach the pod: %v", to, err)
 			}
-			before := client.replies.Load()
-			if err := nettest.Eventually(testkit.TrafficTimeout, func() error {
-				if client.replies.Load() <= before {
-					return fmt.Errorf("the client got no echo since the pod came up (sent %d)", client.sent.Load())
-				}
-				return nil
-			}); err != nil {
-				t.Fatalf("stale conntrack entry still blackholes the client: %v\n%s", err, strings.Join(testkit.HostPortConntrack(t, node, false, int(tc.hostPort)), "\n"))
+			if err := client.echoedSince(t, node, int(tc.hostPort), client.replies.Load(), "the pod"); err != nil {
+				t.Fatal(err)
 			}
-			received := 0
-			for i := range client.sent.Load() {
-				received += srv.Received(fmt.Sprintf("seq-%d", i+1))
-			}
-			if received == 0 {
+			if client.receivedBy(srv) == 0 {
 				t.Error("the pod's server received nothing from the client")
 			}
 		})
