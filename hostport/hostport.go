@@ -250,7 +250,7 @@ func FlushUDP(entries []Entry) error {
 			keys = append(keys, e.Key)
 		}
 	}
-	if len(keys) == 0 || conntrack.Empty() {
+	if len(keys) == 0 {
 		return nil
 	}
 	var local map[bool][]netip.Addr // by Is6

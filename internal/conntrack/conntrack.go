@@ -4,10 +4,9 @@
 // Every conntrack dump walks the whole hash table, which the kernel shares between all network
 // namespaces (262144 buckets on a machine with 24 GiB), taking each bucket's lock: about 10 ms
 // even when this namespace has one entry. A flush skips the empty buckets (0.1 ms). So
-// DeleteSelected flushes where the kernel filters correctly, and everything here asks first how
-// many entries the namespace has and does nothing when there are none (as the kernel's own flush
-// does); a dump lists once for all families, and walks again, for a family, only when that family
-// has entries to delete.
+// DeleteSelected flushes where the kernel filters correctly; a dump is skipped when the namespace
+// has no entry at all (the check the kernel's own flush makes), lists once for all families
+// otherwise, and walks again, for a family, only when that family has entries to delete.
 package conntrack
 
 import (
@@ -24,9 +23,9 @@ import (
 // countFile holds the number of entries of the reading task's network namespace.
 const countFile = "/proc/sys/net/netfilter/nf_conntrack_count"
 
-// Empty reports whether the current network namespace surely has no conntrack entry: its count
+// empty reports whether the current network namespace surely has no conntrack entry: its count
 // is 0, or connection tracking is not loaded. Any other doubt answers false, and the caller walks.
-func Empty() bool {
+func empty() bool {
 	b, err := os.ReadFile(countFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return true
@@ -40,7 +39,7 @@ func Empty() bool {
 
 // List returns every conntrack entry of the current network namespace, of every family.
 func List() ([]*netlink.ConntrackFlow, error) {
-	if Empty() {
+	if empty() {
 		return nil, nil
 	}
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, 0) // 0: every family

@@ -34,7 +34,7 @@ func TestListAndDelete(t *testing.T) {
 	t.Run("namespace without entries", func(t *testing.T) {
 		n := nettest.NewNS(t)
 		nettest.Do(t, n, func() error {
-			if !Empty() {
+			if !empty() {
 				return fmt.Errorf("a new namespace does not count as empty")
 			}
 			flows, err := List()
@@ -50,7 +50,7 @@ func TestListAndDelete(t *testing.T) {
 			if err := trackUDP(40001, 40002); err != nil {
 				return err
 			}
-			if Empty() {
+			if empty() {
 				return fmt.Errorf("namespace with two tracked flows counts as empty")
 			}
 			if got := count(toPort(40001)); got != 1 {

@@ -26,7 +26,7 @@ type entry struct {
 // set selects and clears it in every other one that has it, leaving the mark's other bits;
 // it returns how many entries got the bit. An entry that ends in between is no error.
 func SetMark(bit uint32, set Match) (uint, error) {
-	if Empty() {
+	if empty() {
 		return 0, nil
 	}
 	entries, err := dump()

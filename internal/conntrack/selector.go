@@ -118,9 +118,8 @@ func deleteSelected(sels []Selector, flush func(Selector) error) error {
 			return err
 		}
 	}
-	if len(sels) == 0 || Empty() {
-		return nil
-	}
+	// No check of the namespace's count here: the kernel's flush makes it itself, and the dump
+	// (Delete) does before it walks.
 	if v4 := len(sels) - countIPv6(sels); v4 > maxFlushes {
 		return deleteDumped(sels)
 	}
