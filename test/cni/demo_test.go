@@ -74,11 +74,14 @@ func TestDemo(t *testing.T) {
 	}
 
 	sink := nettest.StartSink(t, c.NS, netip.AddrPortFrom(c.IPs()[0], 5201))
-	rate, err := nettest.Stream{Warmup: 500 * time.Millisecond, Window: 2 * time.Second}.Measure(a.NS, sink)
+	// Judged like the shaping tests: one window on a busy machine can read low, a wrong limit
+	// reads wrong in the median of three too.
+	inLimit := func(r float64) bool { return r >= 8.5e6 && r <= 11.5e6 }
+	rate, err := medianRate(nettest.Stream{Warmup: 500 * time.Millisecond, Window: 2 * time.Second}, a.NS, sink, inLimit)
 	if err != nil {
 		t.Fatalf("stream to demo-c: %v", err)
 	}
-	if rate < 8.5e6 || rate > 11.5e6 {
+	if !inLimit(rate) {
 		t.Fatalf("stream to demo-c ran at %.1f Mbit/s, want about 10", rate/1e6)
 	}
 	say("shaping      demo-a -> demo-c TCP stream: %.1f Mbit/s (limit 10M: tbf on its veth)", rate/1e6)
