@@ -34,8 +34,9 @@ func StatusConfigError(err error) error {
 // each pod CIDR's allocation cursor and the reservation after it (the directory is listed only
 // when the pod CIDR is nearly full), one sysctl, the bridge, one address and one route dump (of
 // the pod CIDRs' families), one dump of each of the network's nftables tables (their rules
-// counted, not decoded) or one -save per iptables table; no other file contents, and never a
-// probe of the kernel.
+// counted, not decoded) or, on iptables, the rules of kubenet's fixed chains counted (over
+// netlink where only iptables-nft can hold them, else listed by the tools); no other file
+// contents, and never a probe of the kernel.
 func Status(ctx context.Context, cfg *Config) error {
 	dir, err := openDir(cfg.DataDir, cfg.Network)
 	if err != nil {

@@ -128,23 +128,22 @@ func (b iptablesBackend) checkNode(cfg Config) error {
 
 func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, error) {
 	plans := iptablesPlan(cfg)
-	tables := make([]*ipt.Table, len(plans))
+	diffs := make([][]*ipt.Difference, len(plans))
 	errs := make([]error, len(plans))
 	read := make([]func(), len(plans))
 	for i, p := range plans {
 		read[i] = func() {
 			if !b.st.Sentinels {
-				tables[i], errs[i] = b.st.Table(context.Background(), p.f, p.table)
+				var t *ipt.Table
+				if t, errs[i] = b.st.Table(context.Background(), p.f, p.table); errs[i] == nil {
+					diffs[i] = p.compare(t)
+				}
 				return
 			}
-			// Only the fixed chains (ipt.State.Sentinels); the entry chains hold every pod's
-			// rules and are not read: the fixed chains jump to them, and iptables keeps no jump
-			// to a chain that does not exist.
-			var own []string
-			for _, c := range p.plan.Chains {
-				own = append(own, c.Name)
-			}
-			tables[i], errs[i] = b.st.Chains(context.Background(), p.f, p.table, own...)
+			// Only the fixed chains' rules counted (ipt.State.Sentinels); the entry chains hold
+			// every pod's rules and are not read: the fixed chains jump to them, and iptables
+			// keeps no jump to a chain that does not exist.
+			diffs[i], errs[i] = p.plan.CountDifferences(context.Background(), b.st, p.f, p.table)
 		}
 	}
 	// The tables are read at once (STATUS waits for the slowest read, not for the sum).
@@ -152,17 +151,12 @@ func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, err
 		return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, err)
 	}
 	var out []error
-	for i, p := range plans {
+	for i := range plans {
 		if errs[i] != nil {
 			return nil, fmt.Errorf("hostport rules of network %q: %w", cfg.Network, errs[i])
 		}
-		if b.st.Sentinels {
-			p.entries, p.plan.Jumps = nil, nil
-		}
-		for _, d := range p.compare(tables[i]) {
-			if d.Missing {
-				out = append(out, d)
-			}
+		for _, d := range ipt.Missing(diffs[i]) {
+			out = append(out, d)
 		}
 	}
 	return out, nil

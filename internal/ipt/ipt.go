@@ -326,13 +326,11 @@ func Compare(t *Table, chains []Chain, jumps []Jump) []*Difference {
 	for _, c := range chains {
 		have, ok := t.Chains[c.Name]
 		object := "chain " + c.Name
+		if d := countDifference(t.Family, t.Name, c, len(have), ok); d != nil {
+			out = append(out, d)
+			continue
+		}
 		switch {
-		case !ok:
-			diff(object, true, "missing, want %d rules", len(c.Rules))
-		case len(have) == 0 && len(c.Rules) > 0:
-			diff(object, true, "empty, want %d rules", len(c.Rules))
-		case len(have) != len(c.Rules):
-			diff(object, false, "has %d rules, want %d", len(have), len(c.Rules))
 		case t.Family == Bridge && c.Policy != "" && t.Policies[c.Name] != c.Policy:
 			diff(object, false, "policy %s, want %s", t.Policies[c.Name], c.Policy)
 		default:
@@ -360,6 +358,36 @@ func Compare(t *Table, chains []Chain, jumps []Jump) []*Difference {
 		}
 	}
 	return out
+}
+
+// CompareCounts is Compare of the chains alone, by their rule counts (State.RuleCounts): a chain
+// missing, emptied, or holding another number of rules than planned. Pure.
+func CompareCounts(f Family, table string, counts map[string]int, chains []Chain) []*Difference {
+	var out []*Difference
+	for _, c := range chains {
+		n, ok := counts[c.Name]
+		if d := countDifference(f, table, c, n, ok); d != nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// countDifference is how a chain that exists (or not) with n rules differs from c by its count,
+// or nil.
+func countDifference(f Family, table string, c Chain, n int, exists bool) *Difference {
+	d := &Difference{Family: f, Table: table, Object: "chain " + c.Name}
+	switch {
+	case !exists:
+		d.Missing, d.Detail = true, fmt.Sprintf("missing, want %d rules", len(c.Rules))
+	case n == 0 && len(c.Rules) > 0:
+		d.Missing, d.Detail = true, fmt.Sprintf("empty, want %d rules", len(c.Rules))
+	case n != len(c.Rules):
+		d.Detail = fmt.Sprintf("has %d rules, want %d", n, len(c.Rules))
+	default:
+		return nil
+	}
+	return d
 }
 
 // SyncLines returns the restore lines that make t hold chains and jumps as planned, writing only
@@ -467,11 +495,12 @@ func jumpTarget(rule string) string {
 type State struct {
 	// Root is the file system whose tools are run, chrooted ("" or "/": the process's own).
 	Root string
-	// Sentinels makes plans read and compare only their own chains, by name (one listing each),
-	// not the built-in chains their jumps hang from: what STATUS needs to tell a node whose rules
-	// are gone (a reload takes kubenet's chains), at a cost that does not grow with the node (a
-	// table's -save costs what it holds: every pod's host-port rules, kube-proxy's). A jump
-	// deleted alone is a difference, which CHECK reports and ADD and the agent repair.
+	// Sentinels makes Check count the rules of the plan's own chains (RuleCounts), not read and
+	// compare them, nor the built-in chains their jumps hang from: what STATUS needs to tell a
+	// node whose rules are gone (a reload takes kubenet's chains), at a cost that does not grow
+	// with the node (a table's -save costs what it holds: every pod's host-port rules,
+	// kube-proxy's). A jump deleted alone, or a rule changed in place, is a difference, which
+	// CHECK reports and ADD and the agent repair.
 	Sentinels bool
 	// Serialize runs f while no other process writes node-wide rules of the network (chains
 	// every pod shares, and the jumps to them): restores that declare a shared chain empty it,
@@ -683,16 +712,21 @@ type Plan struct {
 // Check reports how the table (read through st) differs from the plan, every difference
 // joined, or nil.
 func (p Plan) Check(ctx context.Context, st *State, f Family, table string) error {
-	t, err := p.read(ctx, st, f, table, st.Sentinels)
-	if err != nil {
-		return err
-	}
-	jumps := p.Jumps
+	var diffs []*Difference
 	if st.Sentinels {
-		jumps = nil
+		var err error
+		if diffs, err = p.CountDifferences(ctx, st, f, table); err != nil {
+			return err
+		}
+	} else {
+		t, err := p.read(ctx, st, f, table)
+		if err != nil {
+			return err
+		}
+		diffs = Compare(t, p.Chains, p.Jumps)
 	}
 	var errs []error
-	for _, d := range Compare(t, p.Chains, jumps) {
+	for _, d := range diffs {
 		errs = append(errs, d)
 	}
 	return errors.Join(errs...)
@@ -703,7 +737,7 @@ func (p Plan) Check(ctx context.Context, st *State, f Family, table string) erro
 // jumps hang from, also through a State for STATUS (Sentinels): a read without them would take
 // every jump for missing and insert it again.
 func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]*Difference, error) {
-	t, err := p.read(ctx, st, f, table, false)
+	t, err := p.read(ctx, st, f, table)
 	if err != nil {
 		return nil, err
 	}
@@ -712,7 +746,7 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 	}
 	var diffs []*Difference
 	err = st.Exclusively(f, table, func() error {
-		t, err := p.read(ctx, st, f, table, false)
+		t, err := p.read(ctx, st, f, table)
 		if err != nil {
 			return err
 		}
@@ -723,30 +757,38 @@ func (p Plan) Ensure(ctx context.Context, st *State, f Family, table string) ([]
 	return diffs, err
 }
 
-// read reads what the plan compares: with sentinels only its own chains, by name; else for
-// ebtables its chains and the chains its jumps hang from, by name (the bridge's tables hold a
-// chain per pod), and for iptables and ip6tables the whole table, whose one -save costs less
-// than a listing per chain.
-func (p Plan) read(ctx context.Context, st *State, f Family, table string, sentinels bool) (*Table, error) {
-	switch {
-	case sentinels:
-		var own []string
-		for _, c := range p.Chains {
-			own = append(own, c.Name)
-		}
-		return st.Chains(ctx, f, table, own...)
-	case f != Bridge:
+// CountDifferences counts the rules of the plan's own chains (State.RuleCounts) and returns how
+// the counts differ from the plan (CompareCounts).
+func (p Plan) CountDifferences(ctx context.Context, st *State, f Family, table string) ([]*Difference, error) {
+	counts, err := st.RuleCounts(ctx, f, table, p.own()...)
+	if err != nil {
+		return nil, err
+	}
+	return CompareCounts(f, table, counts, p.Chains), nil
+}
+
+// read reads what the plan compares: for ebtables its chains and the chains its jumps hang
+// from, by name (the bridge's tables hold a chain per pod), and for iptables and ip6tables the
+// whole table, whose one -save costs less than a listing per chain.
+func (p Plan) read(ctx context.Context, st *State, f Family, table string) (*Table, error) {
+	if f != Bridge {
 		return st.Table(ctx, f, table)
 	}
 	return st.Chains(ctx, f, table, p.Names()...)
 }
 
-// Names are the chains the plan is compared in: its own and the chains its jumps hang from.
-func (p Plan) Names() []string {
+// own names the plan's own chains.
+func (p Plan) own() []string {
 	var names []string
 	for _, c := range p.Chains {
 		names = append(names, c.Name)
 	}
+	return names
+}
+
+// Names are the chains the plan is compared in: its own and the chains its jumps hang from.
+func (p Plan) Names() []string {
+	names := p.own()
 	for _, j := range p.Jumps {
 		if !slices.Contains(names, j.From) {
 			names = append(names, j.From)

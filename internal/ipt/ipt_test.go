@@ -106,6 +106,46 @@ func TestCompareAndSyncLines(t *testing.T) {
 	}
 }
 
+// TestCompareCounts: STATUS's comparison by rule counts tells the chains Compare tells from the
+// same table, and marks missing the same ones.
+func TestCompareCounts(t *testing.T) {
+	tb := Parse(IPv4, "nat", []byte(saved))
+	counts := map[string]int{}
+	for name, rules := range tb.Chains {
+		counts[name] = len(rules)
+	}
+	two := tb.Chains["KN-X"] // the table's own rules: Compare finds nothing changed in place
+	cases := []struct {
+		name    string
+		chain   Chain
+		differs bool
+		missing bool
+	}{
+		{"as many rules", Chain{Name: "KN-X", Rules: two}, false, false},
+		{"a rule more", Chain{Name: "KN-X", Rules: two[:1]}, true, false},
+		{"chain missing", Chain{Name: "KN-Y", Rules: two}, true, true},
+		{"chain missing, planned empty", Chain{Name: "KN-Y"}, true, true},
+		{"chain empty", Chain{Name: "KN-EMPTY", Rules: two}, true, true},
+		{"chain empty, planned empty", Chain{Name: "KN-EMPTY"}, false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			diffs := CompareCounts(IPv4, "nat", counts, []Chain{c.chain})
+			if got := len(diffs) > 0; got != c.differs {
+				t.Fatalf("differences %v, want some: %v", diffs, c.differs)
+			}
+			if c.differs && (diffs[0].Missing != c.missing || diffs[0].Object != "chain "+c.chain.Name) {
+				t.Errorf("%+v, want missing %v", diffs[0], c.missing)
+			}
+			// Compare of the table itself agrees where counts can tell (not a rule changed in place).
+			full := Compare(tb, []Chain{c.chain}, nil)
+			if len(full) != len(diffs) || c.differs && full[0].Missing != diffs[0].Missing {
+				t.Errorf("Compare says %v", full)
+			}
+		})
+	}
+}
+
 func TestRemoveLines(t *testing.T) {
 	tb := Parse(IPv4, "nat", []byte(saved))
 	got := RemoveLines(tb, []string{"KN-X", "KN-GONE"})

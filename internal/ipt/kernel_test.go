@@ -1,6 +1,8 @@
 package ipt
 
 import (
+	"context"
+	"maps"
 	"os/exec"
 	"testing"
 
@@ -39,6 +41,53 @@ func TestMayHaveTable(t *testing.T) {
 				}
 				if !Bridge.MayHaveTable("nat") {
 					t.Error("bridge nat: false, want maybe")
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestRuleCounts: where only iptables-nft can hold a table, RuleCounts counts the chains over
+// netlink and agrees with what the tool lists (rules, an empty chain, a missing one, either
+// family); the State's root there is an empty directory, so a tool run would fail. Once the
+// legacy module holds a table of that name, nftables cannot speak for the tool, and RuleCounts
+// runs it (and fails here for the missing tool).
+func TestRuleCounts(t *testing.T) {
+	ctx := context.Background()
+	chains := []string{"KN-THREE", "KN-EMPTY", "KN-NONE"}
+	for _, f := range []Family{IPv4, IPv6} {
+		t.Run(f.String(), func(t *testing.T) {
+			n := nettest.NewNS(t)
+			nettest.Do(t, n, func() error {
+				lines := []string{":KN-THREE - [0:0]", ":KN-EMPTY - [0:0]",
+					"-A KN-THREE -j RETURN", "-A KN-THREE -p tcp -j RETURN", "-A KN-THREE -p udp -j RETURN"}
+				if err := (&State{}).Restore(ctx, f, "nat", lines); err != nil {
+					return err
+				}
+				want := map[string]int{"KN-THREE": 3, "KN-EMPTY": 0}
+				listed, err := (&State{}).RuleCounts(ctx, f, "nat", chains...)
+				if err != nil {
+					t.Fatalf("through the tool: %v", err)
+				}
+				if !maps.Equal(listed, want) {
+					t.Errorf("through the tool: %v, want %v", listed, want)
+				}
+				noTools := &State{Root: t.TempDir()}
+				got, err := noTools.RuleCounts(ctx, f, "nat", chains...)
+				if err != nil {
+					t.Fatalf("over netlink: %v", err)
+				}
+				if !maps.Equal(got, want) {
+					t.Errorf("over netlink: %v, want %v", got, want)
+				}
+
+				legacy := map[Family]string{IPv4: "iptables-legacy", IPv6: "ip6tables-legacy"}[f]
+				if out, err := exec.Command(legacy, "-t", "nat", "-N", "KN-LEGACY").CombinedOutput(); err != nil {
+					t.Fatalf("%s: %v: %s", legacy, err, out)
+				}
+				if got, err := noTools.RuleCounts(ctx, f, "nat", chains...); err == nil {
+					t.Errorf("with a legacy nat table: %v from nftables, want the tool run (and fail)", got)
 				}
 				return nil
 			})

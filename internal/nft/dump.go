@@ -51,6 +51,51 @@ func DumpChain(chain *nftables.Chain) (*RuleDump, error) {
 	return &RuleDump{table: chain.Table, msgs: msgs}, nil
 }
 
+// ChainRuleCount counts the rules of one chain from one dump, without decoding them, and tells
+// whether the chain exists: asked of the kernel (one more request) only when it holds no rule,
+// since a rule always belongs to a chain. A missing table holds no chain.
+func ChainRuleCount(chain *nftables.Chain) (n int, exists bool, err error) {
+	d, err := DumpChain(chain)
+	if err != nil {
+		return 0, false, err
+	}
+	counts, err := d.Counts()
+	if err != nil {
+		return 0, false, err
+	}
+	if n := counts[chain.Name]; n > 0 {
+		return n, true, nil
+	}
+	exists, err = chainExists(chain)
+	return 0, exists, err
+}
+
+// chainExists asks the kernel for one chain by name (NFT_MSG_GETCHAIN, not a dump of the
+// family's chains, which on a kube-proxy node are thousands).
+func chainExists(chain *nftables.Chain) (bool, error) {
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_CHAIN_TABLE, Data: []byte(chain.Table.Name + "\x00")},
+		{Type: unix.NFTA_CHAIN_NAME, Data: []byte(chain.Name + "\x00")},
+	})
+	if err != nil {
+		return false, err
+	}
+	_, err = Exchange([]netlink.Message{{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETCHAIN),
+			Flags: netlink.Request | netlink.Acknowledge,
+		},
+		Data: append([]byte{byte(chain.Table.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	}})
+	switch {
+	case IsNotExist(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read chain %s of table %s: %w", chain.Name, chain.Table.Name, err)
+	}
+	return true, nil
+}
+
 // Rules decodes the dump and returns the rules by chain name. The kernel's messages are parsed
 // by google/nftables itself, handed to it through the in-memory netlink connection of its
 // WithTestDial option, so the rules come back exactly as GetRules would return them.
