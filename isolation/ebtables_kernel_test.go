@@ -2,8 +2,10 @@ package isolation
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -80,4 +82,53 @@ func stripComments(s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestEbtablesGuardWrittenOnlyWhenChanged: a pod's Ensure leaves an intact guard alone (its rules
+// keep their kernel handles: rewriting it costs the transaction a wait for the kernel to release
+// the old rules), and puts a guard back that lost a rule, or had one changed in place, or was
+// emptied.
+func TestEbtablesGuardWrittenOnlyWhenChanged(t *testing.T) {
+	node := nettest.NewNS(t)
+	cfg := Config{Network: "kubenet-test", AntiSpoofing: true}
+	ctx := context.Background()
+	guard := ebtablesGuard(cfg.Network)
+	port := func(i byte) Port {
+		return Port{Name: fmt.Sprintf("veth%011d", i), Owner: fmt.Sprintf("p%d/eth0", i), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x01, i},
+			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, i})}}
+	}
+	ensure := func(p Port) {
+		t.Helper()
+		nettest.Do(t, node, func() error {
+			_, err := EnsureEbtables(ctx, &ipt.State{}, cfg, p)
+			return err
+		})
+	}
+	// The guard as nftables holds it (ebtables-nft keeps it there), rule handles included.
+	kernelGuard := func() string { return nettest.Run(t, node, "nft", "-a", "list", "chain", "bridge", "nat", guard) }
+	planned := func() []string {
+		return ipt.Parse(ipt.Bridge, "nat", []byte(nettest.Run(t, node, "ebtables-save", "-t", "nat"))).Chains[guard]
+	}
+	ensure(port(1))
+	want := planned()
+	if len(want) != len(EbtablesNodePlan(cfg).Chains[0].Rules) {
+		t.Fatalf("guard after the first Ensure: %q", want)
+	}
+	before := kernelGuard()
+	ensure(port(2))
+	if after := kernelGuard(); after != before {
+		t.Errorf("a pod's Ensure rewrote the intact guard:\nbefore\n%s\nafter\n%s", before, after)
+	}
+	for i, damage := range [][]string{
+		{"-D", guard, "-p", "802_1Q", "-j", "DROP"},        // a rule lost
+		{"-I", guard, "1", "-p", "802_1Q", "-j", "ACCEPT"}, // a rule more
+		{"-F", guard},           // emptied
+		{"-P", guard, "ACCEPT"}, // its policy changed
+	} {
+		nettest.Run(t, node, "ebtables", append([]string{"-t", "nat"}, damage...)...)
+		ensure(port(byte(3 + i)))
+		if got := planned(); !slices.Equal(got, want) {
+			t.Errorf("after ebtables %q and a pod's Ensure the guard is\n%q\nwant\n%q", damage, got, want)
+		}
+	}
 }
