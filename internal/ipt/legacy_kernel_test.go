@@ -176,3 +176,29 @@ func hiddenProc(t *testing.T, n ns.NetNS, f func()) {
 		t.Fatal(err)
 	}
 }
+
+// TestRuleCountsStaleNFTablesLegacyTool: a node whose tools were switched to legacy after
+// kubenet wrote with iptables-nft keeps kubenet's chains in nftables, still in force; until the
+// legacy tool first touches the table, RuleCounts counts those (as the kernel applies them), and
+// from the first touch on, a read included, what the legacy tool lists: the answer follows the
+// tool once the tool has a table, and nothing stale outlives the next ADD's read.
+func TestRuleCountsStaleNFTablesLegacyTool(t *testing.T) {
+	ctx := context.Background()
+	root := legacyRoot(t)
+	n := nettest.NewNS(t)
+	nettest.Do(t, n, func() error {
+		if err := (&State{}).Restore(ctx, IPv4, "nat", []string{":KN-S - [0:0]", "-A KN-S -j RETURN", "-A KN-S -p tcp -j RETURN"}); err != nil {
+			return err
+		}
+		if got, err := (&State{Root: root}).RuleCounts(ctx, IPv4, "nat", "KN-S"); err != nil || !maps.Equal(got, map[string]int{"KN-S": 2}) {
+			t.Errorf("before the legacy tool made its table: %v, %v; want nftables' KN-S with 2 rules", got, err)
+		}
+		if tb, err := (&State{Root: root}).Table(ctx, IPv4, "nat"); err != nil || tb.Has("KN-S") {
+			t.Fatalf("the legacy tool's nat: %v, %v; want it read, without KN-S", tb, err)
+		}
+		if got, err := (&State{Root: root}).RuleCounts(ctx, IPv4, "nat", "KN-S"); err != nil || len(got) != 0 {
+			t.Errorf("once the legacy tool read its table: %v, %v; want KN-S missing, as the tool sees it", got, err)
+		}
+		return nil
+	})
+}
