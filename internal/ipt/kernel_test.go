@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
 
@@ -124,5 +126,42 @@ func TestRuleCountsBigTable(t *testing.T) {
 			t.Errorf("over netlink: %v, %v, want %v", got, err, want)
 		}
 		return nil
+	})
+}
+
+// TestRuleCountsDuringRewrites: a restore that declares kubenet's chain again (what every ADD
+// that finds it changed writes, and the agent) empties and refills it in one transaction: a
+// count over netlink meanwhile never sees it missing or empty.
+func TestRuleCountsDuringRewrites(t *testing.T) {
+	ctx := context.Background()
+	n := nettest.NewNS(t)
+	lines := []string{":KN-RW - [0:0]", "-A KN-RW -j RETURN", "-A KN-RW -p tcp -j RETURN"}
+	nettest.Do(t, n, func() error { return (&State{}).Restore(ctx, IPv4, "nat", lines) })
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for range 30 {
+			if err = n.Do(func(ns.NetNS) error { return (&State{}).Restore(ctx, IPv4, "nat", lines) }); err != nil {
+				break
+			}
+		}
+		done <- err
+	}()
+	nettest.Do(t, n, func() error {
+		noTools := &State{Root: t.TempDir()}
+		for {
+			select {
+			case err := <-done:
+				return err
+			default:
+			}
+			got, err := noTools.RuleCounts(ctx, IPv4, "nat", "KN-RW")
+			if err != nil {
+				return err
+			}
+			if got["KN-RW"] != 2 {
+				return fmt.Errorf("counted %v during a rewrite, want KN-RW's 2 rules", got)
+			}
+		}
 	})
 }
