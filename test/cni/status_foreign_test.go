@@ -1,10 +1,19 @@
 package cni
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
@@ -82,6 +91,80 @@ func statusSeesForeignFlushes(t *testing.T, legacy bool) {
 			if out := nettest.Run(t, node.NS, tool+"-save", "-t", "nat"); !strings.Contains(out, "-A "+masqChain+" ") {
 				t.Errorf("after %s and the next ADD, %s nat lacks %s's rules:\n%s", c.name, tool, masqChain, out)
 			}
+		}
+	}
+}
+
+// pathExec runs the plugin as libcni does, with PATH set to path: the node's tools are the
+// ones found there.
+type pathExec struct {
+	*invoke.RawExec
+	version.PluginDecoder
+	path string
+}
+
+func (e *pathExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	environ = slices.DeleteFunc(slices.Clone(environ), func(v string) bool { return strings.HasPrefix(v, "PATH=") })
+	return e.RawExec.ExecPlugin(ctx, pluginPath, stdin, append(environ, "PATH="+e.path))
+}
+
+// TestStatusWithLegacyTools: on a node whose iptables and ip6tables are the legacy ones (the
+// plugin finds them first on its PATH), STATUS asks the tools, not nftables: ready while the
+// legacy tables hold kubenet's chains, also after nft flush ruleset (which leaves them), and 50
+// naming the chain once a legacy tool emptied it, until the next ADD.
+func TestStatusWithLegacyTools(t *testing.T) {
+	tools := t.TempDir()
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			legacy, err := exec.LookPath(tool + "-legacy" + suffix)
+			if err != nil {
+				t.Skipf("no legacy iptables: %v", err)
+			}
+			if err := os.Symlink(legacy, filepath.Join(tools, tool+suffix)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	node, _, _ := hpNode(t)
+	node.CNI = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(node.Dir, "cache"), &pathExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, path: tools + ":" + os.Getenv("PATH")})
+	list := node.ConfList(t, nettest.NetConf{
+		PodCIDRs:           testkit.DualStack(),
+		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
+		NetfilterBackend:   "iptables",
+	})
+	srv := node.NewPod(t, "lg-srv")
+	srv.RT.CapabilityArgs = hpArgs(true, hpMapping{30292, 8080, "tcp", ""})
+	node.MustAdd(t, list, srv)
+	masqChain := masq.IPTablesChain("kubenet")
+	if out := nettest.Run(t, node.NS, "iptables-legacy-save", "-t", "nat"); !strings.Contains(out, "-A "+masqChain+" ") {
+		t.Fatalf("the legacy nat table lacks %s: the plugin did not run the legacy tools:\n%s", masqChain, out)
+	}
+	if out := nettest.Run(t, node.NS, "iptables-nft-save", "-t", "nat"); strings.Contains(out, masqChain) {
+		t.Fatalf("nftables holds %s: the plugin ran iptables-nft:\n%s", masqChain, out)
+	}
+	if code, msg := testkit.StatusCode(t, node, list); code != 0 {
+		t.Fatalf("STATUS before = %d %s", code, msg)
+	}
+	nettest.Run(t, node.NS, "nft", "flush", "ruleset")
+	if code, msg := testkit.StatusCode(t, node, list); code != 0 {
+		t.Errorf("STATUS after nft flush ruleset, the legacy tables untouched = %d %s, want ready", code, msg)
+	}
+	nat := hostport.IPTablesChains("kubenet")["nat"]
+	localnet := hostport.IPTablesChains("kubenet")["mangle"][0]
+	for i, c := range []struct{ tool, table, chain string }{
+		{"iptables-legacy", "nat", masqChain},
+		{"ip6tables-legacy", "nat", masqChain},
+		{"ip6tables-legacy", "nat", nat[2]},
+		{"iptables-legacy", "mangle", localnet},
+	} {
+		nettest.Run(t, node.NS, c.tool, "-t", c.table, "-F", c.chain)
+		code, msg := testkit.StatusCode(t, node, list)
+		if code != core.ErrPluginNotAvailable || !strings.Contains(msg, c.chain) {
+			t.Errorf("STATUS with %s -t %s -F %s = %d %q, want 50 naming the chain", c.tool, c.table, c.chain, code, msg)
+		}
+		node.MustAdd(t, list, node.NewPod(t, fmt.Sprintf("lg-next-%d", i)))
+		if code, msg := testkit.StatusCode(t, node, list); code != 0 {
+			t.Errorf("STATUS after %s was emptied and the next ADD = %d %s", c.chain, code, msg)
 		}
 	}
 }
