@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/google/nftables"
 
@@ -34,10 +35,18 @@ func (f Family) MayHaveTable(name string) bool {
 	return err != nil || found
 }
 
-// listsLine tells whether the file at path has a line that is name; a missing file has none.
+// listsLine tells whether the file at path has a line that is name; a missing file has none,
+// unless its directory is missing too.
 func listsLine(path, name string) (bool, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
+		// The list is missing while the legacy module is not loaded, but so is every file
+		// under /proc/thread-self where that does not resolve (no procfs at /proc, or one of a
+		// pid namespace this process is not in): then nothing is known of the legacy tables,
+		// and a legacy tool's chains counted in nftables would read as missing for good.
+		if _, err := os.Stat(filepath.Dir(path)); err != nil {
+			return false, fmt.Errorf("%s unreadable: %w", filepath.Dir(path), err)
+		}
 		return false, nil
 	}
 	if err != nil {

@@ -2,9 +2,12 @@ package ipt
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os/exec"
 	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/kubenet-dev/kubenet/test/nettest"
 )
@@ -93,4 +96,72 @@ func TestRuleCounts(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestRuleCountsBigTable: on a node whose nat table is large (kube-proxy's thousands of rules),
+// the count of each chain over netlink is that chain's alone, also where the dump of the chain
+// itself spans several replies, and chains whose names prefix each other are told apart.
+func TestRuleCountsBigTable(t *testing.T) {
+	ctx := context.Background()
+	n := nettest.NewNS(t)
+	want := map[string]int{"KN-HP": 1, "KN-HPSNAT": 2500, "KN-HPS": 0, "KUBE-SERVICES": 4000}
+	lines := []string{":KN-HP - [0:0]", ":KN-HPSNAT - [0:0]", ":KN-HPS - [0:0]", ":KUBE-SERVICES - [0:0]", "-A KN-HP -j RETURN"}
+	for i := range want["KN-HPSNAT"] {
+		lines = append(lines, fmt.Sprintf("-A KN-HPSNAT -s 10.%d.%d.0/24 -j RETURN", i/256, i%256))
+	}
+	for i := range want["KUBE-SERVICES"] {
+		lines = append(lines, fmt.Sprintf("-A KUBE-SERVICES -d 10.96.%d.%d/32 -p tcp --dport 80 -j RETURN", i/256, i%256))
+	}
+	nettest.Do(t, n, func() error {
+		if err := (&State{}).Restore(ctx, IPv4, "nat", lines); err != nil {
+			return err
+		}
+		names := []string{"KN-HP", "KN-HPSNAT", "KN-HPS", "KUBE-SERVICES", "KN-H"}
+		listed, err := (&State{}).RuleCounts(ctx, IPv4, "nat", names...)
+		if err != nil || !maps.Equal(listed, want) {
+			t.Errorf("through the tool: %v, %v, want %v", listed, err, want)
+		}
+		got, err := (&State{Root: t.TempDir()}).RuleCounts(ctx, IPv4, "nat", names...)
+		if err != nil || !maps.Equal(got, want) {
+			t.Errorf("over netlink: %v, %v, want %v", got, err, want)
+		}
+		return nil
+	})
+}
+
+// TestRuleCountsDuringRewrites: a restore that declares kubenet's chain again (what every ADD
+// that finds it changed writes, and the agent) empties and refills it in one transaction: a
+// count over netlink meanwhile never sees it missing or empty.
+func TestRuleCountsDuringRewrites(t *testing.T) {
+	ctx := context.Background()
+	n := nettest.NewNS(t)
+	lines := []string{":KN-RW - [0:0]", "-A KN-RW -j RETURN", "-A KN-RW -p tcp -j RETURN"}
+	nettest.Do(t, n, func() error { return (&State{}).Restore(ctx, IPv4, "nat", lines) })
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for range 30 {
+			if err = n.Do(func(ns.NetNS) error { return (&State{}).Restore(ctx, IPv4, "nat", lines) }); err != nil {
+				break
+			}
+		}
+		done <- err
+	}()
+	nettest.Do(t, n, func() error {
+		noTools := &State{Root: t.TempDir()}
+		for {
+			select {
+			case err := <-done:
+				return err
+			default:
+			}
+			got, err := noTools.RuleCounts(ctx, IPv4, "nat", "KN-RW")
+			if err != nil {
+				return err
+			}
+			if got["KN-RW"] != 2 {
+				return fmt.Errorf("counted %v during a rewrite, want KN-RW's 2 rules", got)
+			}
+		}
+	})
 }

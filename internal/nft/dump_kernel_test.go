@@ -82,3 +82,53 @@ func TestTableRules(t *testing.T) {
 		return nil
 	})
 }
+
+// TestChainRuleCount: the count of one chain comes from a dump of that chain alone (not the
+// table's other chains, a long one among them, nor a chain whose name it prefixes), an empty
+// chain exists with no rules, and a missing chain or table does not exist.
+func TestChainRuleCount(t *testing.T) {
+	n := nettest.NewNS(t)
+	table := &nftables.Table{Name: "nat", Family: nftables.TableFamilyIPv4}
+	nettest.Do(t, n, func() error {
+		if got, exists, err := ChainRuleCount(&nftables.Chain{Name: "a", Table: table}); got != 0 || exists || err != nil {
+			t.Errorf("chain of a missing table: %d, %v, %v", got, exists, err)
+		}
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		c.AddTable(table)
+		a := c.AddChain(&nftables.Chain{Name: "a", Table: table})
+		c.AddChain(&nftables.Chain{Name: "ab", Table: table})
+		many := c.AddChain(&nftables.Chain{Name: "many", Table: table})
+		for range 3 {
+			c.AddRule(&nftables.Rule{Table: table, Chain: a, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}})
+		}
+		for i := range 300 {
+			c.AddRule(&nftables.Rule{Table: table, Chain: many, Exprs: append(MatchPrefix(Source, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 32), false), &expr.Verdict{Kind: expr.VerdictAccept})})
+			if i%100 == 99 {
+				if err := c.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		for _, w := range []struct {
+			name   string
+			n      int
+			exists bool
+		}{{"a", 3, true}, {"ab", 0, true}, {"many", 300, true}, {"m", 0, false}} {
+			got, exists, err := ChainRuleCount(&nftables.Chain{Name: w.name, Table: table})
+			if got != w.n || exists != w.exists || err != nil {
+				t.Errorf("chain %s: %d rules, exists %v, %v; want %d, %v", w.name, got, exists, err, w.n, w.exists)
+			}
+		}
+		d, err := DumpChain(&nftables.Chain{Name: "a", Table: table})
+		if err != nil {
+			return err
+		}
+		if counts, err := d.Counts(); err != nil || !maps.Equal(counts, map[string]int{"a": 3}) {
+			t.Errorf("the dump of chain a holds %v, %v; want a's 3 rules alone", counts, err)
+		}
+		return nil
+	})
+}
