@@ -114,8 +114,9 @@ func ebtablesPodChain(cfg Config, p Port) ipt.Chain {
 // never read), and writes the guard in the same transaction when it differs (a rule of it
 // changed in place is put right by the next ADD). With many ports (the node's healing) it reads
 // the whole table once and writes only what differs. rebuilt says that
-// the jump or the dispatch chain was missing (a new node, or a flushed ruleset): every running
-// pod's chain went with them, and the caller puts them back.
+// the jump, the dispatch chain or the guard was missing (a new node, a flushed ruleset, a guard
+// deleted after the pods' chains were flushed): every running pod's chain went with them, and
+// the caller puts them back.
 func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Port) (rebuilt bool, err error) {
 	pods := ebtablesPods(cfg.Network)
 	whole := len(ports) > portsByName
@@ -131,7 +132,10 @@ func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Por
 	}
 	plan := EbtablesNodePlan(cfg)
 	_, jumpDiffs := ipt.SyncLines(t, nil, plan.Jumps)
-	rebuilt = !t.Has(pods) || len(ipt.Missing(jumpDiffs)) > 0
+	// A guard that is gone was deleted after every pod's chain lost its jump to it (the kernel
+	// keeps a chain something jumps to): those chains were flushed, and are put back like after
+	// a flushed ruleset.
+	rebuilt = !t.Has(pods) || len(ipt.Missing(jumpDiffs)) > 0 || !t.Has(ebtablesGuard(cfg.Network))
 	if !t.Has(pods) || len(jumpDiffs) > 0 {
 		// The shared objects are made under the netfilter lock, from a read taken under it: two
 		// first ADDs would each declare the dispatch chain (emptying the other's rule) and

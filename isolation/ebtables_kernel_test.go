@@ -212,3 +212,36 @@ func TestEbtablesGuardEditsTheListingHides(t *testing.T) {
 		})
 	}
 }
+
+// TestEbtablesGuardDeletedRebuilds: the guard chain can only be deleted once no rule jumps to it,
+// that is once every pod's chain lost its first rule (flushed, by hand or by another tool):
+// those pods then pass everything. A pod's Ensure that finds the guard gone puts it back and
+// reports a rebuild, so that its caller puts back every running pod's chain too.
+func TestEbtablesGuardDeletedRebuilds(t *testing.T) {
+	node := nettest.NewNS(t)
+	cfg := Config{Network: "kubenet-test", AntiSpoofing: true}
+	ctx := context.Background()
+	port := func(i byte) Port {
+		return Port{Name: fmt.Sprintf("veth%011d", i), Owner: fmt.Sprintf("p%d/eth0", i), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x01, i},
+			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, i})}}
+	}
+	ensure := func(p Port) (rebuilt bool) {
+		nettest.Do(t, node, func() (err error) {
+			rebuilt, err = EnsureEbtables(ctx, &ipt.State{}, cfg, p)
+			return err
+		})
+		return rebuilt
+	}
+	ensure(port(1))
+	pod := ebtablesPod(cfg.Network, port(1).Name)
+	guard := ebtablesGuard(cfg.Network)
+	if out, err := nettest.Output(node, "nft", "delete", "chain", "bridge", "nat", guard); err == nil {
+		t.Fatalf("nft deleted the guard while a pod's chain jumps to it:\n%s", out)
+	}
+	nettest.Run(t, node, "ebtables", "-t", "nat", "-F", pod)
+	nettest.Run(t, node, "nft", "delete", "chain", "bridge", "nat", guard)
+	if !ensure(port(2)) {
+		t.Errorf("a pod's Ensure after the guard was deleted did not report a rebuild; the first pod's chain is left\n%s",
+			nettest.Run(t, node, "ebtables", "-t", "nat", "-L", pod))
+	}
+}
