@@ -140,7 +140,9 @@ func TestEbtablesGuardWrittenOnlyWhenChanged(t *testing.T) {
 // whatever the policy is): a guard made to ACCEPT hands every pod's frames to the bridge
 // before the pod's own chain checks its MAC and addresses. And -L prints "-p 802_1Q" for rules
 // that do not match 802.1Q frames: an ether type compared with <, under a zero mask, or compared
-// twice. The kernel's guard, as nft lists it, is compared with the guard as first written.
+// twice. The kernel's guard, as nft lists it, is compared with the guard as first written; the
+// node's healing (many ports, the table read with ebtables-save, which does show the policy) puts
+// them back too.
 func TestEbtablesGuardEditsTheListingHides(t *testing.T) {
 	node := nettest.NewNS(t)
 	cfg := Config{Network: "kubenet-test", AntiSpoofing: true}
@@ -183,33 +185,42 @@ func TestEbtablesGuardEditsTheListingHides(t *testing.T) {
 			return []string{"nft", "replace", "rule", "bridge", "nat", guard, "handle", firstHandle(t), "ether", "type", "ip", "ether", "type", "8021q", "counter", "drop"}
 		}},
 	} {
-		t.Run(edit.name, func(t *testing.T) {
-			// Each edit starts from the guard as planned (a failed case leaves its edit).
-			nettest.Do(t, node, func() error {
-				return (&ipt.State{}).Restore(ctx, ipt.Bridge, ebtablesTable, writeChain(nil, EbtablesNodePlan(cfg).Chains[0]))
-			})
-			cmd := edit.cmd(t)
-			nettest.Run(t, node, cmd[0], cmd[1:]...)
-			if kernelGuard(t) == want {
-				t.Fatalf("%q changed nothing", cmd)
-			}
-			nettest.Do(t, node, func() error {
-				if err := CheckNodeEbtables(ctx, &ipt.State{}, cfg); err == nil {
-					t.Errorf("CHECK after %q: nil, want the guard's difference", cmd)
+		for _, path := range []struct {
+			name  string
+			ports []Port
+		}{
+			{"ADD", []Port{port(byte(2 + i))}},
+			// More than portsByName: the healing's path, which reads the table with ebtables-save.
+			{"healing", []Port{port(1), port(byte(2 + i)), port(byte(10 + i))}},
+		} {
+			t.Run(edit.name+"/"+path.name, func(t *testing.T) {
+				// Each edit starts from the guard as planned (a failed case leaves its edit).
+				nettest.Do(t, node, func() error {
+					return (&ipt.State{}).Restore(ctx, ipt.Bridge, ebtablesTable, writeChain(nil, EbtablesNodePlan(cfg).Chains[0]))
+				})
+				cmd := edit.cmd(t)
+				nettest.Run(t, node, cmd[0], cmd[1:]...)
+				if kernelGuard(t) == want {
+					t.Fatalf("%q changed nothing", cmd)
 				}
-				_, err := EnsureEbtables(ctx, &ipt.State{}, cfg, port(byte(2+i)))
-				return err
-			})
-			if got := kernelGuard(t); got != want {
-				t.Errorf("after %q and a pod's Ensure the guard is\n%s\nwant\n%s", cmd, got, want)
-			}
-			nettest.Do(t, node, func() error {
-				if err := CheckNodeEbtables(ctx, &ipt.State{}, cfg); err != nil {
-					t.Errorf("CHECK after the Ensure: %v", err)
+				nettest.Do(t, node, func() error {
+					if err := CheckNodeEbtables(ctx, &ipt.State{}, cfg); err == nil {
+						t.Errorf("CHECK after %q: nil, want the guard's difference", cmd)
+					}
+					_, err := EnsureEbtables(ctx, &ipt.State{}, cfg, path.ports...)
+					return err
+				})
+				if got := kernelGuard(t); got != want {
+					t.Errorf("after %q and an Ensure of %d ports the guard is\n%s\nwant\n%s", cmd, len(path.ports), got, want)
 				}
-				return nil
+				nettest.Do(t, node, func() error {
+					if err := CheckNodeEbtables(ctx, &ipt.State{}, cfg); err != nil {
+						t.Errorf("CHECK after the Ensure: %v", err)
+					}
+					return nil
+				})
 			})
-		})
+		}
 	}
 }
 
