@@ -10,7 +10,11 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
 	"github.com/kubenet-dev/kubenet/internal/ipt"
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 // The iptables backend guards the bridge with ebtables, in the nat table's PREROUTING (priority
@@ -110,8 +114,9 @@ func ebtablesPodChain(cfg Config, p Port) ipt.Chain {
 // never read), and writes the guard in the same transaction when it differs (a rule of it
 // changed in place is put right by the next ADD). With many ports (the node's healing) it reads
 // the whole table once and writes only what differs. rebuilt says that
-// the jump or the dispatch chain was missing (a new node, or a flushed ruleset): every running
-// pod's chain went with them, and the caller puts them back.
+// the jump, the dispatch chain or the guard was missing (a new node, a flushed ruleset, a guard
+// deleted after the pods' chains were flushed): every running pod's chain went with them, and
+// the caller puts them back.
 func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Port) (rebuilt bool, err error) {
 	pods := ebtablesPods(cfg.Network)
 	whole := len(ports) > portsByName
@@ -127,7 +132,10 @@ func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Por
 	}
 	plan := EbtablesNodePlan(cfg)
 	_, jumpDiffs := ipt.SyncLines(t, nil, plan.Jumps)
-	rebuilt = !t.Has(pods) || len(ipt.Missing(jumpDiffs)) > 0
+	// A guard that is gone was deleted after every pod's chain lost its jump to it (the kernel
+	// keeps a chain something jumps to): those chains were flushed, and are put back like after
+	// a flushed ruleset.
+	rebuilt = !t.Has(pods) || len(ipt.Missing(jumpDiffs)) > 0 || !t.Has(ebtablesGuard(cfg.Network))
 	if !t.Has(pods) || len(jumpDiffs) > 0 {
 		// The shared objects are made under the netfilter lock, from a read taken under it: two
 		// first ADDs would each declare the dispatch chain (emptying the other's rule) and
@@ -156,6 +164,9 @@ func EnsureEbtables(ctx context.Context, st *ipt.State, cfg Config, ports ...Por
 	// wait for the kernel to release them, about 12 ms per ADD against 2 ms for the listing,
 	// which runs beside the other two.
 	lines, _ := ipt.SyncLines(t, plan.Chains, nil)
+	if len(lines) == 0 && !guardListedFaithfully(cfg.Network) {
+		lines = writeChain(nil, plan.Chains[0])
+	}
 	for _, p := range ports {
 		// A pod's chain is written whole whether or not it exists: listing it first would cost
 		// a read per port. With many ports the whole table was read, and only chains that
@@ -292,6 +303,10 @@ func CheckNodeEbtables(ctx context.Context, st *ipt.State, cfg Config) error {
 	}
 	plan := EbtablesNodePlan(cfg)
 	diffs := ipt.Compare(t, plan.Chains, plan.Jumps)
+	if len(diffs) == 0 && !guardListedFaithfully(cfg.Network) {
+		diffs = append(diffs, &ipt.Difference{Family: ipt.Bridge, Table: ebtablesTable, Object: "chain " + ebtablesGuard(cfg.Network),
+			Detail: "changed in place: in nftables it is not what ebtables lists (a policy, or a match ebtables cannot print)"})
+	}
 	if pods := ebtablesPods(cfg.Network); !t.Has(pods) {
 		diffs = append(diffs, &ipt.Difference{Family: ipt.Bridge, Table: ebtablesTable, Object: "chain " + pods, Missing: true, Detail: "missing"})
 	}
@@ -357,4 +372,75 @@ func joinDiffs(diffs []*ipt.Difference) error {
 		errs[i] = d
 	}
 	return errors.Join(errs...)
+}
+
+// guardListedFaithfully tells whether the kernel's guard is all that ebtables lists of it, which
+// is what SyncLines and Compare see: ebtables-nft keeps the chain in nftables, and its listing
+// leaves out what it cannot show. ebtables -L prints "policy: RETURN" for a user chain whatever
+// its policy (kept as a last rule, which -L omits): a guard made to ACCEPT hands every pod's
+// frames on before the pod's chain checks its MAC and addresses. And it prints "-p 802_1Q" for
+// an ether type compared with < or >, under a zero mask, or compared twice, the last compare
+// printed: rules that drop no VLAN frame. Before a pod's ADD trusted the listing, it wrote the
+// guard whole every time, which put such edits right.
+//
+// So the guard's rules are read over netlink (one dump, no process) and each must have the form
+// ebtables-nft gives every rule of the guard: one ether type compared for equality, at most one
+// match extension (what it compares, ebtables prints), a counter, DROP; and there must be no
+// more of them than the plan's rules (a policy other than RETURN is one more). No guard in
+// nftables (ebtables-legacy keeps its own, which it lists as it is) passes. Whatever cannot be
+// read fails: the guard is written, as before.
+func guardListedFaithfully(network string) bool {
+	chain := &nftables.Chain{Name: ebtablesGuard(network), Table: &nftables.Table{Name: ebtablesTable, Family: nftables.TableFamilyBridge}}
+	d, err := nft.DumpChain(chain)
+	if err != nil {
+		return false
+	}
+	rules, err := d.Rules()
+	if err != nil {
+		return false
+	}
+	have := rules[chain.Name]
+	if len(have) == 0 {
+		return true // ebtables-legacy's guard, or an empty one, which the listing shows
+	}
+	if len(have) != len(EbtablesNodePlan(Config{Network: network}).Chains[0].Rules) {
+		return false
+	}
+	for _, r := range have {
+		if !ebtablesGuardRuleForm(r.Exprs) {
+			return false
+		}
+	}
+	return true
+}
+
+// ebtablesGuardRuleForm tells whether exprs are the form of an ebtables-nft rule
+// "-p <ether type> [<ip or ip6 match>] -j DROP": the frame's ether type loaded and compared for
+// equality, at most one match, at most one counter, the verdict drop. Pure.
+func ebtablesGuardRuleForm(exprs []expr.Any) bool {
+	if len(exprs) < 3 {
+		return false
+	}
+	load, ok := exprs[0].(*expr.Payload)
+	if !ok || load.OperationType != expr.PayloadLoad || load.Base != expr.PayloadBaseLLHeader || load.Offset != 12 || load.Len != 2 {
+		return false
+	}
+	cmp, ok := exprs[1].(*expr.Cmp)
+	if !ok || cmp.Op != expr.CmpOpEq || cmp.Register != load.DestRegister || len(cmp.Data) != 2 {
+		return false
+	}
+	rest := exprs[2:]
+	if _, ok := rest[0].(*expr.Match); ok {
+		rest = rest[1:]
+	}
+	if len(rest) > 0 {
+		if _, ok := rest[0].(*expr.Counter); ok {
+			rest = rest[1:]
+		}
+	}
+	if len(rest) != 1 {
+		return false
+	}
+	v, ok := rest[0].(*expr.Verdict)
+	return ok && v.Kind == expr.VerdictDrop
 }

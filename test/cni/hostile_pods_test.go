@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubenet-dev/kubenet/hostport"
+	"github.com/kubenet-dev/kubenet/internal/ipt"
 	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
@@ -939,5 +940,37 @@ func TestLocalnetGuardStopsForgedLoopbackReplies(t *testing.T) {
 		if got := ask(t, "emptied", s.send); !slices.Equal(got, want) {
 			t.Errorf("from %s with the input chain emptied the client read %q, want %q: the test does not show that the chain stopped them", s.name, got, want)
 		}
+	}
+}
+
+// TestEbtablesGuardPolicyPutBackByNextAdd: on the iptables backend, a guard chain whose policy
+// another tool set to ACCEPT (ebtables -P) accepts every frame of every pod at its end, before
+// the pod's own chain checks the frame's source: the evil pod's datagram from the honest pod's
+// address reaches the victim. ebtables -L prints that chain's policy as RETURN; the next ADD
+// must put the guard back anyway, and CHECK must report it.
+func TestEbtablesGuardPolicyPutBackByNextAdd(t *testing.T) {
+	h := newHostileNode(t, "hairpin-veth", "iptables", []netip.Prefix{nettest.PodCIDR4}, nil)
+	gw := h.gateway[false]
+	spoof := func(payload string) int {
+		h.send(t, testkit.IPFrame(h.mac[h.victim], h.mac[h.evil], testkit.UDPPacket(h.honest.IP(gw), h.victim.IP(gw), 40001, hostileUDPPort, []byte(payload))))
+		h.flushVictimUDP(t)
+		return h.victimUDP.Received(payload)
+	}
+	if n := spoof("spoofed-intact"); n != 0 {
+		t.Fatalf("with the guard intact the victim received a spoofed datagram %d times", n)
+	}
+	nettest.Run(t, h.node.NS, "ebtables", "-t", "nat", "-P", "KUBENET-GUARD-"+ipt.ChainSuffix("kubenet"), "ACCEPT")
+	if n := spoof("spoofed-accept"); n != 1 {
+		t.Fatalf("with the guard's policy ACCEPT the victim received a spoofed datagram %d times, want 1 (else the test proves nothing)", n)
+	}
+	if err := h.node.Check(h.list, h.evil); err == nil {
+		t.Error("CHECK of the evil pod with the guard's policy ACCEPT: nil, want the guard's difference")
+	}
+	h.node.MustAdd(t, h.list, h.node.NewPod(t, "after-policy"))
+	if n := spoof("spoofed-after-add"); n != 0 {
+		t.Errorf("after the next ADD the victim received a spoofed datagram %d times, want 0", n)
+	}
+	if err := h.node.Check(h.list, h.evil); err != nil {
+		t.Errorf("CHECK of the evil pod after the next ADD: %v", err)
 	}
 }
