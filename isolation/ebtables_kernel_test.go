@@ -107,12 +107,14 @@ func TestEbtablesGuardWrittenOnlyWhenChanged(t *testing.T) {
 	}
 	// The guard as nftables holds it (ebtables-nft keeps it there), rule handles included.
 	kernelGuard := func() string { return nettest.Run(t, node, "nft", "-a", "list", "chain", "bridge", "nat", guard) }
+	// The guard as ebtables-save shows it: its policy (which ebtables -L does not show) and rules.
 	planned := func() []string {
-		return ipt.Parse(ipt.Bridge, "nat", []byte(nettest.Run(t, node, "ebtables-save", "-t", "nat"))).Chains[guard]
+		saved := ipt.Parse(ipt.Bridge, "nat", []byte(nettest.Run(t, node, "ebtables-save", "-t", "nat")))
+		return append([]string{"policy " + saved.Policies[guard]}, saved.Chains[guard]...)
 	}
 	ensure(port(1))
 	want := planned()
-	if len(want) != len(EbtablesNodePlan(cfg).Chains[0].Rules) {
+	if len(want) != 1+len(EbtablesNodePlan(cfg).Chains[0].Rules) || want[0] != "policy RETURN" {
 		t.Fatalf("guard after the first Ensure: %q", want)
 	}
 	before := kernelGuard()
