@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/kubenet-dev/kubenet/core"
 	"github.com/kubenet-dev/kubenet/hostport"
 	"github.com/kubenet-dev/kubenet/internal/nft"
+	"github.com/kubenet-dev/kubenet/isolation"
 	"github.com/kubenet-dev/kubenet/test/nettest"
 	"github.com/kubenet-dev/kubenet/test/testkit"
 )
@@ -77,12 +79,15 @@ func BenchmarkPacketCost(b *testing.B) {
 	inet, bridge := nft.InetTable("kubenet"), nft.BridgeTable("kubenet")
 	// The elements' "expires" counts down: not part of what is compared.
 	expires := regexp.MustCompile(` expires \S+`)
+	// Each table's chains and sets in name order: a chain the heal made again is listed after
+	// the others, and only what they hold is compared.
 	listRuleset := func() string {
 		var out string
 		for _, t := range []*nftables.Table{bridge, inet} {
-			out += nettest.Run(b, node.NS, "nft", "list", "table", nft.FamilyName(t.Family), t.Name)
+			listed := expires.ReplaceAllString(nettest.Run(b, node.NS, "nft", "list", "table", nft.FamilyName(t.Family), t.Name), "")
+			out += strings.Join(sortedBlocks(listed), "\n") + "\n"
 		}
-		return expires.ReplaceAllString(out, "")
+		return out
 	}
 	ruleset := listRuleset()
 	b.Logf("kubenet's ruleset:\n%s", ruleset)
@@ -106,6 +111,7 @@ func BenchmarkPacketCost(b *testing.B) {
 		return p
 	}
 	prerouting := script(fmt.Sprintf("add chain inet %s packetcost-prerouting { type filter hook prerouting priority mangle; }\n", inet.Name))
+	emptyBridgeChain := script(fmt.Sprintf("add chain bridge %s packetcost-bridge { type filter hook prerouting priority -199; }\n", bridge.Name))
 	natOnly := script("add table ip packetcost\nadd chain ip packetcost postrouting { type nat hook postrouting priority srcnat; }\n")
 	nftDo := func(args ...string) func() { return func() { nettest.Run(b, node.NS, "nft", args...) } }
 	variants := []struct {
@@ -123,6 +129,9 @@ func BenchmarkPacketCost(b *testing.B) {
 			}
 		}, restore},
 		{"- bridge table", nftDo("delete", "table", "bridge", bridge.Name), restore},
+		{"- anti-spoof base chain", nftDo("delete", "chain", "bridge", bridge.Name, isolation.ChainAntiSpoof), restore},
+		{"- pod-guard base chain", nftDo("delete", "chain", "bridge", bridge.Name, isolation.ChainGuard), restore},
+		{"+ empty bridge base chain", nftDo("-f", emptyBridgeChain), nftDo("delete", "chain", "bridge", bridge.Name, "packetcost-bridge")},
 		{"no tables", nftDo("flush", "ruleset"), restore},
 	}
 	var names []string
@@ -198,4 +207,26 @@ func maxOf(xs []float64) float64 {
 		m = max(m, x)
 	}
 	return m
+}
+
+// sortedBlocks splits nft's listing of one table into its objects (each "\tchain ..." or "\tset
+// ..." line up to its closing "\t}") and returns them sorted, the table's own lines first.
+func sortedBlocks(listing string) []string {
+	var head, blocks []string
+	var cur []string
+	for _, line := range strings.Split(listing, "\n") {
+		switch {
+		case cur != nil:
+			cur = append(cur, line)
+			if line == "\t}" {
+				blocks, cur = append(blocks, strings.Join(cur, "\n")), nil
+			}
+		case strings.HasPrefix(line, "\t") && strings.HasSuffix(line, "{"):
+			cur = []string{line}
+		case strings.TrimSpace(line) != "":
+			head = append(head, line)
+		}
+	}
+	slices.Sort(blocks)
+	return append(head, blocks...)
 }
