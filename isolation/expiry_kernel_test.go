@@ -85,8 +85,8 @@ func TestRemoveEndsElementsByExpiry(t *testing.T) {
 			t.Errorf("element %x: timeout %v, expires in %v, want about %v", el.Key, el.Timeout, el.Expires, nft.Forever)
 		}
 	}
-	if got := len(elementsOfPort(els, p1.Name)); got != 6 {
-		t.Fatalf("port %s has %d elements, want 6 (pod ports, anti-spoofing ports, MAC, IPv4, IPv6, link-local)", p1.Name, got)
+	if got := len(elementsOfPort(els, p1.Name)); got != 9 {
+		t.Fatalf("port %s has %d elements, want 9 (pod ports, anti-spoofing ports, MAC, IPv4, IPv6, link-local, and the fast paths' IPv4, IPv6, link-local)", p1.Name, got)
 	}
 
 	nettest.Do(t, n, func() error { return Remove("x", p1) })
@@ -115,8 +115,8 @@ func TestRemoveEndsElementsByExpiry(t *testing.T) {
 	})
 	_, els = setsAndElements(t, n, "x")
 	again := elementsOfPort(els, p2.Name)
-	if len(again) != 6 {
-		t.Errorf("port %s added again has %d elements, want 6", p2.Name, len(again))
+	if len(again) != 9 {
+		t.Errorf("port %s added again has %d elements, want 9", p2.Name, len(again))
 	}
 	for _, el := range again {
 		if el.Expires < time.Hour {

@@ -99,9 +99,13 @@ func Ensure(cfg Config, ports ...Port) (rebuilt bool, err error) {
 	var rewrite *chainWrite
 	if found != nil {
 		rewrite = &chainWrite{plan: plan(), have: have}
-		if defs, rewrite.mistyped, err = setsToWrite(table); err != nil {
+		var made bool
+		if defs, rewrite.mistyped, made, err = setsToWrite(table); err != nil {
 			return rebuilt, err
 		}
+		// A set made now (one a new release plans, or one put in place of somebody else's)
+		// lacks the running pods' elements as after a flush: the caller puts them back.
+		rebuilt = rebuilt || made
 	}
 	for _, batch := range batches(ports, portsPerBatch) {
 		err := addElements(cfg, table, defs, batch, rewrite)
@@ -207,9 +211,9 @@ func elementsOf(ports []Port, antiSpoofing bool) map[string][]nftables.SetElemen
 }
 
 // portsPerBatch bounds one transaction's elements: google/nftables sends a transaction in one
-// message, which fails (EMSGSIZE) beyond the socket's buffer. 64 ports are at most 384 elements,
-// about 40 KiB.
-const portsPerBatch = 64
+// message, which fails (EMSGSIZE) beyond the socket's buffer. 40 ports are at most 360 elements
+// (nine for a dual-stack port), about 40 KiB.
+const portsPerBatch = 40
 
 // batches splits xs into runs of at most n; none at all is one empty run, so that a caller
 // still does its once-per-call work.
@@ -265,12 +269,13 @@ func writeChains(c *nftables.Conn, table *nftables.Table, w *chainWrite, setDefs
 // sets of the table that carry one of this package's names with another key type (somebody
 // else's set): adding the planned set over one fails, so it is replaced. A set of ours keeps its
 // flags (the kernel refuses to add a set over one with other flags); a set to be made gets the
-// timeout flag where the kernel can end elements by expiry. Read only when the chains are
-// rewritten anyway (a kubenet set cannot change while a rule refers to it).
-func setsToWrite(table *nftables.Table) (defs []*nftables.Set, mistyped []string, err error) {
+// timeout flag where the kernel can end elements by expiry. made says that a set is to be made
+// (or made again). Read only when the chains are rewritten anyway (a kubenet set cannot change
+// while a rule refers to it).
+func setsToWrite(table *nftables.Table) (defs []*nftables.Set, mistyped []string, made bool, err error) {
 	c, err := nftables.New()
 	if err != nil {
-		return nil, nil, fmt.Errorf("isolation sets: netlink: %w", err)
+		return nil, nil, false, fmt.Errorf("isolation sets: netlink: %w", err)
 	}
 	// google/nftables loses the errno of this dump; a missing table (or one a concurrent first
 	// ADD is creating) is the usual cause, and then every set is to be made. Should the read
@@ -283,6 +288,7 @@ func setsToWrite(table *nftables.Table) (defs []*nftables.Set, mistyped []string
 		case i >= 0 && !have[i].IsMap && have[i].KeyType.GetNFTMagic() == want.KeyType.GetNFTMagic():
 			want.HasTimeout = have[i].HasTimeout
 		default:
+			made = true
 			if i >= 0 {
 				mistyped = append(mistyped, want.Name)
 			}
@@ -294,7 +300,7 @@ func setsToWrite(table *nftables.Table) (defs []*nftables.Set, mistyped []string
 		}
 		defs = append(defs, want)
 	}
-	return defs, mistyped, nil
+	return defs, mistyped, made, nil
 }
 
 // obsoleteChains names the chains of this package that have rules but no place in plan.
@@ -376,12 +382,25 @@ func removeBatch(network string, els map[string][]nftables.SetElement) error {
 		return err
 	}
 	var errs []error
-	for name, e := range els {
-		if err := removeElements(table, map[string][]nftables.SetElement{name: e}); err != nil && !nft.IsNotExist(err) {
+	for _, name := range removalOrder(els) {
+		if err := removeElements(table, map[string][]nftables.SetElement{name: els[name]}); err != nil && !nft.IsNotExist(err) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removalOrder names the sets of els in the order of sets, fast sets first: removed in several
+// transactions, a fast element never outlives the elements it joins, which would let its frames
+// past the checks they fail without it.
+func removalOrder[T any](els map[string]T) []string {
+	var out []string
+	for _, s := range sets(nil, false) {
+		if _, ok := els[s.Name]; ok {
+			out = append(out, s.Name)
+		}
+	}
+	return out
 }
 
 // removeElements ends els by expiry, or where the sets have no timeout flag deletes them.
@@ -451,8 +470,8 @@ func GC(network string, keep func(port, owner string) bool) ([]string, error) {
 	}
 	slices.Sort(ports)
 	var errs []error
-	for name, els := range stale {
-		for _, batch := range batches(els, 6*portsPerBatch) {
+	for _, name := range removalOrder(stale) {
+		for _, batch := range batches(stale[name], 6*portsPerBatch) {
 			errs = append(errs, removeBatch(network, map[string][]nftables.SetElement{name: batch}))
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/nftables/expr"
+
+	"github.com/kubenet-dev/kubenet/internal/nft"
 )
 
 func TestPlan(t *testing.T) {
@@ -49,10 +51,23 @@ func TestPlan(t *testing.T) {
 		if !slices.Equal(names, tc.chains) {
 			t.Errorf("antiSpoofing=%v: chains %v, want %v", tc.antiSpoofing, names, tc.chains)
 		}
-		// The first rule of each base chain limits it to the pods' ports.
+		// Each base chain limits itself to the pods' ports; the fast paths before that rule can
+		// only let a frame through (return), never drop it or send it elsewhere.
 		for _, c := range plan {
-			if c.Base && !hasLookup(c.Rules[0].Exprs, map[string]string{ChainGuard: SetPodPorts, ChainAntiSpoof: SetAntiSpoofPorts}[c.Name]) {
-				t.Errorf("base chain %s does not start by matching its ports set", c.Name)
+			if !c.Base {
+				continue
+			}
+			ports := slices.IndexFunc(c.Rules, func(r nft.Rule) bool {
+				return hasLookup(r.Exprs, map[string]string{ChainGuard: SetPodPorts, ChainAntiSpoof: SetAntiSpoofPorts}[c.Name])
+			})
+			if ports < 0 {
+				t.Errorf("base chain %s does not match its ports set", c.Name)
+				continue
+			}
+			for _, r := range c.Rules[:ports] {
+				if v, ok := r.Exprs[len(r.Exprs)-1].(*expr.Verdict); !ok || v.Kind != expr.VerdictReturn {
+					t.Errorf("base chain %s: rule %q before the ports check does more than let frames through", c.Name, r.Comment)
+				}
 			}
 		}
 	}
@@ -90,6 +105,10 @@ func TestElements(t *testing.T) {
 		SetMAC:            {key(0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0)},
 		SetIPv4:           {key(10, 244, 1, 5), key(10, 244, 1, 6)},
 		SetIPv6:           {key(LinkLocal(mac).AsSlice()...), key(netip.MustParseAddr("fd00::5").AsSlice()...)},
+		// port . MAC (padded to 8) . address: every join of the port's MAC and addresses.
+		SetFastIPv4: {key(0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0, 10, 244, 1, 5), key(0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0, 10, 244, 1, 6)},
+		SetFastIPv6: {key(append([]byte{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0}, LinkLocal(mac).AsSlice()...)...),
+			key(append([]byte{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0}, netip.MustParseAddr("fd00::5").AsSlice()...)...)},
 	}
 	got := p.elements(true)
 	for set, keys := range want {

@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -228,6 +229,11 @@ func isUDPTo(port uint16) func(testkit.Frame) bool {
 	}
 }
 
+// containsBytes matches frames that carry s anywhere (a TCP payload, which Frame does not parse).
+func containsBytes(s string) func(testkit.Frame) bool {
+	return func(f testkit.Frame) bool { return bytes.Contains(f, []byte(s)) }
+}
+
 func hasPayload(payload string) func(testkit.Frame) bool {
 	return func(f testkit.Frame) bool {
 		_, _, p, ok := f.UDP()
@@ -388,6 +394,35 @@ func (h *hostileNode) victimV6Addrs() []netip.Addr {
 // ARP and neighbour discovery messages.
 func (h *hostileNode) spoofingAttacks(t *testing.T) {
 	evilMAC, honestMAC := h.mac[h.evil], h.mac[h.honest]
+	// TCP, which the bridge's rules let through on fast paths (one lookup of port . MAC .
+	// address, the guard's checks in one rule): another pod's address, its MAC, both, a
+	// priority tag, each must stay out; evil's own segment (the control) must arrive.
+	t.Run("TCP from another pod's address or MAC, or tagged", func(t *testing.T) {
+		for is6, gw := range h.gateway {
+			evilIP, honestIP, victimIP := h.evil.IP(gw), h.honest.IP(gw), h.victim.IP(gw)
+			segment := func(what string, src netip.Addr) []byte {
+				return testkit.TCPPacket(src, victimIP, 40100, hostileTCPPort, testkit.TCPPsh|testkit.TCPAck, []byte(fmt.Sprintf("tcp-%v-%s.", is6, what)))
+			}
+			attacks := map[string][]byte{
+				"address":         testkit.IPFrame(h.mac[h.victim], evilMAC, segment("address", honestIP)),
+				"MAC":             testkit.IPFrame(h.mac[h.victim], honestMAC, segment("MAC", evilIP)),
+				"MAC and address": testkit.IPFrame(h.mac[h.victim], honestMAC, segment("MAC and address", honestIP)),
+				"priority tag":    testkit.PriorityTagged(testkit.IPFrame(h.mac[h.victim], evilMAC, segment("priority tag", evilIP))),
+			}
+			control := testkit.IPFrame(h.mac[h.victim], evilMAC, segment("own", evilIP))
+			var frames [][]byte
+			for _, f := range attacks {
+				frames = append(frames, f)
+			}
+			h.send(t, append(frames, control)...)
+			for what := range attacks {
+				h.expectNotCaptured(t, fmt.Sprintf("TCP over %s with another pod's %s", family(gw), what), containsBytes(fmt.Sprintf("tcp-%v-%s.", is6, what)))
+			}
+			if len(h.capture.Matching(containsBytes(fmt.Sprintf("tcp-%v-own.", is6)))) == 0 {
+				t.Errorf("evil's own TCP segment over %s did not reach the victim: the test cannot see TCP", family(gw))
+			}
+		}
+	})
 	if h.has(false) {
 		gw4, honest4, evil4 := h.gateway[false], h.honest.IP(h.gateway[false]), h.evil.IP(h.gateway[false])
 		t.Run("gratuitous ARP for the gateway and another pod", func(t *testing.T) {
@@ -661,7 +696,7 @@ func TestAntiSpoofingOff(t *testing.T) {
 			t.Errorf("without anti-spoofing the victim received a datagram from a spoofed %s %d times, want 1", h.honest.IP(gw), n)
 		}
 	}
-	for _, set := range []string{isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
+	for _, set := range []string{isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6, isolation.SetFastIPv4, isolation.SetFastIPv6} {
 		if out := nettest.Run(t, h.node.NS, "nft", "list", "set", "bridge", testkit.HostPortTable, set); strings.Contains(out, "evil/eth0") {
 			t.Errorf("anti-spoofing is off, yet set %s has elements of the pods:\n%s", set, out)
 		}

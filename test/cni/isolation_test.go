@@ -41,11 +41,20 @@ func isolationWant(mark testkit.IsolationElement, port string, mac net.HardwareA
 		return testkit.IsolationElement{Set: set, Key: key, Comment: mark.Comment, Chain: mark.Chain}.String()
 	}
 	want := []string{el(isolation.SetPodPorts, port)}
+	// nftables (its elements carry a comment; ebtables rules none) also joins MAC and address for
+	// its fast paths.
+	fast := func(a netip.Addr) {
+		if mark.Comment != "" {
+			want = append(want, el(map[bool]string{false: isolation.SetFastIPv4, true: isolation.SetFastIPv6}[a.Is6()], port+" . "+mac.String()+" . "+a.String()))
+		}
+	}
 	if antiSpoofing {
 		want = append(want, el(isolation.SetAntiSpoofPorts, port), el(isolation.SetMAC, port+" . "+mac.String()),
 			el(isolation.SetIPv6, port+" . "+testkit.LinkLocal(mac).String()))
+		fast(testkit.LinkLocal(mac))
 		for _, a := range ips {
 			want = append(want, el(map[bool]string{false: isolation.SetIPv4, true: isolation.SetIPv6}[a.Is6()], port+" . "+a.String()))
+			fast(a)
 		}
 	}
 	slices.Sort(want)
@@ -95,6 +104,38 @@ func expectIsolationElements(t *testing.T, node *nettest.Node, p *nettest.Pod, a
 	got, want := isolationElementsOf(t, node, p), wantIsolationElements(t, node, p, antiSpoofing)
 	if !slices.Equal(got, want) {
 		t.Errorf("isolation elements of %s:\n got %q\nwant %q", p.RT.ContainerID, got, want)
+	}
+}
+
+// TestIsolationUpgradeAddsFastPaths: a node whose isolation was set up by a kubenet without the
+// fast paths (their rules and sets absent) gets them with the next ADD, and the running pod its
+// fast elements with them (the sets are new, so ADD puts back every running pod's elements):
+// CHECK of the running pod passes, and the node's rules are as planned.
+func TestIsolationUpgradeAddsFastPaths(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
+	old := node.NewPod(t, "upgrade-old")
+	node.MustAdd(t, list, old)
+	// What the older kubenet left: the chains without the fast-path rules, no fast sets.
+	for _, chain := range []string{isolation.ChainAntiSpoof, isolation.ChainGuard} {
+		out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "bridge", testkit.HostPortTable, chain)
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "(the checks below would let it through)") {
+				handle := line[strings.LastIndex(line, "# handle ")+len("# handle "):]
+				nettest.Run(t, node.NS, "nft", "delete", "rule", "bridge", testkit.HostPortTable, chain, "handle", strings.TrimSpace(handle))
+			}
+		}
+	}
+	for _, set := range []string{isolation.SetFastIPv4, isolation.SetFastIPv6} {
+		nettest.Run(t, node.NS, "nft", "delete", "set", "bridge", testkit.HostPortTable, set)
+	}
+	if err := node.Check(list, old); err == nil {
+		t.Fatal("CHECK passes on a node without the fast paths: the test cannot tell them added")
+	}
+	node.MustAdd(t, list, node.NewPod(t, "upgrade-new"))
+	expectIsolationElements(t, node, old, true)
+	if err := node.Check(list, old); err != nil {
+		t.Errorf("CHECK of the running pod after the next ADD: %v", err)
 	}
 }
 

@@ -1073,6 +1073,14 @@ func (f *fuzzer) checkIsolation(reserved map[netip.Addr]string) {
 			if a.mac != nil && rest != a.mac.String() {
 				f.failf("isolation element %s: attachment %s's MAC is %s", el, a.id, a.mac)
 			}
+		case isolation.SetFastIPv4, isolation.SetFastIPv6:
+			// port . MAC . address: the MAC checked here, the address as below.
+			mac, addr, _ := strings.Cut(rest, " . ")
+			if a.mac != nil && mac != a.mac.String() {
+				f.failf("isolation element %s: attachment %s's MAC is %s", el, a.id, a.mac)
+			}
+			rest = addr
+			fallthrough
 		case isolation.SetIPv4, isolation.SetIPv6:
 			ip, err := netip.ParseAddr(rest)
 			switch {

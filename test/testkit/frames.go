@@ -93,6 +93,27 @@ func UDPPacket(src, dst netip.Addr, srcPort, dstPort uint16, payload []byte) []b
 	return IPPacket(src, dst, 17, 0, u)
 }
 
+// TCPPacket is an IP packet carrying one TCP segment with flags (TCPSyn, TCPAck, ...) and
+// payload, sequence and acknowledgement numbers zero, no options.
+func TCPPacket(src, dst netip.Addr, srcPort, dstPort uint16, flags byte, payload []byte) []byte {
+	h := make([]byte, 20, 20+len(payload))
+	binary.BigEndian.PutUint16(h[0:], srcPort)
+	binary.BigEndian.PutUint16(h[2:], dstPort)
+	h[12] = 5 << 4 // data offset: five 32-bit words
+	h[13] = flags
+	binary.BigEndian.PutUint16(h[14:], 65535) // window
+	h = append(h, payload...)
+	binary.BigEndian.PutUint16(h[16:], checksum(h, pseudoHeaderSum(src, dst, 6, len(h))))
+	return IPPacket(src, dst, 6, 0, h)
+}
+
+// TCP flags, for TCPPacket.
+const (
+	TCPSyn = 0x02
+	TCPPsh = 0x08
+	TCPAck = 0x10
+)
+
 // ICMPPacket is an IP packet carrying one ICMP (IPv4) or ICMPv6 message of type typ with the
 // message body (everything after the 4-byte ICMP header). ICMPv6 gets hop limit 255, which
 // neighbour discovery requires.

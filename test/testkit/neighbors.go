@@ -134,7 +134,7 @@ func IsolationElements(t testing.TB, node *nettest.Node) []IsolationElement {
 	if _, err := nettest.SettledRuleset(node.NS); err != nil {
 		t.Fatal(err)
 	}
-	for _, set := range []string{isolation.SetPodPorts, isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6} {
+	for _, set := range []string{isolation.SetPodPorts, isolation.SetAntiSpoofPorts, isolation.SetMAC, isolation.SetIPv4, isolation.SetIPv6, isolation.SetFastIPv4, isolation.SetFastIPv6} {
 		for _, raw := range NFTElements(t, node, "bridge", "set", set) {
 			var el struct {
 				Elem *struct {
