@@ -178,9 +178,9 @@ func TestHealerRestoresFlushedRuleset(t *testing.T) {
 		t.Fatalf("map elements %v, want the holder's 4", elements.hostPorts)
 	}
 	// Per pod: its port twice (pod-ports, anti-spoof-ports), its MAC, its link-local address and
-	// its two addresses.
-	if len(elements.isolation) != 12 {
-		t.Fatalf("isolation elements %q, want the holder's and the attacker's 6 each", elements.isolation)
+	// its two addresses, and the last three joined with its MAC (the fast paths).
+	if len(elements.isolation) != 18 {
+		t.Fatalf("isolation elements %q, want the holder's and the attacker's 9 each", elements.isolation)
 	}
 	w.expectWorking(t, "before the flush")
 
