@@ -504,6 +504,9 @@ func Check(cfg Config, p Port) error {
 		return fmt.Errorf("isolation elements: netlink: %w", err)
 	}
 	want := p.elements(cfg.AntiSpoofing)
+	// Every difference is named (a pod attached while anti-spoofing was off lacks the elements
+	// of several sets).
+	var diffs []error
 	for _, s := range sets(table, false) {
 		els, err := listElements(c, s)
 		if err != nil {
@@ -511,16 +514,16 @@ func Check(cfg Config, p Port) error {
 		}
 		for _, w := range want[s.Name] {
 			if !slices.ContainsFunc(els, func(e nftables.SetElement) bool { return slices.Equal(e.Key, w.Key) }) {
-				return fmt.Errorf("isolation of pod %s: no element %s", p.Owner, describe(s.Name, w.Key))
+				diffs = append(diffs, fmt.Errorf("isolation of pod %s: no element %s", p.Owner, describe(s.Name, w.Key)))
 			}
 		}
 		// Elements of the port that the pod does not own (an address it no longer has) would
 		// let it send from them. Without anti-spoofing they do nothing.
 		for _, e := range els {
 			if cfg.AntiSpoofing && nameOf(e.Key) == p.Name && !slices.ContainsFunc(want[s.Name], func(w nftables.SetElement) bool { return slices.Equal(e.Key, w.Key) }) {
-				return fmt.Errorf("isolation of pod %s: stray element %s", p.Owner, describe(s.Name, e.Key))
+				diffs = append(diffs, fmt.Errorf("isolation of pod %s: stray element %s", p.Owner, describe(s.Name, e.Key)))
 			}
 		}
 	}
-	return nil
+	return errors.Join(diffs...)
 }
