@@ -139,6 +139,32 @@ func TestIsolationUpgradeAddsFastPaths(t *testing.T) {
 	}
 }
 
+// TestIsolationUpgradeDelBeforeAdd: on a node set up by a kubenet without the fast paths, the
+// new binary's first verb may be a DEL: the pod's elements go although the fast sets they would
+// have joined do not exist, and the DEL succeeds (leak audit).
+func TestIsolationUpgradeDelBeforeAdd(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
+	old := node.NewPod(t, "upgrade-del")
+	node.MustAdd(t, list, old)
+	for _, chain := range []string{isolation.ChainAntiSpoof, isolation.ChainGuard} {
+		out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "bridge", testkit.HostPortTable, chain)
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "(the checks below would let it through)") {
+				handle := line[strings.LastIndex(line, "# handle ")+len("# handle "):]
+				nettest.Run(t, node.NS, "nft", "delete", "rule", "bridge", testkit.HostPortTable, chain, "handle", strings.TrimSpace(handle))
+			}
+		}
+	}
+	for _, set := range []string{isolation.SetFastIPv4, isolation.SetFastIPv6} {
+		nettest.Run(t, node.NS, "nft", "delete", "set", "bridge", testkit.HostPortTable, set)
+	}
+	if err := node.Del(list, old); err != nil {
+		t.Fatalf("DEL on a node without the fast sets: %v", err)
+	}
+	testkit.AssertNoResidue(t, node, "kubenet", testkit.AttachmentOf(old), old.IPs())
+}
+
 // TestIsolationLifecycle: per family, ADD gives each pod its isolation elements and the pod
 // interface the sysctls and MAC the rules rely on; CHECK verifies them and names what is
 // missing; DEL removes them (leak audit).

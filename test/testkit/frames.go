@@ -43,6 +43,18 @@ func PriorityTagged(frame []byte) []byte {
 	return append(out, frame[12:]...)
 }
 
+// WithHopByHop puts an empty hop-by-hop options header (one PadN option) between an IPv6
+// packet's header and its payload, which a receiver processes and skips: what follows (an
+// ICMPv6 message, say) is handled as without it. The payload's checksum stays valid (the
+// pseudo-header names the upper layer and its length, which do not change).
+func WithHopByHop(packet []byte) []byte {
+	out := append([]byte{}, packet[:40]...)
+	binary.BigEndian.PutUint16(out[4:], binary.BigEndian.Uint16(packet[4:])+8)
+	out[6] = 0 // next header: hop-by-hop options
+	out = append(out, packet[6], 0, 1, 4, 0, 0, 0, 0)
+	return append(out, packet[40:]...)
+}
+
 // IPFrame frames an IPv4 or IPv6 packet.
 func IPFrame(dst, src net.HardwareAddr, packet []byte) []byte {
 	if packet[0]>>4 == 6 {
