@@ -183,10 +183,10 @@ func TestAgentCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Every pod running on node-1 (this one at least: its port, twice, its MAC, its
-			// link-local address and its two addresses).
+			// link-local address and its two addresses, and the last three joined with its MAC).
 			isolated := testkit.SortedIsolationElements(t, n1.cni)
-			if n := len(slices.DeleteFunc(slices.Clone(isolated), func(e string) bool { return !strings.HasSuffix(e, "[hostport-heal/eth0]") })); n != 6 {
-				t.Fatalf("isolation elements on node-1 before the flush: %q, want 6 of the pod", isolated)
+			if n := len(slices.DeleteFunc(slices.Clone(isolated), func(e string) bool { return !strings.HasSuffix(e, "[hostport-heal/eth0]") })); n != 9 {
+				t.Fatalf("isolation elements on node-1 before the flush: %q, want 9 of the pod", isolated)
 			}
 			nettest.Run(t, n1.ns, "nft", "flush", "ruleset")
 			flushed := time.Now()
