@@ -126,25 +126,16 @@ func (b iptablesBackend) checkNode(cfg Config) error {
 	return errors.Join(errs...)
 }
 
+// missingNode counts the rules of the fixed chains (ipt.State.RuleCounts), STATUS's only question
+// being whether one is gone or emptied; the entry chains hold every pod's rules and are not read:
+// the fixed chains jump to them, and iptables keeps no jump to a chain that does not exist.
 func (b iptablesBackend) missingNode(cfg Config, _ map[string]int) ([]error, error) {
 	plans := iptablesPlan(cfg)
 	diffs := make([][]*ipt.Difference, len(plans))
 	errs := make([]error, len(plans))
 	read := make([]func(), len(plans))
 	for i, p := range plans {
-		read[i] = func() {
-			if !b.st.Sentinels {
-				var t *ipt.Table
-				if t, errs[i] = b.st.Table(context.Background(), p.f, p.table); errs[i] == nil {
-					diffs[i] = p.compare(t)
-				}
-				return
-			}
-			// Only the fixed chains' rules counted (ipt.State.Sentinels); the entry chains hold
-			// every pod's rules and are not read: the fixed chains jump to them, and iptables
-			// keeps no jump to a chain that does not exist.
-			diffs[i], errs[i] = p.plan.CountDifferences(context.Background(), b.st, p.f, p.table)
-		}
+		read[i] = func() { diffs[i], errs[i] = p.plan.CountDifferences(context.Background(), b.st, p.f, p.table) }
 	}
 	// The tables are read at once (STATUS waits for the slowest read, not for the sum).
 	if err := ipt.InCallerNS(read...); err != nil {

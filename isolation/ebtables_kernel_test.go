@@ -85,6 +85,12 @@ func stripComments(s string) string {
 	return strings.Join(out, "\n")
 }
 
+// ebtablesTestPort is the i-th IPv4 pod port of the guard's tests.
+func ebtablesTestPort(i byte) Port {
+	return Port{Name: fmt.Sprintf("veth%011d", i), Owner: fmt.Sprintf("p%d/eth0", i), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x01, i},
+		Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, i})}}
+}
+
 // TestEbtablesGuardWrittenOnlyWhenChanged: a pod's Ensure leaves an intact guard alone (its rules
 // keep their kernel handles: rewriting it costs the transaction a wait for the kernel to release
 // the old rules), and puts a guard back that lost a rule, or had one changed in place, or was
@@ -94,10 +100,7 @@ func TestEbtablesGuardWrittenOnlyWhenChanged(t *testing.T) {
 	cfg := Config{Network: "kubenet-test", AntiSpoofing: true}
 	ctx := context.Background()
 	guard := ebtablesGuard(cfg.Network)
-	port := func(i byte) Port {
-		return Port{Name: fmt.Sprintf("veth%011d", i), Owner: fmt.Sprintf("p%d/eth0", i), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x01, i},
-			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, i})}}
-	}
+	port := ebtablesTestPort
 	ensure := func(p Port) {
 		t.Helper()
 		nettest.Do(t, node, func() error {
@@ -150,10 +153,7 @@ func TestEbtablesGuardEditsTheListingHides(t *testing.T) {
 	cfg := Config{Network: "kubenet-test", AntiSpoofing: true}
 	ctx := context.Background()
 	guard := ebtablesGuard(cfg.Network)
-	port := func(i byte) Port {
-		return Port{Name: fmt.Sprintf("veth%011d", i), Owner: fmt.Sprintf("p%d/eth0", i), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x01, i},
-			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, i})}}
-	}
+	port := ebtablesTestPort
 	// The guard as nftables holds it, without rule handles (a rewrite changes them).
 	kernelGuard := func(t *testing.T) string {
 		out := nettest.Run(t, node, "nft", "list", "chain", "bridge", "nat", guard)
@@ -234,10 +234,7 @@ func TestEbtablesGuardDeletedRebuilds(t *testing.T) {
 	node := nettest.NewNS(t)
 	cfg := Config{Network: "kubenet-test", AntiSpoofing: true}
 	ctx := context.Background()
-	port := func(i byte) Port {
-		return Port{Name: fmt.Sprintf("veth%011d", i), Owner: fmt.Sprintf("p%d/eth0", i), MAC: net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x01, i},
-			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, i})}}
-	}
+	port := ebtablesTestPort
 	ensure := func(p Port) (rebuilt bool) {
 		nettest.Do(t, node, func() (err error) {
 			rebuilt, err = EnsureEbtables(ctx, &ipt.State{}, cfg, p)

@@ -107,16 +107,10 @@ func expectIsolationElements(t *testing.T, node *nettest.Node, p *nettest.Pod, a
 	}
 }
 
-// TestIsolationUpgradeAddsFastPaths: a node whose isolation was set up by a kubenet without the
-// fast paths (their rules and sets absent) gets them with the next ADD, and the running pod its
-// fast elements with them (the sets are new, so ADD puts back every running pod's elements):
-// CHECK of the running pod passes, and the node's rules are as planned.
-func TestIsolationUpgradeAddsFastPaths(t *testing.T) {
-	node := nettest.NewNode(t, binDir)
-	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
-	old := node.NewPod(t, "upgrade-old")
-	node.MustAdd(t, list, old)
-	// What the older kubenet left: the chains without the fast-path rules, no fast sets.
+// removeFastPaths makes node's isolation what a kubenet without the fast paths left: the chains
+// without the fast-path rules, no fast sets.
+func removeFastPaths(t *testing.T, node *nettest.Node) {
+	t.Helper()
 	for _, chain := range []string{isolation.ChainAntiSpoof, isolation.ChainGuard} {
 		out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "bridge", testkit.HostPortTable, chain)
 		for _, line := range strings.Split(out, "\n") {
@@ -129,6 +123,18 @@ func TestIsolationUpgradeAddsFastPaths(t *testing.T) {
 	for _, set := range []string{isolation.SetFastIPv4, isolation.SetFastIPv6} {
 		nettest.Run(t, node.NS, "nft", "delete", "set", "bridge", testkit.HostPortTable, set)
 	}
+}
+
+// TestIsolationUpgradeAddsFastPaths: a node whose isolation was set up by a kubenet without the
+// fast paths (their rules and sets absent) gets them with the next ADD, and the running pod its
+// fast elements with them (the sets are new, so ADD puts back every running pod's elements):
+// CHECK of the running pod passes, and the node's rules are as planned.
+func TestIsolationUpgradeAddsFastPaths(t *testing.T) {
+	node := nettest.NewNode(t, binDir)
+	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
+	old := node.NewPod(t, "upgrade-old")
+	node.MustAdd(t, list, old)
+	removeFastPaths(t, node)
 	if err := node.Check(list, old); err == nil {
 		t.Fatal("CHECK passes on a node without the fast paths: the test cannot tell them added")
 	}
@@ -147,18 +153,7 @@ func TestIsolationUpgradeDelBeforeAdd(t *testing.T) {
 	list := node.ConfList(t, nettest.NetConf{PodCIDRs: testkit.DualStack()})
 	old := node.NewPod(t, "upgrade-del")
 	node.MustAdd(t, list, old)
-	for _, chain := range []string{isolation.ChainAntiSpoof, isolation.ChainGuard} {
-		out := nettest.Run(t, node.NS, "nft", "-a", "list", "chain", "bridge", testkit.HostPortTable, chain)
-		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, "(the checks below would let it through)") {
-				handle := line[strings.LastIndex(line, "# handle ")+len("# handle "):]
-				nettest.Run(t, node.NS, "nft", "delete", "rule", "bridge", testkit.HostPortTable, chain, "handle", strings.TrimSpace(handle))
-			}
-		}
-	}
-	for _, set := range []string{isolation.SetFastIPv4, isolation.SetFastIPv6} {
-		nettest.Run(t, node.NS, "nft", "delete", "set", "bridge", testkit.HostPortTable, set)
-	}
+	removeFastPaths(t, node)
 	if err := node.Del(list, old); err != nil {
 		t.Fatalf("DEL on a node without the fast sets: %v", err)
 	}

@@ -41,14 +41,7 @@ func statusSeesForeignFlushes(t *testing.T, legacy bool) {
 			nettest.Run(t, node.NS, c[0], "-t", c[1], "-N", "OTHER-LEGACY")
 		}
 	}
-	list := node.ConfList(t, nettest.NetConf{
-		PodCIDRs:           testkit.DualStack(),
-		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
-		NetfilterBackend:   "iptables",
-	})
-	srv := node.NewPod(t, "ff-srv")
-	srv.RT.CapabilityArgs = hpArgs(true, hpMapping{30291, 8080, "tcp", ""})
-	node.MustAdd(t, list, srv)
+	list := iptablesHostPortServer(t, node, "ff-srv", 30291)
 	masqChain := masq.IPTablesChain("kubenet")
 	nat := hostport.IPTablesChains("kubenet")["nat"]
 	localnet := hostport.IPTablesChains("kubenet")["mangle"][0]
@@ -127,14 +120,7 @@ func TestStatusWithLegacyTools(t *testing.T) {
 	}
 	node, _, _ := hpNode(t)
 	node.CNI = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(node.Dir, "cache"), &pathExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, path: tools + ":" + os.Getenv("PATH")})
-	list := node.ConfList(t, nettest.NetConf{
-		PodCIDRs:           testkit.DualStack(),
-		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
-		NetfilterBackend:   "iptables",
-	})
-	srv := node.NewPod(t, "lg-srv")
-	srv.RT.CapabilityArgs = hpArgs(true, hpMapping{30292, 8080, "tcp", ""})
-	node.MustAdd(t, list, srv)
+	list := iptablesHostPortServer(t, node, "lg-srv", 30292)
 	masqChain := masq.IPTablesChain("kubenet")
 	if out := nettest.Run(t, node.NS, "iptables-legacy-save", "-t", "nat"); !strings.Contains(out, "-A "+masqChain+" ") {
 		t.Fatalf("the legacy nat table lacks %s: the plugin did not run the legacy tools:\n%s", masqChain, out)
@@ -167,4 +153,20 @@ func TestStatusWithLegacyTools(t *testing.T) {
 			t.Errorf("STATUS after %s was emptied and the next ADD = %d %s", c.chain, code, msg)
 		}
 	}
+}
+
+// iptablesHostPortServer sets node up with the iptables backend (dual-stack, SNAT), adds a pod
+// name that publishes container port 8080 as hostPort over TCP (so the host-port chains count),
+// and returns the configuration.
+func iptablesHostPortServer(t *testing.T, node *nettest.Node, name string, hostPort int) *libcni.NetworkConfigList {
+	t.Helper()
+	list := node.ConfList(t, nettest.NetConf{
+		PodCIDRs:           testkit.DualStack(),
+		NonMasqueradeCIDRs: []netip.Prefix{nettest.NonMasquerade4, nettest.NonMasquerade6},
+		NetfilterBackend:   "iptables",
+	})
+	srv := node.NewPod(t, name)
+	srv.RT.CapabilityArgs = hpArgs(true, hpMapping{hostPort, 8080, "tcp", ""})
+	node.MustAdd(t, list, srv)
+	return list
 }
